@@ -1,0 +1,160 @@
+"""Scaled dot-product attention and multi-head attention (§3.2 of the paper).
+
+Mask convention, everywhere in aiayn: a boolean tensor where True means "may attend", the same
+polarity as `torch.nn.functional.scaled_dot_product_attention`. Masked scores become -inf before
+the softmax (§3.2.3), so they receive exactly zero weight.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def _check_mask(mask: Optional[Tensor], scores_shape: torch.Size) -> None:
+    if mask is None:
+        return
+    if mask.dtype != torch.bool:
+        raise TypeError(f"attention mask must be a bool tensor (True = may attend), got {mask.dtype}")
+    try:
+        torch.broadcast_shapes(mask.shape, scores_shape)
+    except RuntimeError:
+        raise ValueError(
+            f"attention mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
+            f"{tuple(scores_shape)} (..., query length, key length)"
+        ) from None
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> torch.Size:
+    """Validate shapes and return the shape of the score matrix QKᵀ."""
+    if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
+        raise ValueError("q, k and v need at least 2 dimensions (..., length, features)")
+    if q.size(-1) != k.size(-1):
+        raise ValueError(f"queries and keys must share d_k, got {q.size(-1)} and {k.size(-1)}")
+    if k.size(-2) != v.size(-2):
+        raise ValueError(f"keys and values must have the same length, got {k.size(-2)} and {v.size(-2)}")
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"q, k, v batch dimensions do not broadcast: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        ) from None
+    return torch.Size((*batch, q.size(-2), k.size(-2)))
+
+
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Attention(Q, K, V) = softmax(QKᵀ / √d_k) V, the reference math of §3.2.1.
+
+    q: (..., L_q, d_k), k: (..., L_k, d_k), v: (..., L_k, d_v); mask: bool, broadcastable to
+    (..., L_q, L_k), True = may attend. Returns (output (..., L_q, d_v), weights (..., L_q, L_k)).
+    A query whose keys are all masked gets zero weights and a zero output (as PyTorch's fused
+    kernels do) rather than NaN.
+    """
+    scores_shape = _check_qkv(q, k, v)
+    _check_mask(mask, scores_shape)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., L_q, L_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (..., L_q, L_k)
+    if mask is not None:
+        # softmax of an all -inf row is NaN; such a query attends to nothing.
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v, weights  # (..., L_q, d_v), (..., L_q, L_k)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(QW_i^Q, KW_i^K, VW_i^V).
+
+    §3.2.2. The h projections W_i^Q (d_model × d_k) are stored side by side in one
+    `nn.Linear(d_model, h·d_k)`: columns [i·d_k, (i+1)·d_k) of its (transposed) weight are W_i^Q.
+    Likewise for W^K and W^V (d_v); W^O is `nn.Linear(h·d_v, d_model)`. d_k and d_v are free
+    (Table 3 rows A, B); they default to d_model / h.
+
+    The fast path calls PyTorch's fused `scaled_dot_product_attention`; with `need_weights=True`
+    the reference math path runs instead and the per-head weights are returned (never stored).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_k: Optional[int] = None,
+        d_v: Optional[int] = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if (d_k is None or d_v is None) and d_model % n_heads:
+            raise ValueError(
+                f"d_model={d_model} is not divisible by n_heads={n_heads}; pass d_k and d_v explicitly"
+            )
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.d_k = d_k or d_model // n_heads
+        self.d_v = d_v or d_model // n_heads
+        self.dropout = dropout
+        self.w_q = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
+        self.w_k = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
+        self.w_v = nn.Linear(d_model, n_heads * self.d_v, bias=bias)
+        self.w_o = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
+
+    def _split_heads(self, x: Tensor, d_head: int) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, d_head).transpose(1, 2)  # (B, h, L, d_head)
+
+    def _check_input(self, name: str, x: Tensor) -> None:
+        if x.dim() != 3 or x.size(-1) != self.d_model:
+            raise ValueError(
+                f"{name} must have shape (batch, length, d_model={self.d_model}), got {tuple(x.shape)}"
+            )
+
+    def keys_values(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Project keys and values into heads: (B, h, L_k, d_k), (B, h, L_k, d_v).
+
+        Split out so that the decoder can compute the encoder-decoder keys once per sentence and
+        keep them in the KV cache (aiayn.cache).
+        """
+        self._check_input("key", key)
+        self._check_input("value", value)
+        if key.shape[:2] != value.shape[:2]:
+            raise ValueError(f"key and value shapes differ: {tuple(key.shape)} vs {tuple(value.shape)}")
+        return self._split_heads(self.w_k(key), self.d_k), self._split_heads(self.w_v(value), self.d_v)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+        keys_values: Optional[tuple[Tensor, Tensor]] = None,
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """query: (B, L_q, d_model); key, value: (B, L_k, d_model), or `keys_values` already
+        projected (from `keys_values()` or the cache). mask: bool, broadcastable to
+        (B, h, L_q, L_k). Returns (output (B, L_q, d_model), weights (B, h, L_q, L_k) or None).
+        """
+        self._check_input("query", query)
+        if keys_values is None:
+            if key is None or value is None:
+                raise ValueError("pass key and value, or keys_values")
+            keys_values = self.keys_values(key, value)
+        k, v = keys_values  # (B, h, L_k, d_k), (B, h, L_k, d_v)
+        q = self._split_heads(self.w_q(query), self.d_k)  # (B, h, L_q, d_k)
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        else:
+            _check_mask(mask, _check_qkv(q, k, v))
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            weights = None
+        batch, _, length, _ = heads.shape
+        concat = heads.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_v)  # (B, L_q, h·d_v)
+        return self.w_o(concat), weights  # (B, L_q, d_model)

@@ -1,0 +1,161 @@
+"""Model configuration and the paper's presets (Table 3 of Vaswani et al., 2017).
+
+`ModelConfig` names every hyper-parameter as the paper does (§3, §5.4, Table 3). It is a frozen
+dataclass so that `dataclasses.replace(PRESETS["base"], vocab_size=8000)` gives a new, validated
+config; the same object is written as JSON beside every saved model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+ACTIVATIONS = ("relu", "gelu", "swish")
+POSITIONALS = ("sinusoidal", "learned")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and options of a Transformer.
+
+    `d_k` and `d_v` default to `d_model // n_heads` (§3.2.2) but are free parameters, as in rows A
+    and B of Table 3. `None` keeps that default through `dataclasses.replace`, so changing
+    `d_model` or `n_heads` of a preset changes the head sizes with it.
+    """
+
+    vocab_size: int = 37000  # shared source/target BPE vocabulary (§5.1)
+    d_model: int = 512
+    n_heads: int = 8  # h
+    d_k: Optional[int] = None
+    d_v: Optional[int] = None
+    d_ff: int = 2048
+    n_layers: int = 6  # N, for both the encoder and the decoder stack
+    dropout: float = 0.1  # P_drop, residual and embedding dropout (§5.4)
+    attention_dropout: float = 0.0  # on attention weights; the paper does not use it
+    activation: Literal["relu", "gelu", "swish"] = "relu"  # FFN non-linearity (§3.3: ReLU)
+    norm_first: bool = False  # False: post-norm LayerNorm(x + Dropout(Sublayer(x))) as §3.1
+    layer_norm_eps: float = 1e-6
+    positional: Literal["sinusoidal", "learned"] = "sinusoidal"  # Table 3 row E: "learned"
+    max_len: int = 1024  # longest position the positional table holds
+    share_embeddings: bool = True  # one matrix for source and target embeddings (§3.4)
+    tie_output: bool = True  # the pre-softmax projection is the target embedding (§3.4)
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    unk_id: int = 3
+
+    def __post_init__(self) -> None:
+        def fail(message: str) -> None:
+            raise ValueError(f"invalid ModelConfig: {message}")
+
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                fail(f"{name} must be a positive integer, got {value!r}")
+        for name in ("d_k", "d_v"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                fail(f"{name} must be a positive integer or None, got {value!r}")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
+            fail(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                "set d_k and d_v explicitly"
+            )
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                fail(f"{name} must be in [0, 1), got {value!r}")
+        if self.activation not in ACTIVATIONS:
+            fail(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.positional not in POSITIONALS:
+            fail(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            fail(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        special = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id, "unk_id": self.unk_id}
+        for name, value in special.items():
+            if not 0 <= value < self.vocab_size:
+                fail(f"{name}={value} is outside the vocabulary of {self.vocab_size}")
+        if len(set(special.values())) != len(special):
+            fail(f"special token ids must differ, got {special}")
+
+    @property
+    def head_dims(self) -> tuple[int, int]:
+        """(d_k, d_v) with the paper's default d_model / h filled in."""
+        default = self.d_model // self.n_heads
+        return (self.d_k or default, self.d_v or default)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
+def _variation(**changes) -> ModelConfig:
+    """A row of Table 3: the base model with the listed cells changed."""
+    return dataclasses.replace(BASE, **changes)
+
+
+BASE = ModelConfig()
+
+# name -> (config, the paper's parameter count in millions where Table 3 prints one).
+# Rows A and D to E change nothing that holds parameters; Table 3 leaves their cell empty
+# (the base model's 65M applies).
+_TABLE3: dict[str, tuple[ModelConfig, Optional[float]]] = {
+    "base": (BASE, 65),
+    "big": (_variation(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3), 213),
+    # (A) number of heads at constant computation
+    "A1": (_variation(n_heads=1, d_k=512, d_v=512), None),
+    "A2": (_variation(n_heads=4, d_k=128, d_v=128), None),
+    "A3": (_variation(n_heads=16, d_k=32, d_v=32), None),
+    "A4": (_variation(n_heads=32, d_k=16, d_v=16), None),
+    # (B) smaller attention keys
+    "B1": (_variation(d_k=16, d_v=64), 58),
+    "B2": (_variation(d_k=32, d_v=64), 60),
+    # (C) model size
+    "C1": (_variation(n_layers=2), 36),
+    "C2": (_variation(n_layers=4), 50),
+    "C3": (_variation(n_layers=8), 80),
+    "C4": (_variation(d_model=256, d_k=32, d_v=32), 28),
+    "C5": (_variation(d_model=1024, d_k=128, d_v=128), 168),
+    "C6": (_variation(d_ff=1024), 53),
+    "C7": (_variation(d_ff=4096), 90),
+    # (D) regularisation; label smoothing lives in the training config
+    "D1": (_variation(dropout=0.0), None),
+    "D2": (_variation(dropout=0.2), None),
+    "D3": (BASE, None),  # ε_ls = 0.0, see TRAIN_OVERRIDES
+    "D4": (BASE, None),  # ε_ls = 0.2
+    # (E) learned positional embedding instead of sinusoids
+    "E": (_variation(positional="learned"), None),
+}
+
+# Table 3 rows whose change is in training rather than in the model.
+TRAIN_OVERRIDES: dict[str, dict] = {"D3": {"label_smoothing": 0.0}, "D4": {"label_smoothing": 0.2}}
+
+PAPER_PARAMS_M: dict[str, float] = {name: m for name, (_, m) in _TABLE3.items() if m is not None}
+
+PRESETS: dict[str, ModelConfig] = {name: cfg for name, (cfg, _) in _TABLE3.items()}
+# Small models that train on a 2-core CPU in minutes; same architecture, smaller numbers.
+PRESETS["tiny"] = ModelConfig(
+    vocab_size=8000, d_model=64, n_heads=4, d_ff=256, n_layers=2, dropout=0.1, max_len=512
+)
+PRESETS["small"] = ModelConfig(
+    vocab_size=8000, d_model=256, n_heads=4, d_ff=1024, n_layers=3, dropout=0.1, max_len=512
+)
+
+
+def preset(name: str) -> ModelConfig:
+    """The preset called `name`, with an error that lists the known names."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
+
+
+__all__ = ["ModelConfig", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]

@@ -1,0 +1,258 @@
+"""The model of §3: each component against the paper's formula, and the whole against itself
+(cached = full forward, padding-invariant, save → load identical)."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.model import (
+    DecoderModel,
+    EncoderModel,
+    FeedForward,
+    Transformer,
+    sinusoidal_positions,
+)
+
+TINY = ModelConfig(vocab_size=50, d_model=16, n_heads=4, d_ff=32, n_layers=2, dropout=0.0, max_len=64)
+
+
+def tiny(**changes) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(dataclasses.replace(TINY, **changes)).eval()
+
+
+def tokens(rows, pad=0, length=None):
+    """Right-padded LongTensor from lists of ids."""
+    length = length or max(map(len, rows))
+    return torch.tensor([r + [pad] * (length - len(r)) for r in rows])
+
+
+# --- Components ------------------------------------------------------------------------------
+
+
+def test_feed_forward_example():
+    """The lecture's FFN example: max(0, xW_1 + b_1)W_2 + b_2 = [[6, 1], [5, 1], [8, 2]]."""
+    ffn = FeedForward(2, 2).double().requires_grad_(False)
+    ffn.w_1.weight.copy_(torch.tensor([[1.0, 1.0], [0.0, 1.0]]).T)  # nn.Linear stores Wᵀ
+    ffn.w_1.bias.copy_(torch.tensor([0.0, 1.0]))
+    ffn.w_2.weight.copy_(torch.tensor([[1.0, 0.0], [2.0, 1.0]]).T)
+    ffn.w_2.bias.copy_(torch.tensor([1.0, -1.0]))
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
+    assert torch.equal(ffn(x), torch.tensor([[6.0, 1.0], [5.0, 1.0], [8.0, 2.0]], dtype=torch.float64))
+    # The ReLU is there: a negative pre-activation is cut to zero.
+    assert torch.equal(ffn(torch.tensor([[-5.0, 0.0]], dtype=torch.float64)), torch.tensor([[1.0, -1.0]], dtype=torch.float64))
+
+
+def test_activations_are_selectable():
+    x = torch.randn(3, 8)
+    for name, fn in (("gelu", torch.nn.functional.gelu), ("swish", torch.nn.functional.silu)):
+        ffn = FeedForward(8, 16, name)
+        torch.testing.assert_close(ffn(x), ffn.w_2(fn(ffn.w_1(x))))
+
+
+def test_sinusoidal_positions_follow_section_3_5():
+    d_model = 8
+    pe = sinusoidal_positions(50, d_model)
+    for pos in (0, 1, 7, 49):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)  # even: sin
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)  # odd: cos
+    # PE(pos + k) is a linear function (a rotation per sin/cos pair) of PE(pos), for any pos.
+    k, i = 3, 1
+    w = 1 / 10000 ** (2 * i / d_model)
+    rotation = torch.tensor([[math.cos(k * w), -math.sin(k * w)], [math.sin(k * w), math.cos(k * w)]])
+    for pos in (0, 10, 40):
+        torch.testing.assert_close(pe[pos, 2 * i : 2 * i + 2] @ rotation, pe[pos + k, 2 * i : 2 * i + 2], atol=1e-5, rtol=0)
+
+
+def test_embeddings_scaled_and_shared_with_softmax():
+    model = tiny()
+    assert model.encoder.embed is model.decoder.embed  # one matrix for source and target (§3.4)
+    ids = torch.tensor([[5, 6, 7]])
+    torch.testing.assert_close(model.encoder.embed(ids), model.encoder.embed.lookup.weight[ids] * math.sqrt(16))
+    memory, mask = model.encode(ids)
+    hidden, _ = model.decoder(ids, memory, mask)
+    # The pre-softmax projection is the same matrix as the embeddings.
+    torch.testing.assert_close(model.decode(ids, memory, mask), hidden @ model.encoder.embed.weight.T)
+    names = {n for n, _ in model.named_parameters()}
+    assert not any("output_proj" in n for n in names)
+
+
+def test_untied_options_add_exactly_their_matrices():
+    shared = tiny().num_parameters()
+    matrix = 50 * 16
+    assert tiny(share_embeddings=False).num_parameters() == shared + matrix
+    assert tiny(tie_output=False).num_parameters() == shared + matrix
+    assert tiny(share_embeddings=False, tie_output=False).num_parameters() == shared + 2 * matrix
+    assert tiny(positional="learned").num_parameters() == shared + 2 * 64 * 16  # encoder + decoder
+
+
+def test_post_norm_layer_is_layernorm_of_residual_sum():
+    """LayerNorm(x + Sublayer(x)) for both sub-layers (§3.1), no final LayerNorm in post-norm."""
+    model = tiny()
+    layer = model.encoder.layers[0]
+    x = torch.randn(2, 5, 16)
+    attn, _ = layer.self_attn(x, x, x)
+    y = layer.residual_attn.norm(x + attn)
+    expected = layer.residual_ff.norm(y + layer.feed_forward(y))
+    out, _ = layer(x, None)
+    torch.testing.assert_close(out, expected)
+    assert model.encoder.final_norm is None and model.decoder.final_norm is None
+
+
+def test_pre_norm_option():
+    model = tiny(norm_first=True)
+    layer = model.encoder.layers[0]
+    x = torch.randn(2, 5, 16)
+    n = layer.residual_attn.norm(x)
+    y = x + layer.self_attn(n, n, n)[0]
+    expected = y + layer.feed_forward(layer.residual_ff.norm(y))
+    torch.testing.assert_close(layer(x, None)[0], expected)
+    assert model.encoder.final_norm is not None and model.decoder.final_norm is not None
+
+
+def test_dropout_sits_on_embeddings_and_every_sublayer():
+    """§5.4: dropout on the sum of embeddings and positions, and on each sub-layer's output."""
+    model = Transformer(dataclasses.replace(TINY, dropout=0.1))
+    drops = lambda m: sum(isinstance(x, torch.nn.Dropout) for x in m.modules())  # noqa: E731
+    assert drops(model.encoder) == 1 + 2 * TINY.n_layers
+    assert drops(model.decoder) == 1 + 3 * TINY.n_layers
+    src, tgt = torch.randint(4, 50, (2, 6)), torch.randint(4, 50, (2, 5))
+    model.train()
+    assert not torch.equal(model(src, tgt), model(src, tgt))
+    model.eval()
+    assert torch.equal(model(src, tgt), model(src, tgt))
+
+
+# --- The whole model -------------------------------------------------------------------------
+
+
+def test_forward_shapes_and_padding_invariance():
+    model = tiny()
+    src = tokens([[5, 6, 7, 8], [9, 10]])
+    tgt = tokens([[1, 11, 12], [1, 13]])
+    logits = model(src, tgt)
+    assert logits.shape == (2, 3, 50)
+    # Extra padding changes nothing for the real positions: masks are built from pad_id.
+    alone = model(torch.tensor([[9, 10]]), torch.tensor([[1, 13]]))
+    torch.testing.assert_close(logits[1:, :2], alone, atol=1e-5, rtol=1e-5)
+    padded_more = model(tokens([[5, 6, 7, 8]], length=9), tokens([[1, 11, 12]], length=7))
+    torch.testing.assert_close(padded_more[:, :3], logits[:1], atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_is_causal_and_encoder_is_not():
+    model = tiny()
+    src, tgt = torch.randint(4, 50, (1, 6)), torch.randint(4, 50, (1, 5))
+    changed_tgt = tgt.clone()
+    changed_tgt[0, -1] = (tgt[0, -1] + 1 - 4) % 46 + 4
+    a, b = model(src, tgt), model(src, changed_tgt)
+    torch.testing.assert_close(a[:, :-1], b[:, :-1])  # earlier positions cannot see the last
+    assert not torch.allclose(a[:, -1], b[:, -1])
+    changed_src = src.clone()
+    changed_src[0, -1] = (src[0, -1] + 1 - 4) % 46 + 4
+    assert not torch.allclose(model(changed_src, tgt)[:, 0], a[:, 0])  # every target sees all
+
+
+@pytest.mark.parametrize("changes", [{}, {"norm_first": True}, {"positional": "learned"}, {"d_k": 3, "d_v": 5}])
+def test_cached_decoding_equals_full_forward(changes):
+    model = tiny(**changes)
+    src = tokens([[5, 6, 7, 8, 9], [10, 11]])
+    tgt = torch.randint(4, 50, (2, 7))
+    full = model(src, tgt)
+    memory, mask = model.encode(src)
+    cache = model.init_cache(memory, mask, max_len=10)
+    prefix = model.decode(tgt[:, :3], memory, cache=cache)  # several tokens at once, then one by one
+    steps = [prefix] + [model.decode(tgt[:, t : t + 1], memory, cache=cache) for t in range(3, 7)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.length == 7
+
+
+def test_cache_reorder_follows_the_rows():
+    model = tiny()
+    src = torch.randint(4, 50, (3, 6))
+    tgt = torch.randint(4, 50, (3, 4))
+    memory, mask = model.encode(src)
+    cache = model.init_cache(memory, mask, max_len=8)
+    model.decode(tgt[:, :2], memory, cache=cache)
+    order = torch.tensor([2, 2, 0])  # beams copy their parents; row 1 has left the batch
+    cache.reorder(order)
+    step = model.decode(tgt[order, 2:3], memory.index_select(0, order), cache=cache)
+    full = model(src[order], tgt[order, :3])
+    torch.testing.assert_close(step[:, 0], full[:, 2], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_maps_shapes_and_rows_sum_to_one():
+    model = tiny()
+    src, tgt = tokens([[5, 6, 7], [8, 9]]), tokens([[1, 4], [1, 5]])
+    maps = model.attention_maps(src, tgt)
+    assert [m.shape for m in maps["encoder"]] == [(2, 4, 3, 3)] * 2
+    assert [m.shape for m in maps["decoder"]] == [(2, 4, 2, 2)] * 2
+    assert [m.shape for m in maps["cross"]] == [(2, 4, 2, 3)] * 2
+    assert torch.all(maps["cross"][0][1, :, :, 2] == 0)  # padding in sentence 2 gets no weight
+    torch.testing.assert_close(maps["encoder"][1].sum(-1), torch.ones(2, 4, 3))
+
+
+def test_encoder_only_and_decoder_only_families():
+    torch.manual_seed(0)
+    encoder = EncoderModel(TINY).eval()
+    decoder = DecoderModel(TINY).eval()
+    x = torch.randint(4, 50, (2, 6))
+    assert encoder(x).shape == (2, 6, 50) and encoder.encode(x).shape == (2, 6, 16)
+    assert all(layer.cross_attn is None for layer in decoder.decoder.layers)
+    full = decoder(x)
+    cache = decoder.init_cache(batch=2, max_len=6)
+    steps = torch.cat([decoder(x[:, t : t + 1], cache=cache) for t in range(6)], dim=1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [Transformer, EncoderModel, DecoderModel])
+def test_save_then_load_gives_identical_outputs(tmp_path, cls):
+    torch.manual_seed(0)
+    config = dataclasses.replace(TINY, positional="learned", tie_output=cls is not Transformer)
+    model = cls(config).eval()
+    model.save(tmp_path / "m")
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    loaded = cls.load(tmp_path / "m").eval()
+    assert loaded.config == config
+    x = torch.randint(4, 50, (2, 5))
+    args = (x, x[:, :3]) if cls is Transformer else (x,)
+    assert torch.equal(model(*args), loaded(*args))
+
+
+def test_load_errors_are_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not an aiayn model folder"):
+        Transformer.load(tmp_path)
+    tiny().save(tmp_path)
+    with pytest.raises(ValueError, match="holds a Transformer, not a DecoderModel"):
+        DecoderModel.load(tmp_path)
+    (tmp_path / "config.json").write_text('{"d_model": 32, "vocab_size": 50, "n_heads": 4}')
+    with pytest.raises(ValueError, match="does not match its config.json"):
+        Transformer.load(tmp_path)
+    (tmp_path / "config.json").write_text('{"d_modle": 32}')
+    with pytest.raises(ValueError, match="unknown ModelConfig field"):
+        Transformer.load(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        Transformer.load(tmp_path)
+
+
+def test_bad_tokens_get_clear_errors():
+    model = tiny()
+    ok = torch.tensor([[5, 6]])
+    with pytest.raises(ValueError, match="LongTensor of shape"):
+        model(ok.float(), ok)
+    with pytest.raises(ValueError, match="LongTensor of shape"):
+        model(torch.tensor([5, 6]), ok)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(torch.tensor([[5, 60]]), ok)
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        model(ok, torch.tensor([[1], [1]]))
+    with pytest.raises(ValueError, match="empty"):
+        model(torch.zeros(1, 0, dtype=torch.long), ok)
+    learned = tiny(positional="learned")
+    with pytest.raises(ValueError, match="learned positions"):
+        learned(torch.randint(4, 50, (1, 70)), ok)
