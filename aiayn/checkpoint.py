@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Union
 
 import torch
 from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from safetensors.torch import load_model as _load_safetensors
 from safetensors.torch import save_model as _save_safetensors
 
@@ -89,3 +91,112 @@ def load_model(cls, directory: Union[str, Path], device: Union[str, torch.device
         first_line = str(error).strip().splitlines()[0]
         raise ValueError(f"{weights} does not match its config.json: {first_line}") from None
     return model.to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# Training checkpoints: a model folder plus the optimiser, the RNG and the trainer's position.
+
+CHECKPOINTS = "checkpoints"
+OPTIMIZER = "optimizer.safetensors"
+TRAINER = "trainer.json"
+TOKENIZER = "tokenizer.model"
+
+
+def checkpoint_dirs(run_dir: Union[str, Path]) -> list[Path]:
+    """The finished checkpoints of a run, oldest first (unfinished ones are hidden temp dirs)."""
+    folder = Path(run_dir) / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step_"))
+
+
+def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list]:
+    """torch optimiser state -> (tensors for safetensors, JSON-able param groups)."""
+    tensors = {}
+    for index, values in state["state"].items():
+        for key, value in values.items():
+            tensors[f"state.{index}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return tensors, state["param_groups"]
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], groups: list) -> dict:
+    state: dict = {}
+    for name, value in tensors.items():
+        _, index, key = name.split(".", 2)
+        state.setdefault(int(index), {})[key] = value
+    for group in groups:
+        if "betas" in group:
+            group["betas"] = tuple(group["betas"])
+    return {"state": state, "param_groups": groups}
+
+
+def save_checkpoint(
+    run_dir: Union[str, Path],
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict,
+    tokenizer_file: Union[str, Path, None] = None,
+    keep_last: int = 5,
+) -> Path:
+    """Write `run_dir/checkpoints/step_NNNNNNNN` atomically (built in a temp dir, then renamed),
+    then delete all but the newest `keep_last` checkpoints."""
+    folder = Path(run_dir) / CHECKPOINTS
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"step_{step:08d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:08d}.", dir=folder))
+    try:
+        save_model(model, tmp)
+        tensors, groups = _flatten_optimizer(optimizer.state_dict())
+        tensors["rng.torch"] = torch.get_rng_state()
+        if torch.cuda.is_available():
+            tensors["rng.cuda"] = torch.cuda.get_rng_state()
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / OPTIMIZER))
+        write_json(tmp / TRAINER, {**trainer_state, "step": step, "param_groups": groups})
+        if tokenizer_file is not None:
+            shutil.copyfile(tokenizer_file, tmp / TOKENIZER)
+        if final.exists():  # a resumed run reached this step again; the new one replaces it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in checkpoint_dirs(run_dir)[:-keep_last]:
+        shutil.rmtree(old)
+    return final
+
+
+def load_checkpoint(directory: Union[str, Path], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Restore model weights, optimiser state and the RNG in place; return the trainer state."""
+    directory = Path(directory)
+    _load_safetensors(model, str(directory / WEIGHTS), strict=True, device=str(next(model.parameters()).device))
+    tensors = load_file(str(directory / OPTIMIZER))
+    torch.set_rng_state(tensors.pop("rng.torch"))
+    cuda_rng = tensors.pop("rng.cuda", None)
+    if cuda_rng is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda_rng)
+    trainer_state = json.loads((directory / TRAINER).read_text(encoding="utf-8"))
+    optimizer.load_state_dict(_unflatten_optimizer(tensors, trainer_state.pop("param_groups")))
+    return trainer_state
+
+
+def average_checkpoints(directories: list[Path], out: Union[str, Path]) -> None:
+    """§6.1: a model whose weights are the mean of the checkpoints' (summed in float64), written
+    as a model folder with the tokenizer of the newest checkpoint. One checkpoint is in memory
+    at a time, so averaging the 20 of a big model needs no more than two copies of it."""
+    from aiayn import model as models
+
+    architecture, config = read_config(directories[-1])
+    cls = getattr(models, architecture)
+    total: dict[str, torch.Tensor] = {}
+    for directory in directories:
+        if read_config(directory) != (architecture, config):
+            raise ValueError(f"{directory} holds another model than {directories[-1]}; cannot average")
+        for name, tensor in load_model(cls, directory).state_dict().items():
+            total[name] = total[name] + tensor.double() if name in total else tensor.double()
+    model = cls(config)
+    model.load_state_dict({name: value / len(directories) for name, value in total.items()})
+    save_model(model, out)
+    tokenizer = Path(directories[-1]) / TOKENIZER
+    if tokenizer.exists():
+        shutil.copyfile(tokenizer, Path(out) / TOKENIZER)

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 import typing
+from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
-from aiayn.config import PAPER_PARAMS_M, PRESETS, ModelConfig, preset
+from aiayn.config import PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig, preset
 from aiayn.flops import forward_flops, training_flops
 
 
@@ -33,14 +35,13 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--preset NAME` plus one `--field-name VALUE` option per ModelConfig field."""
-    parser.add_argument("--preset", default="base", help=f"model preset: {', '.join(PRESETS)} (default: base)")
-    group = parser.add_argument_group("model options (override the preset)")
-    hints = typing.get_type_hints(ModelConfig)
-    for f in dataclasses.fields(ModelConfig):
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, title: str) -> None:
+    """One `--field-name VALUE` option per field of the dataclass `cls` (default: unset)."""
+    group = parser.add_argument_group(title)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        kwargs: dict = {"dest": f"config_{f.name}", "default": None, "metavar": f.name.upper()}
+        kwargs: dict = {"dest": f"{cls.__name__}.{f.name}", "default": None, "metavar": f.name.upper()}
         args = typing.get_args(hint)
         if typing.get_origin(hint) is typing.Literal:
             kwargs.update(choices=args, metavar=None)
@@ -51,13 +52,20 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--{f.name.replace('_', '-')}", **kwargs)
 
 
+def given_fields(args: argparse.Namespace, cls) -> dict:
+    """The fields of `cls` that the command line set."""
+    values = {f.name: getattr(args, f"{cls.__name__}.{f.name}") for f in dataclasses.fields(cls)}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--preset NAME` plus one option per ModelConfig field."""
+    parser.add_argument("--preset", default="base", help=f"model preset: {', '.join(PRESETS)} (default: base)")
+    add_dataclass_arguments(parser, ModelConfig, "model options (override the preset)")
+
+
 def config_from_args(args: argparse.Namespace) -> ModelConfig:
-    overrides = {
-        f.name: getattr(args, f"config_{f.name}")
-        for f in dataclasses.fields(ModelConfig)
-        if getattr(args, f"config_{f.name}") is not None
-    }
-    return dataclasses.replace(preset(args.preset), **overrides)
+    return dataclasses.replace(preset(args.preset), **given_fields(args, ModelConfig))
 
 
 def _millions(n: int) -> str:
@@ -116,6 +124,70 @@ def cmd_demo(args: argparse.Namespace) -> None:
           f"in {elapsed * 1e3:.1f} ms")
 
 
+def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
+    """The configs of a new run (preset + overrides), or of the run being resumed."""
+    model_overrides, train_overrides = given_fields(args, ModelConfig), given_fields(args, TrainConfig)
+    saved = run_dir / "model_config.json"
+    if args.resume and saved.exists():
+        model_config = ModelConfig.from_dict(json.loads(saved.read_text(encoding="utf-8")))
+        if dataclasses.replace(model_config, **model_overrides) != model_config:
+            raise UserError(f"a resumed run keeps its model; {run_dir} was trained with {saved.name}, drop the model options")
+        recipe = TrainConfig(**json.loads((run_dir / "train_config.json").read_text(encoding="utf-8")))
+        return model_config, dataclasses.replace(recipe, **train_overrides)
+    recipe = {**TRAIN_OVERRIDES.get(args.preset, {}), **train_overrides}
+    return config_from_args(args), TrainConfig(**recipe)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    """Train a model with the recipe of §5; see `aiayn train --help`."""
+    from aiayn.data import load_corpus
+    from aiayn.train import Trainer, check_run_dir, init_distributed, prepare
+
+    run_dir = Path(args.out)
+    check_run_dir(run_dir, args.resume)
+    model_config, recipe = _train_configs(args, run_dir)
+    rank, _ = init_distributed()
+    echo = print if rank == 0 else (lambda *_: None)
+    corpus = load_corpus(recipe.corpus)
+    echo(f"corpus {corpus.name}: " + ", ".join(f"{k} {len(v):,} pairs" for k, v in corpus.splits.items()))
+    for split, count in corpus.dropped.items():
+        if count:
+            echo(f"{split}: left out {count:,} pairs with an empty side")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer, data = prepare(corpus, run_dir, model_config.vocab_size, recipe.max_sentence_tokens, echo)
+    trainer = Trainer(model_config, recipe, run_dir, data, tokenizer, resume=args.resume, echo=echo)
+    echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
+          f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}")
+    last = trainer.fit()
+    echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
+          + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")
+          + f"; model in {run_dir / 'model'}")
+
+
+def cmd_average(args: argparse.Namespace) -> None:
+    """§6.1: average the weights of the last N checkpoints of a run."""
+    from aiayn.checkpoint import average_checkpoints, checkpoint_dirs
+
+    found = checkpoint_dirs(args.run_dir)
+    if not found:
+        raise UserError(f"no checkpoints in {args.run_dir}")
+    if args.last < 1:
+        raise UserError("--last must be at least 1")
+    chosen = found[-args.last :]
+    if len(chosen) < args.last:
+        print(f"note: {args.run_dir} keeps {len(found)} checkpoints; averaging those")
+    average_checkpoints(chosen, args.out)
+    print(f"averaged {', '.join(p.name for p in chosen)} into {args.out}")
+
+
+def cmd_corpus_export(args: argparse.Namespace) -> None:
+    """Write one split of a corpus as two plain-text files."""
+    from aiayn.data import export_split, load_corpus
+
+    for path in export_split(load_corpus(args.name), args.split, args.out):
+        print(path)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn", description="The Transformer of 'Attention Is All You Need', as a tool."
@@ -126,6 +198,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(info)
     info.add_argument("--length", type=int, default=32, help="sentence length for the FLOPs count (default 32)")
     info.set_defaults(run=cmd_info)
+
+    train = sub.add_parser("train", help="train a translation model with the recipe of §5")
+    add_config_arguments(train)
+    train.add_argument("--out", required=True, help="the run folder: checkpoints, log.jsonl, loss.png, model/")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    add_dataclass_arguments(train, TrainConfig, "training options (§5)")
+    train.set_defaults(run=cmd_train)
+
+    average = sub.add_parser("average", help="average the last N checkpoints of a run (§6.1)")
+    average.add_argument("run_dir", metavar="RUN_DIR")
+    average.add_argument("--last", type=int, default=5, help="how many (5 for base, 20 for big; default 5)")
+    average.add_argument("--out", required=True, help="the model folder to write")
+    average.set_defaults(run=cmd_average)
+
+    corpus = sub.add_parser("corpus", help="work with corpora")
+    corpus_sub = corpus.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")
+    export = corpus_sub.add_parser("export", help="write a split as two plain-text files")
+    export.add_argument("name", metavar="NAME", help="a built-in corpus name or a path")
+    export.add_argument("--split", default="test", help="train, dev or test (default test)")
+    export.add_argument("--out", required=True, help="folder for SPLIT.SRC and SPLIT.TGT")
+    export.set_defaults(run=cmd_corpus_export)
 
     demo = sub.add_parser("demo", help="run the main job on the built-in default")
     demo.add_argument("--seed", type=int, default=0)
@@ -138,7 +231,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.run(args)
-    except (UserError, ValueError, FileNotFoundError) as error:
+    except (UserError, ValueError, ImportError, OSError) as error:  # OSError: files, network
         parser.exit(2, f"aiayn: error: {error}\n")
     except KeyboardInterrupt:
         parser.exit(130, "aiayn: interrupted\n")

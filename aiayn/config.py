@@ -97,6 +97,48 @@ class ModelConfig:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training recipe of §5. Defaults are the paper's; a 2-core CPU wants smaller batches
+    (`max_tokens`) and a shorter warm-up, which the demo sets."""
+
+    corpus: str = "bible-en-es"  # a built-in corpus name or a path (see aiayn.data.load_corpus)
+    max_tokens: int = 25000  # per batch, source and target each (§5.1: ~25,000 + 25,000)
+    accumulate: int = 1  # batches per optimiser step: reaches the paper's batch on fewer devices
+    warmup_steps: int = 4000  # §5.3
+    lr_scale: float = 1.0  # multiplies the §5.3 learning rate
+    label_smoothing: float = 0.1  # ε_ls, §5.4
+    max_steps: int = 100_000  # the base model's 100K steps (§5.2)
+    minutes: Optional[float] = None  # stop after this much training time, whichever comes first
+    save_every: int = 1000  # steps between checkpoints
+    save_minutes: Optional[float] = None  # also checkpoint after this many minutes
+    keep_last: int = 5  # checkpoints kept; §6.1 averages the last 5 (base) or 20 (big)
+    log_every: int = 100
+    eval_every: int = 1000  # steps between validations (dev loss and BLEU)
+    eval_bleu_sentences: int = 200  # dev sentences translated for the BLEU at each validation
+    max_sentence_tokens: int = 256  # longer pairs (in tokens, either side) are left out and counted
+    seed: int = 1
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16: autocast (CPU AMX, GPU); fp16: GPU
+    compile: bool = False  # torch.compile the model
+    device: str = "auto"  # auto: cuda if available, else cpu
+
+    def __post_init__(self) -> None:
+        positive = ("max_tokens", "accumulate", "warmup_steps", "max_steps", "save_every", "keep_last",
+                    "log_every", "eval_every", "max_sentence_tokens")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"invalid TrainConfig: {name} must be a positive integer, got {value!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"invalid TrainConfig: label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        for name in ("minutes", "save_minutes", "lr_scale"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"invalid TrainConfig: {name} must be positive, got {value}")
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"invalid TrainConfig: precision must be fp32, bf16 or fp16, got {self.precision!r}")
+
+
 def _variation(**changes) -> ModelConfig:
     """A row of Table 3: the base model with the listed cells changed."""
     return dataclasses.replace(BASE, **changes)
@@ -158,4 +200,4 @@ def preset(name: str) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
 
 
-__all__ = ["ModelConfig", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]
+__all__ = ["ModelConfig", "TrainConfig", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]

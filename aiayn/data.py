@@ -1,0 +1,439 @@
+"""Parallel corpora and batches built to a token budget (§5.1).
+
+Corpora come from four places, all turned into a `ParallelCorpus` of (source, target) pairs:
+the built-in `bible-en-es` (shipped inside the package, no network), two aligned plain-text
+files per split, a two-column TSV, and WMT14 through Hugging Face `datasets` (optional extra).
+
+§5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch
+contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
+tokens." `make_batches` sorts pairs by length and cuts batches so that the padded source and the
+padded target each hold at most `max_tokens` tokens; `BatchStream` serves them epoch after epoch
+from a state of two integers, so training resumes exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import lzma
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+CORPORA_DIR = Path(__file__).parent / "corpora"
+BIBLE_FILE = "bible-en-es.tsv.xz"
+_BIBLE = {"bible-en-es": ("en", "es"), "bible-es-en": ("es", "en")}
+_WMT14 = {f"wmt14-{a}-{b}": (a, b) for a, b in [("de", "en"), ("en", "de"), ("fr", "en"), ("en", "fr")]}
+# Other names the splits go by in downloaded corpora (fairseq's "valid", HF's "validation").
+_SPLIT_ALIASES = {"train": ("train",), "dev": ("dev", "valid", "validation"), "test": ("test",)}
+
+Pair = tuple[str, str]
+EncodedPair = tuple[list[int], list[int]]
+
+
+@dataclass
+class ParallelCorpus:
+    """Sentence pairs by split ("train", "dev", "test"; dev and test may be absent).
+
+    On construction each sentence is stripped and any line break inside it becomes a space; a
+    pair with an empty side is left out and counted in `dropped[split]`, for the caller to report.
+    """
+
+    name: str
+    src_lang: str
+    tgt_lang: str
+    splits: dict[str, list[Pair]]
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.src_lang == self.tgt_lang:
+            raise ValueError(f"source and target language are both {self.src_lang!r}; give two different languages")
+        for split, pairs in list(self.splits.items()):
+            kept = [(s, t) for s, t in ((_clean(s), _clean(t)) for s, t in pairs) if s and t]
+            self.dropped[split] = self.dropped.get(split, 0) + len(pairs) - len(kept)
+            self.splits[split] = kept
+        if not self.splits.get("train"):
+            raise ValueError(f"corpus {self.name} has no training pairs")
+
+
+def _clean(text: str) -> str:
+    # A line break inside a sentence would misalign the plain-text files that export_split writes.
+    return " ".join(text.strip().splitlines())
+
+
+def corpus_names() -> list[str]:
+    """The corpora known by name; WMT14 needs the `hf` extra and network."""
+    return [*_BIBLE, *_WMT14]
+
+
+def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[str] = None) -> ParallelCorpus:
+    """A corpus by name (see `corpus_names`), or from a folder of aligned files or a .tsv file.
+
+    A folder holds `train.SRC` and `train.TGT` (one sentence per line, aligned by line) and
+    optionally `dev.*` and `test.*` alike, or `train.tsv` (+ `dev.tsv`, `test.tsv`) with two
+    tab-separated columns, source then target. A single .tsv file is the train split.
+    """
+    named = {**_BIBLE, **_WMT14}
+    if spec in named:
+        src, tgt = named[spec]
+        if (src_lang or src, tgt_lang or tgt) != (src, tgt):
+            reverse = f"{spec.split('-')[0]}-{tgt}-{src}"
+            raise ValueError(f"{spec} translates {src} to {tgt}; the reverse direction is {reverse}")
+        if spec in _BIBLE:
+            path = CORPORA_DIR / BIBLE_FILE
+            if not path.is_file():
+                raise FileNotFoundError(f"the built-in corpus file {path} is missing from this installation")
+            return read_table(path, src, tgt, name=spec)
+        pair = "-".join(sorted((src, tgt), key=lambda lang: lang == "en"))  # HF configs: "de-en", "fr-en"
+        return load_hf_translation("wmt/wmt14", pair, src, tgt, name=spec)
+    path = Path(spec)
+    if path.is_dir():
+        if (path / "train.tsv").is_file():
+            return _read_tsv_folder(path, src_lang or "src", tgt_lang or "tgt")
+        return read_text_folder(path, src_lang, tgt_lang)
+    if path.is_file() and path.name.endswith((".tsv", ".tsv.xz")):
+        return ParallelCorpus(path.name.split(".")[0], src_lang or "src", tgt_lang or "tgt", {"train": read_tsv(path)})
+    raise ValueError(
+        f"unknown corpus {spec!r}: not a built-in name ({', '.join(corpus_names())}) "
+        "nor a folder or .tsv file"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Readers
+
+
+def read_lines(path: Union[str, Path]) -> list[str]:
+    """The lines of a UTF-8 text file (.xz decompressed), split on "\\n" only, so that the
+    sentence count of aligned files agrees with `wc -l`. Errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    opener = lzma.open if path.suffix == ".xz" else open
+    lines = []
+    with opener(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                # utf-8-sig on line 1: a byte-order mark is not part of the first sentence.
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                reason = f"{error.reason} at byte {error.start}"
+                raise ValueError(f"{path}, line {number}: invalid UTF-8 ({reason})") from None
+            lines.append(line.rstrip("\r\n"))
+    if not lines:
+        raise ValueError(f"{path} is empty")
+    return lines
+
+
+def read_tsv(path: Union[str, Path]) -> list[Pair]:
+    """Pairs from a headerless file of `source<TAB>target` lines."""
+    pairs = []
+    for number, line in enumerate(read_lines(path), start=1):
+        columns = line.split("\t")
+        if len(columns) != 2:
+            raise ValueError(
+                f"{path}, line {number}: expected 2 tab-separated columns (source, target), found {len(columns)}"
+            )
+        pairs.append((columns[0], columns[1]))
+    return pairs
+
+
+def read_table(path: Union[str, Path], src_lang: str, tgt_lang: str, name: Optional[str] = None) -> ParallelCorpus:
+    """A corpus from one TSV with a header naming its columns, one of them `split`.
+
+    This is the format of the built-in corpus: `split  ref  en  es`, one line per verse.
+    """
+    header, *rows = read_lines(path)
+    columns = header.split("\t")
+    for column in ("split", src_lang, tgt_lang):
+        if column not in columns:
+            raise ValueError(f"{path}: no column {column!r} in the header {columns}")
+    i_split, i_src, i_tgt = columns.index("split"), columns.index(src_lang), columns.index(tgt_lang)
+    splits: dict[str, list[Pair]] = {}
+    for number, line in enumerate(rows, start=2):
+        values = line.split("\t")
+        if len(values) != len(columns):
+            raise ValueError(
+                f"{path}, line {number}: expected {len(columns)} tab-separated columns, found {len(values)}"
+            )
+        splits.setdefault(values[i_split], []).append((values[i_src], values[i_tgt]))
+    return ParallelCorpus(name or Path(path).name.split(".")[0], src_lang, tgt_lang, splits)
+
+
+def _find_split(folder: Path, split: str, suffix: str) -> Optional[Path]:
+    for alias in _SPLIT_ALIASES[split]:
+        if (folder / f"{alias}.{suffix}").is_file():
+            return folder / f"{alias}.{suffix}"
+    return None
+
+
+def _read_tsv_folder(folder: Path, src_lang: str, tgt_lang: str) -> ParallelCorpus:
+    splits = {}
+    for split in _SPLIT_ALIASES:
+        path = _find_split(folder, split, "tsv")
+        if path is not None:
+            splits[split] = read_tsv(path)
+    return ParallelCorpus(folder.resolve().name, src_lang, tgt_lang, splits)
+
+
+def read_text_folder(
+    folder: Union[str, Path], src_lang: Optional[str] = None, tgt_lang: Optional[str] = None
+) -> ParallelCorpus:
+    """A corpus from `train.SRC` + `train.TGT` (and optional `dev.*`, `test.*`) in `folder`.
+
+    Missing languages are inferred: one given, the other is the remaining suffix of the train
+    files; none given, the folder name says the direction (`.../de-en` means de to en).
+    """
+    folder = Path(folder)
+    found = sorted(p.name[len("train."):] for p in folder.glob("train.*") if p.suffix != ".tsv")
+    if len(found) < 2:
+        raise FileNotFoundError(f"{folder} holds no train.SRC and train.TGT pair of files (nor a train.tsv)")
+    if src_lang is None or tgt_lang is None:
+        src_lang, tgt_lang = _infer_languages(folder, found, src_lang, tgt_lang)
+    splits = {}
+    for split in _SPLIT_ALIASES:
+        src_path, tgt_path = _find_split(folder, split, src_lang), _find_split(folder, split, tgt_lang)
+        if split == "train" and (src_path is None or tgt_path is None):
+            missing = f"train.{src_lang}" if src_path is None else f"train.{tgt_lang}"
+            raise FileNotFoundError(f"no {missing} in {folder} (found train.{', train.'.join(found)})")
+        if src_path is None and tgt_path is None:
+            continue
+        if src_path is None or tgt_path is None:
+            have = src_path or tgt_path
+            raise FileNotFoundError(f"{have} has no counterpart in the other language in {folder}")
+        src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
+        if len(src_lines) != len(tgt_lines):
+            raise ValueError(
+                f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; "
+                "parallel files must be aligned line by line"
+            )
+        splits[split] = list(zip(src_lines, tgt_lines))
+    return ParallelCorpus(folder.resolve().name, src_lang, tgt_lang, splits)
+
+
+def _infer_languages(folder: Path, found: list[str], src: Optional[str], tgt: Optional[str]) -> tuple[str, str]:
+    if src is not None or tgt is not None:
+        others = [lang for lang in found if lang not in (src, tgt)]
+        if len(others) == 1:
+            return (src, others[0]) if src is not None else (others[0], tgt)
+    elif len(found) == 2:
+        direction = re.fullmatch(r"(\w+)-(\w+)", folder.resolve().name.split(".")[-1])
+        if direction and sorted(direction.groups()) == found:
+            return direction.group(1), direction.group(2)
+    raise ValueError(
+        f"cannot tell the languages of {folder} (train files: {', '.join(found)}); "
+        "give the source and target languages (--src-lang, --tgt-lang)"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face datasets (the `hf` extra)
+
+
+def load_hf_translation(
+    path_or_name: str,
+    config: Optional[str],
+    src_lang: str,
+    tgt_lang: str,
+    data_files: Optional[dict] = None,
+    name: Optional[str] = None,
+    cache_dir: Optional[str] = None,
+) -> ParallelCorpus:
+    """A corpus from a HF dataset whose rows are `{"translation": {src_lang: ..., tgt_lang: ...}}`,
+    as WMT14's: `load_hf_translation("wmt/wmt14", "de-en", "en", "de")` downloads it. With
+    `data_files`, local files of that format: `load_hf_translation("parquet", None, ...,
+    data_files={"train": "train.parquet"})`. Splits train, validation (-> dev) and test."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(
+            "loading this corpus needs Hugging Face datasets: install the hf extra: pip install 'aiayn[hf]'"
+        ) from None
+    loaded = datasets.load_dataset(path_or_name, config, data_files=data_files, cache_dir=cache_dir)
+    splits = {}
+    for split in _SPLIT_ALIASES:
+        hf_split = next((alias for alias in _SPLIT_ALIASES[split] if alias in loaded), None)
+        if hf_split is not None:
+            splits[split] = _translation_pairs(loaded[hf_split], src_lang, tgt_lang)
+    return ParallelCorpus(name or path_or_name.split("/")[-1], src_lang, tgt_lang, splits)
+
+
+def _translation_pairs(dataset, src_lang: str, tgt_lang: str) -> list[Pair]:
+    """(source, target) from the `translation` struct column, read from the Arrow table at once:
+    row by row, WMT14 en-de's 4.5M rows would take minutes."""
+    column = dataset.data.column("translation")  # chunks of struct<lang: string>
+    languages = [column.type.field(i).name for i in range(column.type.num_fields)]
+    for lang in (src_lang, tgt_lang):
+        if lang not in languages:
+            raise ValueError(f"this dataset has no {lang!r} side; its languages are {', '.join(languages)}")
+    pairs: list[Pair] = []
+    for chunk in column.chunks:  # chunk by chunk: one string array of all WMT14 en-fr overflows
+        src, tgt = chunk.field(src_lang).to_pylist(), chunk.field(tgt_lang).to_pylist()
+        pairs.extend((s or "", t or "") for s, t in zip(src, tgt))
+    return pairs
+
+
+def export_split(corpus: ParallelCorpus, split: str, out_dir: Union[str, Path]) -> tuple[Path, Path]:
+    """Write `{split}.{src_lang}` and `{split}.{tgt_lang}`, one sentence per line, into `out_dir`,
+    so that any tool can score against the references."""
+    if split not in corpus.splits:
+        raise ValueError(f"corpus {corpus.name} has no {split!r} split (it has {', '.join(corpus.splits)})")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for side, lang in enumerate((corpus.src_lang, corpus.tgt_lang)):
+        path = out_dir / f"{split}.{lang}"
+        path.write_text("".join(pair[side] + "\n" for pair in corpus.splits[split]), encoding="utf-8")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Token-budget batches (§5.1)
+
+
+@dataclass
+class Batch:
+    """A padded batch. `tgt_in` is the decoder input, shifted right by one (BOS first); `tgt_out`
+    is what each decoder position predicts (EOS last). Both are (B, T); padding is pad_id."""
+
+    src: Tensor  # (B, S) source ids + EOS
+    tgt_in: Tensor  # (B, T) BOS + target ids
+    tgt_out: Tensor  # (B, T) target ids + EOS
+    n_src_tokens: int  # non-pad tokens in src
+    n_tgt_tokens: int  # non-pad tokens in tgt_out: the loss is a mean over these
+
+    def to(self, device: Union[str, torch.device], non_blocking: bool = False) -> "Batch":
+        src, tgt_in, tgt_out = (t.to(device, non_blocking=non_blocking) for t in (self.src, self.tgt_in, self.tgt_out))
+        return Batch(src, tgt_in, tgt_out, self.n_src_tokens, self.n_tgt_tokens)
+
+
+def encode_pairs(tokenizer, pairs: Sequence[Pair]) -> list[EncodedPair]:
+    """Token ids of both sides of every pair (no BOS/EOS yet)."""
+    src = tokenizer.encode_batch([s for s, _ in pairs])
+    tgt = tokenizer.encode_batch([t for _, t in pairs])
+    return list(zip(src, tgt))
+
+
+def filter_long(encoded: Sequence[EncodedPair], max_len: int) -> tuple[list[int], int]:
+    """Indices of the pairs whose source + EOS and BOS + target both fit in `max_len`, and how many
+    did not. Indices rather than pairs, so the caller can keep the texts aligned with the ids."""
+    kept = [i for i, (s, t) in enumerate(encoded) if len(s) + 1 <= max_len and len(t) + 1 <= max_len]
+    return kept, len(encoded) - len(kept)
+
+
+def make_batches(lengths: Sequence[tuple[int, int]], max_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Indices of the pairs in each batch of one epoch.
+
+    `lengths[i]` is (source length, target length) of pair i as it will be in the tensors (with
+    EOS / BOS). Pairs are sorted by length (ties in a random order drawn from seed and epoch) and
+    cut greedily so that batch size x longest source <= max_tokens and batch size x longest
+    target <= max_tokens: a budget on padded tokens, as fairseq's --max-tokens. A pair longer than
+    max_tokens on its own forms a batch of one. The order of the batches is then shuffled.
+    The same (seed, epoch) always gives the same batches.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
+    rng = np.random.default_rng([seed, epoch])
+    table = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)  # (N, 2)
+    shuffled = rng.permutation(len(table))
+    # lexsort is stable and sorts by the last key first: source length, then target length.
+    order = shuffled[np.lexsort((table[shuffled, 1], table[shuffled, 0]))]
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest_src = longest_tgt = 0
+    for index, (src_len, tgt_len) in zip(order.tolist(), table[order].tolist()):
+        new_src, new_tgt = max(longest_src, src_len), max(longest_tgt, tgt_len)
+        if batch and (len(batch) + 1) * max(new_src, new_tgt) > max_tokens:
+            batches.append(batch)
+            batch, new_src, new_tgt = [], src_len, tgt_len
+        batch.append(index)
+        longest_src, longest_tgt = new_src, new_tgt
+    if batch:
+        batches.append(batch)
+    return [batches[i] for i in rng.permutation(len(batches)).tolist()]
+
+
+def collate(encoded_pairs: Sequence[EncodedPair], pad_id: int, bos_id: int, eos_id: int) -> Batch:
+    """Right-padded tensors of source + EOS, BOS + target and target + EOS."""
+    src_len = max(len(s) for s, _ in encoded_pairs) + 1
+    tgt_len = max(len(t) for _, t in encoded_pairs) + 1
+    src = torch.tensor([s + [eos_id] + [pad_id] * (src_len - 1 - len(s)) for s, _ in encoded_pairs])  # (B, S)
+    tgt_in = torch.tensor([[bos_id] + t + [pad_id] * (tgt_len - 1 - len(t)) for _, t in encoded_pairs])  # (B, T)
+    tgt_out = torch.tensor([t + [eos_id] + [pad_id] * (tgt_len - 1 - len(t)) for _, t in encoded_pairs])  # (B, T)
+    n_src = sum(len(s) + 1 for s, _ in encoded_pairs)
+    n_tgt = sum(len(t) + 1 for _, t in encoded_pairs)
+    return Batch(src, tgt_in, tgt_out, n_src, n_tgt)
+
+
+class BatchStream:
+    """Endless batches over epochs, resumable from `state_dict()`: {"epoch", "index"}, the
+    position in the epoch's batch list, which `make_batches` rebuilds from (seed, epoch).
+
+    With `shard=(rank, world_size)` each rank takes every world_size-th batch of the same list.
+    The list is first extended by wrapping around to a multiple of world_size, so every rank has
+    as many batches per epoch and all ranks share one state (rank 0's checkpoint serves all).
+    """
+
+    def __init__(
+        self,
+        encoded_pairs: Sequence[EncodedPair],
+        max_tokens: int,
+        seed: int,
+        pad_id: int,
+        bos_id: int,
+        eos_id: int,
+        shard: tuple[int, int] = (0, 1),
+    ) -> None:
+        rank, world_size = shard
+        if not 0 <= rank < world_size:
+            raise ValueError(f"shard must be (rank, world_size) with 0 <= rank < world_size, got {shard}")
+        if not encoded_pairs:
+            raise ValueError("cannot batch an empty list of sentence pairs")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
+        self.pairs = encoded_pairs
+        # (N, 2) lengths as in the tensors, with EOS / BOS: an array, so make_batches converts nothing.
+        self.lengths = np.array([(len(s) + 1, len(t) + 1) for s, t in encoded_pairs], dtype=np.int64)
+        self.max_tokens, self.seed = max_tokens, seed
+        self.special = (pad_id, bos_id, eos_id)
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.index = 0, 0
+        self._cached: tuple[int, list[list[int]]] = (-1, [])
+
+    def epoch_batches(self) -> list[list[int]]:
+        """This rank's batches (lists of pair indices) of the current epoch."""
+        if self._cached[0] != self.epoch:
+            batches = make_batches(self.lengths, self.max_tokens, self.seed, self.epoch)
+            total = -(-len(batches) // self.world_size) * self.world_size  # rounded up to a multiple
+            wrapped = [batches[i % len(batches)] for i in range(total)]
+            self._cached = (self.epoch, wrapped[self.rank :: self.world_size])
+        return self._cached[1]
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        if self.index >= len(self.epoch_batches()):
+            self.epoch, self.index = self.epoch + 1, 0
+        indices = self.epoch_batches()[self.index]
+        self.index += 1
+        return collate([self.pairs[i] for i in indices], *self.special)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"epoch", "index"}:
+            raise ValueError(f"a BatchStream state has the keys epoch and index, got {sorted(state)}")
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+__all__ = [
+    "ParallelCorpus", "load_corpus", "corpus_names", "read_lines", "read_tsv", "read_table",
+    "read_text_folder", "load_hf_translation", "export_split",
+    "Batch", "encode_pairs", "filter_long", "make_batches", "collate", "BatchStream",
+]

@@ -1,0 +1,54 @@
+"""Devices and numeric precision: one place that decides where and in what format we compute."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' picks CUDA when present, else the CPU; anything else must exist here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but this machine has no CUDA GPU")
+    return device
+
+
+def autocast(device: torch.device, precision: str):
+    """Mixed precision as a context manager: bf16 autocast on CPU (AMX) or GPU, fp16 on GPU only.
+    Weights stay fp32; matrix products run in the low-precision format."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError("fp16 needs a CUDA GPU (it needs loss scaling and CPUs lack fast fp16); use bf16 on CPU")
+    return torch.autocast(device.type, dtype=DTYPES[precision])
+
+
+def matmul_peak_flops(device: torch.device, precision: str, seconds: float = 0.5) -> float:
+    """Measured FLOP/s of a large square matrix product in `precision`: the roof that model FLOPs
+    utilisation is reported against. Measured rather than looked up, since CPUs vary widely."""
+    n = 8192 if device.type == "cuda" else 2048
+    dtype = DTYPES[precision]
+    # A private generator: measuring must not move the global RNG that dropout draws from.
+    generator = torch.Generator(device).manual_seed(0)
+    a = torch.rand(n, n, device=device, generator=generator).to(dtype)
+    b = torch.rand(n, n, device=device, generator=generator).to(dtype)
+    (a @ b).sum().item()  # warm-up
+    reps, start = 0, time.perf_counter()
+    while True:
+        a @ b
+        reps += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and reps >= 3:
+            return 2 * n**3 * reps / elapsed

@@ -1,0 +1,172 @@
+"""One SentencePiece BPE vocabulary shared by source and target (§5.1).
+
+The paper encodes sentences "using byte-pair encoding, which has a shared source-target vocabulary
+of about 37000 tokens". `Tokenizer.train` learns such a model from the source and target sentences
+of the training split together; the model is one file, `tokenizer.model`, saved beside the weights.
+
+Special ids match `ModelConfig`'s defaults: pad 0, bos 1, eos 2, unk 3. Byte fallback is on, so a
+character never seen in training (Chinese, an emoji) is spelt as its UTF-8 bytes instead of
+becoming <unk>. Text is not Unicode-normalised, so every string without leading, trailing or
+repeated spaces survives encode -> decode unchanged.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import re
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+import sentencepiece as spm
+
+from aiayn.checkpoint import atomic_write
+
+MODEL_FILE = "tokenizer.model"
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# 256 byte pieces for byte fallback, the 4 special tokens, and at least one character of text.
+MIN_VOCAB_SIZE = 256 + 4 + 1
+
+
+class Tokenizer:
+    """A trained SentencePiece BPE model. Encoding adds no BOS/EOS: the batcher adds them."""
+
+    def __init__(self, model_proto: bytes) -> None:
+        self._proto = model_proto
+        self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str],
+        vocab_size: int,
+        directory: Union[str, Path],
+        *,
+        seed: int = 0,
+        max_sentences: Optional[int] = None,
+    ) -> "Tokenizer":
+        """Learn a BPE vocabulary of `vocab_size` pieces from `texts` and write
+        `directory/tokenizer.model`.
+
+        Pass the source AND the target sentences: the vocabulary is shared (§5.1). With
+        `max_sentences`, a random sample of that many sentences (drawn with `seed`) is used.
+        Training twice on the same input gives byte-identical models.
+        """
+        if vocab_size < MIN_VOCAB_SIZE:
+            raise ValueError(
+                f"vocab_size={vocab_size} is too small: it must be at least {MIN_VOCAB_SIZE} "
+                "(256 byte pieces + 4 special tokens + the characters of the text)"
+            )
+        if max_sentences is not None:
+            if max_sentences < 1:
+                raise ValueError(f"max_sentences must be a positive integer, got {max_sentences}")
+            # Sampled here rather than by SentencePiece (input_sentence_size), whose generator
+            # takes the seed only once per process: a second seed would be silently ignored.
+            texts = list(texts)
+            if len(texts) > max_sentences:
+                chosen = sorted(random.Random(seed).sample(range(len(texts)), max_sentences))
+                texts = [texts[i] for i in chosen]
+        proto = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts),
+                model_writer=proto,
+                model_type="bpe",
+                vocab_size=vocab_size,
+                pad_id=PAD_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                unk_id=UNK_ID,
+                byte_fallback=True,
+                character_coverage=1.0,
+                # Text as it is, not NFKC: the model can then write what references hold, such as
+                # full-width CJK punctuation, and decode(encode(s)) == s.
+                normalization_rule_name="identity",
+                # The learned merges depend on the thread count; one thread gives the same model
+                # on every machine.
+                num_threads=1,
+                minloglevel=2,  # SentencePiece logs every merge to stderr otherwise
+            )
+        except RuntimeError as error:
+            raise ValueError(_explain_training_error(str(error), vocab_size)) from None
+        tokenizer = cls(proto.getvalue())
+        tokenizer.save(directory)
+        return tokenizer
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "Tokenizer":
+        """From a `tokenizer.model` file, or a folder that holds one."""
+        path = Path(path)
+        file = path / MODEL_FILE if path.is_dir() else path
+        if not file.is_file():
+            raise FileNotFoundError(f"no tokenizer at {path}: expected a {MODEL_FILE} file or a folder holding one")
+        try:
+            return cls(file.read_bytes())
+        except (RuntimeError, OSError) as error:
+            raise ValueError(f"{file} is not a SentencePiece model: {error}") from None
+
+    def save(self, directory: Union[str, Path]) -> None:
+        """Write the model to `directory/tokenizer.model` (created if missing), atomically."""
+        atomic_write(Path(directory) / MODEL_FILE, lambda tmp: Path(tmp).write_bytes(self._proto))
+
+    def encode(self, text: str) -> list[int]:
+        """Piece ids of `text`, without BOS or EOS."""
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode` of every text, in SentencePiece's C++ threads (num_threads=-1: every core)."""
+        return self._sp.encode(list(texts), num_threads=-1)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids`; padding, BOS and EOS are dropped, so model outputs decode as they are."""
+        special = {self.pad_id, self.bos_id, self.eos_id}
+        return self._sp.decode([int(i) for i in ids if int(i) not in special])
+
+    def id_to_piece(self, id: int) -> str:
+        """The piece an id stands for (e.g. '▁the'), for labelling attention maps."""
+        return self._sp.id_to_piece(int(id))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    @property
+    def pad_id(self) -> int:
+        return self._sp.pad_id()
+
+    @property
+    def bos_id(self) -> int:
+        return self._sp.bos_id()
+
+    @property
+    def eos_id(self) -> int:
+        return self._sp.eos_id()
+
+    @property
+    def unk_id(self) -> int:
+        return self._sp.unk_id()
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size})"
+
+
+def _explain_training_error(message: str, vocab_size: int) -> str:
+    """SentencePiece's errors quote C++ checks; say what the user should change instead."""
+    too_high = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", message)
+    if too_high:
+        return (
+            f"vocab_size={vocab_size} is larger than this training text allows; "
+            f"use a smaller --vocab-size (at most {too_high.group(1)})"
+        )
+    too_small = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", message)
+    if too_small:
+        return (
+            f"vocab_size={vocab_size} is too small for this training text: it needs at least "
+            f"{too_small.group(1)} (256 byte pieces, 4 special tokens and every distinct character)"
+        )
+    if "sentences_.empty()" in message:
+        return "cannot train a tokenizer on no text: every training sentence is empty"
+    return f"SentencePiece training failed: {message.strip() or 'unknown error'}"
+
+
+__all__ = ["Tokenizer", "MODEL_FILE", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "MIN_VOCAB_SIZE"]

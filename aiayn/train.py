@@ -1,0 +1,341 @@
+"""The training loop of §5: token-budget batches, Adam with warm-up, label smoothing, checkpoints.
+
+One process trains on the CPU or one GPU; under `torchrun` every process takes its share of each
+step's batches and DDP averages the gradients (gloo on CPU, NCCL on GPU). The loss of a step is
+summed over all of its target tokens (on every rank, across accumulated batches) and divided by
+their total count, so 2 processes × 1 batch make exactly the update of 1 process × 2 batches.
+
+Nothing is lost to a crash: checkpoints are written atomically and hold the model, Adam's
+moments, the RNG and the data position; a resumed run continues with the very same losses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from aiayn.checkpoint import TOKENIZER, atomic_write, checkpoint_dirs, load_checkpoint, save_checkpoint, save_model, write_json
+from aiayn.config import ModelConfig, TrainConfig
+from aiayn.data import BatchStream, collate, make_batches
+from aiayn.device import autocast, matmul_peak_flops, resolve_device
+from aiayn.flops import training_flops
+from aiayn.loss import label_smoothed_nll
+from aiayn.model import Transformer
+from aiayn.optim import make_optimizer, noam_lr, set_lr
+
+Pairs = Sequence[tuple[list[int], list[int]]]
+LOG = "log.jsonl"
+PLOT = "loss.png"
+FINAL = "model"  # RUN_DIR/model: the last weights as a model folder, with the tokenizer
+
+
+@dataclass
+class TrainData:
+    """Encoded sentence pairs (ids without BOS/EOS), and the dev text for BLEU."""
+
+    train: Pairs
+    dev: Pairs = ()
+    dev_text: Sequence[tuple[str, str]] = ()  # (source, reference) strings of the dev pairs
+    filtered: dict = field(default_factory=dict)  # split -> pairs left out for length
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world size), joining the process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    return dist.get_rank(), world
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """Never train over a finished or interrupted run by accident."""
+    if checkpoint_dirs(run_dir) and not resume:
+        raise ValueError(f"{run_dir} already holds checkpoints; pass --resume or choose another --out")
+
+
+class Trainer:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        train_config: TrainConfig,
+        run_dir: str | Path,
+        data: TrainData,
+        tokenizer=None,
+        resume: bool = False,
+        echo: Callable[[str], None] = print,
+    ) -> None:
+        self.config = model_config
+        self.recipe = train_config
+        self.run_dir = Path(run_dir)
+        self.data = data
+        self.tokenizer = tokenizer
+        self.rank, self.world = init_distributed()
+        self.echo = echo if self.rank == 0 else (lambda _: None)
+        if len(data.train) == 0:
+            raise ValueError("no training pairs left (all empty or longer than max_sentence_tokens?)")
+        self.device = resolve_device(train_config.device)
+        if self.device.type == "cuda" and self.world > 1:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(self.device)
+        if self.world > 1 and train_config.accumulate != 1 and self.rank == 0:
+            self.echo(f"note: {self.world} processes × accumulate {train_config.accumulate} batches per step")
+
+        torch.manual_seed(train_config.seed)
+        self.model = Transformer(model_config).to(self.device)
+        self.optimizer = make_optimizer(self.model)
+        c = model_config
+        self.stream = BatchStream(
+            data.train, train_config.max_tokens, train_config.seed, c.pad_id, c.bos_id, c.eos_id,
+            shard=(self.rank, self.world),
+        )
+        self.step, self.elapsed, self.target_tokens = 0, 0.0, 0
+        check_run_dir(self.run_dir, resume)
+        existing = checkpoint_dirs(self.run_dir)
+        if existing:
+            self._restore(existing[-1])
+        elif resume:
+            self.echo(f"no checkpoint in {self.run_dir}: starting from scratch")
+        self.scaler = torch.amp.GradScaler("cuda") if train_config.precision == "fp16" else None
+        self.net = self.model
+        if self.world > 1:
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+        if train_config.compile:
+            self.net = torch.compile(self.net)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _restore(self, checkpoint: Path) -> None:
+        state = load_checkpoint(checkpoint, self.model, self.optimizer)
+        self.step, self.elapsed, self.target_tokens = state["step"], state["elapsed"], state["target_tokens"]
+        self.stream.load_state_dict(state["data"])
+        log = self.run_dir / LOG
+        if self.rank == 0 and log.exists():  # records after the checkpoint will be written again
+            kept = [line for line in log.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line)["step"] <= self.step]
+            _atomic_text(log, "".join(line + "\n" for line in kept))
+        self.echo(f"resumed from {checkpoint} at step {self.step}")
+
+    def _save(self) -> None:
+        if self.rank != 0:
+            return
+        state = {"elapsed": self.elapsed, "target_tokens": self.target_tokens, "data": self.stream.state_dict()}
+        tokenizer_file = self.run_dir / TOKENIZER if (self.run_dir / TOKENIZER).exists() else None
+        save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state, tokenizer_file, self.recipe.keep_last)
+
+    def _log(self, record: dict) -> None:
+        if self.rank != 0:
+            return
+        with open(self.run_dir / LOG, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    # -- one optimiser step ----------------------------------------------------------------
+
+    def _train_step(self) -> tuple[float, float, int, float]:
+        """Returns (summed smoothed loss, summed NLL, target tokens, model FLOPs) over all ranks."""
+        batches = [next(self.stream) for _ in range(self.recipe.accumulate)]
+        local = torch.tensor([float(sum(b.n_tgt_tokens for b in batches))])
+        if self.world > 1:
+            dist.all_reduce(local)
+        n_tokens = local.item()
+        set_lr(self.optimizer, noam_lr(self.step + 1, self.config.d_model, self.recipe.warmup_steps, self.recipe.lr_scale))
+        totals = torch.zeros(2)
+        flops = 0.0
+        for i, batch in enumerate(batches):
+            sync = i == len(batches) - 1 or self.world == 1
+            # Only the last batch of a step all-reduces the gradients.
+            context = self.net.no_sync() if not sync and hasattr(self.net, "no_sync") else contextlib.nullcontext()
+            with context:
+                batch = batch.to(self.device, non_blocking=True)
+                src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
+                with autocast(self.device, self.recipe.precision):
+                    logits = self.net(src, tgt_in)  # (B, T, V)
+                loss, nll = label_smoothed_nll(logits, tgt_out, self.recipe.label_smoothing, self.config.pad_id)
+                # DDP averages gradients over ranks; × world makes it a sum over all tokens.
+                scaled = loss * (self.world / n_tokens)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            totals += torch.stack([loss.detach().float().cpu(), nll.detach().float().cpu()])
+            rows = src.size(0)
+            flops += rows * training_flops(self.config, batch.n_src_tokens / rows, batch.n_tgt_tokens / rows)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if self.world > 1:
+            dist.all_reduce(totals)
+        return totals[0].item(), totals[1].item(), int(n_tokens), flops * self.world
+
+    # -- validation ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        """Dev loss and perplexity over every dev pair; BLEU of greedy translations of the first
+        `eval_bleu_sentences` dev sentences (beam search is for the final test)."""
+        from aiayn.evaluate import bleu
+        from aiayn.translate import translate_ids
+
+        self.model.eval()
+        c = self.config
+        loss_sum = nll_sum = tokens = 0.0
+        for indices in make_batches([(len(s) + 1, len(t) + 1) for s, t in self.data.dev], self.recipe.max_tokens, 0, 0):
+            batch = collate([self.data.dev[i] for i in indices], c.pad_id, c.bos_id, c.eos_id)
+            with autocast(self.device, self.recipe.precision):
+                logits = self.model(batch.src.to(self.device), batch.tgt_in.to(self.device))
+            loss, nll = label_smoothed_nll(logits, batch.tgt_out.to(self.device), self.recipe.label_smoothing, c.pad_id)
+            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tgt_tokens
+        record = {"step": self.step, "split": "dev", "loss": loss_sum / tokens, "ppl": math.exp(nll_sum / tokens)}
+        count = min(self.recipe.eval_bleu_sentences, len(self.data.dev_text))
+        if self.tokenizer is not None and count:
+            sources = [s for s, _ in self.data.dev[:count]]
+            outputs = translate_ids(self.model, sources, precision=self.recipe.precision)
+            hypotheses = [self.tokenizer.decode(ids) for ids in outputs]
+            record["bleu"] = bleu(hypotheses, [r for _, r in self.data.dev_text[:count]])[0]
+        self.model.train()
+        return record
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def fit(self) -> dict:
+        """Train until `max_steps` or `minutes`; returns the last training record."""
+        from tqdm.auto import tqdm
+
+        recipe = self.recipe
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            write_json(self.run_dir / "train_config.json", dataclasses.asdict(recipe))
+            write_json(self.run_dir / "model_config.json", self.config.to_dict())
+        peak = matmul_peak_flops(self.device, recipe.precision)
+        budget = recipe.minutes * 60 if recipe.minutes else math.inf
+        self.model.train()
+        bar = tqdm(total=recipe.max_steps, initial=self.step, desc="train", unit="step",
+                   disable=self.rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
+        window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "flops": 0.0, "seconds": 0.0}
+        last_save_time = time.monotonic()
+        record: dict = {}
+        while self.step < recipe.max_steps and self.elapsed < budget:
+            start = time.perf_counter()
+            loss, nll, tokens, flops = self._train_step()
+            seconds = time.perf_counter() - start
+            self.elapsed += seconds
+            self.target_tokens += tokens
+            for key, value in zip(("loss", "nll", "tokens", "flops", "seconds"), (loss, nll, tokens, flops, seconds)):
+                window[key] += value
+            bar.update(1)
+            if self.step % recipe.log_every == 0 or self.step == recipe.max_steps:
+                record = {
+                    "step": self.step, "split": "train",
+                    "loss": window["loss"] / window["tokens"], "ppl": math.exp(window["nll"] / window["tokens"]),
+                    "lr": self.optimizer.param_groups[0]["lr"],
+                    "tokens_per_s": window["tokens"] / window["seconds"],
+                    "mfu": window["flops"] / window["seconds"] / (peak * self.world),
+                    "elapsed_s": round(self.elapsed, 1),
+                }
+                self._log(record)
+                bar.set_postfix(loss=f"{record['loss']:.3f}", ppl=f"{record['ppl']:.1f}", lr=f"{record['lr']:.2e}",
+                                tok_s=f"{record['tokens_per_s']:.0f}")
+                if bar.disable:
+                    self.echo(f"step {self.step}: loss {record['loss']:.3f} ppl {record['ppl']:.1f} lr {record['lr']:.2e} "
+                              f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu']:.1%}")
+                window = dict.fromkeys(window, 0.0)
+            if self.data.dev and self.step % recipe.eval_every == 0 and self.rank == 0:
+                dev = self.validate()
+                self._log(dev)
+                self.echo("validation: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in dev.items()))
+                self.plot()
+            due = recipe.save_minutes is not None and time.monotonic() - last_save_time >= recipe.save_minutes * 60
+            if self.step % recipe.save_every == 0 or due:
+                self._save()
+                last_save_time = time.monotonic()
+        bar.close()
+        if not checkpoint_dirs(self.run_dir) or checkpoint_dirs(self.run_dir)[-1].name != f"step_{self.step:08d}":
+            self._save()
+        if self.rank == 0:
+            save_model(self.model, self.run_dir / FINAL)
+            if self.tokenizer is not None:
+                self.tokenizer.save(self.run_dir / FINAL)
+            self.plot()
+        if self.world > 1:
+            dist.barrier()
+        return record
+
+    def plot(self) -> None:
+        """RUN_DIR/loss.png: training and dev loss against the step."""
+        if self.rank == 0:
+            plot_log(self.run_dir / LOG, self.run_dir / PLOT)
+
+
+def plot_log(log_path: Path, png_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for split, style in (("train", "-"), ("dev", "o-")):
+        points = [(r["step"], r["loss"]) for r in records if r.get("split") == split]
+        if points:
+            ax.plot(*zip(*points), style, label=f"{split} loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("label-smoothed loss per target token")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = png_path.with_name(f".{png_path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, png_path)
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def prepare(corpus, run_dir: Path, vocab_size: int, max_sentence_tokens: int, echo: Callable[[str], None] = print):
+    """Tokenizer (trained on the train split unless the run already has one) and encoded data.
+
+    Returns (tokenizer, TrainData). Pairs longer than `max_sentence_tokens` tokens on either side are left
+    out and counted, never silently dropped.
+    """
+    from aiayn.data import encode_pairs, filter_long
+    from aiayn.tokenizer import Tokenizer
+
+    tokenizer_file = Path(run_dir) / TOKENIZER
+    rank, world = init_distributed()
+    if not tokenizer_file.exists() and rank == 0:
+        train = corpus.splits["train"]
+        echo(f"training a {vocab_size}-token SentencePiece BPE model on {len(train):,} pairs (§5.1: shared vocabulary)")
+        Tokenizer.train([s for s, _ in train] + [t for _, t in train], vocab_size, run_dir)
+    if world > 1:
+        dist.barrier()  # the other ranks read the tokenizer that rank 0 trained
+    tokenizer = Tokenizer.load(tokenizer_file)
+    if tokenizer.vocab_size != vocab_size:
+        raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} tokens but the model expects {vocab_size}")
+    encoded, texts, filtered = {}, {}, {}
+    for split in ("train", "dev"):
+        pairs = corpus.splits.get(split, [])
+        all_encoded = encode_pairs(tokenizer, pairs)
+        kept, filtered[split] = filter_long(all_encoded, max_sentence_tokens)
+        encoded[split] = [all_encoded[i] for i in kept]
+        texts[split] = [pairs[i] for i in kept]
+        if filtered[split]:
+            echo(f"{split}: left out {filtered[split]:,} of {len(pairs):,} pairs longer than max_sentence_tokens={max_sentence_tokens}")
+    return tokenizer, TrainData(encoded["train"], encoded["dev"], texts["dev"], filtered)

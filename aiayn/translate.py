@@ -1,0 +1,56 @@
+"""Translating many sentences: length-sorted batches through a search, results in input order."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from aiayn.device import autocast
+from aiayn.model import Transformer
+from aiayn.search import ModelStep, greedy
+
+EXTRA_LEN = 50  # §6.1: maximum output length = input length + 50
+
+
+def translate_ids(
+    model: Transformer,
+    sources: Sequence[Sequence[int]],
+    batch_tokens: int = 4000,
+    precision: str = "fp32",
+    extra_len: int = EXTRA_LEN,
+    progress: Optional[object] = None,
+) -> list[list[int]]:
+    """Greedy-decode each source (token ids, without EOS) and return the output ids in input order.
+
+    Sentences are sorted by length and packed up to `batch_tokens` source tokens per batch, so
+    little compute goes to padding. An empty source still gets EOS and so a (short) translation.
+    """
+    config = model.config
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    results: list[list[int]] = [[] for _ in sources]
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) <= batch_tokens:
+            end += 1
+        chunk = order[start:end]
+        longest = max(len(sources[i]) + 1 for i in chunk)
+        src = torch.full((len(chunk), longest), config.pad_id, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            ids = list(sources[i]) + [config.eos_id]
+            src[row, : len(ids)] = torch.tensor(ids)
+        max_len = torch.tensor([len(sources[i]) + extra_len for i in chunk])
+        with torch.no_grad(), autocast(device, precision):
+            stepper = ModelStep(model, src.to(device), int(max_len.max()) + 1)
+            outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len)
+        for i, out in zip(chunk, outputs):
+            results[i] = out
+        if progress is not None:
+            progress.update(len(chunk))
+        start = end
+    model.train(was_training)
+    return results

@@ -1,0 +1,379 @@
+"""Corpora (built-in, plain text, TSV, HF datasets) with one-line errors, and the token-budget
+batches of §5.1: within budget, every pair once per epoch, seeded, resumable, sharded."""
+
+import lzma
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn import data
+from aiayn.data import (
+    BatchStream,
+    ParallelCorpus,
+    collate,
+    corpus_names,
+    encode_pairs,
+    export_split,
+    filter_long,
+    load_corpus,
+    load_hf_translation,
+    make_batches,
+    read_table,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode("utf-8"))
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Corpora
+
+
+def test_read_table_in_the_built_in_format():
+    corpus = read_table(FIXTURES / "bible-mini.tsv.xz", "en", "es", name="bible-en-es")
+    assert (corpus.name, corpus.src_lang, corpus.tgt_lang) == ("bible-en-es", "en", "es")
+    assert sorted(corpus.splits) == ["dev", "test", "train"]
+    assert corpus.splits["train"][0] == (
+        "In the beginning, God created the heavens and the earth.",
+        "En el principio creó Dios los cielos y la tierra.",
+    )
+    assert len(corpus.splits["train"]) == 5 and corpus.dropped["train"] == 1  # GEN 1:6 has no English
+    assert len(corpus.splits["test"]) == 2 and corpus.dropped["test"] == 0
+    reverse = read_table(FIXTURES / "bible-mini.tsv.xz", "es", "en")
+    assert reverse.splits["test"][1] == (
+        "Levántate, y ve á Nínive, ciudad grande.",
+        "“Arise, go to Nineveh, that great city.”",
+    )
+
+
+def test_built_in_names_resolve_to_the_packaged_file(monkeypatch, tmp_path):
+    # Point the package at the fixture so this runs whether or not the real corpus is built yet.
+    (tmp_path / data.BIBLE_FILE).write_bytes((FIXTURES / "bible-mini.tsv.xz").read_bytes())
+    monkeypatch.setattr(data, "CORPORA_DIR", tmp_path)
+    forward, backward = load_corpus("bible-en-es"), load_corpus("bible-es-en")
+    assert (backward.src_lang, backward.tgt_lang) == ("es", "en")
+    assert backward.splits["dev"] == [(t, s) for s, t in forward.splits["dev"]]
+    with pytest.raises(ValueError, match="the reverse direction is bible-es-en"):
+        load_corpus("bible-en-es", src_lang="es", tgt_lang="en")
+    monkeypatch.setattr(data, "CORPORA_DIR", tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="built-in corpus file .* is missing"):
+        load_corpus("bible-en-es")
+
+
+@pytest.mark.skipif(
+    not (data.CORPORA_DIR / data.BIBLE_FILE).is_file(), reason="aiayn/corpora/bible-en-es.tsv.xz is not built yet"
+)
+def test_the_real_built_in_corpus():
+    corpus = load_corpus("bible-en-es")
+    assert len(corpus.splits["test"]) >= 1000
+    assert len(corpus.splits["train"]) > 20000
+    assert len(corpus.splits["dev"]) > 0
+    for pairs in corpus.splits.values():
+        assert all(s and t for s, t in pairs)
+
+
+def test_text_folder_with_dev_and_test(tmp_path):
+    write(tmp_path / "train.de", "Hallo Welt\n  Guten Morgen  \n\nDanke\n")
+    write(tmp_path / "train.en", "Hello world\nGood morning\nEmpty source\nThanks\n")
+    write(tmp_path / "valid.de", "Ja\n")  # fairseq's name for dev
+    write(tmp_path / "valid.en", "Yes\n")
+    write(tmp_path / "test.de", "Nein\r\n")  # Windows line ends
+    write(tmp_path / "test.en", "No\r\n")
+    corpus = load_corpus(str(tmp_path), "de", "en")
+    assert corpus.splits["train"] == [
+        ("Hallo Welt", "Hello world"), ("Guten Morgen", "Good morning"), ("Danke", "Thanks")
+    ]
+    assert corpus.dropped["train"] == 1
+    assert corpus.splits["dev"] == [("Ja", "Yes")] and corpus.splits["test"] == [("Nein", "No")]
+    assert load_corpus(str(tmp_path), "en", "de").splits["test"] == [("No", "Nein")]
+
+
+def test_text_folder_infers_the_languages(tmp_path):
+    folder = tmp_path / "iwslt14.de-en"
+    write(folder / "train.de", "Hallo\n")
+    write(folder / "train.en", "Hello\n")
+    corpus = load_corpus(str(folder))  # the folder's name gives the direction
+    assert (corpus.src_lang, corpus.tgt_lang, corpus.splits["train"]) == ("de", "en", [("Hallo", "Hello")])
+    assert load_corpus(str(folder), tgt_lang="de").src_lang == "en"  # one given: the other is the rest
+    other = tmp_path / "corpus"
+    write(other / "train.de", "Hallo\n")
+    write(other / "train.en", "Hello\n")
+    with pytest.raises(ValueError, match="cannot tell the languages .* give the source and target languages"):
+        load_corpus(str(other))
+    write(other / "train.fr", "Bonjour\n")
+    with pytest.raises(ValueError, match="train files: de, en, fr"):
+        load_corpus(str(other), src_lang="de")
+    assert load_corpus(str(other), "fr", "de").splits["train"] == [("Bonjour", "Hallo")]
+
+
+@pytest.mark.parametrize(
+    "files, error, message",
+    [
+        ({"train.de": "a\nb\n", "train.en": "a\n"}, ValueError, r"train\.de has 2 lines but .*train\.en has 1"),
+        ({"train.de": "", "train.en": ""}, ValueError, r"train\.de is empty"),
+        ({"train.de": "a\n", "train.en": "a\n", "test.de": "a\n"}, FileNotFoundError, r"test\.de has no counterpart"),
+        ({"train.de": "a\n", "train.fr": "a\n"}, FileNotFoundError, r"no train\.en in .*found train\.de, train\.fr"),
+        ({}, FileNotFoundError, "holds no train.SRC and train.TGT"),
+    ],
+)
+def test_text_folder_errors(tmp_path, files, error, message):
+    tmp_path.joinpath("keep").mkdir()
+    for name, text in files.items():
+        write(tmp_path / name, text)
+    with pytest.raises(error, match=message):
+        load_corpus(str(tmp_path), "de", "en")
+
+
+def test_invalid_utf8_names_the_file_and_line(tmp_path):
+    write(tmp_path / "train.en", "one\ntwo\nthree\n")
+    (tmp_path / "train.de").write_bytes(b"eins\nzwei\ndr\xffei\n")
+    with pytest.raises(ValueError, match=r"train\.de, line 3: invalid UTF-8"):
+        load_corpus(str(tmp_path), "de", "en")
+
+
+def test_tsv_folder_and_single_tsv_file(tmp_path):
+    write(tmp_path / "train.tsv", "\ufeffHallo\tHello\nJa\t\nDanke\tThanks\n")  # a BOM, an empty target
+    write(tmp_path / "test.tsv", "Nein\tNo\n")
+    corpus = load_corpus(str(tmp_path), "de", "en")
+    assert corpus.splits == {"train": [("Hallo", "Hello"), ("Danke", "Thanks")], "test": [("Nein", "No")]}
+    assert corpus.dropped == {"train": 1, "test": 0}
+    single = load_corpus(str(tmp_path / "train.tsv"))
+    assert (single.name, single.src_lang, single.tgt_lang) == ("train", "src", "tgt")
+    assert list(single.splits) == ["train"] and len(single.splits["train"]) == 2
+
+
+@pytest.mark.parametrize("line", ["only one column", "a\tb\tc"])
+def test_tsv_with_wrong_column_count_names_the_line(tmp_path, line):
+    path = write(tmp_path / "pairs.tsv", f"a\tb\n{line}\n")
+    with pytest.raises(ValueError, match=r"pairs\.tsv, line 2: expected 2 tab-separated columns"):
+        load_corpus(str(path))
+
+
+def test_unknown_spec_lists_the_built_in_names():
+    names = {"bible-en-es", "bible-es-en", "wmt14-en-de", "wmt14-de-en", "wmt14-en-fr", "wmt14-fr-en"}
+    assert names <= set(corpus_names())
+    with pytest.raises(ValueError, match=r"unknown corpus 'nope': not a built-in name \(bible-en-es, bible-es-en, wmt14"):
+        load_corpus("nope")
+
+
+def test_sentences_never_hold_line_breaks():
+    corpus = ParallelCorpus("x", "a", "b", {"train": [("one\ntwo", " x\u2028y "), ("\n", "z")]})
+    assert corpus.splits["train"] == [("one two", "x y")] and corpus.dropped["train"] == 1
+    with pytest.raises(ValueError, match="both 'a'; give two different languages"):
+        ParallelCorpus("x", "a", "a", {"train": [("s", "t")]})
+    with pytest.raises(ValueError, match="corpus x has no training pairs"):
+        ParallelCorpus("x", "a", "b", {"train": [("", "z")]})
+
+
+def test_export_split(tmp_path):
+    corpus = read_table(FIXTURES / "bible-mini.tsv.xz", "en", "es")
+    src, tgt = export_split(corpus, "test", tmp_path / "out")
+    assert (src.name, tgt.name) == ("test.en", "test.es")
+    assert src.read_text(encoding="utf-8").splitlines() == [s for s, _ in corpus.splits["test"]]
+    assert tgt.read_text(encoding="utf-8").splitlines() == [t for _, t in corpus.splits["test"]]
+    assert data.read_lines(tgt) == [t for _, t in corpus.splits["test"]]  # curly quotes, accents intact
+    only_train = ParallelCorpus("x", "a", "b", {"train": [("s", "t")]})
+    with pytest.raises(ValueError, match="corpus x has no 'test' split \\(it has train\\)"):
+        export_split(only_train, "test", tmp_path)
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face datasets, from local files only
+
+
+@pytest.fixture
+def hf_offline(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    return datasets
+
+
+def test_hf_translation_rows_from_local_parquet_and_json(hf_offline, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import json
+
+    import pyarrow.parquet as pq
+
+    rows = [{"translation": {"de": f"Satz {i}", "en": f"Sentence {i}"}} for i in range(4)]
+    rows.append({"translation": {"de": "  ", "en": "dropped"}})
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "validation.parquet")
+    files = {"train": str(tmp_path / "train.parquet"), "validation": str(tmp_path / "validation.parquet")}
+    cache = str(tmp_path / "cache")
+    corpus = load_hf_translation("parquet", None, "en", "de", data_files=files, name="local", cache_dir=cache)
+    assert (corpus.name, corpus.src_lang, corpus.tgt_lang) == ("local", "en", "de")
+    assert corpus.splits["train"] == [(f"Sentence {i}", f"Satz {i}") for i in range(4)]
+    assert corpus.dropped["train"] == 1
+    assert corpus.splits["dev"] == [("Sentence 0", "Satz 0"), ("Sentence 1", "Satz 1")]  # validation -> dev
+
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]), encoding="utf-8")
+    files = {"train": str(tmp_path / "test.jsonl"), "test": str(tmp_path / "test.jsonl")}
+    corpus = load_hf_translation("json", None, "de", "en", data_files=files, cache_dir=cache)
+    assert corpus.splits["test"] == [(f"Satz {i}", f"Sentence {i}") for i in range(3)]
+    with pytest.raises(ValueError, match="no 'fr' side; its languages are de, en"):
+        load_hf_translation("json", None, "fr", "en", data_files=files, cache_dir=cache)
+
+
+def test_wmt14_names_load_the_hub_dataset_in_the_named_direction(monkeypatch):
+    calls = []
+    monkeypatch.setattr(data, "load_hf_translation", lambda *args, **kwargs: calls.append((args, kwargs)))
+    load_corpus("wmt14-en-de")
+    load_corpus("wmt14-fr-en")
+    assert calls == [
+        (("wmt/wmt14", "de-en", "en", "de"), {"name": "wmt14-en-de"}),
+        (("wmt/wmt14", "fr-en", "fr", "en"), {"name": "wmt14-fr-en"}),
+    ]
+
+
+def test_wmt14_without_datasets_says_which_extra(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_datasets(name, *args, **kwargs):
+        if name == "datasets":
+            raise ImportError("No module named 'datasets'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    with pytest.raises(ImportError, match=r"install the hf extra: pip install 'aiayn\[hf\]'"):
+        load_corpus("wmt14-en-de")
+
+
+# --------------------------------------------------------------------------------------------
+# Batches
+
+
+class CharTokenizer:
+    """One id per character (offset past the 4 specials): enough to test the batching."""
+
+    def encode_batch(self, texts):
+        return [[4 + ord(c) % 50 for c in text] for text in texts]
+
+
+def random_lengths(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(int(x) for x in row) for row in torch.randint(1, 60, (n, 2), generator=g)]
+
+
+def test_encode_pairs_and_filter_long():
+    encoded = encode_pairs(CharTokenizer(), [("abc", "de"), ("a", "abcdefg"), ("abcdef", "a")])
+    assert [(len(s), len(t)) for s, t in encoded] == [(3, 2), (1, 7), (6, 1)]
+    assert filter_long(encoded, max_len=6) == ([0], 2)  # source + EOS and BOS + target must fit
+    assert filter_long(encoded, max_len=7) == ([0, 2], 1)
+    assert filter_long(encoded, max_len=8) == ([0, 1, 2], 0)
+
+
+def test_make_batches_respect_the_padded_token_budget_and_cover_every_pair_once():
+    lengths = random_lengths(500)
+    batches = make_batches(lengths, max_tokens=300, seed=1, epoch=0)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    for batch in batches:
+        assert len(batch) * max(lengths[i][0] for i in batch) <= 300
+        assert len(batch) * max(lengths[i][1] for i in batch) <= 300
+    # Bucketing by length keeps padding low: far fewer batches than one pair per batch.
+    assert len(batches) < 250
+
+
+def test_make_batches_are_seeded_by_seed_and_epoch():
+    lengths = random_lengths(300)
+    first = make_batches(lengths, 200, seed=3, epoch=0)
+    assert make_batches(lengths, 200, seed=3, epoch=0) == first
+    assert make_batches(lengths, 200, seed=3, epoch=1) != first
+    assert make_batches(lengths, 200, seed=4, epoch=0) != first
+
+
+def test_a_pair_longer_than_the_budget_is_a_batch_of_its_own():
+    batches = make_batches([(5, 5), (50, 3), (5, 6)], max_tokens=20, seed=0, epoch=0)
+    assert [1] in batches and sorted(map(sorted, batches)) == [[0, 2], [1]]
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
+        make_batches([(1, 1)], 0, 0, 0)
+
+
+def test_collate_pads_and_shifts_the_target():
+    pad, bos, eos = 0, 1, 2
+    batch = collate([([10, 11, 12], [20, 21]), ([13], [22, 23, 24, 25])], pad, bos, eos)
+    assert batch.src.tolist() == [[10, 11, 12, eos], [13, eos, pad, pad]]
+    assert batch.tgt_in.tolist() == [[bos, 20, 21, pad, pad], [bos, 22, 23, 24, 25]]
+    assert batch.tgt_out.tolist() == [[20, 21, eos, pad, pad], [22, 23, 24, 25, eos]]
+    assert batch.src.dtype == torch.long and batch.tgt_in.shape == batch.tgt_out.shape == (2, 5)
+    assert (batch.n_src_tokens, batch.n_tgt_tokens) == (6, 8)
+    moved = batch.to("cpu")
+    assert torch.equal(moved.src, batch.src) and moved.n_tgt_tokens == 8
+
+
+def test_corpus_to_batches_with_the_real_tokenizer(tmp_path):
+    from aiayn.tokenizer import Tokenizer
+
+    corpus = read_table(FIXTURES / "bible-mini.tsv.xz", "en", "es")
+    train = corpus.splits["train"]
+    tokenizer = Tokenizer.train([text for pair in train for text in pair], 320, tmp_path)
+    stream = BatchStream(encode_pairs(tokenizer, train), 100, 0, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
+    batches = [next(stream) for _ in range(len(stream.epoch_batches()))]
+    rows = [(src, tgt) for b in batches for src, tgt in zip(b.src.tolist(), b.tgt_out.tolist())]
+    decoded = sorted((tokenizer.decode(src), tokenizer.decode(tgt)) for src, tgt in rows)
+    assert decoded == sorted(train)
+    assert all((b.tgt_in[:, 0] == tokenizer.bos_id).all() for b in batches)
+
+
+def make_stream(pairs, **kwargs):
+    return BatchStream(pairs, max_tokens=kwargs.pop("max_tokens", 60), seed=5, pad_id=0, bos_id=1, eos_id=2, **kwargs)
+
+
+def pairs_of(n):
+    return [([4] * a, [5] * b) for a, b in random_lengths(n, seed=1)]
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip((a.src, a.tgt_in, a.tgt_out), (b.src, b.tgt_in, b.tgt_out)))
+
+
+def test_batch_stream_runs_over_epochs_within_budget():
+    pairs = pairs_of(40)
+    stream = make_stream(pairs)
+    per_epoch = len(stream.epoch_batches())
+    batches = [next(stream) for _ in range(per_epoch)]
+    assert stream.epoch == 0 and sum(b.src.size(0) for b in batches) == 40
+    assert all(b.src.numel() <= 60 and b.tgt_out.numel() <= 60 for b in batches)
+    next(stream)
+    assert stream.state_dict() == {"epoch": 1, "index": 1}
+
+
+def test_batch_stream_resumes_exactly():
+    pairs = pairs_of(40)
+    uninterrupted = make_stream(pairs)
+    expected = [next(uninterrupted) for _ in range(30)]  # crosses epoch boundaries
+    for k in (0, 7, len(make_stream(pairs).epoch_batches())):
+        first = make_stream(pairs)
+        for _ in range(k):
+            next(first)
+        state = first.state_dict()
+        resumed = make_stream(pairs)
+        resumed.load_state_dict(state)
+        assert all(same(next(resumed), b) for b in expected[k:])
+    with pytest.raises(ValueError, match="keys epoch and index"):
+        make_stream(pairs).load_state_dict({"epoch": 0})
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_shards_partition_the_epoch(world_size):
+    pairs = pairs_of(40)
+    whole = make_stream(pairs).epoch_batches()
+    shards = [make_stream(pairs, shard=(r, world_size)).epoch_batches() for r in range(world_size)]
+    assert len({len(s) for s in shards}) == 1  # ranks step together
+    # Rank r takes batches r, r + w, r + 2w, ...; the list wraps around to a multiple of w.
+    interleaved = [shard[i] for i in range(len(shards[0])) for shard in shards]
+    assert interleaved[: len(whole)] == whole
+    assert interleaved[len(whole):] == whole[: len(interleaved) - len(whole)]
+    with pytest.raises(ValueError, match="0 <= rank < world_size"):
+        make_stream(pairs, shard=(2, 2))

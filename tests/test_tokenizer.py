@@ -1,0 +1,119 @@
+"""The shared BPE vocabulary of §5.1: special ids, lossless round trips (byte fallback for unseen
+characters), repeatable training, and one-line errors for impossible vocabulary sizes."""
+
+import pytest
+
+from aiayn.config import ModelConfig
+from aiayn.tokenizer import MODEL_FILE, Tokenizer
+
+ENGLISH = [
+    "In the beginning, God created the heavens and the earth.",
+    "The earth was formless and empty. Darkness was on the surface of the deep.",
+    "God said, “Let there be light,” and there was light.",
+    "God saw the light, and saw that it was good. God divided the light from the darkness.",
+    "There was evening and there was morning, the first day.",
+]
+SPANISH = [
+    "En el principio creó Dios los cielos y la tierra.",
+    "Y la tierra estaba desordenada y vacía, y las tinieblas estaban sobre la haz del abismo.",
+    "Y dijo Dios: Sea la luz; y fué la luz. ¿Quién sabe? ¡Qué niño está aquí!",
+    "Y vió Dios que la luz era buena: y apartó Dios la luz de las tinieblas.",
+    "Y fué la tarde y la mañana un día. Canción, corazón, pingüino, Ñandú.",
+]
+TEXTS = (ENGLISH + SPANISH) * 20
+VOCAB = 400
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tok")
+    return Tokenizer.train(TEXTS, VOCAB, directory), directory
+
+
+def test_train_writes_the_model_file_and_specials_match_the_model_config(trained):
+    tokenizer, directory = trained
+    assert (directory / MODEL_FILE).is_file()
+    assert not [p for p in directory.iterdir() if p.name != MODEL_FILE]  # no temporary left behind
+    assert tokenizer.vocab_size == VOCAB
+    config = ModelConfig()
+    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id) == (
+        config.pad_id, config.bos_id, config.eos_id, config.unk_id)
+    assert [tokenizer.id_to_piece(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+@pytest.mark.parametrize("text", [*ENGLISH, *SPANISH, "niño está canción", "Él dijo: «¿Por qué?»"])
+def test_decode_inverts_encode(trained, text):
+    tokenizer, _ = trained
+    ids = tokenizer.encode(text)
+    assert tokenizer.bos_id not in ids and tokenizer.eos_id not in ids  # the batcher adds them
+    assert tokenizer.decode(ids) == text
+
+
+@pytest.mark.parametrize("text", ["你好，世界", "Hola 🙂 👋🏽", "Ελληνικά και русский"])
+def test_unseen_characters_fall_back_to_bytes_not_unk(trained, text):
+    tokenizer, _ = trained
+    ids = tokenizer.encode(text)
+    assert tokenizer.unk_id not in ids
+    assert tokenizer.decode(ids) == text
+
+
+def test_decode_drops_padding_bos_and_eos(trained):
+    tokenizer, _ = trained
+    ids = tokenizer.encode("the light")
+    t = tokenizer
+    assert tokenizer.decode([t.bos_id, *ids, t.eos_id, t.pad_id, t.pad_id]) == "the light"
+
+
+def test_encode_batch_equals_encode(trained):
+    tokenizer, _ = trained
+    texts = ENGLISH + SPANISH + ["", "你好"]
+    assert tokenizer.encode_batch(texts) == [tokenizer.encode(t) for t in texts]
+
+
+def test_training_is_deterministic(tmp_path, trained):
+    _, first = trained
+    Tokenizer.train(iter(TEXTS), VOCAB, tmp_path)  # any iterable, here a one-shot iterator
+    assert (tmp_path / MODEL_FILE).read_bytes() == (first / MODEL_FILE).read_bytes()
+
+
+def test_sampled_training_follows_the_seed(tmp_path):
+    texts = [f"{s} {i}" for i, s in enumerate(TEXTS * 2)]
+
+    def model(seed, name):
+        Tokenizer.train(texts, VOCAB, tmp_path / name, seed=seed, max_sentences=150)
+        return (tmp_path / name / MODEL_FILE).read_bytes()
+
+    assert model(7, "a") == model(7, "b")
+    assert model(7, "a") != model(8, "c")  # the seed reaches the sample, again and again
+
+
+def test_load_from_folder_or_file_and_save(trained, tmp_path):
+    tokenizer, directory = trained
+    text = SPANISH[2]
+    assert Tokenizer.load(directory).encode(text) == tokenizer.encode(text)
+    assert Tokenizer.load(directory / MODEL_FILE).encode(text) == tokenizer.encode(text)
+    tokenizer.save(tmp_path / "copy")
+    assert (tmp_path / "copy" / MODEL_FILE).read_bytes() == (directory / MODEL_FILE).read_bytes()
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no tokenizer at"):
+        Tokenizer.load(tmp_path)
+    (tmp_path / MODEL_FILE).write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="is not a SentencePiece model"):
+        Tokenizer.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "texts, vocab_size, message",
+    [
+        (TEXTS, 100, "vocab_size=100 is too small: it must be at least 261"),
+        (TEXTS, 270, r"vocab_size=270 is too small for this training text: it needs at least \d+"),
+        (TEXTS, 50000, r"use a smaller --vocab-size \(at most \d+\)"),
+        (["", ""], 300, "every training sentence is empty"),
+    ],
+)
+def test_impossible_vocabulary_sizes_are_clear_errors(tmp_path, texts, vocab_size, message):
+    with pytest.raises(ValueError, match=message):
+        Tokenizer.train(texts, vocab_size, tmp_path)
+    assert not (tmp_path / MODEL_FILE).exists()
