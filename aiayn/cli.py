@@ -103,25 +103,37 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(f"  training         {training_flops(config, length, length) / length / 1e6:,.1f} MFLOP")
 
 
-def cmd_demo(args: argparse.Namespace) -> None:
-    """The main job on the built-in default. For now: build the `tiny` model, run a forward pass
-    and print its summary; training, translation and scoring join as they land."""
-    from aiayn.model import Transformer
+DEMO_RECIPE = dict(corpus="bible-en-es", max_tokens=4096, warmup_steps=1000, lr_scale=1.0, max_steps=1_000_000,
+                   save_every=500, save_minutes=2.0, log_every=50, eval_every=500, eval_bleu_sentences=100)
 
-    torch.manual_seed(args.seed)
-    config = PRESETS["tiny"]
-    model = Transformer(config).eval()
-    print(f"aiayn demo: the `tiny` Transformer, {model.num_parameters():,} parameters")
-    print(model)
-    batch, src_len, tgt_len = 8, 20, 16
-    src = torch.randint(4, config.vocab_size, (batch, src_len))
-    tgt = torch.randint(4, config.vocab_size, (batch, tgt_len))
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    """The main job on the built-in default: train the `small` preset on bible-en-es for a time
+    budget, translate the held-out test books and score them. Run again, it resumes the run in
+    --out until the budget is spent, then only translates."""
+    from aiayn.checkpoint import checkpoint_dirs
+    from aiayn.data import load_corpus
+    from aiayn.evaluate import bleu
+    from aiayn.train import train_run
+    from aiayn.translate import translate_texts
+
+    run_dir = Path(args.out)
+    recipe = TrainConfig(**DEMO_RECIPE, minutes=args.minutes, precision=args.precision, seed=args.seed)
+    resume = bool(checkpoint_dirs(run_dir))
+    if resume:
+        model_config = ModelConfig.from_dict(json.loads((run_dir / "model_config.json").read_text(encoding="utf-8")))
+    else:
+        model_config = PRESETS[args.preset]
+    trainer = train_run(model_config, recipe, run_dir, resume=resume)
+    test = load_corpus(recipe.corpus).splits["test"][: args.test_sentences]
+    print(f"translating {len(test):,} test verses (greedy decoding)...")
     start = time.perf_counter()
-    with torch.no_grad():
-        logits = model(src, tgt)
-    elapsed = time.perf_counter() - start
-    print(f"forward pass: src {tuple(src.shape)} + tgt {tuple(tgt.shape)} -> logits {tuple(logits.shape)} "
-          f"in {elapsed * 1e3:.1f} ms")
+    hypotheses = translate_texts(trainer.model, trainer.tokenizer, [s for s, _ in test], precision=recipe.precision)
+    seconds = time.perf_counter() - start
+    score, signature = bleu(hypotheses, [t for _, t in test])
+    print(f"test BLEU {score:.1f} ({signature}), {len(test) / seconds:.1f} sentences/s")
+    for (source, reference), hypothesis in list(zip(test, hypotheses))[:: max(1, len(test) // 4)][:4]:
+        print(f"\n  source     {source}\n  reference  {reference}\n  aiayn      {hypothesis}")
 
 
 def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
@@ -140,28 +152,12 @@ def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig
 
 def cmd_train(args: argparse.Namespace) -> None:
     """Train a model with the recipe of §5; see `aiayn train --help`."""
-    from aiayn.data import load_corpus
-    from aiayn.train import Trainer, check_run_dir, init_distributed, prepare
+    from aiayn.train import check_run_dir, train_run
 
     run_dir = Path(args.out)
     check_run_dir(run_dir, args.resume)
     model_config, recipe = _train_configs(args, run_dir)
-    rank, _ = init_distributed()
-    echo = print if rank == 0 else (lambda *_: None)
-    corpus = load_corpus(recipe.corpus)
-    echo(f"corpus {corpus.name}: " + ", ".join(f"{k} {len(v):,} pairs" for k, v in corpus.splits.items()))
-    for split, count in corpus.dropped.items():
-        if count:
-            echo(f"{split}: left out {count:,} pairs with an empty side")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer, data = prepare(corpus, run_dir, model_config.vocab_size, recipe.max_sentence_tokens, echo)
-    trainer = Trainer(model_config, recipe, run_dir, data, tokenizer, resume=args.resume, echo=echo)
-    echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
-          f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}")
-    last = trainer.fit()
-    echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
-          + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")
-          + f"; model in {run_dir / 'model'}")
+    train_run(model_config, recipe, run_dir, args.resume)
 
 
 def cmd_average(args: argparse.Namespace) -> None:
@@ -220,8 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="folder for SPLIT.SRC and SPLIT.TGT")
     export.set_defaults(run=cmd_corpus_export)
 
-    demo = sub.add_parser("demo", help="run the main job on the built-in default")
-    demo.add_argument("--seed", type=int, default=0)
+    demo = sub.add_parser("demo", help="train on bible-en-es for a time budget, translate the test books, score")
+    demo.add_argument("--minutes", type=float, default=10.0, help="training time budget (default 10)")
+    demo.add_argument("--out", default="runs/demo", help="run folder (default runs/demo; reused if present)")
+    demo.add_argument("--preset", default="small", choices=sorted(PRESETS), help="model preset (default small)")
+    demo.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument("--test-sentences", type=int, default=None, help="translate only the first N test verses")
     demo.set_defaults(run=cmd_demo)
     return parser
 

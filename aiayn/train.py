@@ -339,3 +339,31 @@ def prepare(corpus, run_dir: Path, vocab_size: int, max_sentence_tokens: int, ec
         if filtered[split]:
             echo(f"{split}: left out {filtered[split]:,} of {len(pairs):,} pairs longer than max_sentence_tokens={max_sentence_tokens}")
     return tokenizer, TrainData(encoded["train"], encoded["dev"], texts["dev"], filtered)
+
+
+def train_run(
+    model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, resume: bool = False,
+    echo: Callable[[str], None] = print,
+) -> Trainer:
+    """Everything `aiayn train` does: load the corpus, train or reuse the tokenizer, encode,
+    train. Returns the trainer (its model holds the last weights)."""
+    from aiayn.data import load_corpus
+
+    check_run_dir(run_dir, resume)
+    rank, _ = init_distributed()
+    echo = echo if rank == 0 else (lambda *_: None)
+    corpus = load_corpus(recipe.corpus)
+    echo(f"corpus {corpus.name}: " + ", ".join(f"{k} {len(v):,} pairs" for k, v in corpus.splits.items()))
+    for split, count in corpus.dropped.items():
+        if count:
+            echo(f"{split}: left out {count:,} pairs with an empty side")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer, data = prepare(corpus, run_dir, model_config.vocab_size, recipe.max_sentence_tokens, echo)
+    trainer = Trainer(model_config, recipe, run_dir, data, tokenizer, resume=resume, echo=echo)
+    echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
+         f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}")
+    last = trainer.fit()
+    echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
+         + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")
+         + f"; model in {run_dir / FINAL}")
+    return trainer

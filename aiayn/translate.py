@@ -54,3 +54,9 @@ def translate_ids(
         start = end
     model.train(was_training)
     return results
+
+
+def translate_texts(model: Transformer, tokenizer, sentences: Sequence[str], **options) -> list[str]:
+    """Detokenized translations of `sentences`, in order (options as `translate_ids`)."""
+    outputs = translate_ids(model, tokenizer.encode_batch(list(sentences)), **options)
+    return [tokenizer.decode(ids) for ids in outputs]

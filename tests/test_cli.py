@@ -47,7 +47,13 @@ def test_user_mistakes_get_one_line_and_exit_2(capsys, argv, message):
     assert err.startswith("aiayn: error:") and message in err and err.count("\n") == 1
 
 
-def test_python_dash_m_and_demo():
-    done = subprocess.run([sys.executable, "-m", "aiayn", "demo"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "forward pass" in done.stdout and "logits (8, 16, 8000)" in done.stdout
+def test_demo_trains_translates_and_scores(tmp_path):
+    """The README's main command, on a budget of seconds: python -m aiayn demo."""
+    argv = [sys.executable, "-m", "aiayn", "demo", "--minutes", "0.05", "--preset", "tiny", "--test-sentences", "6",
+            "--out", str(tmp_path / "demo")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "corpus bible-en-es" in done.stdout and "test BLEU" in done.stdout and "nrefs:1" in done.stdout
+    assert "source     " in done.stdout and "reference  " in done.stdout
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300)  # reuses the run
+    assert again.returncode == 0 and "resumed from" in again.stdout
