@@ -200,3 +200,17 @@ def average_checkpoints(directories: list[Path], out: Union[str, Path]) -> None:
     tokenizer = Path(directories[-1]) / TOKENIZER
     if tokenizer.exists():
         shutil.copyfile(tokenizer, Path(out) / TOKENIZER)
+
+
+def resolve_model_dir(path: Union[str, Path]) -> Path:
+    """A model folder (config.json + model.safetensors) from a path that is one, or a run folder
+    (its final `model/`, else its newest checkpoint)."""
+    path = Path(path)
+    if (path / CONFIG).is_file() and (path / WEIGHTS).is_file():
+        return path
+    if (path / "model" / CONFIG).is_file():
+        return path / "model"
+    found = checkpoint_dirs(path)
+    if found:
+        return found[-1]
+    raise FileNotFoundError(f"{path} is neither a model folder nor a run folder with a model or checkpoints")

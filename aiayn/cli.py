@@ -103,19 +103,23 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(f"  training         {training_flops(config, length, length) / length / 1e6:,.1f} MFLOP")
 
 
-DEMO_RECIPE = dict(corpus="bible-en-es", max_tokens=4096, warmup_steps=1000, lr_scale=1.0, max_steps=1_000_000,
-                   save_every=500, save_minutes=2.0, log_every=50, eval_every=500, eval_bleu_sentences=100)
+# A recipe for a 2-core CPU: the budget allows a few hundred steps, so the warm-up is short and
+# batches are small; everything else is §5's.
+DEMO_RECIPE = dict(corpus="bible-en-es", max_tokens=3000, warmup_steps=300, lr_scale=0.5, max_steps=1_000_000,
+                   save_every=200, save_minutes=2.0, log_every=25, eval_every=200, eval_bleu_sentences=100)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
     """The main job on the built-in default: train the `small` preset on bible-en-es for a time
-    budget, translate the held-out test books and score them. Run again, it resumes the run in
-    --out until the budget is spent, then only translates."""
+    budget, translate the held-out test books with beam search (§6.1), score them and draw the
+    attention of one verse. Run again, it resumes the run in --out until the budget is spent,
+    then only translates."""
     from aiayn.checkpoint import checkpoint_dirs
     from aiayn.data import load_corpus
-    from aiayn.evaluate import bleu
+    from aiayn.evaluate import bleu, paper_bleu
     from aiayn.train import train_run
-    from aiayn.translate import translate_texts
+    from aiayn.translate import translate_ids
+    from aiayn.visualize import attention_figures
 
     run_dir = Path(args.out)
     recipe = TrainConfig(**DEMO_RECIPE, minutes=args.minutes, precision=args.precision, seed=args.seed)
@@ -125,15 +129,23 @@ def cmd_demo(args: argparse.Namespace) -> None:
     else:
         model_config = PRESETS[args.preset]
     trainer = train_run(model_config, recipe, run_dir, resume=resume)
+    model, tokenizer = trainer.model.eval(), trainer.tokenizer
     test = load_corpus(recipe.corpus).splits["test"][: args.test_sentences]
-    print(f"translating {len(test):,} test verses (greedy decoding)...")
+    print(f"translating {len(test):,} test verses (beam {args.beam}, α 0.6, max length = source + 50)...")
     start = time.perf_counter()
-    hypotheses = translate_texts(trainer.model, trainer.tokenizer, [s for s, _ in test], precision=recipe.precision)
+    outputs = translate_ids(model, tokenizer.encode_batch([s for s, _ in test]), beam=args.beam, precision=recipe.precision)
     seconds = time.perf_counter() - start
-    score, signature = bleu(hypotheses, [t for _, t in test])
-    print(f"test BLEU {score:.1f} ({signature}), {len(test) / seconds:.1f} sentences/s")
-    for (source, reference), hypothesis in list(zip(test, hypotheses))[:: max(1, len(test) // 4)][:4]:
-        print(f"\n  source     {source}\n  reference  {reference}\n  aiayn      {hypothesis}")
+    hypotheses = [tokenizer.decode(ids) for ids in outputs]
+    references = [t for _, t in test]
+    score, signature = bleu(hypotheses, references)
+    print(f"test BLEU {score:.1f} ({signature}); paper protocol {paper_bleu(hypotheses, references, 'es'):.1f}; "
+          f"{len(test) / seconds:.1f} sentences/s")
+    samples = list(range(0, len(test), max(1, len(test) // 4)))[:4]
+    for i in samples:
+        print(f"\n  source     {test[i][0]}\n  reference  {test[i][1]}\n  aiayn      {hypotheses[i]}")
+    shortest = min(samples, key=lambda i: len(outputs[i]))
+    paths = attention_figures(model, tokenizer, test[shortest][0], outputs[shortest], run_dir / "attention")
+    print(f"\nattention maps of test verse {shortest + 1}: {paths[-1].parent}/ ({len(paths)} files)")
 
 
 def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
@@ -180,7 +192,98 @@ def cmd_corpus_export(args: argparse.Namespace) -> None:
     """Write one split of a corpus as two plain-text files."""
     from aiayn.data import export_split, load_corpus
 
-    for path in export_split(load_corpus(args.name), args.split, args.out):
+    for path in export_split(load_corpus(args.name, args.src_lang, args.tgt_lang), args.split, args.out):
+        print(path)
+
+
+def _load_for_inference(path: str, device_name: str):
+    """(model, tokenizer, device) from a model folder or a run folder."""
+    from aiayn.checkpoint import resolve_model_dir
+    from aiayn.device import resolve_device
+    from aiayn.model import Transformer
+    from aiayn.tokenizer import Tokenizer
+
+    model_dir = resolve_model_dir(path)
+    device = resolve_device(device_name)
+    model = Transformer.load(model_dir, device).eval()
+    tokenizer = Tokenizer.load(model_dir if (model_dir / "tokenizer.model").exists() else Path(path))
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}")
+    return model, tokenizer, device
+
+
+def _read_lines(path: Optional[str]) -> list[str]:
+    if path is None or path == "-":
+        return sys.stdin.read().splitlines()
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise UserError(f"{path} is not valid UTF-8 ({error.reason} at byte {error.start})") from None
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    """Translate one sentence a line. Empty lines give empty lines; lines longer than
+    --max-input-tokens are cut to that many tokens (with a note on stderr); characters never seen
+    in training are encoded as bytes (SentencePiece byte fallback), so nothing crashes."""
+    from tqdm.auto import tqdm
+
+    from aiayn.translate import translate_ids
+
+    if args.beam < 1:
+        raise UserError("--beam must be at least 1")
+    model, tokenizer, _ = _load_for_inference(args.run_dir, args.device)
+    lines = _read_lines(args.input)
+    sources, where = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        ids = tokenizer.encode(line.strip())
+        if len(ids) > args.max_input_tokens:
+            print(f"aiayn: note: line {number} has {len(ids)} tokens; translating its first {args.max_input_tokens}",
+                  file=sys.stderr)
+            ids = ids[: args.max_input_tokens]
+        sources.append(ids)
+        where.append(number - 1)
+    with tqdm(total=len(sources), desc="translate", unit="line", disable=not sys.stderr.isatty()) as bar:
+        outputs = translate_ids(model, sources, beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens,
+                                precision=args.precision, progress=bar)
+    translations = [""] * len(lines)
+    for index, ids in zip(where, outputs):
+        # A byte-fallback model can spell a line break; the output keeps one line per input line.
+        translations[index] = " ".join(tokenizer.decode(ids).splitlines())
+    text = "".join(t + "\n" for t in translations)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_score(args: argparse.Namespace) -> None:
+    """sacreBLEU with its signature, and the paper's tokenized, compound-split BLEU."""
+    from aiayn.evaluate import bleu, paper_bleu
+
+    references = _read_lines(args.ref)
+    hypotheses = _read_lines(args.hyp)
+    if len(hypotheses) != len(references):
+        raise UserError(f"{len(hypotheses)} hypothesis lines but {len(references)} reference lines")
+    score, signature = bleu(hypotheses, references)
+    print(f"sacreBLEU       {score:.2f}  {signature}")
+    print(f"paper protocol  {paper_bleu(hypotheses, references, args.lang):.2f}  "
+          f"(Moses tokenizer -l {args.lang}, compounds split, multi-bleu: as Table 2; not comparable with sacreBLEU)")
+
+
+def cmd_attention(args: argparse.Namespace) -> None:
+    """Heatmaps of every layer's and head's attention for one sentence (Figures 3-5)."""
+    from aiayn.translate import translate_ids
+    from aiayn.visualize import attention_figures
+
+    model, tokenizer, _ = _load_for_inference(args.run_dir, args.device)
+    if not args.sentence.strip():
+        raise UserError("--sentence is empty")
+    source = args.sentence.strip()
+    target = translate_ids(model, [tokenizer.encode(source)], beam=args.beam)[0]
+    print(f"source       {source}\ntranslation  {tokenizer.decode(target)}")
+    for path in attention_figures(model, tokenizer, source, target, Path(args.out)):
         print(path)
 
 
@@ -214,7 +317,35 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("name", metavar="NAME", help="a built-in corpus name or a path")
     export.add_argument("--split", default="test", help="train, dev or test (default test)")
     export.add_argument("--out", required=True, help="folder for SPLIT.SRC and SPLIT.TGT")
+    export.add_argument("--src-lang", help="source suffix, for a folder of aligned files")
+    export.add_argument("--tgt-lang", help="target suffix, for a folder of aligned files")
     export.set_defaults(run=cmd_corpus_export)
+
+    translate = sub.add_parser("translate", help="translate a file or stdin, one sentence a line")
+    translate.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, a checkpoint or an averaged model folder")
+    translate.add_argument("--input", help="input file (default: stdin)")
+    translate.add_argument("--output", help="output file (default: stdout)")
+    translate.add_argument("--beam", type=int, default=4, help="beam size (§6.1: 4); 1 is greedy")
+    translate.add_argument("--alpha", type=float, default=0.6, help="length penalty α (§6.1: 0.6)")
+    translate.add_argument("--batch-tokens", type=int, default=4000, help="source tokens × beam per batch")
+    translate.add_argument("--max-input-tokens", type=int, default=1024, help="longer lines are cut (default 1024)")
+    translate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    translate.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    translate.set_defaults(run=cmd_translate)
+
+    score = sub.add_parser("score", help="BLEU of hypotheses against references")
+    score.add_argument("--ref", required=True, help="reference file, one sentence a line")
+    score.add_argument("--hyp", help="hypothesis file (default: stdin)")
+    score.add_argument("--lang", default="en", help="target language for the paper protocol's Moses tokenizer")
+    score.set_defaults(run=cmd_score)
+
+    attention = sub.add_parser("attention", help="attention heatmaps of one sentence (Figures 3-5)")
+    attention.add_argument("run_dir", metavar="RUN_DIR")
+    attention.add_argument("--sentence", required=True)
+    attention.add_argument("--out", default="attention", help="folder for the PNG files (default ./attention)")
+    attention.add_argument("--beam", type=int, default=4)
+    attention.add_argument("--device", default="auto")
+    attention.set_defaults(run=cmd_attention)
 
     demo = sub.add_parser("demo", help="train on bible-en-es for a time budget, translate the test books, score")
     demo.add_argument("--minutes", type=float, default=10.0, help="training time budget (default 10)")
@@ -223,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--test-sentences", type=int, default=None, help="translate only the first N test verses")
+    demo.add_argument("--beam", type=int, default=4, help="beam size for the test translation (§6.1: 4)")
     demo.set_defaults(run=cmd_demo)
     return parser
 

@@ -9,6 +9,7 @@ A search talks to the model through two calls:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -70,3 +71,76 @@ def greedy(
             alive, best, limit = alive[keep], best[keep], limit[keep]
         tokens = best
     return outputs
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6)^α (Wu et al., 2016), the one §6.1 uses with α = 0.6.
+    (fairseq's |Y|^α is a different penalty.) |Y| counts the output tokens and the EOS."""
+    return ((5 + length) / 6) ** alpha
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS and EOS
+    log_prob: float  # log P(tokens, EOS | source)
+    score: float  # log_prob / length_penalty
+
+
+def beam_search(
+    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, beam: int = 4, alpha: float = 0.6
+) -> list[Hypothesis]:
+    """Beam search with the paper's settings as defaults (§6.1: beam 4, α = 0.6, the caller
+    sets max_len = source length + 50). Returns the best finished hypothesis of each sentence.
+
+    The rows are the live beams of the live sentences, flattened sentence-major: row b·k + j is
+    beam j of live sentence b. State (B = live sentences, k = beams, t = tokens so far):
+      scores (B, k) cumulative log-probabilities; history (B, k, t) tokens; limit (B,) max_len;
+      alive (B,) the sentence each live row-group belongs to; finished: per sentence, a list.
+    At step 0 only one beam per sentence exists (all beams would be equal), so the search starts
+    with B rows and widens to B·k after the first step. Each step takes the top 2k candidates so
+    that k of them continue even if up to k end in EOS; an EOS among the top k finishes a
+    hypothesis. A sentence leaves the batch once it has k finished hypotheses (every beam has
+    finished) or reaches max_len, where only EOS is allowed.
+    """
+    if beam < 1:
+        raise ValueError(f"beam must be at least 1, got {beam}")
+    batch = max_len.numel()
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    alive = torch.arange(batch)
+    limit = max_len.clone()
+    scores = torch.zeros(batch, 1)
+    history = torch.empty(batch, 1, 0, dtype=torch.long)
+    tokens = torch.full((batch,), bos_id, dtype=torch.long)
+    t = 0
+    while alive.numel():
+        live, width = scores.shape
+        log_probs = step(tokens).float().cpu().view(live, width, -1)  # (B, k_cur, V)
+        vocab = log_probs.size(-1)
+        at_limit = limit <= t  # (B,)
+        if at_limit.any():
+            eos_only = torch.full_like(log_probs[at_limit], float("-inf"))
+            eos_only[..., eos_id] = log_probs[at_limit][..., eos_id]
+            log_probs[at_limit] = eos_only
+        candidates = (scores.unsqueeze(-1) + log_probs).view(live, width * vocab)  # (B, k_cur·V)
+        top_scores, top = candidates.topk(min(2 * beam, width * vocab), dim=1)  # (B, 2k)
+        parent, token = top // vocab, top % vocab  # (B, 2k)
+        is_eos = token == eos_id
+        for b, sentence in enumerate(alive.tolist()):
+            for j in is_eos[b, :beam].nonzero().flatten().tolist():
+                if len(finished[sentence]) < beam and top_scores[b, j] > float("-inf"):
+                    log_prob = float(top_scores[b, j])
+                    finished[sentence].append(
+                        Hypothesis(history[b, parent[b, j]].tolist(), log_prob, log_prob / length_penalty(t + 1, alpha))
+                    )
+        # The k best candidates that do not end in EOS continue (stable sort keeps the ranking).
+        pick = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :beam]  # (B, k)
+        scores, parent, token = top_scores.gather(1, pick), parent.gather(1, pick), token.gather(1, pick)
+        done = at_limit | torch.tensor([len(finished[s]) >= beam for s in alive.tolist()])
+        keep = (~done).nonzero().flatten()  # (B',)
+        rows = (keep.unsqueeze(1) * width + parent[keep]).flatten()  # (B'·k,) rows of the parents
+        if keep.numel():
+            reorder(rows)
+        history = torch.cat([history[keep.unsqueeze(1), parent[keep]], token[keep].unsqueeze(-1)], dim=-1)
+        scores, tokens, alive, limit = scores[keep], token[keep].flatten(), alive[keep], limit[keep]
+        t += 1
+    return [max(hyps, key=lambda h: h.score) for hyps in finished]

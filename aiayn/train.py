@@ -352,7 +352,7 @@ def train_run(
     check_run_dir(run_dir, resume)
     rank, _ = init_distributed()
     echo = echo if rank == 0 else (lambda *_: None)
-    corpus = load_corpus(recipe.corpus)
+    corpus = load_corpus(recipe.corpus, recipe.src_lang, recipe.tgt_lang)
     echo(f"corpus {corpus.name}: " + ", ".join(f"{k} {len(v):,} pairs" for k, v in corpus.splits.items()))
     for split, count in corpus.dropped.items():
         if count:

@@ -8,7 +8,7 @@ import torch
 
 from aiayn.device import autocast
 from aiayn.model import Transformer
-from aiayn.search import ModelStep, greedy
+from aiayn.search import ModelStep, beam_search, greedy
 
 EXTRA_LEN = 50  # §6.1: maximum output length = input length + 50
 
@@ -16,16 +16,22 @@ EXTRA_LEN = 50  # §6.1: maximum output length = input length + 50
 def translate_ids(
     model: Transformer,
     sources: Sequence[Sequence[int]],
+    beam: int = 1,
+    alpha: float = 0.6,
     batch_tokens: int = 4000,
     precision: str = "fp32",
     extra_len: int = EXTRA_LEN,
     progress: Optional[object] = None,
 ) -> list[list[int]]:
-    """Greedy-decode each source (token ids, without EOS) and return the output ids in input order.
+    """Decode each source (token ids, without EOS) and return the output ids in input order:
+    greedy when `beam` is 1, else beam search with the GNMT length penalty α (§6.1: beam 4,
+    α = 0.6). The output is at most source length + `extra_len` tokens.
 
-    Sentences are sorted by length and packed up to `batch_tokens` source tokens per batch, so
-    little compute goes to padding. An empty source still gets EOS and so a (short) translation.
+    Sentences are sorted by length and packed up to `batch_tokens` source tokens per batch
+    (times the beam), so little compute goes to padding.
     """
+    if beam < 1:
+        raise ValueError(f"beam must be at least 1, got {beam}")
     config = model.config
     device = next(model.parameters()).device
     was_training = model.training
@@ -35,7 +41,7 @@ def translate_ids(
     start = 0
     while start < len(order):
         end = start + 1
-        while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) <= batch_tokens:
+        while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) * beam <= batch_tokens:
             end += 1
         chunk = order[start:end]
         longest = max(len(sources[i]) + 1 for i in chunk)
@@ -46,7 +52,11 @@ def translate_ids(
         max_len = torch.tensor([len(sources[i]) + extra_len for i in chunk])
         with torch.no_grad(), autocast(device, precision):
             stepper = ModelStep(model, src.to(device), int(max_len.max()) + 1)
-            outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len)
+            if beam == 1:
+                outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len)
+            else:
+                hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, beam, alpha)
+                outputs = [h.tokens for h in hypotheses]
         for i, out in zip(chunk, outputs):
             results[i] = out
         if progress is not None:

@@ -1,0 +1,63 @@
+"""Attention maps, as the paper's "Attention Visualizations" (Figures 3-5): for one sentence,
+the weights of every head of every layer, for encoder self-attention, decoder self-attention
+and encoder-decoder attention."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
+
+
+def plot_heads(weights: Tensor, queries: Sequence[str], keys: Sequence[str], title: str, path: Path) -> Path:
+    """One heatmap per head of weights (h, L_q, L_k) in a grid, rows = queries, columns = keys."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heads = weights.size(0)
+    columns = min(4, heads)
+    rows = -(-heads // columns)
+    cell = 0.22
+    width = max(3.0, cell * len(keys) + 1.2)
+    height = max(3.0, cell * len(queries) + 1.2)
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False)
+    for head, ax in enumerate(axes.flat):
+        if head >= heads:
+            ax.axis("off")
+            continue
+        ax.imshow(weights[head].float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_title(f"head {head + 1}", fontsize=9)
+        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(queries)), queries, fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def attention_figures(model, tokenizer, source: str, target_ids: Sequence[int], out_dir: Path) -> list[Path]:
+    """Write `{kind}-layer{N}.png` for each kind of attention and each layer, for the sentence
+    pair (source, target_ids); returns the paths."""
+    config = model.config
+    src_ids = tokenizer.encode(source) + [config.eos_id]
+    tgt_in = [config.bos_id] + list(target_ids)
+    device = next(model.parameters()).device
+    maps = model.attention_maps(torch.tensor([src_ids], device=device), torch.tensor([tgt_in], device=device))
+    src_labels = [tokenizer.id_to_piece(i) for i in src_ids]
+    tgt_labels = [tokenizer.id_to_piece(i) for i in tgt_in]
+    axes = {"encoder": (src_labels, src_labels), "decoder": (tgt_labels, tgt_labels), "cross": (tgt_labels, src_labels)}
+    paths = []
+    for kind, layers in maps.items():
+        queries, keys = axes[kind]
+        for layer, weights in enumerate(layers, start=1):
+            title = f"{KINDS[kind]}, layer {layer} of {len(layers)}"
+            paths.append(plot_heads(weights[0].cpu(), queries, keys, title, Path(out_dir) / f"{kind}-layer{layer}.png"))
+    return paths

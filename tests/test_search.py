@@ -1,0 +1,171 @@
+"""Search (§6.1) with scripted per-step probabilities, as fairseq's and OpenNMT's tests do, and
+against the model: beam 1 = greedy, cached = uncached, batched = one sentence at a time."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.model import Transformer
+from aiayn.search import ModelStep, beam_search, greedy, length_penalty
+
+BOS, EOS, VOCAB = 1, 2, 6
+
+
+class Scripted:
+    """A step function whose next-token distribution depends on the row's prefix only."""
+
+    def __init__(self, table: dict, rows: int = 1) -> None:
+        self.table = table
+        self.prefixes = [()] * rows
+        self.widths = []  # rows per step: finished sentences must leave
+
+    def step(self, tokens):
+        self.widths.append(tokens.numel())
+        if self.prefixes and self.prefixes[0] != () or tokens[0] != BOS:
+            self.prefixes = [p + (int(t),) for p, t in zip(self.prefixes, tokens)]
+        else:
+            self.prefixes = [() for _ in tokens]
+        probs = torch.full((tokens.numel(), VOCAB), 1e-9)
+        for row, prefix in enumerate(self.prefixes):
+            for token, p in self.table.get(prefix, {EOS: 1.0}).items():
+                probs[row, token] = p
+        return probs.log()
+
+    def reorder(self, indices):
+        self.prefixes = [self.prefixes[i] for i in indices.tolist()]
+
+
+TABLE = {
+    (): {3: 0.5, 4: 0.4, EOS: 0.1},
+    (3,): {EOS: 0.6, 5: 0.4},
+    (4,): {5: 0.9, EOS: 0.1},
+    (4, 5): {EOS: 0.8, 3: 0.2},
+    (3, 5): {EOS: 1.0},
+}
+
+
+def test_scripted_beam_search_gives_exact_hypotheses_and_scores():
+    # Greedy takes 3 then EOS: P = 0.5 * 0.6 = 0.3.
+    s = Scripted(TABLE)
+    assert greedy(s.step, s.reorder, BOS, EOS, torch.tensor([10])) == [[3]]
+    # Beam 2 without length penalty finds the same best: 0.3 > 4,5 = 0.4 * 0.9 * 0.8 = 0.288.
+    s = Scripted(TABLE)
+    best = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=0.0)[0]
+    assert best.tokens == [3] and best.log_prob == pytest.approx(math.log(0.3), abs=1e-6)
+    # With the paper's α = 0.6 the longer hypothesis wins: log 0.288 / ((5+3)/6)^0.6 beats
+    # log 0.3 / ((5+2)/6)^0.6 (|Y| counts the EOS).
+    s = Scripted(TABLE)
+    best = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=0.6)[0]
+    assert best.tokens == [4, 5]
+    assert best.log_prob == pytest.approx(math.log(0.288), abs=1e-6)
+    assert best.score == pytest.approx(math.log(0.288) / (8 / 6) ** 0.6, abs=1e-6)
+    # Step 0 runs one row (only the first beam is live), then 2 beams; after step 2 the sentence
+    # has 2 finished hypotheses and stops.
+    assert s.widths == [1, 2, 2]
+
+
+def test_length_penalty_is_gnmt():
+    assert length_penalty(1, 0.6) == 1.0
+    assert length_penalty(7, 0.6) == pytest.approx(2 ** 0.6)
+    assert length_penalty(30, 0.0) == 1.0
+
+
+def test_eos_cannot_starve_the_beam():
+    """When EOS ranks high in every beam, 2k candidates still leave k live hypotheses."""
+    table = {(): {3: 0.6, 4: 0.4}, (3,): {EOS: 0.7, 5: 0.3}, (4,): {EOS: 0.7, 5: 0.3}, (3, 5): {EOS: 1.0}, (4, 5): {EOS: 1.0}}
+    s = Scripted(table)
+    best = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=0.0)[0]
+    assert best.tokens == [3] and best.log_prob == pytest.approx(math.log(0.42), abs=1e-6)
+
+
+def test_max_len_forces_eos_and_finished_sentences_leave():
+    never_ends = {(): {3: 1.0}, (3,): {3: 1.0}, (3, 3): {3: 1.0}, (3, 3, 3): {3: 1.0}}
+    s = Scripted({**never_ends, (3, 3, 3, 3): {3: 1.0}}, rows=2)
+    tokens = torch.tensor([BOS, BOS])
+    out = greedy(s.step, s.reorder, BOS, EOS, torch.tensor([2, 4]))
+    assert out == [[3, 3], [3, 3, 3, 3]]
+    assert s.widths == [2, 2, 1, 1]
+    s = Scripted(never_ends, rows=2)
+    hyps = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([1, 3]), beam=2)
+    assert [h.tokens for h in hyps] == [[3], [3, 3, 3]]
+    assert s.widths[-1] == 2  # only the longer sentence's two beams were left
+    assert tokens.tolist() == [BOS, BOS]
+
+
+# --- Against the model -----------------------------------------------------------------------
+
+CONFIG = ModelConfig(vocab_size=30, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0)
+
+
+class FullStep:
+    """An uncached step function: re-runs the decoder over the whole prefix every step."""
+
+    def __init__(self, model, src):
+        self.model, self.src = model, src
+        self.prefix = torch.empty(src.size(0), 0, dtype=torch.long)
+
+    @torch.no_grad()
+    def step(self, tokens):
+        self.prefix = torch.cat([self.prefix, tokens.unsqueeze(1)], dim=1)
+        return torch.log_softmax(self.model(self.src, self.prefix)[:, -1], dim=-1)
+
+    def reorder(self, indices):
+        self.src, self.prefix = self.src[indices], self.prefix[indices]
+
+
+def random_model(seed=0):
+    torch.manual_seed(seed)
+    model = Transformer(CONFIG).eval()
+    with torch.no_grad():  # sharper distributions, and an EOS likely enough to end some outputs
+        model.decoder.embed.lookup.weight.mul_(6)
+        model.decoder.embed.lookup.weight[2].mul_(2)
+    return model
+
+
+def sources():
+    rows = [[5, 6, 7, 8, 9, 10], [11, 12, 2], [13, 14, 15, 16, 2], [20, 2], [21, 22, 23, 24, 25, 26]]
+    width = max(map(len, rows))
+    return torch.tensor([r + [0] * (width - len(r)) for r in rows]), torch.tensor([len(r) for r in rows]) + 8
+
+
+def test_beam_1_equals_greedy():
+    model = random_model()
+    src, max_len = sources()
+    s = ModelStep(model, src, int(max_len.max()) + 1)
+    expected = greedy(s.step, s.reorder, 1, 2, max_len)
+    s = ModelStep(model, src, int(max_len.max()) + 1)
+    assert [h.tokens for h in beam_search(s.step, s.reorder, 1, 2, max_len, beam=1)] == expected
+    assert any(len(e) < m for e, m in zip(expected, max_len.tolist()))  # some stop by EOS
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_cached_equals_uncached(beam):
+    model = random_model(1)
+    src, max_len = sources()
+    cached = ModelStep(model, src, int(max_len.max()) + 1)
+    uncached = FullStep(model, src)
+    a = beam_search(cached.step, cached.reorder, 1, 2, max_len, beam=beam)
+    b = beam_search(uncached.step, uncached.reorder, 1, 2, max_len, beam=beam)
+    assert [h.tokens for h in a] == [h.tokens for h in b]
+    assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+
+
+def test_batched_equals_one_sentence_at_a_time():
+    model = random_model(2)
+    src, max_len = sources()
+    s = ModelStep(model, src, int(max_len.max()) + 1)
+    together = beam_search(s.step, s.reorder, 1, 2, max_len)
+    for i in range(src.size(0)):
+        length = int((src[i] != 0).sum())
+        one = ModelStep(model, src[i : i + 1, :length], int(max_len[i]) + 1)
+        alone = beam_search(one.step, one.reorder, 1, 2, max_len[i : i + 1])[0]
+        assert alone.tokens == together[i].tokens
+        assert alone.score == pytest.approx(together[i].score, abs=1e-4)
+
+
+def test_bad_beam():
+    with pytest.raises(ValueError, match="beam must be at least 1"):
+        beam_search(lambda t: t, lambda i: None, 1, 2, torch.tensor([3]), beam=0)

@@ -1,0 +1,107 @@
+"""`aiayn translate`, `aiayn score` and `aiayn attention` on a small model made here."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.evaluate import bleu, paper_bleu, split_compounds
+from aiayn.model import Transformer
+from aiayn.tokenizer import Tokenizer
+from aiayn.translate import translate_ids
+
+SENTENCES = [
+    "the small cat sees a big dog near the river",
+    "a red bird eats the blue fish under the bridge",
+    "la casa grande está cerca del río y el puente",
+    "el perro pequeño come pescado con los niños",
+] * 30
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A random model with a real tokenizer: translations are nonsense, the plumbing is real."""
+    folder = tmp_path_factory.mktemp("model")
+    tokenizer = Tokenizer.train(SENTENCES, 300, folder)
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0)
+    Transformer(config).save(folder)
+    return folder
+
+
+def aiayn(*argv, stdin=None):
+    return subprocess.run([sys.executable, "-m", "aiayn", *map(str, argv)], input=stdin, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_translate_keeps_lines_in_order_with_documented_edge_cases(tmp_path, model_dir):
+    lines = ["the small cat", "", "   ", "the cat 🐈 sees 猫 and ölçü", "the big dog " * 40, "a red bird"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    done = aiayn("translate", model_dir, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt",
+                 "--beam", "2", "--max-input-tokens", "50")
+    assert done.returncode == 0, done.stderr
+    out = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
+    assert len(out) == len(lines) + 1 and out[-1] == ""
+    assert out[1] == "" and out[2] == ""  # empty lines stay empty
+    assert "line 5 has" in done.stderr and "first 50" in done.stderr  # long lines are cut, with a note
+    # Unseen characters go through SentencePiece's byte fallback, never <unk>.
+    tokenizer = Tokenizer.load(model_dir)
+    assert tokenizer.unk_id not in tokenizer.encode("🐈 猫 ölçü")
+    # stdin works, and greedy from the CLI is the API's greedy.
+    piped = aiayn("translate", model_dir, "--beam", "1", stdin="the small cat\na red bird\n")
+    model = Transformer.load(model_dir)
+    expected = translate_ids(model, [tokenizer.encode(s) for s in ("the small cat", "a red bird")])
+    assert piped.stdout.split("\n") == [" ".join(tokenizer.decode(ids).splitlines()) for ids in expected] + [""]
+
+
+def test_translate_errors_are_one_line(tmp_path, model_dir):
+    missing = aiayn("translate", tmp_path / "nowhere", stdin="x\n")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "neither a model folder" in missing.stderr
+    (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\xfe broken\n")
+    bad = aiayn("translate", model_dir, "--input", tmp_path / "bad.txt")
+    assert bad.returncode == 2 and "not valid UTF-8" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+HYP = ["Das Haus ist wunderbar-schön.", "Er sagt: \"Ja, das ist gut\" - und geht.", "Ein Baum-Haus im Wald."]
+REF = ["Das Haus ist wunderbar-schön.", "Er sagte: \"Ja, das ist gut\" und ging.", "Ein Baumhaus im großen Wald."]
+
+
+def test_score_agrees_with_sacrebleu_and_the_compound_split_script(tmp_path):
+    (tmp_path / "hyp").write_text("\n".join(HYP) + "\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("\n".join(REF) + "\n", encoding="utf-8")
+    done = aiayn("score", "--ref", tmp_path / "ref", "--hyp", tmp_path / "hyp", "--lang", "de")
+    assert done.returncode == 0, done.stderr
+    ours, signature = bleu(HYP, REF)
+    assert f"sacreBLEU       {ours:.2f}  nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in done.stdout
+    cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp_path / "ref"), "-i", str(tmp_path / "hyp"), "-b", "-w", "4"],
+                         capture_output=True, text=True)
+    assert float(cli.stdout) == pytest.approx(ours, abs=0.01)
+
+    # The reference pipeline: Moses-tokenize, split compounds with tensor2tensor's perl one-liner,
+    # then BLEU on tokens with no smoothing.
+    from sacremoses import MosesTokenizer
+
+    tok = MosesTokenizer(lang="de")
+    for name, lines in (("hyp", HYP), ("ref", REF)):
+        (tmp_path / f"{name}.tok").write_text("\n".join(tok.tokenize(x, escape=False, return_str=True) for x in lines) + "\n")
+        with open(tmp_path / f"{name}.tok") as source, open(tmp_path / f"{name}.split", "w") as target:
+            subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"], stdin=source, stdout=target, check=True)
+    assert [split_compounds(tok.tokenize(x, escape=False, return_str=True)) for x in HYP] == \
+        (tmp_path / "hyp.split").read_text().splitlines()
+    reference = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp_path / "ref.split"), "-i", str(tmp_path / "hyp.split"),
+                                "-b", "-w", "4", "-tok", "none", "-s", "none", "--force"], capture_output=True, text=True)
+    assert paper_bleu(HYP, REF, "de") == pytest.approx(float(reference.stdout), abs=0.01)
+    assert f"paper protocol  {paper_bleu(HYP, REF, 'de'):.2f}" in done.stdout
+
+    short = aiayn("score", "--ref", tmp_path / "ref", stdin="one line\n")
+    assert short.returncode == 2 and "1 hypothesis lines but 3 reference lines" in short.stderr
+
+
+def test_attention_maps_for_every_layer_and_kind(tmp_path, model_dir):
+    done = aiayn("attention", model_dir, "--sentence", "the small cat sees a dog", "--out", tmp_path / "maps", "--beam", "1")
+    assert done.returncode == 0, done.stderr
+    names = sorted(p.name for p in (tmp_path / "maps").iterdir())
+    assert names == [f"{kind}-layer{i}.png" for kind in ("cross", "decoder", "encoder") for i in (1, 2)]
+    assert all((tmp_path / "maps" / n).stat().st_size > 5000 for n in names)
