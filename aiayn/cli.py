@@ -164,10 +164,9 @@ def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig
 
 def cmd_train(args: argparse.Namespace) -> None:
     """Train a model with the recipe of §5; see `aiayn train --help`."""
-    from aiayn.train import check_run_dir, train_run
+    from aiayn.train import train_run
 
     run_dir = Path(args.out)
-    check_run_dir(run_dir, args.resume)
     model_config, recipe = _train_configs(args, run_dir)
     train_run(model_config, recipe, run_dir, args.resume)
 

@@ -60,9 +60,9 @@ def greedy(
     for length in range(int(max_len.max())):
         best = step(tokens).argmax(dim=-1).cpu()  # (B_live,)
         done = (best == eos_id) | (limit <= length + 1)
-        for row, sentence in enumerate(alive.tolist()):
-            if best[row] != eos_id:
-                outputs[sentence].append(int(best[row]))
+        for sentence, token in zip(alive.tolist(), best.tolist()):
+            if token != eos_id:
+                outputs[sentence].append(token)
         if done.all():
             break
         if done.any():

@@ -68,6 +68,10 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
 
 
 class Trainer:
+    """Trains a `Transformer` on encoded pairs with the recipe of `train_config`, writing logs and
+    checkpoints into `run_dir`; `resume` continues from the newest checkpoint there. The
+    tokenizer, when given, is saved with the model and used for the dev BLEU."""
+
     def __init__(
         self,
         model_config: ModelConfig,
@@ -239,7 +243,7 @@ class Trainer:
             for key, value in zip(("loss", "nll", "tokens", "flops", "seconds"), (loss, nll, tokens, flops, seconds)):
                 window[key] += value
             bar.update(1)
-            if self.step % recipe.log_every == 0 or self.step == recipe.max_steps:
+            if self.step % recipe.log_every == 0 or self.step == recipe.max_steps or self.elapsed >= budget:
                 record = {
                     "step": self.step, "split": "train",
                     "loss": window["loss"] / window["tokens"], "ppl": math.exp(window["nll"] / window["tokens"]),
@@ -288,6 +292,8 @@ def plot_log(log_path: Path, png_path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if not log_path.exists():
+        return
     records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
     fig, ax = plt.subplots(figsize=(7, 4))
     for split, style in (("train", "-"), ("dev", "o-")):

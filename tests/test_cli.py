@@ -57,3 +57,16 @@ def test_demo_trains_translates_and_scores(tmp_path):
     assert "source     " in done.stdout and "reference  " in done.stdout
     again = subprocess.run(argv, capture_output=True, text=True, timeout=300)  # reuses the run
     assert again.returncode == 0 and "resumed from" in again.stdout
+
+
+def test_corpus_export_writes_two_aligned_files(tmp_path, capsys):
+    code, out, _ = run(capsys, "corpus", "export", "bible-en-es", "--split", "test", "--out", str(tmp_path))
+    assert code == 0
+    en = (tmp_path / "test.en").read_text(encoding="utf-8").splitlines()
+    es = (tmp_path / "test.es").read_text(encoding="utf-8").splitlines()
+    assert len(en) == len(es) >= 1000
+    assert en[0].startswith("The first book I wrote, Theophilus") and es[0].startswith("En el primer tratado")
+    assert str(tmp_path / "test.en") in out
+    with pytest.raises(SystemExit):
+        main(["corpus", "export", "bible-en-es", "--split", "nope", "--out", str(tmp_path)])
+    assert "nope" in capsys.readouterr().err
