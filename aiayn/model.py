@@ -288,6 +288,9 @@ def _check_tokens(name: str, tokens: Tensor, vocab_size: int, check_range: bool 
         raise ValueError(f"{name} must be a LongTensor of shape (batch, length), got {dtype} {shape}")
     if tokens.size(1) == 0:
         raise ValueError(f"{name} is empty: every sequence needs at least one token")
+    # The range check reads values back (a graph break under torch.compile, a sync on a GPU), so a
+    # compiled training step skips it: its batches come from our own tokenizer.
+    check_range = check_range and not torch.compiler.is_compiling()
     if check_range and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size})")
 

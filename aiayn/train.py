@@ -120,7 +120,9 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
         if train_config.compile:
-            self.net = torch.compile(self.net)
+            # Batches vary in shape (token budget, bucketing): compile for dynamic shapes once
+            # rather than once per shape.
+            self.net = torch.compile(self.net, dynamic=True)
 
     # -- state -----------------------------------------------------------------------------
 
