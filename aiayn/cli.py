@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 import typing
@@ -117,17 +116,14 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from aiayn.checkpoint import checkpoint_dirs
     from aiayn.data import load_corpus
     from aiayn.evaluate import bleu, paper_bleu
-    from aiayn.train import train_run
+    from aiayn.train import load_run_configs, train_run
     from aiayn.translate import translate_ids
     from aiayn.visualize import attention_figures
 
     run_dir = Path(args.out)
     recipe = TrainConfig(**DEMO_RECIPE, minutes=args.minutes, precision=args.precision, seed=args.seed)
     resume = bool(checkpoint_dirs(run_dir))
-    if resume:
-        model_config = ModelConfig.from_dict(json.loads((run_dir / "model_config.json").read_text(encoding="utf-8")))
-    else:
-        model_config = PRESETS[args.preset]
+    model_config = load_run_configs(run_dir)[0] if resume else PRESETS[args.preset]
     trainer = train_run(model_config, recipe, run_dir, resume=resume)
     model, tokenizer = trainer.model.eval(), trainer.tokenizer
     test = load_corpus(recipe.corpus).splits["test"][: args.test_sentences]
@@ -150,13 +146,13 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
     """The configs of a new run (preset + overrides), or of the run being resumed."""
+    from aiayn.train import MODEL_CONFIG, load_run_configs
+
     model_overrides, train_overrides = given_fields(args, ModelConfig), given_fields(args, TrainConfig)
-    saved = run_dir / "model_config.json"
-    if args.resume and saved.exists():
-        model_config = ModelConfig.from_dict(json.loads(saved.read_text(encoding="utf-8")))
+    if args.resume and (run_dir / MODEL_CONFIG).exists():
+        model_config, recipe = load_run_configs(run_dir)
         if dataclasses.replace(model_config, **model_overrides) != model_config:
-            raise UserError(f"a resumed run keeps its model; {run_dir} was trained with {saved.name}, drop the model options")
-        recipe = TrainConfig(**json.loads((run_dir / "train_config.json").read_text(encoding="utf-8")))
+            raise UserError(f"a resumed run keeps its model; drop the model options (see {run_dir / MODEL_CONFIG})")
         return model_config, dataclasses.replace(recipe, **train_overrides)
     recipe = {**TRAIN_OVERRIDES.get(args.preset, {}), **train_overrides}
     return config_from_args(args), TrainConfig(**recipe)

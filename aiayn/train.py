@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,8 @@ from aiayn.optim import make_optimizer, noam_lr, set_lr
 Pairs = Sequence[tuple[list[int], list[int]]]
 LOG = "log.jsonl"
 PLOT = "loss.png"
+MODEL_CONFIG = "model_config.json"
+TRAIN_CONFIG = "train_config.json"
 FINAL = "model"  # RUN_DIR/model: the last weights as a model folder, with the tokenizer
 
 
@@ -59,6 +61,16 @@ def init_distributed() -> tuple[int, int]:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     return dist.get_rank(), world
+
+
+def load_run_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
+    """The model and training configs a run was started with."""
+    try:
+        model = json.loads((run_dir / MODEL_CONFIG).read_text(encoding="utf-8"))
+        recipe = json.loads((run_dir / TRAIN_CONFIG).read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"{run_dir} is not a run folder: {Path(error.filename).name} is missing") from None
+    return ModelConfig.from_dict(model), TrainConfig(**recipe)
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
@@ -226,8 +238,8 @@ class Trainer:
         recipe = self.recipe
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
-            write_json(self.run_dir / "train_config.json", dataclasses.asdict(recipe))
-            write_json(self.run_dir / "model_config.json", self.config.to_dict())
+            write_json(self.run_dir / TRAIN_CONFIG, dataclasses.asdict(recipe))
+            write_json(self.run_dir / MODEL_CONFIG, self.config.to_dict())
         peak = matmul_peak_flops(self.device, recipe.precision)
         budget = recipe.minutes * 60 if recipe.minutes else math.inf
         self.model.train()

@@ -1,8 +1,6 @@
 """Corpora (built-in, plain text, TSV, HF datasets) with one-line errors, and the token-budget
 batches of §5.1: within budget, every pair once per epoch, seeded, resumable, sharded."""
 
-import lzma
-import os
 from pathlib import Path
 
 import pytest

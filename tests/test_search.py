@@ -1,7 +1,6 @@
 """Search (§6.1) with scripted per-step probabilities, as fairseq's and OpenNMT's tests do, and
 against the model: beam 1 = greedy, cached = uncached, batched = one sentence at a time."""
 
-import dataclasses
 import math
 
 import pytest
