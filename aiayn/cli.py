@@ -216,47 +216,83 @@ def _read_lines(path: Optional[str]) -> list[str]:
         raise UserError(f"{path} is not valid UTF-8 ({error.reason} at byte {error.start})") from None
 
 
-def cmd_translate(args: argparse.Namespace) -> None:
-    """Translate one sentence a line. Empty lines give empty lines; lines longer than
-    --max-input-tokens are cut to that many tokens (with a note on stderr); characters never seen
-    in training are encoded as bytes (SentencePiece byte fallback), so nothing crashes."""
+def _decode_lines(args: argparse.Namespace, lines: list[str], beam: int, alpha: float, extra_len: int) -> list[str]:
+    """Decode one sentence a line with the model in args.run_dir; "" for an empty line.
+
+    Lines longer than --max-input-tokens are cut to that many tokens (with a note on stderr);
+    characters never seen in training are encoded as bytes (SentencePiece byte fallback)."""
     from tqdm.auto import tqdm
 
     from aiayn.translate import translate_ids
 
-    if args.beam < 1:
+    if beam < 1:
         raise UserError("--beam must be at least 1")
     model, tokenizer, _ = _load_for_inference(args.run_dir, args.device)
-    lines = _read_lines(args.input)
     sources, where = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         ids = tokenizer.encode(line.strip())
         if len(ids) > args.max_input_tokens:
-            print(f"aiayn: note: line {number} has {len(ids)} tokens; translating its first {args.max_input_tokens}",
+            print(f"aiayn: note: line {number} has {len(ids)} tokens; using its first {args.max_input_tokens}",
                   file=sys.stderr)
             ids = ids[: args.max_input_tokens]
         sources.append(ids)
         where.append(number - 1)
-    with tqdm(total=len(sources), desc="translate", unit="line", disable=not sys.stderr.isatty()) as bar:
-        outputs = translate_ids(model, sources, beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens,
-                                precision=args.precision, progress=bar)
-    translations = [""] * len(lines)
+    with tqdm(total=len(sources), desc="decode", unit="line", disable=not sys.stderr.isatty()) as bar:
+        outputs = translate_ids(model, sources, beam=beam, alpha=alpha, batch_tokens=args.batch_tokens,
+                                precision=args.precision, extra_len=extra_len, progress=bar)
+    decoded = [""] * len(lines)
     for index, ids in zip(where, outputs):
         # A byte-fallback model can spell a line break; the output keeps one line per input line.
-        translations[index] = " ".join(tokenizer.decode(ids).splitlines())
-    text = "".join(t + "\n" for t in translations)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        decoded[index] = " ".join(tokenizer.decode(ids).splitlines())
+    return decoded
+
+
+def _write_lines(path: Optional[str], lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in lines)
+    if path:
+        Path(path).write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
 
 
+def cmd_translate(args: argparse.Namespace) -> None:
+    """Translate one sentence a line (§6.1 settings by default); empty lines stay empty."""
+    from aiayn.translate import EXTRA_LEN
+
+    _write_lines(args.output, _decode_lines(args, _read_lines(args.input), args.beam, args.alpha, EXTRA_LEN))
+
+
+def cmd_parse(args: argparse.Namespace) -> None:
+    """Parse one tokenized sentence a line into a bracketed tree (§6.3). Malformed model output
+    is repaired into a valid tree over the input words (see aiayn.parsing.delinearize)."""
+    from aiayn.parsing import PARSE_EXTRA_LEN, delinearize, tree_to_string
+
+    lines = _read_lines(args.input)
+    outputs = _decode_lines(args, lines, args.beam, args.alpha, PARSE_EXTRA_LEN)
+    _write_lines(args.output, [tree_to_string(delinearize(out, line.split())) if line.strip() else ""
+                               for line, out in zip(lines, outputs)])
+
+
 def cmd_score(args: argparse.Namespace) -> None:
-    """sacreBLEU with its signature, and the paper's tokenized, compound-split BLEU."""
+    """sacreBLEU with its signature, and the paper's tokenized, compound-split BLEU; or, with
+    --parse, labelled bracket precision, recall and F1 (EVALB, COLLINS.prm conventions)."""
     from aiayn.evaluate import bleu, paper_bleu
 
+    if args.parse:
+        from aiayn.parsing import evalb, read_trees
+
+        if args.hyp is None:
+            raise UserError("--parse needs --hyp (a file of bracketed trees)")
+        gold, test = (read_trees("\n".join(_read_lines(path))) for path in (args.ref, args.hyp))
+        if len(gold) != len(test):
+            raise UserError(f"{len(test)} test trees but {len(gold)} gold trees")
+        result = evalb(gold, test)
+        print(f"bracketing precision {result['precision']:.2f}  recall {result['recall']:.2f}  "
+              f"F1 {result['f1']:.2f}  complete match {result['complete_match']:.2f}  "
+              f"({len(gold)} sentences; EVALB with COLLINS.prm conventions)")
+        return
     references = _read_lines(args.ref)
     hypotheses = _read_lines(args.hyp)
     if len(hypotheses) != len(references):
@@ -316,22 +352,29 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--tgt-lang", help="target suffix, for a folder of aligned files")
     export.set_defaults(run=cmd_corpus_export)
 
-    translate = sub.add_parser("translate", help="translate a file or stdin, one sentence a line")
-    translate.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, a checkpoint or an averaged model folder")
-    translate.add_argument("--input", help="input file (default: stdin)")
-    translate.add_argument("--output", help="output file (default: stdout)")
-    translate.add_argument("--beam", type=int, default=4, help="beam size (§6.1: 4); 1 is greedy")
-    translate.add_argument("--alpha", type=float, default=0.6, help="length penalty α (§6.1: 0.6)")
-    translate.add_argument("--batch-tokens", type=int, default=4000, help="source tokens × beam per batch")
-    translate.add_argument("--max-input-tokens", type=int, default=1024, help="longer lines are cut (default 1024)")
-    translate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    translate.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
-    translate.set_defaults(run=cmd_translate)
+    from aiayn.parsing import PARSE_ALPHA, PARSE_BEAM
+
+    for name, run, beam, alpha, section, what in (
+        ("translate", cmd_translate, 4, 0.6, "§6.1", "translate a file or stdin, one sentence a line"),
+        ("parse", cmd_parse, PARSE_BEAM, PARSE_ALPHA, "§6.3", "parse tokenized sentences into trees (§6.3)"),
+    ):
+        decode = sub.add_parser(name, help=what)
+        decode.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, a checkpoint or an averaged model folder")
+        decode.add_argument("--input", help="input file (default: stdin)")
+        decode.add_argument("--output", help="output file (default: stdout)")
+        decode.add_argument("--beam", type=int, default=beam, help=f"beam size ({section}: {beam}); 1 is greedy")
+        decode.add_argument("--alpha", type=float, default=alpha, help=f"length penalty α ({section}: {alpha})")
+        decode.add_argument("--batch-tokens", type=int, default=4000, help="source tokens × beam per batch")
+        decode.add_argument("--max-input-tokens", type=int, default=1024, help="longer lines are cut (default 1024)")
+        decode.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+        decode.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+        decode.set_defaults(run=run)
 
     score = sub.add_parser("score", help="BLEU of hypotheses against references")
     score.add_argument("--ref", required=True, help="reference file, one sentence a line")
     score.add_argument("--hyp", help="hypothesis file (default: stdin)")
     score.add_argument("--lang", default="en", help="target language for the paper protocol's Moses tokenizer")
+    score.add_argument("--parse", action="store_true", help="score bracketed trees (F1, EVALB conventions)")
     score.set_defaults(run=cmd_score)
 
     attention = sub.add_parser("attention", help="attention heatmaps of one sentence (Figures 3-5)")

@@ -75,6 +75,8 @@ def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[st
     A folder holds `train.SRC` and `train.TGT` (one sentence per line, aligned by line) and
     optionally `dev.*` and `test.*` alike, or `train.tsv` (+ `dev.tsv`, `test.tsv`) with two
     tab-separated columns, source then target. A single .tsv file is the train split.
+    Treebanks (§6.3): a `.mrg` file is the train split, a folder with `train.mrg` (+ `dev.mrg`,
+    `test.mrg`) gives each split; pairs are (words, linearized tree), see aiayn.parsing.
     """
     named = {**_BIBLE, **_WMT14}
     if spec in named:
@@ -90,6 +92,16 @@ def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[st
         pair = "-".join(sorted((src, tgt), key=lambda lang: lang == "en"))  # HF configs: "de-en", "fr-en"
         return load_hf_translation("wmt/wmt14", pair, src, tgt, name=spec)
     path = Path(spec)
+    if path.is_file() and path.suffix == ".mrg":  # §6.3: a treebank as sentence -> linearized tree
+        from aiayn.parsing import load_treebank_pairs
+
+        return ParallelCorpus(path.stem, "words", "tree", {"train": load_treebank_pairs(path)})
+    if path.is_dir() and (path / "train.mrg").is_file():
+        from aiayn.parsing import load_treebank_pairs
+
+        splits = {split: load_treebank_pairs(path / f"{split}.mrg") for split in ("train", "dev", "test")
+                  if (path / f"{split}.mrg").is_file()}
+        return ParallelCorpus(path.name, "words", "tree", splits)
     if path.is_dir():
         if (path / "train.tsv").is_file():
             return _read_tsv_folder(path, src_lang or "src", tgt_lang or "tgt")
@@ -98,7 +110,7 @@ def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[st
         return ParallelCorpus(path.name.split(".")[0], src_lang or "src", tgt_lang or "tgt", {"train": read_tsv(path)})
     raise ValueError(
         f"unknown corpus {spec!r}: not a built-in name ({', '.join(corpus_names())}) "
-        "nor a folder or .tsv file"
+        "nor a folder, .tsv or .mrg file"
     )
 
 

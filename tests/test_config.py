@@ -46,11 +46,13 @@ def test_rows_without_a_count_keep_the_base_parameters():
 
 def test_presets_name_every_row_of_table_3():
     rows = ["base", "big", "A1", "A2", "A3", "A4", "B1", "B2"] + [f"C{i}" for i in range(1, 8)]
-    rows += ["D1", "D2", "D3", "D4", "E", "tiny", "small"]
+    rows += ["D1", "D2", "D3", "D4", "E", "parse", "tiny", "small"]
     assert list(PRESETS) == rows
     assert PRESETS["A1"].head_dims == (512, 512) and PRESETS["A4"].n_heads == 32
     assert PRESETS["big"].dropout == 0.3 and PRESETS["big"].head_dims == (64, 64)
     assert PRESETS["E"].positional == "learned"
+    parse = PRESETS["parse"]  # §6.3
+    assert (parse.n_layers, parse.d_model, parse.vocab_size) == (4, 1024, 16000)
     assert TRAIN_OVERRIDES == {"D3": {"label_smoothing": 0.0}, "D4": {"label_smoothing": 0.2}}
     assert COUNTS["tiny"] < 1 and COUNTS["small"] < 10  # they train on a 2-core CPU
 
