@@ -43,10 +43,6 @@ class KVCache:
         self.cross: list[Optional[tuple[Tensor, Tensor]]] = [None] * n_layers
         self.memory_mask = memory_mask
 
-    @property
-    def batch_size(self) -> int:
-        return self.self_k[0].size(0)
-
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new positions' keys/values of `layer`; return all positions written so far.
 

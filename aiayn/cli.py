@@ -114,7 +114,6 @@ def cmd_demo(args: argparse.Namespace) -> None:
     attention of one verse. Run again, it resumes the run in --out until the budget is spent,
     then only translates."""
     from aiayn.checkpoint import checkpoint_dirs
-    from aiayn.data import load_corpus
     from aiayn.evaluate import bleu, paper_bleu
     from aiayn.train import load_run_configs, train_run
     from aiayn.translate import translate_ids
@@ -124,9 +123,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
     recipe = TrainConfig(**DEMO_RECIPE, minutes=args.minutes, precision=args.precision, seed=args.seed)
     resume = bool(checkpoint_dirs(run_dir))
     model_config = load_run_configs(run_dir)[0] if resume else PRESETS[args.preset]
-    trainer = train_run(model_config, recipe, run_dir, resume=resume)
+    trainer, corpus = train_run(model_config, recipe, run_dir, resume=resume)
     model, tokenizer = trainer.model.eval(), trainer.tokenizer
-    test = load_corpus(recipe.corpus).splits["test"][: args.test_sentences]
+    test = corpus.splits["test"][: args.test_sentences]
     print(f"translating {len(test):,} test verses (beam {args.beam}, α 0.6, max length = source + 50)...")
     start = time.perf_counter()
     outputs = translate_ids(model, tokenizer.encode_batch([s for s, _ in test]), beam=args.beam, precision=recipe.precision)

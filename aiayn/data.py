@@ -92,16 +92,13 @@ def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[st
         pair = "-".join(sorted((src, tgt), key=lambda lang: lang == "en"))  # HF configs: "de-en", "fr-en"
         return load_hf_translation("wmt/wmt14", pair, src, tgt, name=spec)
     path = Path(spec)
-    if path.is_file() and path.suffix == ".mrg":  # §6.3: a treebank as sentence -> linearized tree
+    if (path.is_file() and path.suffix == ".mrg") or (path / "train.mrg").is_file():
+        # §6.3: a treebank, as pairs of sentence -> linearized tree
         from aiayn.parsing import load_treebank_pairs
 
-        return ParallelCorpus(path.stem, "words", "tree", {"train": load_treebank_pairs(path)})
-    if path.is_dir() and (path / "train.mrg").is_file():
-        from aiayn.parsing import load_treebank_pairs
-
-        splits = {split: load_treebank_pairs(path / f"{split}.mrg") for split in ("train", "dev", "test")
-                  if (path / f"{split}.mrg").is_file()}
-        return ParallelCorpus(path.name, "words", "tree", splits)
+        files = {"train": path} if path.is_file() else {s: path / f"{s}.mrg" for s in ("train", "dev", "test")}
+        splits = {split: load_treebank_pairs(file) for split, file in files.items() if file.is_file()}
+        return ParallelCorpus(path.stem, "words", "tree", splits)
     if path.is_dir():
         if (path / "train.tsv").is_file():
             return _read_tsv_folder(path, src_lang or "src", tgt_lang or "tgt")

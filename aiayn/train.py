@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from aiayn.checkpoint import TOKENIZER, atomic_write, checkpoint_dirs, load_checkpoint, save_checkpoint, save_model, write_json
 from aiayn.config import ModelConfig, TrainConfig
-from aiayn.data import BatchStream, collate, make_batches
+from aiayn.data import BatchStream, ParallelCorpus, collate, load_corpus, make_batches
 from aiayn.device import autocast, matmul_peak_flops, resolve_device
 from aiayn.flops import training_flops
 from aiayn.loss import label_smoothed_nll
@@ -49,7 +49,6 @@ class TrainData:
     train: Pairs
     dev: Pairs = ()
     dev_text: Sequence[tuple[str, str]] = ()  # (source, reference) strings of the dev pairs
-    filtered: dict = field(default_factory=dict)  # split -> pairs left out for length
 
 
 def init_distributed() -> tuple[int, int]:
@@ -118,7 +117,7 @@ class Trainer:
             data.train, train_config.max_tokens, train_config.seed, c.pad_id, c.bos_id, c.eos_id,
             shard=(self.rank, self.world),
         )
-        self.step, self.elapsed, self.target_tokens = 0, 0.0, 0
+        self.step, self.elapsed = 0, 0.0
         check_run_dir(self.run_dir, resume)
         existing = checkpoint_dirs(self.run_dir)
         if existing:
@@ -140,7 +139,7 @@ class Trainer:
 
     def _restore(self, checkpoint: Path) -> None:
         state = load_checkpoint(checkpoint, self.model, self.optimizer)
-        self.step, self.elapsed, self.target_tokens = state["step"], state["elapsed"], state["target_tokens"]
+        self.step, self.elapsed = state["step"], state["elapsed"]
         self.stream.load_state_dict(state["data"])
         log = self.run_dir / LOG
         if self.rank == 0 and log.exists():  # records after the checkpoint will be written again
@@ -152,7 +151,7 @@ class Trainer:
     def _save(self) -> None:
         if self.rank != 0:
             return
-        state = {"elapsed": self.elapsed, "target_tokens": self.target_tokens, "data": self.stream.state_dict()}
+        state = {"elapsed": self.elapsed, "data": self.stream.state_dict()}
         tokenizer_file = self.run_dir / TOKENIZER if (self.run_dir / TOKENIZER).exists() else None
         save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state, tokenizer_file, self.recipe.keep_last)
 
@@ -175,9 +174,9 @@ class Trainer:
         totals = torch.zeros(2)
         flops = 0.0
         for i, batch in enumerate(batches):
-            sync = i == len(batches) - 1 or self.world == 1
             # Only the last batch of a step all-reduces the gradients.
-            context = self.net.no_sync() if not sync and hasattr(self.net, "no_sync") else contextlib.nullcontext()
+            last = i == len(batches) - 1
+            context = self.net.no_sync() if self.world > 1 and not last else contextlib.nullcontext()
             with context:
                 batch = batch.to(self.device, non_blocking=True)
                 src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
@@ -253,7 +252,6 @@ class Trainer:
             loss, nll, tokens, flops = self._train_step()
             seconds = time.perf_counter() - start
             self.elapsed += seconds
-            self.target_tokens += tokens
             for key, value in zip(("loss", "nll", "tokens", "flops", "seconds"), (loss, nll, tokens, flops, seconds)):
                 window[key] += value
             bar.update(1)
@@ -349,26 +347,24 @@ def prepare(corpus, run_dir: Path, vocab_size: int, max_sentence_tokens: int, ec
     tokenizer = Tokenizer.load(tokenizer_file)
     if tokenizer.vocab_size != vocab_size:
         raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} tokens but the model expects {vocab_size}")
-    encoded, texts, filtered = {}, {}, {}
+    encoded, texts = {}, {}
     for split in ("train", "dev"):
         pairs = corpus.splits.get(split, [])
         all_encoded = encode_pairs(tokenizer, pairs)
-        kept, filtered[split] = filter_long(all_encoded, max_sentence_tokens)
+        kept, dropped = filter_long(all_encoded, max_sentence_tokens)
         encoded[split] = [all_encoded[i] for i in kept]
         texts[split] = [pairs[i] for i in kept]
-        if filtered[split]:
-            echo(f"{split}: left out {filtered[split]:,} of {len(pairs):,} pairs longer than max_sentence_tokens={max_sentence_tokens}")
-    return tokenizer, TrainData(encoded["train"], encoded["dev"], texts["dev"], filtered)
+        if dropped:
+            echo(f"{split}: left out {dropped:,} of {len(pairs):,} pairs longer than max_sentence_tokens={max_sentence_tokens}")
+    return tokenizer, TrainData(encoded["train"], encoded["dev"], texts["dev"])
 
 
 def train_run(
     model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, resume: bool = False,
     echo: Callable[[str], None] = print,
-) -> Trainer:
+) -> tuple[Trainer, ParallelCorpus]:
     """Everything `aiayn train` does: load the corpus, train or reuse the tokenizer, encode,
-    train. Returns the trainer (its model holds the last weights)."""
-    from aiayn.data import load_corpus
-
+    train. Returns the trainer (its model holds the last weights) and the corpus."""
     check_run_dir(run_dir, resume)
     rank, _ = init_distributed()
     echo = echo if rank == 0 else (lambda *_: None)
@@ -386,4 +382,4 @@ def train_run(
     echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
          + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")
          + f"; model in {run_dir / FINAL}")
-    return trainer
+    return trainer, corpus
