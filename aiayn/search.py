@@ -45,9 +45,10 @@ class ModelStep:
 
 
 def greedy(
-    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor
+    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, min_len: int = 0
 ) -> list[list[int]]:
-    """Pick the most probable token at each step until EOS or `max_len` (B,) tokens.
+    """Pick the most probable token at each step until EOS or `max_len` (B,) tokens; EOS is
+    barred before `min_len` tokens (fairseq's --min-len, HF's min_new_tokens).
 
     Finished sentences leave the batch, so late steps cost only the rows still decoding.
     Returns, per sentence, the tokens without BOS and EOS.
@@ -58,7 +59,10 @@ def greedy(
     tokens = torch.full((batch,), bos_id, dtype=torch.long)
     limit = max_len.clone()
     for length in range(int(max_len.max())):
-        best = step(tokens).argmax(dim=-1).cpu()  # (B_live,)
+        log_probs = step(tokens)  # (B_live, V)
+        if length < min_len:
+            log_probs[:, eos_id] = float("-inf")
+        best = log_probs.argmax(dim=-1).cpu()  # (B_live,)
         done = (best == eos_id) | (limit <= length + 1)
         for sentence, token in zip(alive.tolist(), best.tolist()):
             if token != eos_id:
@@ -87,7 +91,8 @@ class Hypothesis:
 
 
 def beam_search(
-    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, beam: int = 4, alpha: float = 0.6
+    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, beam: int = 4, alpha: float = 0.6,
+    min_len: int = 0,
 ) -> list[Hypothesis]:
     """Beam search with the paper's settings as defaults (§6.1: beam 4, α = 0.6, the caller
     sets max_len = source length + 50). Returns the best finished hypothesis of each sentence.
@@ -100,7 +105,7 @@ def beam_search(
     with B rows and widens to B·k after the first step. Each step takes the top 2k candidates so
     that k of them continue even if up to k end in EOS; an EOS among the top k finishes a
     hypothesis. A sentence leaves the batch once it has k finished hypotheses (every beam has
-    finished) or reaches max_len, where only EOS is allowed.
+    finished) or reaches max_len, where only EOS is allowed. Before `min_len` tokens EOS is barred.
     """
     if beam < 1:
         raise ValueError(f"beam must be at least 1, got {beam}")
@@ -117,6 +122,8 @@ def beam_search(
         log_probs = step(tokens).float().cpu().view(live, width, -1)  # (B, k_cur, V)
         vocab = log_probs.size(-1)
         at_limit = limit <= t  # (B,)
+        if t < min_len:
+            log_probs[~at_limit, :, eos_id] = float("-inf")
         if at_limit.any():
             eos_only = torch.full_like(log_probs[at_limit], float("-inf"))
             eos_only[..., eos_id] = log_probs[at_limit][..., eos_id]

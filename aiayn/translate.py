@@ -21,11 +21,13 @@ def translate_ids(
     batch_tokens: int = 4000,
     precision: str = "fp32",
     extra_len: int = EXTRA_LEN,
+    min_len: int = 0,
     progress: Optional[object] = None,
 ) -> list[list[int]]:
     """Decode each source (token ids, without EOS) and return the output ids in input order:
     greedy when `beam` is 1, else beam search with the GNMT length penalty α (§6.1: beam 4,
-    α = 0.6). The output is at most source length + `extra_len` tokens.
+    α = 0.6). The output is at most source length + `extra_len` tokens and, unless the limit is
+    shorter, at least `min_len`.
 
     Sentences are sorted by length and packed up to `batch_tokens` source tokens per batch
     (times the beam), so little compute goes to padding.
@@ -53,9 +55,9 @@ def translate_ids(
         with torch.no_grad(), autocast(device, precision):
             stepper = ModelStep(model, src.to(device), int(max_len.max()) + 1)
             if beam == 1:
-                outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len)
+                outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, min_len)
             else:
-                hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, beam, alpha)
+                hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, beam, alpha, min_len)
                 outputs = [h.tokens for h in hypotheses]
         for i, out in zip(chunk, outputs):
             results[i] = out

@@ -168,3 +168,19 @@ def test_batched_equals_one_sentence_at_a_time():
 def test_bad_beam():
     with pytest.raises(ValueError, match="beam must be at least 1"):
         beam_search(lambda t: t, lambda i: None, 1, 2, torch.tensor([3]), beam=0)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_min_len_bars_eos_until_reached(beam):
+    """The benchmark forces every output to a fixed length with min_len = max_len."""
+    model = random_model()
+    src, max_len = sources()
+    s = ModelStep(model, src, int(max_len.max()) + 1)
+    free = [h.tokens for h in beam_search(s.step, s.reorder, 1, 2, max_len, beam=beam)]
+    assert any(len(f) < m for f, m in zip(free, max_len.tolist()))
+    s = ModelStep(model, src, int(max_len.max()) + 1)
+    if beam == 1:
+        forced = greedy(s.step, s.reorder, 1, 2, max_len, min_len=int(max_len.max()))
+    else:
+        forced = [h.tokens for h in beam_search(s.step, s.reorder, 1, 2, max_len, beam=beam, min_len=100)]
+    assert [len(f) for f in forced] == max_len.tolist()
