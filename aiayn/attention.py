@@ -70,6 +70,69 @@ def scaled_dot_product_attention(
     return weights @ v, weights  # (..., L_q, d_v), (..., L_q, L_k)
 
 
+def attention_mask(
+    mask: Optional[Tensor], causal: bool, neighborhood: Optional[int], q_len: int, k_len: int, device: torch.device
+) -> Optional[Tensor]:
+    """`mask` and'ed with the causal rule (§3.2.3: no attention to later positions) and the
+    restricted neighbourhood (Table 1: |i - j| ≤ r // 2). Query i sits at position
+    k_len - q_len + i, so with a KV cache the queries are the newest positions.
+    Returns a bool mask broadcastable to (..., q_len, k_len), or None when nothing is masked."""
+    causal = causal and q_len > 1  # a single newest query may see every key
+    if not causal and neighborhood is None:
+        return mask
+    query_pos = torch.arange(k_len - q_len, k_len, device=device).unsqueeze(1)  # (L_q, 1)
+    key_pos = torch.arange(k_len, device=device).unsqueeze(0)  # (1, L_k)
+    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)  # (L_q, L_k)
+    if causal:
+        allowed &= key_pos <= query_pos
+    if neighborhood is not None:
+        allowed &= (key_pos - query_pos).abs() <= neighborhood // 2
+    return allowed if mask is None else mask & allowed
+
+
+def local_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    neighborhood: int,
+    key_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Restricted self-attention (§4, Table 1): position i attends only to positions j with
+    |i - j| ≤ r // 2, in O(n·r) time and memory instead of O(n²).
+
+    The n positions are cut into blocks of c = max(r // 2, 1); every key within r // 2 of a query
+    lies in the query's block or one of its two neighbours, so each block of c queries is scored
+    against 3c keys and the band is masked inside them. Equal to the dense computation with
+    `attention_mask(..., neighborhood=r)`. q, k, v: (B, h, n, d) of one sequence (self-attention);
+    key_mask: (B, 1, 1, n) bool or None. Returns (B, h, n, d_v).
+    """
+    batch, heads, n, d_k = q.shape
+    half = neighborhood // 2
+    c = max(half, 1)
+    blocks = -(-n // c)
+    extra = blocks * c - n  # padding that fills the last block
+
+    def windows(x: Tensor) -> Tensor:  # (..., n, d) -> (..., blocks, 3c, d): keys seen by each block
+        x = F.pad(x, (0, 0, c, extra + c))  # (..., (blocks + 2)·c, d)
+        return x.unfold(-2, 3 * c, c).transpose(-2, -1)
+
+    queries = F.pad(q, (0, 0, 0, extra)).view(batch, heads, blocks, c, d_k)  # (B, h, blocks, c, d_k)
+    offset = torch.arange(3 * c, device=q.device) - c  # key index relative to the block's first query
+    relative = offset.unsqueeze(0) - torch.arange(c, device=q.device).unsqueeze(1)  # (c, 3c): j - i
+    band = relative.abs() <= half
+    if causal:
+        band &= relative <= 0
+    key_pos = torch.arange(blocks, device=q.device).unsqueeze(1) * c + offset  # (blocks, 3c)
+    allowed = band & ((key_pos >= 0) & (key_pos < n)).unsqueeze(1)  # (blocks, c, 3c)
+    if key_mask is not None:
+        keys_kept = windows(key_mask.expand(batch, 1, 1, n).reshape(batch, 1, n, 1)).squeeze(-1)  # (B, 1, blocks, 3c)
+        allowed = allowed & keys_kept.unsqueeze(-2)  # (B, 1, blocks, c, 3c)
+    out, _ = scaled_dot_product_attention(queries, windows(k), windows(v), allowed, dropout_p)
+    return out.reshape(batch, heads, blocks * c, -1)[:, :, :n]  # (B, h, n, d_v)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(QW_i^Q, KW_i^K, VW_i^V).
 
@@ -80,6 +143,8 @@ class MultiHeadAttention(nn.Module):
 
     The fast path calls PyTorch's fused `scaled_dot_product_attention`; with `need_weights=True`
     the reference math path runs instead and the per-head weights are returned (never stored).
+    With a `neighborhood` r (self-attention only) each position attends to those within r // 2
+    of it (restricted self-attention, Table 1), computed block-wise by `local_attention`.
     """
 
     def __init__(
@@ -90,6 +155,7 @@ class MultiHeadAttention(nn.Module):
         d_v: Optional[int] = None,
         dropout: float = 0.0,
         bias: bool = True,
+        neighborhood: Optional[int] = None,
     ) -> None:
         super().__init__()
         if (d_k is None or d_v is None) and d_model % n_heads:
@@ -101,6 +167,7 @@ class MultiHeadAttention(nn.Module):
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or d_model // n_heads
         self.dropout = dropout
+        self.neighborhood = neighborhood
         self.w_q = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
         self.w_k = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
         self.w_v = nn.Linear(d_model, n_heads * self.d_v, bias=bias)
@@ -136,10 +203,13 @@ class MultiHeadAttention(nn.Module):
         mask: Optional[Tensor] = None,
         need_weights: bool = False,
         keys_values: Optional[tuple[Tensor, Tensor]] = None,
+        causal: bool = False,
     ) -> tuple[Tensor, Optional[Tensor]]:
         """query: (B, L_q, d_model); key, value: (B, L_k, d_model), or `keys_values` already
         projected (from `keys_values()` or the cache). mask: bool, broadcastable to
-        (B, h, L_q, L_k). Returns (output (B, L_q, d_model), weights (B, h, L_q, L_k) or None).
+        (B, h, L_q, L_k). `causal`: no query sees a later position, the queries being the last
+        L_q of the L_k positions (see `attention_mask`).
+        Returns (output (B, L_q, d_model), weights (B, h, L_q, L_k) or None).
         """
         self._check_input("query", query)
         if keys_values is None:
@@ -149,12 +219,21 @@ class MultiHeadAttention(nn.Module):
         k, v = keys_values  # (B, h, L_k, d_k), (B, h, L_k, d_v)
         q = self._split_heads(self.w_q(query), self.d_k)  # (B, h, L_q, d_k)
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights:
-            heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        q_len, k_len = q.size(-2), k.size(-2)
+        scores_shape = _check_qkv(q, k, v)
+        _check_mask(mask, scores_shape)
+        weights = None
+        key_mask_only = mask is None or (mask.dim() == 4 and mask.shape[-2] == 1)
+        if self.neighborhood is not None and q_len == k_len and key_mask_only and not need_weights:
+            heads = local_attention(q, k, v, self.neighborhood, mask, causal, dropout_p)
+        elif causal and q_len == k_len and mask is None and self.neighborhood is None and not need_weights:
+            heads = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:
-            _check_mask(mask, _check_qkv(q, k, v))
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-            weights = None
+            full_mask = attention_mask(mask, causal, self.neighborhood, q_len, k_len, q.device)
+            if need_weights:
+                heads, weights = scaled_dot_product_attention(q, k, v, full_mask, dropout_p)
+            else:
+                heads = F.scaled_dot_product_attention(q, k, v, attn_mask=full_mask, dropout_p=dropout_p)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_v)  # (B, L_q, h·d_v)
         return self.w_o(concat), weights  # (B, L_q, d_model)

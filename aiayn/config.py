@@ -38,6 +38,8 @@ class ModelConfig:
     layer_norm_eps: float = 1e-6
     positional: Literal["sinusoidal", "learned"] = "sinusoidal"  # Table 3 row E: "learned"
     max_len: int = 1024  # longest position the positional table holds
+    # Restricted self-attention (§4, Table 1): attend only within r // 2 positions; None = all.
+    neighborhood: Optional[int] = None
     share_embeddings: bool = True  # one matrix for source and target embeddings (§3.4)
     tie_output: bool = True  # the pre-softmax projection is the target embedding (§3.4)
     pad_id: int = 0
@@ -53,7 +55,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 fail(f"{name} must be a positive integer, got {value!r}")
-        for name in ("d_k", "d_v"):
+        for name in ("d_k", "d_v", "neighborhood"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 fail(f"{name} must be a positive integer or None, got {value!r}")

@@ -132,9 +132,13 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(out)), weights
 
 
-def _attention(config: ModelConfig) -> MultiHeadAttention:
+def _attention(config: ModelConfig, self_attention: bool) -> MultiHeadAttention:
+    """Restricted attention (`config.neighborhood`, Table 1) applies to self-attention only."""
     d_k, d_v = config.head_dims
-    return MultiHeadAttention(config.d_model, config.n_heads, d_k, d_v, dropout=config.attention_dropout)
+    neighborhood = config.neighborhood if self_attention else None
+    return MultiHeadAttention(
+        config.d_model, config.n_heads, d_k, d_v, dropout=config.attention_dropout, neighborhood=neighborhood
+    )
 
 
 class EncoderLayer(nn.Module):
@@ -142,7 +146,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = _attention(config)
+        self.self_attn = _attention(config, self_attention=True)
         self.feed_forward = FeedForward(config.d_model, config.d_ff, config.activation)
         self.residual_attn = Residual(config)
         self.residual_ff = Residual(config)
@@ -160,8 +164,8 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, cross_attention: bool = True) -> None:
         super().__init__()
-        self.self_attn = _attention(config)
-        self.cross_attn = _attention(config) if cross_attention else None
+        self.self_attn = _attention(config, self_attention=True)
+        self.cross_attn = _attention(config, self_attention=False) if cross_attention else None
         self.feed_forward = FeedForward(config.d_model, config.d_ff, config.activation)
         self.residual_self = Residual(config)
         self.residual_cross = Residual(config) if cross_attention else None
@@ -170,22 +174,21 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        self_mask: Optional[Tensor],
         memory: Optional[Tensor] = None,
         memory_mask: Optional[Tensor] = None,
         cache: Optional[KVCache] = None,
         index: int = 0,
         need_weights: bool = False,
     ):
-        """x: (B, T, d_model); self_mask: broadcastable to (B, 1, T, T_total); memory: (B, S, d_model);
-        memory_mask: (B, 1, 1, S). With a cache, x holds only the new positions and `index` is this
-        layer's number in it. Returns (x, (self weights, cross weights))."""
+        """x: (B, T, d_model); memory: (B, S, d_model); memory_mask: (B, 1, 1, S). Self-attention is
+        causal (§3.2.3). With a cache, x holds only the new positions and `index` is this layer's
+        number in it. Returns (x, (self weights, cross weights))."""
 
         def self_attention(y: Tensor):
             if cache is None:
-                return self.self_attn(y, y, y, self_mask, need_weights)
+                return self.self_attn(y, y, y, need_weights=need_weights, causal=True)
             k, v = cache.append(index, *self.self_attn.keys_values(y, y))  # (B, h, T_total, d)
-            return self.self_attn(y, mask=self_mask, need_weights=need_weights, keys_values=(k, v))
+            return self.self_attn(y, need_weights=need_weights, keys_values=(k, v), causal=True)
 
         def cross_attention(y: Tensor):
             if cache is None:
@@ -232,7 +235,12 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
     """Embeddings + positions + dropout, then N decoder layers (and a final LayerNorm in pre-norm
-    mode). With a KV cache, `tgt` holds only the new tokens and positions continue from the cache."""
+    mode). With a KV cache, `tgt` holds only the new tokens and positions continue from the cache.
+
+    Target padding needs no mask: targets are padded on the right, so under the causal mask a real
+    token never sees a pad, and the pads' own outputs carry no loss. Causal-only self-attention
+    lets SDPA take its `is_causal` path instead of reading a (B, 1, T, T) mask.
+    """
 
     def __init__(self, config: ModelConfig, embed: Embeddings, cross_attention: bool = True) -> None:
         super().__init__()
@@ -241,18 +249,6 @@ class Decoder(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(DecoderLayer(config, cross_attention) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
-        self.pad_id = config.pad_id
-
-    def self_attention_mask(self, tgt: Tensor, start: int) -> Tensor:
-        """Causal mask for queries at positions start .. start+T-1 over keys 0 .. start+T-1,
-        and'ed with the target padding mask when no cache is in use. -> (B or 1, 1, T, start+T)."""
-        length = tgt.size(1)
-        query_pos = torch.arange(start, start + length, device=tgt.device).unsqueeze(1)  # (T, 1)
-        key_pos = torch.arange(start + length, device=tgt.device).unsqueeze(0)  # (1, start+T)
-        causal = key_pos <= query_pos  # (T, start+T): position i sees positions ≤ i (§3.2.3)
-        if start > 0:
-            return causal.view(1, 1, length, start + length)
-        return causal & (tgt != self.pad_id)[:, None, None, :]  # (B, 1, T, T)
 
     def forward(
         self,
@@ -264,11 +260,10 @@ class Decoder(nn.Module):
     ):
         """tgt: (B, T) -> (hidden (B, T, d_model), [per layer (self weights, cross weights)])."""
         start = 0 if cache is None else cache.length
-        self_mask = self.self_attention_mask(tgt, start)
         x = self.dropout(self.positions(self.embed(tgt), start))  # (B, T, d_model)
         all_weights = []
         for index, layer in enumerate(self.layers):
-            x, weights = layer(x, self_mask, memory, memory_mask, cache, index, need_weights)
+            x, weights = layer(x, memory, memory_mask, cache, index, need_weights)
             all_weights.append(weights)
         if cache is not None:
             cache.advance(tgt.size(1))

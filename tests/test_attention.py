@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.attention import MultiHeadAttention, scaled_dot_product_attention
+from aiayn.attention import MultiHeadAttention, attention_mask, local_attention, scaled_dot_product_attention
 
 T = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
 
@@ -198,3 +198,34 @@ def test_bad_input_gets_clear_errors():
     x = torch.randn(2, 3, 8)
     with pytest.raises(ValueError, match="does not broadcast"):
         mha(x, x, x, torch.ones(2, 1, 3, 4, dtype=torch.bool))
+
+
+# --- Restricted self-attention (Table 1) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, r", [(1, 4), (7, 4), (16, 4), (23, 6), (30, 1), (9, 40)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_local_attention_equals_the_dense_band(n, r, causal):
+    """The block-wise O(n·r) computation equals dense attention under the band mask, with
+    padded keys, for lengths that do and do not fill the last block."""
+    torch.manual_seed(n + r)
+    q, k, v = (torch.randn(2, 3, n, 5, dtype=torch.float64) for _ in range(3))
+    key_mask = torch.ones(2, 1, 1, n, dtype=torch.bool)
+    key_mask[1, ..., n - n // 3 :] = False
+    dense_mask = attention_mask(key_mask, causal, r, n, n, q.device)
+    expected, _ = scaled_dot_product_attention(q, k, v, dense_mask)
+    torch.testing.assert_close(local_attention(q, k, v, r, key_mask, causal), expected)
+    band = attention_mask(None, False, r, n, n, q.device)
+    assert band[0].sum() == min(n, r // 2 + 1)  # the first position sees itself and r // 2 after it
+
+
+def test_local_attention_backward_matches_dense():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 13, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    local_attention(q, k, v, 4).sum().backward()
+    local_grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    scaled_dot_product_attention(q, k, v, attention_mask(None, False, 4, 13, 13, q.device))[0].sum().backward()
+    for got, expected in zip(local_grads, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, expected)

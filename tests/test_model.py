@@ -144,6 +144,21 @@ def test_forward_shapes_and_padding_invariance():
     torch.testing.assert_close(padded_more[:, :3], logits[:1], atol=1e-5, rtol=1e-5)
 
 
+def test_restricted_self_attention_sees_only_its_neighbourhood():
+    """Table 1's restricted self-attention: with r = 4 an output depends on inputs within 2
+    positions per layer, so after 2 layers within 4; a wide enough r is full attention."""
+    model = tiny(neighborhood=4)
+    src, tgt = torch.randint(4, 50, (1, 12)), torch.randint(4, 50, (1, 3))
+    memory, _ = model.encode(src)
+    changed = src.clone()
+    changed[0, 11] = (src[0, 11] + 1 - 4) % 46 + 4
+    moved, _ = model.encode(changed)
+    torch.testing.assert_close(moved[:, :7], memory[:, :7])  # more than 4 away: untouched
+    assert not torch.allclose(moved[:, 7], memory[:, 7])
+    wide = tiny(neighborhood=64)
+    torch.testing.assert_close(wide(src, tgt), tiny()(src, tgt), atol=1e-5, rtol=1e-5)
+
+
 def test_decoder_is_causal_and_encoder_is_not():
     model = tiny()
     src, tgt = torch.randint(4, 50, (1, 6)), torch.randint(4, 50, (1, 5))
@@ -157,7 +172,9 @@ def test_decoder_is_causal_and_encoder_is_not():
     assert not torch.allclose(model(changed_src, tgt)[:, 0], a[:, 0])  # every target sees all
 
 
-@pytest.mark.parametrize("changes", [{}, {"norm_first": True}, {"positional": "learned"}, {"d_k": 3, "d_v": 5}])
+@pytest.mark.parametrize(
+    "changes", [{}, {"norm_first": True}, {"positional": "learned"}, {"d_k": 3, "d_v": 5}, {"neighborhood": 4}]
+)
 def test_cached_decoding_equals_full_forward(changes):
     model = tiny(**changes)
     src = tokens([[5, 6, 7, 8, 9], [10, 11]])
