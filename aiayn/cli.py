@@ -182,6 +182,20 @@ def cmd_average(args: argparse.Namespace) -> None:
     print(f"averaged {', '.join(p.name for p in chosen)} into {args.out}")
 
 
+def cmd_import_hf(args: argparse.Namespace) -> None:
+    """An HF Marian (OPUS-MT) folder -> an aiayn run folder."""
+    from aiayn.marian import import_marian
+
+    import_marian(args.hf_dir, args.out)
+
+
+def cmd_export_hf(args: argparse.Namespace) -> None:
+    """An aiayn run or model folder -> an HF Marian folder (loadable by transformers and CTranslate2)."""
+    from aiayn.marian import export_marian
+
+    export_marian(args.run_dir, args.out)
+
+
 def cmd_corpus_export(args: argparse.Namespace) -> None:
     """Write one split of a corpus as two plain-text files."""
     from aiayn.data import export_split, load_corpus
@@ -195,12 +209,13 @@ def _load_for_inference(path: str, device_name: str):
     from aiayn.checkpoint import resolve_model_dir
     from aiayn.device import resolve_device
     from aiayn.model import Transformer
-    from aiayn.tokenizer import Tokenizer
+    from aiayn.tokenizer import MarianTokenizer, load_tokenizer
 
     model_dir = resolve_model_dir(path)
     device = resolve_device(device_name)
     model = Transformer.load(model_dir, device).eval()
-    tokenizer = Tokenizer.load(model_dir if (model_dir / "tokenizer.model").exists() else Path(path))
+    has_tokenizer = (model_dir / "tokenizer.model").exists() or MarianTokenizer.is_in(model_dir)
+    tokenizer = load_tokenizer(model_dir if has_tokenizer else Path(path))
     if tokenizer.vocab_size != model.config.vocab_size:
         raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}")
     return model, tokenizer, device
@@ -340,6 +355,16 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--last", type=int, default=5, help="how many (5 for base, 20 for big; default 5)")
     average.add_argument("--out", required=True, help="the model folder to write")
     average.set_defaults(run=cmd_average)
+
+    import_hf = sub.add_parser("import-hf", help="convert a local HF Marian (OPUS-MT) folder into an aiayn run folder")
+    import_hf.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json, weights, source.spm, target.spm, vocab.json")
+    import_hf.add_argument("out", metavar="OUT", help="the run folder to write (its model/ holds weights and tokenizer)")
+    import_hf.set_defaults(run=cmd_import_hf)
+
+    export_hf = sub.add_parser("export-hf", help="write a run as an HF MarianMTModel folder (for transformers, CTranslate2)")
+    export_hf.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, a checkpoint or a model folder")
+    export_hf.add_argument("out", metavar="OUT", help="the HF folder to write")
+    export_hf.set_defaults(run=cmd_export_hf)
 
     corpus = sub.add_parser("corpus", help="work with corpora")
     corpus_sub = corpus.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 ACTIVATIONS = ("relu", "gelu", "swish")
-POSITIONALS = ("sinusoidal", "learned")
+POSITIONALS = ("sinusoidal", "learned", "sinusoidal_concat")
 
 
 @dataclass(frozen=True)
@@ -36,12 +36,14 @@ class ModelConfig:
     activation: Literal["relu", "gelu", "swish"] = "relu"  # FFN non-linearity (§3.3: ReLU)
     norm_first: bool = False  # False: post-norm LayerNorm(x + Dropout(Sublayer(x))) as §3.1
     layer_norm_eps: float = 1e-6
-    positional: Literal["sinusoidal", "learned"] = "sinusoidal"  # Table 3 row E: "learned"
+    # Table 3 row E: "learned"; "sinusoidal_concat": §3.5's sinusoids laid out sin | cos (Marian)
+    positional: Literal["sinusoidal", "learned", "sinusoidal_concat"] = "sinusoidal"
     max_len: int = 1024  # longest position the positional table holds
     # Restricted self-attention (§4, Table 1): attend only within r // 2 positions; None = all.
     neighborhood: Optional[int] = None
     share_embeddings: bool = True  # one matrix for source and target embeddings (§3.4)
     tie_output: bool = True  # the pre-softmax projection is the target embedding (§3.4)
+    final_logits_bias: bool = False  # a fixed bias added to the logits (imported Marian models)
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -72,14 +74,16 @@ class ModelConfig:
             fail(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.positional not in POSITIONALS:
             fail(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
-        if self.positional == "sinusoidal" and self.d_model % 2:
+        if self.positional != "learned" and self.d_model % 2:
             fail(f"sinusoidal positions need an even d_model, got {self.d_model}")
         special = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id, "unk_id": self.unk_id}
         for name, value in special.items():
             if not 0 <= value < self.vocab_size:
                 fail(f"{name}={value} is outside the vocabulary of {self.vocab_size}")
-        if len(set(special.values())) != len(special):
-            fail(f"special token ids must differ, got {special}")
+        # Marian starts decoding from its pad token, so only BOS may share an id (with pad).
+        distinct = [self.pad_id, self.eos_id, self.unk_id]
+        if len(set(distinct)) != 3 or self.bos_id in (self.eos_id, self.unk_id):
+            fail(f"special token ids must differ (BOS may equal pad), got {special}")
 
     @property
     def head_dims(self) -> tuple[int, int]:

@@ -323,7 +323,7 @@ class Batch:
 def encode_pairs(tokenizer, pairs: Sequence[Pair]) -> list[EncodedPair]:
     """Token ids of both sides of every pair (no BOS/EOS yet)."""
     src = tokenizer.encode_batch([s for s, _ in pairs])
-    tgt = tokenizer.encode_batch([t for _, t in pairs])
+    tgt = tokenizer.encode_target_batch([t for _, t in pairs])
     return list(zip(src, tgt))
 
 

@@ -27,14 +27,18 @@ from aiayn.config import ModelConfig
 # §3.5 Positional encoding
 
 
-def sinusoidal_positions(length: int, d_model: int) -> Tensor:
+def sinusoidal_positions(length: int, d_model: int, concat: bool = False) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
-    Sine and cosine interleaved on even and odd dimensions, exactly as §3.5. Returns (length, d_model).
+    Sine and cosine interleaved on even and odd dimensions, exactly as §3.5. With `concat` the same
+    values are laid out as all sines, then all cosines, as Marian (OPUS-MT) models have them.
+    Returns (length, d_model).
     """
     position = torch.arange(length, dtype=torch.float64).unsqueeze(1)  # (L, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model / 2,)
     angle = position / torch.pow(10000.0, two_i / d_model)  # (L, d_model / 2)
+    if concat:
+        return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).float()
     pe = torch.empty(length, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle)
@@ -53,7 +57,9 @@ class PositionalEncoding(nn.Module):
             self.table = nn.Embedding(config.max_len, config.d_model)
         else:
             # Not a parameter and not saved: it is a function of the shape alone.
-            self.register_buffer("table", sinusoidal_positions(config.max_len, config.d_model), persistent=False)
+            self.concat = self.kind == "sinusoidal_concat"
+            table = sinusoidal_positions(config.max_len, config.d_model, self.concat)  # (max_len, d_model)
+            self.register_buffer("table", table, persistent=False)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         """x: (B, L, d_model), the embeddings of positions start .. start + L - 1."""
@@ -64,7 +70,7 @@ class PositionalEncoding(nn.Module):
             return x + self.table.weight[start:end]
         if end > self.table.size(0):
             # Sinusoids extend to any length (§3.5: "extrapolate to sequence lengths longer").
-            self.table = sinusoidal_positions(end, x.size(-1)).to(self.table.device)
+            self.table = sinusoidal_positions(end, x.size(-1), self.concat).to(self.table.device)
         return x + self.table[start:end].to(x.dtype)
 
 
@@ -312,11 +318,17 @@ class _Model(nn.Module):
             return None
         return nn.Linear(self.config.d_model, self.config.vocab_size, bias=False)
 
+    def _logits_bias(self) -> None:
+        """Marian adds a bias to the logits that it never trains: a buffer, saved with the weights."""
+        if self.config.final_logits_bias:
+            self.register_buffer("logits_bias", torch.zeros(self.config.vocab_size))
+        else:
+            self.logits_bias = None
+
     def _logits(self, hidden: Tensor, embed: Embeddings) -> Tensor:
         """The pre-softmax linear transformation: (B, T, d_model) -> (B, T, vocab_size)."""
-        if self.output_proj is None:
-            return F.linear(hidden, embed.weight)
-        return self.output_proj(hidden)
+        weight = embed.weight if self.output_proj is None else self.output_proj.weight
+        return F.linear(hidden, weight, self.logits_bias)
 
     def num_parameters(self) -> int:
         """Distinct trainable parameters (a tied matrix counts once)."""
@@ -354,6 +366,7 @@ class Transformer(_Model):
         self.encoder = Encoder(config, src_embed)
         self.decoder = Decoder(config, tgt_embed)
         self.output_proj = self._output_projection()
+        self._logits_bias()
         self._init_weights()
 
     def source_mask(self, src: Tensor) -> Tensor:
@@ -423,6 +436,7 @@ class EncoderModel(_Model):
         self.config = config
         self.encoder = Encoder(config, Embeddings(config))
         self.output_proj = self._output_projection()
+        self._logits_bias()
         self._init_weights()
 
     def encode(self, tokens: Tensor) -> Tensor:
@@ -445,6 +459,7 @@ class DecoderModel(_Model):
         self.config = config
         self.decoder = Decoder(config, Embeddings(config), cross_attention=False)
         self.output_proj = self._output_projection()
+        self._logits_bias()
         self._init_weights()
 
     def forward(self, tokens: Tensor, cache: Optional[KVCache] = None) -> Tensor:

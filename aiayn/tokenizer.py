@@ -13,6 +13,7 @@ repeated spaces survives encode -> decode unchanged.
 from __future__ import annotations
 
 import io
+import json
 import random
 import re
 from pathlib import Path
@@ -117,6 +118,10 @@ class Tokenizer:
         """`encode` of every text, in SentencePiece's C++ threads (num_threads=-1: every core)."""
         return self._sp.encode(list(texts), num_threads=-1)
 
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Targets share the source's model (§5.1); `MarianTokenizer` has one per side."""
+        return self.encode_batch(texts)
+
     def decode(self, ids: Sequence[int]) -> str:
         """The text of `ids`; padding, BOS and EOS are dropped, so model outputs decode as they are."""
         special = {self.pad_id, self.bos_id, self.eos_id}
@@ -125,6 +130,11 @@ class Tokenizer:
     def id_to_piece(self, id: int) -> str:
         """The piece an id stands for (e.g. '▁the'), for labelling attention maps."""
         return self._sp.id_to_piece(int(id))
+
+    @property
+    def model_proto(self) -> bytes:
+        """The serialized SentencePiece model, as `tokenizer.model` holds it."""
+        return self._proto
 
     @property
     def vocab_size(self) -> int:
@@ -150,6 +160,105 @@ class Tokenizer:
         return f"Tokenizer(vocab_size={self.vocab_size})"
 
 
+SOURCE_SPM, TARGET_SPM, VOCAB_JSON = "source.spm", "target.spm", "vocab.json"
+
+
+class MarianTokenizer:
+    """The tokenizer of Marian (OPUS-MT) models: a SentencePiece model per side whose pieces map to
+    ids through one shared vocabulary, `vocab.json`; the files are those of an HF Marian folder.
+    Encoding adds no EOS (the batcher does). A leading language tag such as `>>fr<<`, which
+    multilingual models read, is kept as one token. Decoding starts from the pad token.
+    """
+
+    def __init__(self, source: bytes, target: bytes, vocab: dict[str, int]) -> None:
+        self._files = {SOURCE_SPM: source, TARGET_SPM: target}
+        self._source = spm.SentencePieceProcessor(model_proto=source)
+        self._target = spm.SentencePieceProcessor(model_proto=target)
+        self.vocab = vocab
+        self._pieces = {i: piece for piece, i in vocab.items()}
+        for piece in ("<pad>", "</s>", "<unk>"):
+            if piece not in vocab:
+                raise ValueError(f"{VOCAB_JSON} lacks the special token {piece}")
+
+    @staticmethod
+    def is_in(directory: Union[str, Path]) -> bool:
+        return all((Path(directory) / name).is_file() for name in (SOURCE_SPM, TARGET_SPM, VOCAB_JSON))
+
+    @classmethod
+    def load(cls, directory: Union[str, Path]) -> "MarianTokenizer":
+        directory = Path(directory)
+        try:
+            vocab = json.loads((directory / VOCAB_JSON).read_text(encoding="utf-8"))
+            return cls((directory / SOURCE_SPM).read_bytes(), (directory / TARGET_SPM).read_bytes(), vocab)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"cannot read the Marian tokenizer in {directory}: {error}") from None
+        except RuntimeError as error:
+            raise ValueError(f"{directory} holds a broken SentencePiece model: {error}") from None
+
+    def save(self, directory: Union[str, Path]) -> None:
+        directory = Path(directory)
+        for name, data in self._files.items():
+            atomic_write(directory / name, lambda tmp, data=data: Path(tmp).write_bytes(data))
+        text = json.dumps(self.vocab, ensure_ascii=False, indent=1)
+        atomic_write(directory / VOCAB_JSON, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+    def _ids(self, processor: spm.SentencePieceProcessor, text: str) -> list[int]:
+        tag = []
+        if text.startswith(">>") and "<<" in text:
+            end = text.index("<<") + 2
+            tag, text = [text[:end]], text[end:]
+        return [self.vocab.get(piece, self.unk_id) for piece in tag + processor.encode(text, out_type=str)]
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of a source sentence, without EOS."""
+        return self._ids(self._source, text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self._ids(self._target, text) for text in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Target text of `ids`; padding and EOS are dropped."""
+        special = {self.pad_id, self.eos_id}
+        pieces = [self._pieces.get(int(i), "<unk>") for i in ids if int(i) not in special]
+        return self._target.decode_pieces(pieces)
+
+    def id_to_piece(self, id: int) -> str:
+        return self._pieces.get(int(id), "<unk>")
+
+    @property
+    def vocab_size(self) -> int:
+        return max(self._pieces) + 1
+
+    @property
+    def pad_id(self) -> int:
+        return self.vocab["<pad>"]
+
+    @property
+    def bos_id(self) -> int:
+        return self.pad_id  # Marian's decoder starts from the pad token
+
+    @property
+    def eos_id(self) -> int:
+        return self.vocab["</s>"]
+
+    @property
+    def unk_id(self) -> int:
+        return self.vocab["<unk>"]
+
+    def __repr__(self) -> str:
+        return f"MarianTokenizer(vocab_size={self.vocab_size})"
+
+
+def load_tokenizer(path: Union[str, Path]) -> Union[Tokenizer, MarianTokenizer]:
+    """The tokenizer a model or run folder holds: `tokenizer.model`, or Marian's three files."""
+    if Path(path).is_dir() and MarianTokenizer.is_in(path):
+        return MarianTokenizer.load(path)
+    return Tokenizer.load(path)
+
+
 def _explain_training_error(message: str, vocab_size: int) -> str:
     """SentencePiece's errors quote C++ checks; say what the user should change instead."""
     too_high = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", message)
@@ -169,4 +278,4 @@ def _explain_training_error(message: str, vocab_size: int) -> str:
     return f"SentencePiece training failed: {message.strip() or 'unknown error'}"
 
 
-__all__ = ["Tokenizer", "MODEL_FILE", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "MIN_VOCAB_SIZE"]
+__all__ = ["Tokenizer", "MarianTokenizer", "load_tokenizer", "MODEL_FILE", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "MIN_VOCAB_SIZE"]

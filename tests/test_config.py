@@ -77,7 +77,8 @@ def test_from_dict_round_trip():
         ({"activation": "tanh"}, "activation must be one of"),
         ({"positional": "rotary"}, "positional must be one of"),
         ({"pad_id": 40000}, "outside the vocabulary"),
-        ({"bos_id": 0}, "must differ"),
+        ({"bos_id": 2}, "must differ"),  # BOS = EOS; BOS = pad is allowed (Marian)
+        ({"unk_id": 0}, "must differ"),
         ({"d_k": -1}, "d_k must be a positive integer"),
     ],
 )

@@ -1,0 +1,279 @@
+"""Marian (OPUS-MT) models in and out: the HF `MarianMTModel` folder format.
+
+Marian's model is the paper's Transformer (post-norm, sinusoidal positions, shared and tied
+embeddings scaled by √d_model) with four differences, each a `ModelConfig` option here: the sines
+and cosines of §3.5 laid out as [sin | cos] rather than interleaved (`positional=
+"sinusoidal_concat"`), often a swish FFN (`activation`), an untrained bias on the logits
+(`final_logits_bias`), decoding that starts from the pad token (`bos_id = pad_id`), LayerNorm
+eps 1e-5 (`layer_norm_eps`); and a SentencePiece model per language (`MarianTokenizer`).
+
+Both directions only read and write JSON, safetensors and SentencePiece files: `transformers` is
+not needed here (the tests use it to check the results). A `pytorch_model.bin` is read with
+`torch.load(weights_only=True)`, which refuses anything but tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Iterator, Union
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from aiayn.checkpoint import atomic_write, write_json
+from aiayn.config import ModelConfig
+from aiayn.model import Transformer
+from aiayn.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
+
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
+HF_LAYER_NORM_EPS = 1e-5  # torch's default, which Marian's nn.LayerNorm layers keep
+
+
+def _pairs(config: ModelConfig) -> Iterator[tuple[str, str]]:
+    """(aiayn name, HF name) of every per-layer tensor: the one mapping both directions use."""
+    attention = {"w_q": "q_proj", "w_k": "k_proj", "w_v": "v_proj", "w_o": "out_proj"}
+    encoder = {"residual_attn.norm": "self_attn_layer_norm", "residual_ff.norm": "final_layer_norm"}
+    decoder = {
+        "residual_self.norm": "self_attn_layer_norm",
+        "residual_cross.norm": "encoder_attn_layer_norm",
+        "residual_ff.norm": "final_layer_norm",
+    }
+    common = {"feed_forward.w_1": "fc1", "feed_forward.w_2": "fc2"}
+    for i in range(config.n_layers):
+        for stack, norms, blocks in (
+            ("encoder", encoder, {"self_attn": "self_attn"}),
+            ("decoder", decoder, {"self_attn": "self_attn", "cross_attn": "encoder_attn"}),
+        ):
+            modules = {**norms, **common}
+            for ours, theirs in blocks.items():
+                modules.update({f"{ours}.{a}": f"{theirs}.{b}" for a, b in attention.items()})
+            for ours, theirs in modules.items():
+                for kind in ("weight", "bias"):
+                    yield f"{stack}.layers.{i}.{ours}.{kind}", f"model.{stack}.layers.{i}.{theirs}.{kind}"
+
+
+# --------------------------------------------------------------------------------------------
+# import
+
+
+def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
+    """The aiayn config of an HF MarianConfig dict (whose unknown-token id is in the tokenizer's
+    vocab.json), or a one-line error for what aiayn lacks."""
+
+    def require(condition: bool, what: str) -> None:
+        if not condition:
+            raise ValueError(f"this Marian model is not supported: {what}")
+
+    require(hf.get("model_type") == "marian", f"model_type is {hf.get('model_type')!r}, not 'marian'")
+    require(hf["encoder_layers"] == hf["decoder_layers"], "encoder and decoder depths differ (aiayn has one N)")
+    require(hf["encoder_ffn_dim"] == hf["decoder_ffn_dim"], "encoder and decoder d_ff differ")
+    require(hf["encoder_attention_heads"] == hf["decoder_attention_heads"], "encoder and decoder head counts differ")
+    require(hf.get("scale_embedding", False), "scale_embedding is false (aiayn scales by √d_model, §3.4)")
+    require(not hf.get("normalize_before", False), "pre-norm Marian models are not handled")
+    activation = HF_ACTIVATIONS.get(hf.get("activation_function", "gelu"))
+    require(activation is not None, f"activation {hf.get('activation_function')!r}")
+    share = hf.get("share_encoder_decoder_embeddings", True)
+    vocab = hf["vocab_size"]
+    require(share or hf.get("decoder_vocab_size", vocab) == vocab, "source and target vocabularies differ in size")
+    pad = hf["pad_token_id"]
+    return ModelConfig(
+        vocab_size=vocab,
+        d_model=hf["d_model"],
+        n_heads=hf["encoder_attention_heads"],
+        d_ff=hf["encoder_ffn_dim"],
+        n_layers=hf["encoder_layers"],
+        dropout=hf.get("dropout", 0.1),
+        attention_dropout=hf.get("attention_dropout", 0.0),
+        activation=activation,
+        layer_norm_eps=HF_LAYER_NORM_EPS,
+        positional="sinusoidal_concat",
+        max_len=hf.get("max_position_embeddings", 512),
+        share_embeddings=share,
+        tie_output=hf.get("tie_word_embeddings", True),
+        final_logits_bias=True,
+        pad_id=pad,
+        bos_id=hf.get("decoder_start_token_id", pad),
+        eos_id=hf["eos_token_id"],
+        unk_id=unk_id,
+    )
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    if (directory / "model.safetensors").is_file():
+        return load_file(directory / "model.safetensors")
+    if (directory / "pytorch_model.bin").is_file():
+        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {directory}")
+
+
+def import_marian(hf_dir: Union[str, Path], out_dir: Union[str, Path], echo: Callable[[str], None] = print) -> Path:
+    """Convert an HF Marian folder into an aiayn model folder `out_dir/model` (weights, config and
+    the Marian tokenizer), which `aiayn translate out_dir` runs. Returns the model folder."""
+    hf_dir, model_dir = Path(hf_dir), Path(out_dir) / "model"
+    try:
+        hf = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no config.json in {hf_dir}: not an HF model folder") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{hf_dir / 'config.json'} is not valid JSON: {error}") from None
+    if hf.get("activation_dropout", 0.0):
+        echo(f"note: activation_dropout={hf['activation_dropout']} has no aiayn counterpart and is dropped")
+    if not MarianTokenizer.is_in(hf_dir):
+        raise FileNotFoundError(f"{hf_dir} lacks the Marian tokenizer files (source.spm, target.spm, vocab.json)")
+    tokenizer = MarianTokenizer.load(hf_dir)
+    config = config_from_marian(hf, tokenizer.unk_id)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"vocab.json has {tokenizer.vocab_size} tokens, the model {config.vocab_size}")
+
+    weights = _read_weights(hf_dir)
+
+    def get(name: str, *fallbacks: str) -> torch.Tensor:
+        for key in (name, *fallbacks):
+            if key in weights:
+                return weights[key]
+        raise ValueError(f"the weights lack {name}")
+
+    state = {ours: get(theirs) for ours, theirs in _pairs(config)}
+    shared = get("model.shared.weight", "model.encoder.embed_tokens.weight")
+    state["encoder.embed.lookup.weight"] = shared if config.share_embeddings else get("model.encoder.embed_tokens.weight")
+    state["decoder.embed.lookup.weight"] = shared if config.share_embeddings else get("model.decoder.embed_tokens.weight")
+    if not config.tie_output:
+        state["output_proj.weight"] = get("lm_head.weight")
+    state["logits_bias"] = get("final_logits_bias").reshape(-1) if "final_logits_bias" in weights else torch.zeros(config.vocab_size)
+
+    model = Transformer(config)
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    tied = {"decoder.embed.lookup.weight"} if config.share_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
+    model.save(model_dir)
+    tokenizer.save(model_dir)
+    echo(f"imported {hf_dir} -> {model_dir}: {config.n_layers}+{config.n_layers} layers, d_model {config.d_model}, "
+         f"{config.activation}, vocabulary {config.vocab_size}, {model.num_parameters():,} parameters")
+    return model_dir
+
+
+# --------------------------------------------------------------------------------------------
+# export
+
+
+def marian_config(config: ModelConfig) -> dict:
+    """The HF MarianConfig dict of an aiayn config, or a one-line error for what Marian lacks."""
+
+    def require(condition: bool, what: str) -> None:
+        if not condition:
+            raise ValueError(f"cannot export as Marian: {what}")
+
+    require(config.positional in ("sinusoidal", "sinusoidal_concat"), "Marian has no learned positions")
+    require(not config.norm_first, "Marian is post-norm")
+    require(config.head_dims == (config.d_model // config.n_heads,) * 2, "Marian needs d_k = d_v = d_model / h")
+    require(config.neighborhood is None, "Marian has no restricted self-attention")
+    return {
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        "vocab_size": config.vocab_size,
+        "decoder_vocab_size": config.vocab_size,
+        "d_model": config.d_model,
+        "encoder_layers": config.n_layers,
+        "decoder_layers": config.n_layers,
+        "encoder_attention_heads": config.n_heads,
+        "decoder_attention_heads": config.n_heads,
+        "encoder_ffn_dim": config.d_ff,
+        "decoder_ffn_dim": config.d_ff,
+        "activation_function": config.activation,
+        "dropout": config.dropout,
+        "attention_dropout": config.attention_dropout,
+        "activation_dropout": 0.0,
+        "max_position_embeddings": config.max_len,
+        "scale_embedding": True,
+        "share_encoder_decoder_embeddings": config.share_embeddings,
+        "tie_word_embeddings": config.tie_output,
+        "pad_token_id": config.pad_id,
+        "eos_token_id": config.eos_id,
+        "forced_eos_token_id": config.eos_id,
+        "decoder_start_token_id": config.bos_id,
+        "is_encoder_decoder": True,
+    }
+
+
+def _concat_order(d_model: int) -> torch.Tensor:
+    """Interleaved sinusoid dimensions in [sin | cos] order: [0, 2, 4, ..., 1, 3, 5, ...]."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def _permute_residual_stream(state: dict[str, torch.Tensor], order: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Re-index the d_model axis of every tensor that reads or writes the residual stream.
+
+    Reordering the basis of the residual stream changes no output when every such tensor is
+    reordered alike: LayerNorm treats the d_model features as a set, and the attention and FFN
+    internals never see the order. So a model with interleaved sinusoids (§3.5) becomes exactly a
+    model with Marian's [sin | cos] sinusoids."""
+    writes_stream = ("w_o.", "w_2.", ".norm.")
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith("lookup.weight") or name == "output_proj.weight":
+            out[name] = tensor[:, order]  # (vocab, d_model)
+        elif any(key in name for key in writes_stream):
+            out[name] = tensor[order]  # rows (or a vector) on the stream
+        elif name.endswith(".weight") and tensor.dim() == 2:
+            out[name] = tensor[:, order]  # w_q, w_k, w_v, w_1 read the stream
+        else:
+            out[name] = tensor  # their biases, the logits bias
+    return out
+
+
+def _marian_vocab(tokenizer: Tokenizer) -> dict[str, int]:
+    return {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
+
+
+def export_marian(model_path: Union[str, Path], out_dir: Union[str, Path], echo: Callable[[str], None] = print) -> Path:
+    """Write an HF Marian folder (config, safetensors weights, SentencePiece models, vocab.json)
+    from an aiayn model or run folder. Returns `out_dir`."""
+    from aiayn.checkpoint import resolve_model_dir
+
+    model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
+    model = Transformer.load(model_dir)
+    config = model.config
+    hf = marian_config(config)
+    tokenizer = load_tokenizer(model_dir if (model_dir / "tokenizer.model").exists() or MarianTokenizer.is_in(model_dir) else model_path)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if config.positional == "sinusoidal":
+        state = _permute_residual_stream(state, _concat_order(config.d_model))
+    embed = state["encoder.embed.lookup.weight"]
+    weights = {theirs: state[ours].contiguous() for ours, theirs in _pairs(config)}
+    weights["model.shared.weight"] = embed.clone()
+    weights["model.encoder.embed_tokens.weight"] = embed.clone()
+    weights["model.decoder.embed_tokens.weight"] = state["decoder.embed.lookup.weight"].clone()
+    weights["lm_head.weight"] = (
+        state["decoder.embed.lookup.weight"] if config.tie_output else state["output_proj.weight"]
+    ).clone()
+    bias = state.get("logits_bias", torch.zeros(config.vocab_size))
+    weights["final_logits_bias"] = bias.reshape(1, -1).contiguous()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(out_dir / "model.safetensors", lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
+    write_json(out_dir / "config.json", hf)
+    write_json(out_dir / "generation_config.json", {
+        "decoder_start_token_id": config.bos_id,
+        "eos_token_id": config.eos_id,
+        "forced_eos_token_id": config.eos_id,
+        "pad_token_id": config.pad_id,
+        "bad_words_ids": [[config.pad_id]],
+        "num_beams": 4,  # §6.1
+        "max_length": config.max_len,
+    })
+    if isinstance(tokenizer, MarianTokenizer):
+        tokenizer.save(out_dir)
+    else:
+        MarianTokenizer(tokenizer.model_proto, tokenizer.model_proto, _marian_vocab(tokenizer)).save(out_dir)
+    write_json(out_dir / "tokenizer_config.json", {"tokenizer_class": "MarianTokenizer", "model_max_length": config.max_len})
+    if config.layer_norm_eps != HF_LAYER_NORM_EPS:
+        echo(f"note: Marian's LayerNorm eps is {HF_LAYER_NORM_EPS:g}, this model's {config.layer_norm_eps:g}: "
+             "outputs differ in the last digits")
+    start = state["decoder.embed.lookup.weight"][config.bos_id]
+    if start.abs().max() > 0:
+        echo("note: CTranslate2 starts a Marian decoder from a zero vector; this model starts from BOS's "
+             "learned embedding, so CTranslate2's output will differ from aiayn's and HF's "
+             "(train with --bos-id equal to --pad-id, as Marian does, to deploy there)")
+    echo(f"exported {model_dir} -> {out_dir} (HF MarianMTModel folder)")
+    return out_dir

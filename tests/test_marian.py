@@ -1,0 +1,229 @@
+"""HF Marian (OPUS-MT) import and export, checked against transformers and CTranslate2 on a small
+random `MarianMTModel` built from a `MarianConfig` (nothing is downloaded).
+
+Where the searches coincide they must agree token for token: greedy always; beam search with no
+length normalisation (aiayn α = 0, HF length_penalty = 0), since aiayn divides by GNMT's
+((5 + |Y|) / 6)^α (§6.1) and HF by |Y|^α.
+"""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import sentencepiece as spm
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the `marian` extra (transformers) is not installed")
+
+from aiayn.config import ModelConfig  # noqa: E402
+from aiayn.marian import export_marian, import_marian  # noqa: E402
+from aiayn.model import Transformer  # noqa: E402
+from aiayn.search import ModelStep, beam_search, greedy  # noqa: E402
+from aiayn.tokenizer import MarianTokenizer, Tokenizer  # noqa: E402
+
+TEXT = [
+    "the cat sat on the mat", "a dog ran in the park", "the house is small and warm",
+    "we read books at night", "she writes letters to her friends", "the river flows to the sea",
+] * 20
+
+
+def write_marian_tokenizer(directory):
+    """source.spm, target.spm and a vocab.json laid out as Marian's: </s> 0, <unk> 1, ..., <pad> last."""
+    for name in ("source", "target"):
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(TEXT), model_prefix=str(directory / name), vocab_size=40,
+            model_type="bpe", minloglevel=2, num_threads=1,
+        )
+        (directory / f"{name}.model").rename(directory / f"{name}.spm")
+    sp = spm.SentencePieceProcessor(model_file=str(directory / "source.spm"))
+    pieces = ["</s>", "<unk>", ">>es<<"] + [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    vocab["<pad>"] = len(vocab)
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    return len(vocab)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("opus-mt-tiny")
+    vocab_size = write_marian_tokenizer(directory)
+    config = transformers.MarianConfig(
+        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        activation_function="swish", scale_embedding=True, max_position_embeddings=128,
+        pad_token_id=vocab_size - 1, eos_token_id=0, decoder_start_token_id=vocab_size - 1, forced_eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():
+        # Larger weights than HF's init (std 0.02), whose outputs hardly depend on the input.
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.5)
+        model.model.shared.weight[vocab_size - 1] = 0  # the pad row, where decoding starts
+        model.final_logits_bias.normal_(0, 0.5)
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def imported(hf_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    model_dir = import_marian(hf_dir, out, echo=lambda _: None)
+    return out, Transformer.load(model_dir).eval()
+
+
+def hf_model(directory):
+    return transformers.MarianMTModel.from_pretrained(directory).eval()
+
+
+def sources(vocab_size, eos):
+    torch.manual_seed(1)
+    rows = [torch.randint(3, vocab_size - 1, (n,)).tolist() + [eos] for n in (7, 4, 9)]
+    width = max(map(len, rows))
+    pad = vocab_size - 1
+    return torch.tensor([r + [pad] * (width - len(r)) for r in rows]), pad
+
+
+def test_config_maps_marian_options(imported):
+    _, model = imported
+    c = model.config
+    assert (c.positional, c.activation, c.final_logits_bias, c.layer_norm_eps) == ("sinusoidal_concat", "swish", True, 1e-5)
+    assert c.bos_id == c.pad_id == c.vocab_size - 1 and c.eos_id == 0 and c.unk_id == 1
+    assert ModelConfig().positional == "sinusoidal" and not ModelConfig().final_logits_bias  # the paper's defaults
+
+
+def test_logits_equal_hf(hf_dir, imported):
+    _, model = imported
+    reference = hf_model(hf_dir)
+    src, pad = sources(model.config.vocab_size, 0)
+    tgt = torch.cat([torch.full((3, 1), pad), torch.randint(3, pad, (3, 6))], dim=1)
+    with torch.no_grad():
+        expected = reference(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=tgt).logits
+    torch.testing.assert_close(model(src, tgt), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_equals_generate(hf_dir, imported):
+    _, model = imported
+    reference = hf_model(hf_dir)
+    src, pad = sources(model.config.vocab_size, 0)
+    limit = 12
+    with torch.no_grad():
+        out = reference.generate(
+            input_ids=src, attention_mask=(src != pad).long(), num_beams=1, do_sample=False,
+            max_new_tokens=limit, forced_eos_token_id=None,
+        )
+    expected = [[t for t in row[1:].tolist() if t not in (0, pad)] for row in out]
+    step = ModelStep(model, src, limit + 1)
+    got = greedy(step.step, step.reorder, model.config.bos_id, model.config.eos_id, torch.full((3,), limit))
+    assert got == expected
+    assert len({tuple(e) for e in expected}) == 3  # the outputs depend on the input
+
+
+def test_beam_search_equals_generate_without_length_penalty(hf_dir, imported):
+    _, model = imported
+    reference = hf_model(hf_dir)
+    src, pad = sources(model.config.vocab_size, 0)
+    with torch.no_grad():
+        out = reference.generate(
+            input_ids=src, attention_mask=(src != pad).long(), num_beams=4, do_sample=False,
+            max_new_tokens=40, length_penalty=0.0, early_stopping=True, forced_eos_token_id=None,
+        )
+    expected = [[t for t in row[1:].tolist() if t not in (0, pad)] for row in out]
+    step = ModelStep(model, src, 41)
+    hypotheses = beam_search(step.step, step.reorder, model.config.bos_id, 0, torch.full((3,), 40), beam=4, alpha=0.0)
+    assert [h.tokens for h in hypotheses] == expected
+
+
+def test_tokenizer_matches_hf(hf_dir, imported):
+    out, _ = imported
+    ours = MarianTokenizer.load(out / "model")
+    theirs = transformers.MarianTokenizer.from_pretrained(hf_dir)
+    for text in ["the cat sat on the mat", ">>es<< a dog in the house", "zebra quiz"]:
+        assert ours.encode(text) + [ours.eos_id] == theirs(text)["input_ids"]
+    ids = ours.encode("the river flows")
+    assert ours.decode(ids + [ours.eos_id, ours.pad_id]) == theirs.decode(ids, skip_special_tokens=True)
+
+
+def test_export_of_an_import_gives_hf_the_same_logits(hf_dir, imported, tmp_path):
+    out, model = imported
+    export_marian(out, tmp_path / "hf", echo=lambda _: None)
+    src, pad = sources(model.config.vocab_size, 0)
+    tgt = torch.cat([torch.full((3, 1), pad), torch.randint(3, pad, (3, 5))], dim=1)
+    with torch.no_grad():
+        original = hf_model(hf_dir)(input_ids=src, decoder_input_ids=tgt, attention_mask=(src != pad).long()).logits
+        exported = hf_model(tmp_path / "hf")(input_ids=src, decoder_input_ids=tgt, attention_mask=(src != pad).long()).logits
+    torch.testing.assert_close(exported, original, atol=1e-4, rtol=1e-4)
+
+
+def test_export_of_a_native_model_is_exact(tmp_path):
+    """A model trained with aiayn (interleaved sinusoids, its own tokenizer) exports exactly: the
+    residual stream is re-indexed so that Marian's [sin | cos] positions fit (aiayn.marian)."""
+    tokenizer = Tokenizer.train(TEXT, 300, tmp_path / "model")
+    config = ModelConfig(vocab_size=300, d_model=16, n_heads=4, d_ff=32, n_layers=2, layer_norm_eps=1e-5, dropout=0.0)
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    model.save(tmp_path / "model")
+    notes = []
+    export_marian(tmp_path / "model", tmp_path / "hf", echo=notes.append)
+    assert any("CTranslate2" in n for n in notes)  # BOS has a learned embedding: the user is told
+    src = torch.tensor([tokenizer.encode("the cat sat") + [2]])
+    tgt = torch.tensor([[1] + tokenizer.encode("a dog")])
+    with torch.no_grad():
+        expected = model(src, tgt)
+        got = hf_model(tmp_path / "hf")(input_ids=src, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    theirs = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
+    assert theirs("the cat sat")["input_ids"] == src[0].tolist()
+
+
+def test_export_to_ctranslate2_gives_the_same_greedy_tokens(imported, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="the `marian` extra (ctranslate2) is not installed")
+    out, model = imported
+    export_marian(out, tmp_path / "hf", echo=lambda _: None)
+    ctranslate2.converters.TransformersConverter(str(tmp_path / "hf")).convert(str(tmp_path / "ct2"))
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", compute_type="float32")
+    tokenizer = MarianTokenizer.load(out / "model")
+    src, pad = sources(model.config.vocab_size, 0)
+    limit = 12
+    step = ModelStep(model, src, limit + 1)
+    ours = greedy(step.step, step.reorder, model.config.bos_id, model.config.eos_id, torch.full((3,), limit))
+    pieces = [[tokenizer.id_to_piece(t) for t in row.tolist() if t != pad] for row in src]
+    results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=limit, min_decoding_length=0)
+    theirs = [[tokenizer.vocab[p] for p in r.hypotheses[0]] for r in results]
+    assert theirs == ours
+    assert len({tuple(o) for o in ours}) == 3
+
+
+def test_cli_import_translate_export(hf_dir, tmp_path):
+    def aiayn(*args, stdin=None):
+        return subprocess.run([sys.executable, "-m", "aiayn", *args], input=stdin, capture_output=True, text=True)
+
+    done = aiayn("import-hf", str(hf_dir), str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    translated = aiayn("translate", str(tmp_path / "run"), "--beam", "2", stdin="the cat sat\nthe river\n")
+    assert translated.returncode == 0, translated.stderr
+    assert len(translated.stdout.splitlines()) == 2
+    assert aiayn("export-hf", str(tmp_path / "run"), str(tmp_path / "hf")).returncode == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    bad = aiayn("import-hf", str(tmp_path / "run"), str(tmp_path / "x"))  # an aiayn folder, not HF
+    assert bad.returncode == 2 and bad.stderr.startswith("aiayn: error:") and len(bad.stderr.splitlines()) == 1
+
+
+def test_unsupported_marian_options_are_refused(hf_dir, tmp_path):
+    config = json.loads((hf_dir / "config.json").read_text())
+    for change, message in (({"decoder_layers": 1}, "depths differ"), ({"scale_embedding": False}, "scale_embedding")):
+        folder = tmp_path / next(iter(change))
+        folder.mkdir()
+        for name in ("source.spm", "target.spm", "vocab.json", "model.safetensors"):
+            (folder / name).write_bytes((hf_dir / name).read_bytes())
+        (folder / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(ValueError, match=message):
+            import_marian(folder, tmp_path / "out", echo=lambda _: None)
+    with pytest.raises(ValueError, match="no learned positions"):
+        export_marian_config = dataclasses.replace(ModelConfig(vocab_size=300), positional="learned")
+        from aiayn.marian import marian_config
+
+        marian_config(export_marian_config)
