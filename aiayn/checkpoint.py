@@ -100,6 +100,16 @@ CHECKPOINTS = "checkpoints"
 OPTIMIZER = "optimizer.safetensors"
 TRAINER = "trainer.json"
 TOKENIZER = "tokenizer.model"
+# A model folder holds its tokenizer: aiayn's one SentencePiece model, or Marian's three files.
+TOKENIZER_FILES = (TOKENIZER, "source.spm", "target.spm", "vocab.json")
+
+
+def copy_tokenizer(source: Union[str, Path], destination: Union[str, Path]) -> bool:
+    """Copy whichever tokenizer files `source` holds into `destination`; False if it holds none."""
+    found = [Path(source) / name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
+    for path in found:
+        shutil.copyfile(path, Path(destination) / path.name)
+    return bool(found)
 
 
 def checkpoint_dirs(run_dir: Union[str, Path]) -> list[Path]:
@@ -136,11 +146,10 @@ def save_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     trainer_state: dict,
-    tokenizer_file: Union[str, Path, None] = None,
     keep_last: int = 5,
 ) -> Path:
     """Write `run_dir/checkpoints/step_NNNNNNNN` atomically (built in a temp dir, then renamed),
-    then delete all but the newest `keep_last` checkpoints."""
+    with the run's tokenizer, then delete all but the newest `keep_last` checkpoints."""
     folder = Path(run_dir) / CHECKPOINTS
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step_{step:08d}"
@@ -153,8 +162,7 @@ def save_checkpoint(
             tensors["rng.cuda"] = torch.cuda.get_rng_state()
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / OPTIMIZER))
         write_json(tmp / TRAINER, {**trainer_state, "step": step, "param_groups": groups})
-        if tokenizer_file is not None:
-            shutil.copyfile(tokenizer_file, tmp / TOKENIZER)
+        copy_tokenizer(run_dir, tmp)
         if final.exists():  # a resumed run reached this step again; the new one replaces it
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -197,9 +205,7 @@ def average_checkpoints(directories: list[Path], out: Union[str, Path]) -> None:
     model = cls(config)
     model.load_state_dict({name: value / len(directories) for name, value in total.items()})
     save_model(model, out)
-    tokenizer = Path(directories[-1]) / TOKENIZER
-    if tokenizer.exists():
-        shutil.copyfile(tokenizer, Path(out) / TOKENIZER)
+    copy_tokenizer(directories[-1], out)
 
 
 def resolve_model_dir(path: Union[str, Path]) -> Path:

@@ -154,6 +154,11 @@ def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig
             raise UserError(f"a resumed run keeps its model; drop the model options (see {run_dir / MODEL_CONFIG})")
         return model_config, dataclasses.replace(recipe, **train_overrides)
     recipe = {**TRAIN_OVERRIDES.get(args.preset, {}), **train_overrides}
+    if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
+        from aiayn.checkpoint import read_config, resolve_model_dir
+
+        _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))
+        return dataclasses.replace(model_config, **model_overrides), TrainConfig(**recipe)
     return config_from_args(args), TrainConfig(**recipe)
 
 

@@ -129,6 +129,8 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16: autocast (CPU AMX, GPU); fp16: GPU
     compile: bool = False  # torch.compile the model
     device: str = "auto"  # auto: cuda if available, else cpu
+    # Fine-tune: start from this model or run folder's weights and tokenizer (e.g. an import-hf run)
+    init_from: Optional[str] = None
 
     def __post_init__(self) -> None:
         positive = ("max_tokens", "accumulate", "warmup_steps", "max_steps", "save_every", "keep_last",

@@ -20,12 +20,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from aiayn.checkpoint import TOKENIZER, atomic_write, checkpoint_dirs, load_checkpoint, save_checkpoint, save_model, write_json
+from aiayn.checkpoint import (
+    TOKENIZER, atomic_write, checkpoint_dirs, copy_tokenizer, load_checkpoint, resolve_model_dir, save_checkpoint,
+    save_model, write_json,
+)
 from aiayn.config import ModelConfig, TrainConfig
 from aiayn.data import BatchStream, ParallelCorpus, collate, load_corpus, make_batches
 from aiayn.device import autocast, matmul_peak_flops, resolve_device
@@ -122,6 +125,8 @@ class Trainer:
         existing = checkpoint_dirs(self.run_dir)
         if existing:
             self._restore(existing[-1])
+        elif train_config.init_from:
+            self._start_from(resolve_model_dir(train_config.init_from))
         elif resume:
             self.echo(f"no checkpoint in {self.run_dir}: starting from scratch")
         self.scaler = torch.amp.GradScaler("cuda") if train_config.precision == "fp16" else None
@@ -148,12 +153,20 @@ class Trainer:
             _atomic_text(log, "".join(line + "\n" for line in kept))
         self.echo(f"resumed from {checkpoint} at step {self.step}")
 
+    def _start_from(self, model_dir: Path) -> None:
+        """Fine-tuning: the weights of a trained or imported model instead of random ones."""
+        trained = Transformer.load(model_dir, self.device)
+        if trained.config != dataclasses.replace(self.config, dropout=trained.config.dropout,
+                                                  attention_dropout=trained.config.attention_dropout):
+            raise ValueError(f"{model_dir} holds another model shape than this run's; only dropout may change")
+        self.model.load_state_dict(trained.state_dict())
+        self.echo(f"starting from the weights of {model_dir}")
+
     def _save(self) -> None:
         if self.rank != 0:
             return
         state = {"elapsed": self.elapsed, "data": self.stream.state_dict()}
-        tokenizer_file = self.run_dir / TOKENIZER if (self.run_dir / TOKENIZER).exists() else None
-        save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state, tokenizer_file, self.recipe.keep_last)
+        save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state, self.recipe.keep_last)
 
     def _log(self, record: dict) -> None:
         if self.rank != 0:
@@ -327,26 +340,35 @@ def _atomic_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-def prepare(corpus, run_dir: Path, vocab_size: int, max_sentence_tokens: int, echo: Callable[[str], None] = print):
-    """Tokenizer (trained on the train split unless the run already has one) and encoded data.
+def prepare(
+    corpus, run_dir: Path, vocab_size: int, max_sentence_tokens: int, echo: Callable[[str], None] = print,
+    init_from: Optional[Path] = None,
+):
+    """Tokenizer (the run's own; else the one of the model folder `init_from`; else trained on
+    the train split) and encoded data.
 
     Returns (tokenizer, TrainData). Pairs longer than `max_sentence_tokens` tokens on either side are left
     out and counted, never silently dropped.
     """
     from aiayn.data import encode_pairs, filter_long
-    from aiayn.tokenizer import Tokenizer
+    from aiayn.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
-    tokenizer_file = Path(run_dir) / TOKENIZER
+    run_dir = Path(run_dir)
     rank, world = init_distributed()
-    if not tokenizer_file.exists() and rank == 0:
-        train = corpus.splits["train"]
-        echo(f"training a {vocab_size}-token SentencePiece BPE model on {len(train):,} pairs (§5.1: shared vocabulary)")
-        Tokenizer.train([s for s, _ in train] + [t for _, t in train], vocab_size, run_dir)
+    has_tokenizer = lambda: (run_dir / TOKENIZER).exists() or MarianTokenizer.is_in(run_dir)  # noqa: E731
+    if not has_tokenizer() and rank == 0:
+        if init_from is not None:
+            copy_tokenizer(init_from, run_dir)
+            echo(f"tokenizer from {init_from}")
+        else:
+            train = corpus.splits["train"]
+            echo(f"training a {vocab_size}-token SentencePiece BPE model on {len(train):,} pairs (§5.1: shared vocabulary)")
+            Tokenizer.train([s for s, _ in train] + [t for _, t in train], vocab_size, run_dir)
     if world > 1:
-        dist.barrier()  # the other ranks read the tokenizer that rank 0 trained
-    tokenizer = Tokenizer.load(tokenizer_file)
-    if tokenizer.vocab_size != vocab_size:
-        raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} tokens but the model expects {vocab_size}")
+        dist.barrier()  # the other ranks read the tokenizer that rank 0 wrote
+    tokenizer = load_tokenizer(run_dir)
+    if tokenizer.vocab_size > vocab_size or (tokenizer.vocab_size < vocab_size and init_from is None):
+        raise ValueError(f"the tokenizer in {run_dir} has {tokenizer.vocab_size} tokens but the model expects {vocab_size}")
     encoded, texts = {}, {}
     for split in ("train", "dev"):
         pairs = corpus.splits.get(split, [])
@@ -374,7 +396,8 @@ def train_run(
         if count:
             echo(f"{split}: left out {count:,} pairs with an empty side")
     run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer, data = prepare(corpus, run_dir, model_config.vocab_size, recipe.max_sentence_tokens, echo)
+    init_from = resolve_model_dir(recipe.init_from) if recipe.init_from else None
+    tokenizer, data = prepare(corpus, run_dir, model_config.vocab_size, recipe.max_sentence_tokens, echo, init_from)
     trainer = Trainer(model_config, recipe, run_dir, data, tokenizer, resume=resume, echo=echo)
     echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
          f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}")

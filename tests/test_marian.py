@@ -227,3 +227,25 @@ def test_unsupported_marian_options_are_refused(hf_dir, tmp_path):
         from aiayn.marian import marian_config
 
         marian_config(export_marian_config)
+
+
+def test_fine_tune_an_imported_model(imported, tmp_path):
+    """`aiayn train --init-from RUN` starts from the imported weights and tokenizer (§5's recipe)."""
+    out, model = imported
+    corpus = tmp_path / "pairs.tsv"
+    corpus.write_text("".join(f"{s}\t{s[::-1]}\n" for s in TEXT[:6]) * 4)
+    run = tmp_path / "ft"
+    done = subprocess.run(
+        [sys.executable, "-m", "aiayn", "train", "--init-from", str(out), "--corpus", str(corpus), "--out", str(run),
+         "--max-steps", "2", "--max-tokens", "200", "--warmup-steps", "10", "--eval-every", "100", "--save-every", "2",
+         "--lr-scale", "0.01"],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "starting from the weights of" in done.stdout
+    tuned = Transformer.load(run / "model")
+    assert tuned.config == model.config
+    assert MarianTokenizer.is_in(run / "model") and MarianTokenizer.is_in(run / "checkpoints" / "step_00000002")
+    before, after = model.state_dict(), tuned.state_dict()
+    change = max((after[k] - before[k]).abs().max().item() for k in before)
+    assert 0 < change < 0.05  # two small steps away from the imported weights, not a fresh model
