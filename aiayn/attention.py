@@ -90,6 +90,23 @@ def attention_mask(
     return allowed if mask is None else mask & allowed
 
 
+def matmul_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool, dropout_p: float = 0.0
+) -> Tensor:
+    """softmax(QKᵀ / √d_k) V as two plain matrix products, for bf16 on a CPU: there PyTorch's
+    fused kernel (flash attention) is several times slower, its backward above all (benchmarks/).
+    The softmax runs in fp32. Shapes and masks as `MultiHeadAttention.forward`; unlike the
+    reference, a query with every key masked gets NaN (no model input produces one)."""
+    scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, L_q, L_k)
+    mask = attention_mask(mask, causal, None, q.size(-2), k.size(-2), q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)  # (B, h, L_q, L_k)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v  # (B, h, L_q, d_v)
+
+
 def local_attention(
     q: Tensor,
     k: Tensor,
@@ -226,6 +243,8 @@ class MultiHeadAttention(nn.Module):
         key_mask_only = mask is None or (mask.dim() == 4 and mask.shape[-2] == 1)
         if self.neighborhood is not None and q_len == k_len and key_mask_only and not need_weights:
             heads = local_attention(q, k, v, self.neighborhood, mask, causal, dropout_p)
+        elif q.device.type == "cpu" and q.dtype == torch.bfloat16 and self.neighborhood is None and not need_weights:
+            heads = matmul_attention(q, k, v, mask, causal, dropout_p)
         elif causal and q_len == k_len and mask is None and self.neighborhood is None and not need_weights:
             heads = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:

@@ -23,7 +23,7 @@ def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> f
 
 def make_optimizer(model: nn.Module, betas=(0.9, 0.98), eps: float = 1e-9) -> torch.optim.Adam:
     """Adam with the paper's β and ε; the learning rate is set every step by `set_lr`."""
-    return torch.optim.Adam(model.parameters(), lr=0.0, betas=betas, eps=eps)
+    return torch.optim.Adam(model.parameters(), lr=0.0, betas=betas, eps=eps, fused=True)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

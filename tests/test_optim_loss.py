@@ -59,3 +59,24 @@ def test_smoothed_loss_is_kl_to_the_smoothed_target_and_ignores_padding():
     perfect = smoothed_target(torch.tensor([3]), 11, 0.1).log()
     assert label_smoothed_nll(perfect, torch.tensor([3]), 0.1, 0)[0].item() == pytest.approx(0.0, abs=1e-5)
     assert math.isfinite(loss.item())
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_hand_written_gradient_equals_autograd_of_the_formula(epsilon):
+    """The loss's backward is written out (p - q'); it must equal autograd through the formula."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 11, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 11, (3, 4))
+    target[0, 2:] = 0  # padding
+    loss, nll = label_smoothed_nll(logits, target, epsilon, pad_id=0)
+    (0.7 * loss + 0.3 * nll).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    log_p = torch.log_softmax(logits, dim=-1).view(-1, 11)
+    q = smoothed_target(target.view(-1), 11, epsilon)
+    keep = (target.view(-1) != 0).double()
+    kl = ((q * (q.clamp_min(1e-30).log() - log_p)).sum(1) * keep).sum()
+    picked = (-log_p.gather(1, target.view(-1, 1)).squeeze(1) * keep).sum()
+    (0.7 * kl + 0.3 * picked).backward()
+    torch.testing.assert_close(ours, logits.grad)
+    torch.testing.assert_close(loss, kl.detach())
