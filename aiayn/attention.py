@@ -97,7 +97,9 @@ def matmul_attention(
     fused kernel (flash attention) is several times slower, its backward above all (benchmarks/).
     The softmax runs in fp32. Shapes and masks as `MultiHeadAttention.forward`; unlike the
     reference, a query with every key masked gets NaN (no model input produces one)."""
-    scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, L_q, L_k)
+    # (K Qᵀ)ᵀ rather than Q Kᵀ: the batched product copies its transposed operand into place,
+    # and Q is the smaller one when decoding against cached keys (L_q = 1 per beam).
+    scores = (k @ q.transpose(-2, -1)).transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, L_q, L_k)
     mask = attention_mask(mask, causal, None, q.size(-2), k.size(-2), q.device)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -148,6 +150,15 @@ def local_attention(
         allowed = allowed & keys_kept.unsqueeze(-2)  # (B, 1, blocks, c, 3c)
     out, _ = scaled_dot_product_attention(queries, windows(k), windows(v), allowed, dropout_p)
     return out.reshape(batch, heads, blocks * c, -1)[:, :, :n]  # (B, h, n, d_v)
+
+
+def _autocast_input(x: Tensor) -> Tensor:
+    """x in autocast's low precision, once: autocast would otherwise cast the same activation
+    for each of W^Q, W^K and W^V, three copies instead of one (and three more in the backward)."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return x.to(torch.get_autocast_dtype(device))
+    return x
 
 
 class MultiHeadAttention(nn.Module):
@@ -210,6 +221,8 @@ class MultiHeadAttention(nn.Module):
         self._check_input("value", value)
         if key.shape[:2] != value.shape[:2]:
             raise ValueError(f"key and value shapes differ: {tuple(key.shape)} vs {tuple(value.shape)}")
+        if value is key:
+            key = value = _autocast_input(key)
         return self._split_heads(self.w_k(key), self.d_k), self._split_heads(self.w_v(value), self.d_v)
 
     def forward(
@@ -229,12 +242,23 @@ class MultiHeadAttention(nn.Module):
         Returns (output (B, L_q, d_model), weights (B, h, L_q, L_k) or None).
         """
         self._check_input("query", query)
+        if query is key and key is value:
+            query = key = value = _autocast_input(query)
         if keys_values is None:
             if key is None or value is None:
                 raise ValueError("pass key and value, or keys_values")
             keys_values = self.keys_values(key, value)
-        k, v = keys_values  # (B, h, L_k, d_k), (B, h, L_k, d_v)
+        k, v = keys_values  # (B / g, h, L_k, d_k), (B / g, h, L_k, d_v)
         q = self._split_heads(self.w_q(query), self.d_k)  # (B, h, L_q, d_k)
+        batch, kv_rows, row_len = q.size(0), k.size(0), q.size(2)
+        group = batch // kv_rows
+        if group > 1:
+            # g consecutive query rows share one row of keys and values (the beams of a sentence,
+            # aiayn.cache): stack their queries as g·L_q positions of that row; no row sees another.
+            if causal or self.neighborhood is not None or batch != group * kv_rows:
+                raise ValueError(f"{batch} query rows cannot share {kv_rows} rows of keys and values")
+            q = q.reshape(kv_rows, group, self.n_heads, row_len, -1).transpose(1, 2)  # (B / g, h, g, L_q, d_k)
+            q = q.reshape(kv_rows, self.n_heads, group * row_len, -1)  # (B / g, h, g·L_q, d_k)
         dropout_p = self.dropout if self.training else 0.0
         q_len, k_len = q.size(-2), k.size(-2)
         scores_shape = _check_qkv(q, k, v)
@@ -253,6 +277,11 @@ class MultiHeadAttention(nn.Module):
                 heads, weights = scaled_dot_product_attention(q, k, v, full_mask, dropout_p)
             else:
                 heads = F.scaled_dot_product_attention(q, k, v, attn_mask=full_mask, dropout_p=dropout_p)
-        batch, _, length, _ = heads.shape
-        concat = heads.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_v)  # (B, L_q, h·d_v)
+        if group > 1:  # back to one row per query row
+            unfold = lambda x: x.reshape(kv_rows, self.n_heads, group, row_len, -1).transpose(1, 2).reshape(  # noqa: E731
+                batch, self.n_heads, row_len, -1
+            )
+            heads = unfold(heads)  # (B, h, L_q, d_v)
+            weights = None if weights is None else unfold(weights)  # (B, h, L_q, L_k)
+        concat = heads.transpose(1, 2).reshape(batch, row_len, self.n_heads * self.d_v)  # (B, L_q, h·d_v)
         return self.w_o(concat), weights  # (B, L_q, d_model)

@@ -6,12 +6,15 @@ because masked self-attention never lets them see later tokens. The cache keeps 
 
 - decoder self-attention: a buffer per layer, preallocated to `max_len` positions and written at
   the current position, so a step costs one new row instead of a new prefix;
-- encoder-decoder attention: keys and values of the encoder output, computed once per sentence.
+- encoder-decoder attention: keys and values of the encoder output, computed once per sentence
+  and kept once per sentence: the `group` consecutive rows of one sentence (its beams) share
+  them, so reordering beams within sentences copies nothing of the memory.
 
-State tensors (B = batch rows, e.g. sentences × beams; h = heads; S = source length):
+State tensors (B = batch rows, e.g. sentences × beams; M = B / group memory rows; h = heads;
+S = source length):
   self_k[i]: (B, h, max_len, d_k)    self_v[i]: (B, h, max_len, d_v)
-  cross[i]:  ((B, h, S, d_k), (B, h, S, d_v)) or None before layer i first runs
-  memory_mask: (B, 1, 1, S) bool, True = may attend, or None
+  cross[i]:  ((M, h, S, d_k), (M, h, S, d_v)) or None before layer i first runs
+  memory_mask: (M, 1, 1, S) bool, True = may attend, or None
   length: number of target positions already written (the same for every row)
 """
 
@@ -42,6 +45,10 @@ class KVCache:
         self.self_v = [torch.zeros(batch, n_heads, max_len, d_v, dtype=dtype, device=device) for _ in range(n_layers)]
         self.cross: list[Optional[tuple[Tensor, Tensor]]] = [None] * n_layers
         self.memory_mask = memory_mask
+        self.group = 1  # rows per memory row
+        # Buffers that `reorder` writes into, then swaps with those in use.
+        self._spare_k: list[Optional[Tensor]] = [None] * n_layers
+        self._spare_v: list[Optional[Tensor]] = [None] * n_layers
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new positions' keys/values of `layer`; return all positions written so far.
@@ -59,14 +66,45 @@ class KVCache:
         """Move the write position on once every layer has appended `steps` positions."""
         self.length += steps
 
+    @staticmethod
+    def _select(buffers: list[Tensor], spares: list[Optional[Tensor]], indices: Tensor) -> None:
+        """buffers[i] = buffers[i].index_select(0, indices), written into spares[i], which then
+        swaps roles with the old buffer. Beam search reorders every step; a fresh allocation of
+        these megabytes each time costs more than the copy (new pages from the system)."""
+        rows = indices.numel()
+        for i, buf in enumerate(buffers):
+            if buf.requires_grad:  # out= cannot record a gradient
+                buffers[i] = buf.index_select(0, indices)
+                continue
+            spare = spares[i]
+            if spare is None or spare.size(0) < rows:
+                spare = torch.empty((rows, *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
+            torch.index_select(buf, 0, indices, out=spare[:rows])
+            buffers[i], spares[i] = spare[:rows], buf
+
     def reorder(self, indices: Tensor) -> None:
         """Keep batch rows `indices` (LongTensor (B',)), in that order: beam search picks the
-        surviving hypotheses' parents and drops finished sentences. One index_select per buffer."""
-        self.self_k = [buf.index_select(0, indices) for buf in self.self_k]
-        self.self_v = [buf.index_select(0, indices) for buf in self.self_v]
+        surviving hypotheses' parents and drops finished sentences.
+
+        The self-attention buffers are index_selected. The memory rows move only when sentences
+        leave: while the new rows stay in equal, contiguous groups per sentence (beam search),
+        each group keeps sharing its sentence's row; otherwise every row gets its own copy."""
+        self._select(self.self_k, self._spare_k, indices)
+        self._select(self.self_v, self._spare_v, indices)
+        if indices.numel() == 0:
+            return
+        sentence = indices // self.group  # (B',) the memory row of each new row
+        runs, counts = torch.unique_consecutive(sentence, return_counts=True)
+        if bool((counts == counts[0]).all()) and runs.unique().numel() == runs.numel():
+            self.group, rows = int(counts[0]), runs
+        else:
+            self.group, rows = 1, sentence
+        memory_rows = next((kv[0].size(0) for kv in self.cross if kv is not None), None)
+        if memory_rows == rows.numel() and torch.equal(rows, torch.arange(memory_rows, device=rows.device)):
+            return  # beams moved within their sentences: the memory rows stay as they are
         self.cross = [
-            None if kv is None else (kv[0].index_select(0, indices), kv[1].index_select(0, indices))
+            None if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows))
             for kv in self.cross
         ]
         if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, indices)
+            self.memory_mask = self.memory_mask.index_select(0, rows)

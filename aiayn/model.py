@@ -404,7 +404,7 @@ class Transformer(_Model):
         return memory, mask
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, memory_mask: Optional[Tensor] = None, cache: Optional[KVCache] = None
+        self, tgt: Tensor, memory: Optional[Tensor], memory_mask: Optional[Tensor] = None, cache: Optional[KVCache] = None
     ) -> Tensor:
         """tgt: (B, T) decoder input; memory: (B, S, d_model) -> logits (B, T, vocab_size).
 
@@ -412,10 +412,10 @@ class Transformer(_Model):
         row, and the memory mask is taken from the cache.
         """
         _check_tokens("tgt", tgt, self.config.vocab_size, check_range=cache is None)
-        if tgt.size(0) != memory.size(0):
-            raise ValueError(f"src and tgt batch sizes differ: {memory.size(0)} vs {tgt.size(0)}")
         if cache is not None:
-            memory_mask = cache.memory_mask
+            memory_mask = cache.memory_mask  # the memory itself is needed until its keys are cached
+        elif tgt.size(0) != memory.size(0):
+            raise ValueError(f"src and tgt batch sizes differ: {memory.size(0)} vs {tgt.size(0)}")
         hidden, _ = self.decoder(tgt, memory, memory_mask, cache)
         return self._logits(hidden, self.decoder.embed)
 
@@ -427,9 +427,11 @@ class Transformer(_Model):
     def init_cache(self, memory: Tensor, memory_mask: Optional[Tensor], max_len: int) -> KVCache:
         """An empty KV cache for decoding up to `max_len` target positions against `memory`."""
         d_k, d_v = self.config.head_dims
+        device = memory.device.type
+        # Under autocast the keys and values are computed, and so best kept, in its precision.
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else memory.dtype
         return KVCache(
-            self.config.n_layers, memory.size(0), self.config.n_heads, d_k, d_v, max_len,
-            memory.dtype, memory.device, memory_mask,
+            self.config.n_layers, memory.size(0), self.config.n_heads, d_k, d_v, max_len, dtype, memory.device, memory_mask
         )
 
     @torch.no_grad()

@@ -24,24 +24,25 @@ ReorderFn = Callable[[Tensor], None]
 class ModelStep:
     """Encodes the source once and steps the decoder with a KV cache.
 
-    State: memory (B, S, d_model), cache (see aiayn.cache), both reordered together.
+    State: the cache (see aiayn.cache); the memory (B, S, d_model) until the first step has put
+    its keys and values there.
     """
 
     def __init__(self, model: Transformer, src: Tensor, max_len: int) -> None:
         self.model = model
+        self.device = src.device
         self.memory, mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
         self.cache = model.init_cache(self.memory, mask, max_len)
 
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
-        tokens = tokens.to(self.memory.device).unsqueeze(1)  # (B, 1)
+        tokens = tokens.to(self.device).unsqueeze(1)  # (B, 1)
         logits = self.model.decode(tokens, self.memory, cache=self.cache)  # (B, 1, V)
-        return torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B, V)
+        self.memory = None  # the first step put its keys and values in the cache
+        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32)  # (B, V)
 
     def reorder(self, indices: Tensor) -> None:
-        indices = indices.to(self.memory.device)
-        self.memory = self.memory.index_select(0, indices)
-        self.cache.reorder(indices)
+        self.cache.reorder(indices.to(self.device))
 
 
 def greedy(
