@@ -115,6 +115,23 @@ def test_pre_norm_option():
     assert model.encoder.final_norm is not None and model.decoder.final_norm is not None
 
 
+def test_dropout_drops_at_rate_p_and_rescales():
+    """The CPU dropout draws 15 bits per element instead of a Bernoulli variable: P_drop must
+    still be p (to 2^-16), the kept values scaled by 1 / (1 - p), and the gradient the same mask."""
+    from aiayn.model import Dropout
+
+    torch.manual_seed(0)
+    drop = Dropout(0.1).train()
+    x = torch.ones(1000, 1000, requires_grad=True)
+    y = drop(x)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.002  # 1M draws: the standard error is 0.0003
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach())
+    assert torch.equal(drop.eval()(x), x)
+
+
 def test_dropout_sits_on_embeddings_and_every_sublayer():
     """§5.4: dropout on the sum of embeddings and positions, and on each sub-layer's output."""
     model = Transformer(dataclasses.replace(TINY, dropout=0.1))

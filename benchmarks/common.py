@@ -1,0 +1,136 @@
+"""What the benchmark commands share: the fresh-process runner, timing and memory readings,
+statistics, the machine description and result files."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+ONE_CASE = HERE / "one_case.py"
+
+
+def default_threads() -> int:
+    """The cores this process may run on (every system gets the same number)."""
+    return len(os.sched_getaffinity(0))
+
+
+def run_case(args: list[str], threads: int) -> dict:
+    """Run one measurement in a fresh process (`one_case.py ARGS`) and return its JSON line, or
+    {"error": ...} so that one failure does not end a long run. Thread counts are also fixed
+    through the environment, for the OpenMP pools that torch.set_num_threads does not reach."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, str(ONE_CASE), *args], capture_output=True, text=True, env=env)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        try:
+            return json.loads(lines[-1])
+        except json.JSONDecodeError:
+            pass
+    return {"error": "\n".join(proc.stderr.strip().splitlines()[-8:]) or f"exit status {proc.returncode}, no result line"}
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that a timer reads the work's end, not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Timer:
+    """Wall-clock seconds of a block, synchronized with the device at both ends."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds = 0.0
+
+    def __enter__(self) -> "Timer":
+        synchronize(self.device)
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        synchronize(self.device)
+        self.seconds = time.perf_counter() - self.start
+
+
+def _status_mib(field: str) -> float:
+    """A memory line of /proc/self/status (VmRSS: now, VmHWM: peak), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024  # reported in kB
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def memory_mib(device: torch.device) -> float:
+    """Memory in use now: resident set on CPU, torch's allocated memory on a GPU."""
+    return torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else _status_mib("VmRSS")
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """Peak memory of this process so far: peak resident set (VmHWM) on CPU, the peak of
+    torch's allocator on a GPU."""
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else _status_mib("VmHWM")
+
+
+def spread(values: list[float]) -> dict:
+    """Median and range of repeated measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def _version(package: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine(device: torch.device, threads: int) -> dict:
+    """What the numbers were measured on."""
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+        platform.processor() or "unknown",
+    )
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), [])
+    return {
+        "cpu": cpu,
+        "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags],  # bf16/int8 speed
+        "logical_cpus": os.cpu_count(),
+        "cpus_available": default_threads(),
+        "threads_used": threads,
+        "device": device.type,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "python": platform.python_version(),
+        "os": platform.platform(),
+        "versions": {p: _version(p) for p in ("aiayn", "torch", "transformers", "ctranslate2", "numpy")},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def command_line() -> str:
+    """How this script was run, with its path relative to the repository when it lies inside."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(HERE.parent) if script.is_relative_to(HERE.parent) else script
+    return " ".join(["python", str(shown), *sys.argv[1:]])
+
+
+def default_output(kind: str, device: torch.device, quick: bool) -> Path:
+    """results/KIND-DEVICE.json; quick (smoke test) runs go to a separate, git-ignored file."""
+    return RESULTS / f"{kind}-{device.type}{'-quick' if quick else ''}.json"
+
+
+def write_results(path: Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {path}")

@@ -1,0 +1,190 @@
+"""Training and decoding speed of aiayn and its peers, as ratios to aiayn.
+
+Cases (system × precision × task), each measured in a fresh process (one_case.py) and repeated
+--reps times in interleaved order: repetition 1 of every case, then repetition 2, ..., so that
+slow drifts of the machine (heat, other load) spread over all systems alike.
+
+    train    target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens, label smoothing 0.1;
+             achieved TFLOP/s and its share of the matmul peak of the same precision
+    decode   output tokens/s for 64 sentences of 32 tokens, every output forced to 32 tokens,
+             beam 4 and greedy
+    peak     the matmul FLOP/s roof, fp32 and bf16, measured among the other cases
+
+Writes results/speed-DEVICE.json: every repetition, the median and range of each case, and the
+ratio of its median to aiayn's for the same task and precision (fp32 for CTranslate2's int8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+import systems
+from aiayn.device import resolve_device
+from common import command_line, default_output, default_threads, machine, run_case, spread, write_results
+
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class Settings:
+    reps: int  # repetitions of every case, each in a fresh process
+    rows: int  # sentence pairs per training batch
+    train_warmup: int
+    train_steps: int  # timed
+    sentences: int  # decoded per call
+    decode_warmup: int
+    decode_calls: int  # timed
+
+
+FULL = Settings(reps=3, rows=64, train_warmup=2, train_steps=5, sentences=64, decode_warmup=1, decode_calls=1)
+# A smoke test of every case (CTranslate2 conversion included): the numbers mean nothing.
+QUICK = Settings(reps=1, rows=4, train_warmup=1, train_steps=1, sentences=4, decode_warmup=1, decode_calls=1)
+
+
+@dataclass(frozen=True)
+class Case:
+    task: str  # train, decode or peak
+    system: str  # one of systems.SYSTEMS, or "matmul" for the peak
+    precision: str
+    beam: Optional[int] = None  # decode only
+    compile: bool = False  # aiayn under torch.compile
+
+    @property
+    def label(self) -> str:
+        system = self.system + (" (compiled)" if self.compile else "")
+        beam = f" beam {self.beam}" if self.beam else ""
+        return f"{self.task} {system} {self.precision}{beam}"
+
+    def args(self, settings: Settings, device: torch.device, threads: int, ct2_dirs: dict[str, Path]) -> list[str]:
+        """The command line of one_case.py that measures this case."""
+        common = ["--device", str(device), "--threads", str(threads)]
+        if self.task == "peak":
+            return [*common, "peak", "--precision", self.precision]
+        args = [*common, self.task, "--system", self.system, "--precision", self.precision]
+        if self.task == "train":
+            args += ["--rows", settings.rows, "--warmup", settings.train_warmup, "--steps", settings.train_steps]
+            args += ["--compile"] if self.compile else []
+        else:
+            args += ["--beam", self.beam, "--sentences", settings.sentences,
+                     "--warmup", settings.decode_warmup, "--calls", settings.decode_calls]
+            if self.system == "ctranslate2":
+                args += ["--ct2-dir", ct2_dirs[self.precision]]
+        return [str(a) for a in args]
+
+
+def make_cases(tasks: list[str], names: list[str], device: torch.device, compile: bool) -> list[Case]:
+    cases = [Case("peak", "matmul", p) for p in PRECISIONS]
+    if "train" in tasks:
+        trainable = [s for s in names if s in systems.TRAINABLE]
+        cases += [Case("train", s, p) for s in trainable for p in PRECISIONS]
+        if compile and "aiayn" in names:
+            cases += [Case("train", "aiayn", p, compile=True) for p in PRECISIONS]
+    if "decode" in tasks:
+        for beam in (4, 1):
+            for s in names:
+                precisions = systems.ctranslate2_precisions(device) if s == "ctranslate2" else PRECISIONS
+                cases += [Case("decode", s, p, beam) for p in precisions]
+    return cases
+
+
+def summarize(cases: list[Case], runs: list[dict]) -> list[dict]:
+    """Per case: median and range of each metric over the repetitions that succeeded; the ratio
+    of its median to aiayn's (same task, beam and precision; fp32 where aiayn lacks the
+    precision); for training, the share of the matmul peak measured in the same run."""
+    rows = []
+    for case in cases:
+        tried = [r for r in runs if r["case"] == asdict(case)]
+        ok = [r for r in tried if "error" not in r]
+        row = {**asdict(case), "label": case.label, "reps": len(ok), "errors": len(tried) - len(ok)}
+        for metric in ("tokens_per_s", "tflops", "peak_mib"):
+            values = [r[metric] for r in ok if r.get(metric) is not None]
+            if values:
+                row[metric] = spread(values)
+        if ok and "parameters" in ok[0]:
+            row["parameters"] = ok[0]["parameters"]
+        rows.append(row)
+
+    def find(metric: str, **key) -> Optional[dict]:
+        """The summary row matching `key` that has `metric`."""
+        return next((r for r in rows if metric in r and all(r[k] == v for k, v in key.items())), None)
+
+    for row in rows:
+        if row["task"] == "peak" or "tokens_per_s" not in row:
+            continue
+        aiayn = dict(task=row["task"], system="aiayn", compile=False, beam=row["beam"])
+        ref = find("tokens_per_s", **aiayn, precision=row["precision"]) or find("tokens_per_s", **aiayn, precision="fp32")
+        if ref:
+            row["reference"] = ref["label"]
+            row["reference_precision"] = ref["precision"]
+            row["ratio"] = row["tokens_per_s"]["median"] / ref["tokens_per_s"]["median"]
+            if "peak_mib" in row and "peak_mib" in ref:
+                row["memory_ratio"] = row["peak_mib"]["median"] / ref["peak_mib"]["median"]
+        roof = find("tflops", task="peak", precision=row["precision"])
+        if row["task"] == "train" and roof and "tflops" in row:
+            row["peak_fraction"] = row["tflops"]["median"] / roof["tflops"]["median"]
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--threads", type=int, default=default_threads(), help="for every system (default: all cores)")
+    parser.add_argument("--reps", type=int, help=f"repetitions of every case (default {FULL.reps})")
+    parser.add_argument("--tasks", nargs="+", choices=("train", "decode"), default=["train", "decode"])
+    parser.add_argument("--systems", nargs="+", choices=systems.SYSTEMS, default=list(systems.SYSTEMS))
+    parser.add_argument("--compile", action="store_true", help="also train aiayn under torch.compile")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks that every case runs")
+    parser.add_argument("--out", type=Path, help="result file (default results/speed-DEVICE.json)")
+    args = parser.parse_args()
+
+    needed = {"marian": "transformers", "ctranslate2": "ctranslate2"}
+    missing = [needed[s] for s in args.systems if s in needed and importlib.util.find_spec(needed[s]) is None]
+    if missing:
+        sys.exit(f"{', '.join(missing)} not installed: run `bash benchmarks/setup.sh` and use benchmarks/.venv/bin/python")
+    device = resolve_device(args.device)
+    settings = QUICK if args.quick else FULL
+    if args.reps:
+        settings = Settings(**{**asdict(settings), "reps": args.reps})
+    cases = make_cases(args.tasks, args.systems, device, args.compile)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as scratch:
+        ct2_dirs = {}
+        ct2_precisions = sorted({c.precision for c in cases if c.system == "ctranslate2"})
+        if ct2_precisions:
+            # Converted once, outside any measurement, from the Marian runs' weights (seed 0).
+            converted = run_case(["--threads", str(args.threads), "convert", "--out", scratch, "--quantizations",
+                                  *(systems.CT2_TYPES[p] for p in ct2_precisions)], args.threads)
+            if "error" in converted:
+                sys.exit(f"CTranslate2 conversion failed:\n{converted['error']}")
+            ct2_dirs = {p: Path(converted[systems.CT2_TYPES[p]]) for p in ct2_precisions}
+        for rep in range(settings.reps):
+            for case in cases:
+                result = run_case(case.args(settings, device, args.threads, ct2_dirs), args.threads)
+                runs.append({"case": asdict(case), "rep": rep, **result})
+                shown = result.get("error") or ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float))
+                print(f"[{rep + 1}/{settings.reps}] {case.label}: {shown}", flush=True)
+
+    results = {
+        "benchmark": "speed",
+        "command": command_line(),
+        "quick": args.quick,
+        "machine": machine(device, args.threads),
+        "settings": {**asdict(settings), "src_len": systems.SRC_LEN, "tgt_len": systems.TGT_LEN,
+                     "out_len": systems.OUT_LEN, "vocab": systems.VOCAB, "label_smoothing": systems.LABEL_SMOOTHING},
+        "fairness_notes": list(systems.FAIRNESS_NOTES),
+        "cases": summarize(cases, runs),
+        "runs": runs,
+    }
+    write_results(args.out or default_output("speed", device, args.quick), results)
+
+
+if __name__ == "__main__":
+    main()
