@@ -93,13 +93,11 @@ def attention_mask(
 def matmul_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool, dropout_p: float = 0.0
 ) -> Tensor:
-    """softmax(QKᵀ / √d_k) V as two plain matrix products, for bf16 on a CPU: there PyTorch's
-    fused kernel (flash attention) is several times slower, its backward above all (benchmarks/).
+    """softmax(QKᵀ / √d_k) V as two plain matrix products, for bf16 training on a CPU: there the
+    backward of PyTorch's fused kernel (flash attention) is several times slower (benchmarks/).
     The softmax runs in fp32. Shapes and masks as `MultiHeadAttention.forward`; unlike the
     reference, a query with every key masked gets NaN (no model input produces one)."""
-    # (K Qᵀ)ᵀ rather than Q Kᵀ: the batched product copies its transposed operand into place,
-    # and Q is the smaller one when decoding against cached keys (L_q = 1 per beam).
-    scores = (k @ q.transpose(-2, -1)).transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, L_q, L_k)
+    scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, L_q, L_k)
     mask = attention_mask(mask, causal, None, q.size(-2), k.size(-2), q.device)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -201,6 +199,12 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d_model, n_heads * self.d_v, bias=bias)
         self.w_o = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
 
+    @staticmethod
+    def _slow_fused_backward(q: Tensor) -> bool:
+        """bf16 training on a CPU, where `matmul_attention` beats the fused kernel; in inference
+        (no gradient) the fused kernel is the faster one (benchmarks/)."""
+        return q.device.type == "cpu" and q.dtype == torch.bfloat16 and torch.is_grad_enabled()
+
     def _split_heads(self, x: Tensor, d_head: int) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_heads, d_head).transpose(1, 2)  # (B, h, L, d_head)
@@ -267,7 +271,7 @@ class MultiHeadAttention(nn.Module):
         key_mask_only = mask is None or (mask.dim() == 4 and mask.shape[-2] == 1)
         if self.neighborhood is not None and q_len == k_len and key_mask_only and not need_weights:
             heads = local_attention(q, k, v, self.neighborhood, mask, causal, dropout_p)
-        elif q.device.type == "cpu" and q.dtype == torch.bfloat16 and self.neighborhood is None and not need_weights:
+        elif self._slow_fused_backward(q) and self.neighborhood is None and not need_weights:
             heads = matmul_attention(q, k, v, mask, causal, dropout_p)
         elif causal and q_len == k_len and mask is None and self.neighborhood is None and not need_weights:
             heads = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import copy
+import weakref
 from typing import Optional, Sequence
 
 import torch
 
-from aiayn.device import autocast
+from aiayn.device import DTYPES
 from aiayn.model import Transformer
 from aiayn.search import ModelStep, beam_search, greedy
 
 EXTRA_LEN = 50  # §6.1: maximum output length = input length + 50
+# model -> (its weights' identity, precision, a copy of it in that precision)
+_LOW_PRECISION: "weakref.WeakKeyDictionary[Transformer, tuple]" = weakref.WeakKeyDictionary()
+
+
+def decoding_model(model: Transformer, precision: str) -> Transformer:
+    """The model to decode with: itself in fp32; in bf16 or fp16, a copy whose weights are cast
+    once, so that no step casts activations in and out of autocast's precision (an autocast
+    decoder step casts the input of each layer). The copy is kept until the model's weights
+    change (a training step, a load), so repeated calls pay for the cast once."""
+    if precision == "fp32":
+        return model
+    identity = tuple((p.data_ptr(), p._version) for p in model.parameters())
+    kept = _LOW_PRECISION.get(model)
+    if kept is None or kept[:2] != (identity, precision):
+        kept = (identity, precision, copy.deepcopy(model).to(DTYPES[precision]).eval())
+        _LOW_PRECISION[model] = kept
+    return kept[2]
 
 
 def translate_ids(
@@ -36,8 +55,11 @@ def translate_ids(
         raise ValueError(f"beam must be at least 1, got {beam}")
     config = model.config
     device = next(model.parameters()).device
+    if device.type == "cpu" and precision == "fp16":
+        raise ValueError("fp16 needs a CUDA GPU (CPUs lack fast fp16); use bf16 on CPU")
     was_training = model.training
     model.eval()
+    decoder = decoding_model(model, precision)
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[int]] = [[] for _ in sources]
     start = 0
@@ -52,8 +74,8 @@ def translate_ids(
             ids = list(sources[i]) + [config.eos_id]
             src[row, : len(ids)] = torch.tensor(ids)
         max_len = torch.tensor([len(sources[i]) + extra_len for i in chunk])
-        with torch.no_grad(), autocast(device, precision):
-            stepper = ModelStep(model, src.to(device), int(max_len.max()) + 1)
+        with torch.no_grad():
+            stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1)
             if beam == 1:
                 outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, min_len)
             else:

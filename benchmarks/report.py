@@ -25,7 +25,7 @@ from common import RESULTS  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = {"aiayn": "aiayn", "torch": "torch.nn.Transformer", "marian": "HF MarianMTModel",
          "ctranslate2": "CTranslate2", "matmul": "matmul"}
-PRECISIONS = {"fp32": "fp32", "bf16": "bf16 autocast", "int8": "int8"}
+PRECISIONS = {"fp32": "fp32", "bf16": "bf16", "int8": "int8"}
 
 
 def number(x: Optional[float]) -> str:

@@ -19,6 +19,7 @@ one system loads only that system's libraries.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -72,6 +73,9 @@ FAIRNESS_NOTES = (
     "Loss: aiayn's label_smoothed_nll (smoothing over the V-1 other tokens) vs "
     "F.cross_entropy(label_smoothing=0.1) (over all V) for the peers; both on fp32 logits "
     "outside autocast, both averaged over target tokens. Optimiser: Adam(0.9, 0.98, 1e-9) for all.",
+    "bf16 decoding: aiayn (translate_ids) and HF Marian decode with a copy of the model whose weights "
+    "are cast to bf16 once (made in the warm-up call, reused by the timed ones), with no autocast; the "
+    "torch.nn.Transformer peer decodes under autocast. bf16 training is autocast for every system.",
     "CTranslate2 is converted from the same Marian model (same seed); its vocabulary drops the pad "
     "row (7,999 entries) and its decoder starts from a zero embedding, as for any Marian model.",
     "Achieved FLOP/s count the same model FLOPs for every system (aiayn.flops.training_flops: "
@@ -314,6 +318,7 @@ class Marian(_TorchSystem):
 
     def __init__(self, device: torch.device, precision: str) -> None:
         super().__init__(marian_model(), device, precision)
+        self.low: Optional[nn.Module] = None  # the bf16 copy that decoding uses
 
     def logits(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.model(
@@ -323,9 +328,12 @@ class Marian(_TorchSystem):
     @torch.no_grad()
     def decode(self, sources: list[list[int]], beam: int) -> list[list[int]]:
         self.model.eval()
+        if self.precision == "bf16" and self.low is None:  # weights cast once, as aiayn's translate does
+            self.low = copy.deepcopy(self.model).to(torch.bfloat16)
+        model = self.low if self.precision == "bf16" else self.model
         src = torch.tensor([ids + [self.specials.eos] for ids in sources], device=self.device)
-        with autocast(self.device, self.precision):
-            out = self.model.generate(
+        with torch.inference_mode():
+            out = model.generate(
                 input_ids=src, attention_mask=src != self.specials.pad, num_beams=beam, do_sample=False,
                 min_new_tokens=OUT_LEN, max_new_tokens=OUT_LEN,
             )  # (B, 1 + OUT_LEN): the decoder start token, then the output
