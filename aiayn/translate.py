@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -13,23 +12,17 @@ from aiayn.model import Transformer
 from aiayn.search import ModelStep, beam_search, greedy
 
 EXTRA_LEN = 50  # §6.1: maximum output length = input length + 50
-# model -> (its weights' identity, precision, a copy of it in that precision)
-_LOW_PRECISION: "weakref.WeakKeyDictionary[Transformer, tuple]" = weakref.WeakKeyDictionary()
 
 
 def decoding_model(model: Transformer, precision: str) -> Transformer:
-    """The model to decode with: itself in fp32; in bf16 or fp16, a copy whose weights are cast
-    once, so that no step casts activations in and out of autocast's precision (an autocast
-    decoder step casts the input of each layer). The copy is kept until the model's weights
-    change (a training step, a load), so repeated calls pay for the cast once."""
-    if precision == "fp32":
+    """The model to decode with: itself in fp32 or when its weights already are in `precision`;
+    otherwise a copy with the weights cast once, so that no decoding step casts activations in and
+    out of autocast's precision (an autocast step casts the input of every layer). Callers that
+    decode many times with the same weights can cast the model once themselves."""
+    dtype = DTYPES[precision]
+    if precision == "fp32" or next(model.parameters()).dtype == dtype:
         return model
-    identity = tuple((p.data_ptr(), p._version) for p in model.parameters())
-    kept = _LOW_PRECISION.get(model)
-    if kept is None or kept[:2] != (identity, precision):
-        kept = (identity, precision, copy.deepcopy(model).to(DTYPES[precision]).eval())
-        _LOW_PRECISION[model] = kept
-    return kept[2]
+    return copy.deepcopy(model).to(dtype).eval()
 
 
 def translate_ids(

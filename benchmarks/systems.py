@@ -36,7 +36,7 @@ from aiayn.loss import label_smoothed_nll
 from aiayn.model import EncoderLayer, Transformer, sinusoidal_positions
 from aiayn.optim import make_optimizer, set_lr
 from aiayn.search import beam_search, greedy
-from aiayn.translate import translate_ids
+from aiayn.translate import decoding_model, translate_ids
 
 VOCAB = 8000
 CONFIG = dataclasses.replace(PRESETS["base"], vocab_size=VOCAB)  # the shape every system is built to
@@ -73,8 +73,8 @@ FAIRNESS_NOTES = (
     "Loss: aiayn's label_smoothed_nll (smoothing over the V-1 other tokens) vs "
     "F.cross_entropy(label_smoothing=0.1) (over all V) for the peers; both on fp32 logits "
     "outside autocast, both averaged over target tokens. Optimiser: Adam(0.9, 0.98, 1e-9) for all.",
-    "bf16 decoding: aiayn (translate_ids) and HF Marian decode with a copy of the model whose weights "
-    "are cast to bf16 once (made in the warm-up call, reused by the timed ones), with no autocast; the "
+    "bf16 decoding: aiayn and HF Marian decode with a copy of the model whose weights are cast to bf16 "
+    "once (aiayn.translate.decoding_model; made in the warm-up call, reused by the timed ones), with no autocast; the "
     "torch.nn.Transformer peer decodes under autocast. bf16 training is autocast for every system.",
     "CTranslate2 is converted from the same Marian model (same seed); its vocabulary drops the pad "
     "row (7,999 entries) and its decoder starts from a zero embedding, as for any Marian model.",
@@ -172,6 +172,7 @@ class Aiayn(_TorchSystem):
     def __init__(self, device: torch.device, precision: str, compile: bool = False) -> None:
         super().__init__(Transformer(CONFIG), device, precision)
         self.net = torch.compile(self.model) if compile else self.model
+        self.low: Optional[Transformer] = None  # the bf16 copy that decoding uses
 
     def logits(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.net(src, tgt_in)
@@ -183,8 +184,10 @@ class Aiayn(_TorchSystem):
     def decode(self, sources: list[list[int]], beam: int) -> list[list[int]]:
         length = len(sources[0])
         assert all(len(s) == length for s in sources), "equal source lengths keep the batch free of padding"
+        if self.precision != "fp32" and self.low is None:  # weights cast once, as for Marian
+            self.low = decoding_model(self.model, self.precision)
         return translate_ids(
-            self.model, sources, beam=beam, precision=self.precision,
+            self.low or self.model, sources, beam=beam, precision=self.precision,
             batch_tokens=len(sources) * (length + 1) * beam,  # every sentence in one batch
             extra_len=OUT_LEN - length,  # the output limit is source length + extra_len
             min_len=OUT_LEN,
@@ -328,7 +331,7 @@ class Marian(_TorchSystem):
     @torch.no_grad()
     def decode(self, sources: list[list[int]], beam: int) -> list[list[int]]:
         self.model.eval()
-        if self.precision == "bf16" and self.low is None:  # weights cast once, as aiayn's translate does
+X
             self.low = copy.deepcopy(self.model).to(torch.bfloat16)
         model = self.low if self.precision == "bf16" else self.model
         src = torch.tensor([ids + [self.specials.eos] for ids in sources], device=self.device)

@@ -107,19 +107,22 @@ def test_attention_maps_for_every_layer_and_kind(tmp_path, model_dir):
     assert all((tmp_path / "maps" / n).stat().st_size > 5000 for n in names)
 
 
-def test_bf16_decoding_uses_a_cast_copy_kept_until_the_weights_change():
+def test_bf16_decoding_uses_a_copy_cast_from_the_current_weights():
+    """Dev BLEU during training decodes in bf16: it must see the weights as they are now."""
     from aiayn.translate import decoding_model
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=2)).eval()
     low = decoding_model(model, "bf16")
     assert low is not model and next(low.parameters()).dtype == torch.bfloat16
-    assert decoding_model(model, "bf16") is low and decoding_model(model, "fp32") is model
+    assert decoding_model(low, "bf16") is low and decoding_model(model, "fp32") is model
+    with torch.no_grad():
+        for p in model.parameters():  # as an optimiser step does, in place
+            p.add_(1.0)
+    again = decoding_model(model, "bf16")
+    torch.testing.assert_close(next(again.parameters()), next(model.parameters()).bfloat16())
     sources = [[5, 6, 7, 8], [9, 10, 11]]
     bf16 = translate_ids(model, sources, beam=2, precision="bf16", extra_len=5)
     assert [len(o) <= len(s) + 5 for o, s in zip(bf16, sources)] == [True, True]
-    with torch.no_grad():
-        next(model.parameters()).add_(1.0)  # a training step changes the weights in place
-    assert decoding_model(model, "bf16") is not low
     with pytest.raises(ValueError, match="fp16 needs a CUDA GPU"):
         translate_ids(model, sources, precision="fp16")
