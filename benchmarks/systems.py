@@ -331,7 +331,7 @@ class Marian(_TorchSystem):
     @torch.no_grad()
     def decode(self, sources: list[list[int]], beam: int) -> list[list[int]]:
         self.model.eval()
-X
+        if self.precision == "bf16" and self.low is None:  # weights cast once, as for aiayn
             self.low = copy.deepcopy(self.model).to(torch.bfloat16)
         model = self.low if self.precision == "bf16" else self.model
         src = torch.tensor([ids + [self.specials.eos] for ids in sources], device=self.device)
