@@ -214,13 +214,12 @@ def _load_for_inference(path: str, device_name: str):
     from aiayn.checkpoint import resolve_model_dir
     from aiayn.device import resolve_device
     from aiayn.model import Transformer
-    from aiayn.tokenizer import MarianTokenizer, load_tokenizer
+    from aiayn.tokenizer import has_tokenizer, load_tokenizer
 
     model_dir = resolve_model_dir(path)
     device = resolve_device(device_name)
     model = Transformer.load(model_dir, device).eval()
-    has_tokenizer = (model_dir / "tokenizer.model").exists() or MarianTokenizer.is_in(model_dir)
-    tokenizer = load_tokenizer(model_dir if has_tokenizer else Path(path))
+    tokenizer = load_tokenizer(model_dir if has_tokenizer(model_dir) else Path(path))
     if tokenizer.vocab_size != model.config.vocab_size:
         raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}")
     return model, tokenizer, device

@@ -23,13 +23,18 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+def check_precision(device: torch.device, precision: str) -> None:
+    """fp16 only on a CUDA GPU: it needs loss scaling, and CPUs lack fast fp16."""
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError("fp16 needs a CUDA GPU (it needs loss scaling and CPUs lack fast fp16); use bf16 on CPU")
+
+
 def autocast(device: torch.device, precision: str):
     """Mixed precision as a context manager: bf16 autocast on CPU (AMX) or GPU, fp16 on GPU only.
     Weights stay fp32; matrix products run in the low-precision format."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    if precision == "fp16" and device.type != "cuda":
-        raise ValueError("fp16 needs a CUDA GPU (it needs loss scaling and CPUs lack fast fp16); use bf16 on CPU")
+    check_precision(device, precision)
     return torch.autocast(device.type, dtype=DTYPES[precision])
 
 

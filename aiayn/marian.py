@@ -1,7 +1,7 @@
 """Marian (OPUS-MT) models in and out: the HF `MarianMTModel` folder format.
 
 Marian's model is the paper's Transformer (post-norm, sinusoidal positions, shared and tied
-embeddings scaled by √d_model) with four differences, each a `ModelConfig` option here: the sines
+embeddings scaled by √d_model) with five differences, each a `ModelConfig` option here: the sines
 and cosines of §3.5 laid out as [sin | cos] rather than interleaved (`positional=
 "sinusoidal_concat"`), often a swish FFN (`activation`), an untrained bias on the logits
 (`final_logits_bias`), decoding that starts from the pad token (`bos_id = pad_id`), LayerNorm
@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from aiayn.checkpoint import atomic_write, write_json
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
-from aiayn.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
+from aiayn.tokenizer import MarianTokenizer, Tokenizer, has_tokenizer, load_tokenizer
 
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 HF_LAYER_NORM_EPS = 1e-5  # torch's default, which Marian's nn.LayerNorm layers keep
@@ -236,7 +236,7 @@ def export_marian(model_path: Union[str, Path], out_dir: Union[str, Path], echo:
     model = Transformer.load(model_dir)
     config = model.config
     hf = marian_config(config)
-    tokenizer = load_tokenizer(model_dir if (model_dir / "tokenizer.model").exists() or MarianTokenizer.is_in(model_dir) else model_path)
+    tokenizer = load_tokenizer(model_dir if has_tokenizer(model_dir) else model_path)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if config.positional == "sinusoidal":
         state = _permute_residual_stream(state, _concat_order(config.d_model))

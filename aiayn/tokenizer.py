@@ -252,6 +252,11 @@ class MarianTokenizer:
         return f"MarianTokenizer(vocab_size={self.vocab_size})"
 
 
+def has_tokenizer(directory: Union[str, Path]) -> bool:
+    """Whether a folder holds a tokenizer: `tokenizer.model`, or Marian's three files."""
+    return (Path(directory) / MODEL_FILE).is_file() or MarianTokenizer.is_in(directory)
+
+
 def load_tokenizer(path: Union[str, Path]) -> Union[Tokenizer, MarianTokenizer]:
     """The tokenizer a model or run folder holds: `tokenizer.model`, or Marian's three files."""
     if Path(path).is_dir() and MarianTokenizer.is_in(path):
@@ -278,4 +283,4 @@ def _explain_training_error(message: str, vocab_size: int) -> str:
     return f"SentencePiece training failed: {message.strip() or 'unknown error'}"
 
 
-__all__ = ["Tokenizer", "MarianTokenizer", "load_tokenizer", "MODEL_FILE", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "MIN_VOCAB_SIZE"]
+__all__ = ["Tokenizer", "MarianTokenizer", "has_tokenizer", "load_tokenizer", "MODEL_FILE", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "MIN_VOCAB_SIZE"]

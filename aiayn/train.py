@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from aiayn.checkpoint import (
-    TOKENIZER, atomic_write, checkpoint_dirs, copy_tokenizer, load_checkpoint, resolve_model_dir, save_checkpoint,
+    atomic_write, checkpoint_dirs, copy_tokenizer, load_checkpoint, resolve_model_dir, save_checkpoint,
     save_model, write_json,
 )
 from aiayn.config import ModelConfig, TrainConfig
@@ -351,12 +351,11 @@ def prepare(
     out and counted, never silently dropped.
     """
     from aiayn.data import encode_pairs, filter_long
-    from aiayn.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
+    from aiayn.tokenizer import Tokenizer, has_tokenizer, load_tokenizer
 
     run_dir = Path(run_dir)
     rank, world = init_distributed()
-    has_tokenizer = lambda: (run_dir / TOKENIZER).exists() or MarianTokenizer.is_in(run_dir)  # noqa: E731
-    if not has_tokenizer() and rank == 0:
+    if not has_tokenizer(run_dir) and rank == 0:
         if init_from is not None:
             copy_tokenizer(init_from, run_dir)
             echo(f"tokenizer from {init_from}")
@@ -367,7 +366,7 @@ def prepare(
     if world > 1:
         dist.barrier()  # the other ranks read the tokenizer that rank 0 wrote
     tokenizer = load_tokenizer(run_dir)
-    if tokenizer.vocab_size > vocab_size or (tokenizer.vocab_size < vocab_size and init_from is None):
+    if tokenizer.vocab_size != vocab_size:
         raise ValueError(f"the tokenizer in {run_dir} has {tokenizer.vocab_size} tokens but the model expects {vocab_size}")
     encoded, texts = {}, {}
     for split in ("train", "dev"):

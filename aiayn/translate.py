@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from aiayn.device import DTYPES
+from aiayn.device import DTYPES, check_precision
 from aiayn.model import Transformer
 from aiayn.search import ModelStep, beam_search, greedy
 
@@ -48,8 +48,7 @@ def translate_ids(
         raise ValueError(f"beam must be at least 1, got {beam}")
     config = model.config
     device = next(model.parameters()).device
-    if device.type == "cpu" and precision == "fp16":
-        raise ValueError("fp16 needs a CUDA GPU (CPUs lack fast fp16); use bf16 on CPU")
+    check_precision(device, precision)
     was_training = model.training
     model.eval()
     decoder = decoding_model(model, precision)
