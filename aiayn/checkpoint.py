@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Union
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from safetensors.torch import load_model as _load_safetensors
 from safetensors.torch import save_model as _save_safetensors
@@ -27,6 +27,18 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _usual_mode(path: Union[str, Path], directory: bool = False) -> None:
+    """mkstemp and mkdtemp create private files (0600, 0700); give them the mode that `open` and
+    `mkdir` would, so that a run folder shared with a group stays readable by it."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> None:
     """Call `write(tmp_path)`, fsync, then rename tmp_path to `path` (atomic on POSIX)."""
     path = Path(path)
@@ -34,6 +46,7 @@ def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
+        _usual_mode(tmp)
         write(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
@@ -42,6 +55,55 @@ def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def occupied(path: Union[str, Path]) -> bool:
+    """Whether writing `path` would replace something: a file, or a folder that is not empty."""
+    path = Path(path)
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
+def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: bool = False) -> None:
+    """Call `build(tmp_dir)` on a new hidden folder beside `path`, then rename it to `path`, so a
+    crash never leaves half a folder (weights without their tokenizer). An existing `path` (but
+    an empty folder) is an error unless `force`, and then it is replaced whole: no file of the
+    old one stays."""
+    path = Path(path)
+    if occupied(path) and not force:
+        raise FileExistsError(f"{path} already exists; pass --force to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        _usual_mode(tmp, directory=True)
+        build(tmp)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old.tmp", dir=path.parent))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def remove_litter(directory: Union[str, Path]) -> list[Path]:
+    """Delete what an interrupted write left in a run folder: the hidden temporary files and
+    folders of `atomic_write`, `atomic_dir` and `save_checkpoint` (`.NAME.*.tmp`, `.step_*`).
+    Returns what was removed."""
+    directory = Path(directory)
+    found = []
+    for folder in (directory, directory / "model", directory / CHECKPOINTS):
+        if folder.is_dir():
+            found += [p for p in folder.iterdir() if p.name.startswith(".")
+                      and (p.name.endswith(".tmp") or (folder.name == CHECKPOINTS and p.name.startswith(".step_")))]
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return found
 
 
 def write_json(path: Union[str, Path], value) -> None:
@@ -85,12 +147,37 @@ def load_model(cls, directory: Union[str, Path], device: Union[str, torch.device
     if not weights.is_file():
         raise FileNotFoundError(f"no {WEIGHTS} in {directory}")
     model = cls(config)
+    load_weights(model, weights, device)
+    return model.to(device)
+
+
+def load_weights(model: torch.nn.Module, weights: Union[str, Path], device: Union[str, torch.device] = "cpu") -> None:
+    """Fill `model` from a safetensors file, naming the first tensor that does not fit."""
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"cannot read {weights} (cut short or not safetensors?): {error}") from None
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    shared = {name for name in expected if name not in shapes and _is_tied(model, name)}
+    problems = [f"it lacks {name}" for name in expected if name not in shapes and name not in shared]
+    problems += [f"{name} is not in the model" for name in shapes if name not in expected]
+    problems += [f"{name} has shape {list(shapes[name])}, the config wants {list(shape)}"
+                 for name, shape in expected.items() if name in shapes and shapes[name] != shape]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ValueError(f"{weights} does not match its config.json: {problems[0]}{more}")
     try:
         _load_safetensors(model, str(weights), strict=True, device=str(device))
     except (SafetensorError, RuntimeError) as error:
-        first_line = str(error).strip().splitlines()[0]
-        raise ValueError(f"{weights} does not match its config.json: {first_line}") from None
-    return model.to(device)
+        first_line = str(error).strip().splitlines()[-1].strip()
+        raise ValueError(f"cannot load {weights}: {first_line}") from None
+
+
+def _is_tied(model: torch.nn.Module, name: str) -> bool:
+    """Whether `name` is a second name of a tensor that safetensors stores once."""
+    tensor = model.state_dict()[name]
+    return sum(t.data_ptr() == tensor.data_ptr() for t in model.state_dict().values()) > 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,7 +195,7 @@ def copy_tokenizer(source: Union[str, Path], destination: Union[str, Path]) -> b
     """Copy whichever tokenizer files `source` holds into `destination`; False if it holds none."""
     found = [Path(source) / name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
     for path in found:
-        shutil.copyfile(path, Path(destination) / path.name)
+        atomic_write(Path(destination) / path.name, lambda tmp, path=path: shutil.copyfile(path, tmp))
     return bool(found)
 
 
@@ -155,6 +242,7 @@ def save_checkpoint(
     final = folder / f"step_{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:08d}.", dir=folder))
     try:
+        _usual_mode(tmp, directory=True)
         save_model(model, tmp)
         tensors, groups = _flatten_optimizer(optimizer.state_dict())
         tensors["rng.torch"] = torch.get_rng_state()
@@ -177,21 +265,26 @@ def save_checkpoint(
 def load_checkpoint(directory: Union[str, Path], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Restore model weights, optimiser state and the RNG in place; return the trainer state."""
     directory = Path(directory)
-    _load_safetensors(model, str(directory / WEIGHTS), strict=True, device=str(next(model.parameters()).device))
-    tensors = load_file(str(directory / OPTIMIZER))
-    torch.set_rng_state(tensors.pop("rng.torch"))
+    load_weights(model, directory / WEIGHTS, next(model.parameters()).device)
+    try:
+        tensors = load_file(str(directory / OPTIMIZER))
+        trainer_state = json.loads((directory / TRAINER).read_text(encoding="utf-8"))
+        rng = tensors.pop("rng.torch")
+        optimizer.load_state_dict(_unflatten_optimizer(tensors, trainer_state.pop("param_groups")))
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"cannot read the optimiser state of {directory}: {error}") from None
+    torch.set_rng_state(rng)
     cuda_rng = tensors.pop("rng.cuda", None)
     if cuda_rng is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(cuda_rng)
-    trainer_state = json.loads((directory / TRAINER).read_text(encoding="utf-8"))
-    optimizer.load_state_dict(_unflatten_optimizer(tensors, trainer_state.pop("param_groups")))
     return trainer_state
 
 
-def average_checkpoints(directories: list[Path], out: Union[str, Path]) -> None:
+def average_checkpoints(directories: list[Path], out: Union[str, Path], force: bool = False) -> None:
     """§6.1: a model whose weights are the mean of the checkpoints' (summed in float64), written
-    as a model folder with the tokenizer of the newest checkpoint. One checkpoint is in memory
-    at a time, so averaging the 20 of a big model needs no more than two copies of it."""
+    as a model folder with the tokenizer of the newest checkpoint (atomically; an existing `out`
+    only with `force`). One checkpoint is in memory at a time, so averaging the 20 of a big model
+    needs no more than two copies of it."""
     from aiayn import model as models
 
     architecture, config = read_config(directories[-1])
@@ -204,8 +297,12 @@ def average_checkpoints(directories: list[Path], out: Union[str, Path]) -> None:
             total[name] = total[name] + tensor.double() if name in total else tensor.double()
     model = cls(config)
     model.load_state_dict({name: value / len(directories) for name, value in total.items()})
-    save_model(model, out)
-    copy_tokenizer(directories[-1], out)
+
+    def build(folder: Path) -> None:
+        save_model(model, folder)
+        copy_tokenizer(directories[-1], folder)
+
+    atomic_dir(out, build, force)
 
 
 def resolve_model_dir(path: Union[str, Path]) -> Path:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import signal
 import sys
+import threading
 import time
 import typing
 from pathlib import Path
@@ -113,15 +116,14 @@ def cmd_demo(args: argparse.Namespace) -> None:
     budget, translate the held-out test books with beam search (§6.1), score them and draw the
     attention of one verse. Run again, it resumes the run in --out until the budget is spent,
     then only translates."""
-    from aiayn.checkpoint import checkpoint_dirs
     from aiayn.evaluate import bleu, paper_bleu
-    from aiayn.train import load_run_configs, train_run
+    from aiayn.train import MODEL_CONFIG, load_run_configs, train_run
     from aiayn.translate import translate_ids
     from aiayn.visualize import attention_figures
 
     run_dir = Path(args.out)
     recipe = TrainConfig(**DEMO_RECIPE, minutes=args.minutes, precision=args.precision, seed=args.seed)
-    resume = bool(checkpoint_dirs(run_dir))
+    resume = (run_dir / MODEL_CONFIG).is_file()
     model_config = load_run_configs(run_dir)[0] if resume else PRESETS[args.preset]
     trainer, corpus = train_run(model_config, recipe, run_dir, resume=resume)
     model, tokenizer = trainer.model.eval(), trainer.tokenizer
@@ -173,17 +175,19 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_average(args: argparse.Namespace) -> None:
     """§6.1: average the weights of the last N checkpoints of a run."""
-    from aiayn.checkpoint import average_checkpoints, checkpoint_dirs
+    from aiayn.checkpoint import average_checkpoints, checkpoint_dirs, occupied
 
     found = checkpoint_dirs(args.run_dir)
     if not found:
         raise UserError(f"no checkpoints in {args.run_dir}")
     if args.last < 1:
         raise UserError("--last must be at least 1")
+    if occupied(args.out) and not args.force:
+        raise UserError(f"{args.out} already exists; pass --force to replace it")
     chosen = found[-args.last :]
     if len(chosen) < args.last:
         print(f"note: {args.run_dir} keeps {len(found)} checkpoints; averaging those")
-    average_checkpoints(chosen, args.out)
+    average_checkpoints(chosen, args.out, force=args.force)
     print(f"averaged {', '.join(p.name for p in chosen)} into {args.out}")
 
 
@@ -191,14 +195,14 @@ def cmd_import_hf(args: argparse.Namespace) -> None:
     """An HF Marian (OPUS-MT) folder -> an aiayn run folder."""
     from aiayn.marian import import_marian
 
-    import_marian(args.hf_dir, args.out)
+    import_marian(args.hf_dir, args.out, force=args.force)
 
 
 def cmd_export_hf(args: argparse.Namespace) -> None:
     """An aiayn run or model folder -> an HF Marian folder (loadable by transformers and CTranslate2)."""
     from aiayn.marian import export_marian
 
-    export_marian(args.run_dir, args.out)
+    export_marian(args.run_dir, args.out, force=args.force)
 
 
 def cmd_corpus_export(args: argparse.Namespace) -> None:
@@ -225,61 +229,110 @@ def _load_for_inference(path: str, device_name: str):
     return model, tokenizer, device
 
 
-def _read_lines(path: Optional[str]) -> list[str]:
+def _open_input(path: Optional[str]):
+    """(binary handle, name for messages) of --input, or of stdin for none or "-"."""
     if path is None or path == "-":
-        return sys.stdin.read().splitlines()
+        return sys.stdin.buffer, "stdin"
     try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        raise UserError(f"{path} is not valid UTF-8 ({error.reason} at byte {error.start})") from None
+        return open(path, "rb"), path
+    except FileNotFoundError:
+        raise UserError(f"no such file: {path}") from None
 
 
-def _decode_lines(args: argparse.Namespace, lines: list[str], beam: int, alpha: float, extra_len: int) -> list[str]:
-    """Decode one sentence a line with the model in args.run_dir; "" for an empty line.
+def _read_lines(path: Optional[str]) -> list[str]:
+    """Every line of a small file (or stdin), split as `wc -l` counts."""
+    from aiayn.translate import read_lines
 
-    Lines longer than --max-input-tokens are cut to that many tokens (with a note on stderr);
-    characters never seen in training are encoded as bytes (SentencePiece byte fallback)."""
+    handle, name = _open_input(path)
+    with handle:
+        return list(read_lines(handle, name))
+
+
+def _complete_lines(partial: Path) -> int:
+    """The number of whole lines in an interrupted output; a line cut short is removed."""
+    data = partial.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with open(partial, "r+b") as handle:
+            handle.truncate(end)
+    return data.count(b"\n", 0, end)
+
+
+def _decode_command(args: argparse.Namespace, extra_len: int, finish=None) -> None:
+    """translate and parse: stream the input through the model in chunks. With --output, the
+    lines go to OUTPUT.partial as each chunk is done, renamed to OUTPUT when all are; an
+    interrupted run leaves OUTPUT.partial, which --resume continues."""
     from tqdm.auto import tqdm
 
-    from aiayn.translate import translate_ids
+    from aiayn.translate import CHUNK_LINES, read_lines, translate_stream
 
-    if beam < 1:
-        raise UserError("--beam must be at least 1")
-    model, tokenizer, _ = _load_for_inference(args.run_dir, args.device)
-    sources, where = [], []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        ids = tokenizer.encode(line.strip())
-        if len(ids) > args.max_input_tokens:
-            print(f"aiayn: note: line {number} has {len(ids)} tokens; using its first {args.max_input_tokens}",
-                  file=sys.stderr)
-            ids = ids[: args.max_input_tokens]
-        sources.append(ids)
-        where.append(number - 1)
-    with tqdm(total=len(sources), desc="decode", unit="line", disable=not sys.stderr.isatty()) as bar:
-        outputs = translate_ids(model, sources, beam=beam, alpha=alpha, batch_tokens=args.batch_tokens,
-                                precision=args.precision, extra_len=extra_len, progress=bar)
-    decoded = [""] * len(lines)
-    for index, ids in zip(where, outputs):
-        # A byte-fallback model can spell a line break; the output keeps one line per input line.
-        decoded[index] = " ".join(tokenizer.decode(ids).splitlines())
-    return decoded
+    for name, value, least in (("--beam", args.beam, 1), ("--max-input-tokens", args.max_input_tokens, 1),
+                               ("--batch-tokens", args.batch_tokens, 1), ("--alpha", args.alpha, 0)):
+        if not value >= least:
+            raise UserError(f"{name} must be at least {least}, got {value}")
+    out, skip = None, 0
+    if args.output:
+        final = Path(args.output)
+        partial = final.with_name(final.name + ".partial")
+        if args.resume and partial.exists():
+            skip = _complete_lines(partial)
+        elif args.resume and final.exists():
+            raise UserError(f"{final} is complete: nothing to resume (--force translates again)")
+        elif not args.force:
+            for path, what in ((final, "already exists"), (partial, "holds an interrupted translation")):
+                if path.exists():
+                    raise UserError(f"{path} {what}; pass --resume to continue it or --force to start over"
+                                    if path == partial else f"{path} {what}; pass --force to replace it")
+        out = open(partial, "ab" if skip else "wb")  # an unwritable --output fails here, before decoding
+    written = skip
 
+    def write(lines: list[str]) -> None:
+        nonlocal written
+        text = "".join(line + "\n" for line in lines)
+        if out is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            out.write(text.encode("utf-8"))
+            out.flush()
+        written += len(lines)
 
-def _write_lines(path: Optional[str], lines: list[str]) -> None:
-    text = "".join(line + "\n" for line in lines)
-    if path:
-        Path(path).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    try:
+        model, tokenizer, _ = _load_for_inference(args.run_dir, args.device)
+        source, name = _open_input(args.input)
+        total = None
+        if source is not sys.stdin.buffer:
+            total = sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b"")) - skip
+            source.seek(0)
+        interactive = source is sys.stdin.buffer and sys.stdin.isatty()
+        note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
+        with source, tqdm(total=total, desc=args.command, unit="line", disable=not sys.stderr.isatty()) as bar:
+            translate_stream(
+                model, tokenizer, read_lines(source, name, skip), write, max_input_tokens=args.max_input_tokens,
+                finish=finish or (lambda line, output: output), chunk_lines=1 if interactive else CHUNK_LINES,
+                note=note, first_line=skip + 1, progress=bar, beam=args.beam, alpha=args.alpha,
+                batch_tokens=args.batch_tokens, precision=args.precision, extra_len=extra_len,
+            )
+    except BaseException:
+        if out is not None:
+            out.close()
+            if written:
+                print(f"aiayn: note: {written} finished lines are in {partial}; rerun with --resume to continue",
+                      file=sys.stderr)
+            else:
+                partial.unlink(missing_ok=True)
+        raise
+    if out is not None:
+        os.fsync(out.fileno())
+        out.close()
+        os.replace(partial, final)
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
     """Translate one sentence a line (§6.1 settings by default); empty lines stay empty."""
     from aiayn.translate import EXTRA_LEN
 
-    _write_lines(args.output, _decode_lines(args, _read_lines(args.input), args.beam, args.alpha, EXTRA_LEN))
+    _decode_command(args, EXTRA_LEN)
 
 
 def cmd_parse(args: argparse.Namespace) -> None:
@@ -287,16 +340,13 @@ def cmd_parse(args: argparse.Namespace) -> None:
     is repaired into a valid tree over the input words (see aiayn.parsing.delinearize)."""
     from aiayn.parsing import PARSE_EXTRA_LEN, delinearize, tree_to_string
 
-    lines = _read_lines(args.input)
-    outputs = _decode_lines(args, lines, args.beam, args.alpha, PARSE_EXTRA_LEN)
-    _write_lines(args.output, [tree_to_string(delinearize(out, line.split())) if line.strip() else ""
-                               for line, out in zip(lines, outputs)])
+    _decode_command(args, PARSE_EXTRA_LEN, lambda line, output: tree_to_string(delinearize(output, line.split())))
 
 
 def cmd_score(args: argparse.Namespace) -> None:
     """sacreBLEU with its signature, and the paper's tokenized, compound-split BLEU; or, with
     --parse, labelled bracket precision, recall and F1 (EVALB, COLLINS.prm conventions)."""
-    from aiayn.evaluate import bleu, paper_bleu
+    from aiayn.evaluate import bleu, moses_languages, paper_bleu
 
     if args.parse:
         from aiayn.parsing import evalb, read_trees
@@ -311,10 +361,15 @@ def cmd_score(args: argparse.Namespace) -> None:
               f"F1 {result['f1']:.2f}  complete match {result['complete_match']:.2f}  "
               f"({len(gold)} sentences; EVALB with COLLINS.prm conventions)")
         return
+    languages = moses_languages()
+    if args.lang not in languages:
+        raise UserError(f"--lang {args.lang}: the Moses tokenizer knows {', '.join(languages)}")
     references = _read_lines(args.ref)
     hypotheses = _read_lines(args.hyp)
     if len(hypotheses) != len(references):
         raise UserError(f"{len(hypotheses)} hypothesis lines but {len(references)} reference lines")
+    if not references:
+        raise UserError(f"{args.ref} is empty: no sentences to score")
     score, signature = bleu(hypotheses, references)
     print(f"sacreBLEU       {score:.2f}  {signature}")
     print(f"paper protocol  {paper_bleu(hypotheses, references, args.lang):.2f}  "
@@ -358,16 +413,19 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("run_dir", metavar="RUN_DIR")
     average.add_argument("--last", type=int, default=5, help="how many (5 for base, 20 for big; default 5)")
     average.add_argument("--out", required=True, help="the model folder to write")
+    average.add_argument("--force", action="store_true", help="replace an existing --out")
     average.set_defaults(run=cmd_average)
 
     import_hf = sub.add_parser("import-hf", help="convert a local HF Marian (OPUS-MT) folder into an aiayn run folder")
     import_hf.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json, weights, source.spm, target.spm, vocab.json")
     import_hf.add_argument("out", metavar="OUT", help="the run folder to write (its model/ holds weights and tokenizer)")
+    import_hf.add_argument("--force", action="store_true", help="replace an existing OUT, whole")
     import_hf.set_defaults(run=cmd_import_hf)
 
     export_hf = sub.add_parser("export-hf", help="write a run as an HF MarianMTModel folder (for transformers, CTranslate2)")
     export_hf.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, a checkpoint or a model folder")
     export_hf.add_argument("out", metavar="OUT", help="the HF folder to write")
+    export_hf.add_argument("--force", action="store_true", help="replace an existing OUT, whole")
     export_hf.set_defaults(run=cmd_export_hf)
 
     corpus = sub.add_parser("corpus", help="work with corpora")
@@ -396,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
         decode.add_argument("--max-input-tokens", type=int, default=1024, help="longer lines are cut (default 1024)")
         decode.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
         decode.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+        decode.add_argument("--resume", action="store_true",
+                            help="continue OUTPUT.partial, left by an interrupted run, with the same input")
+        decode.add_argument("--force", action="store_true", help="replace an existing --output")
         decode.set_defaults(run=run)
 
     score = sub.add_parser("score", help="BLEU of hypotheses against references")
@@ -428,13 +489,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so that partial outputs are reported.
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     try:
         args.run(args)
     except (UserError, ValueError, ImportError, OSError) as error:  # OSError: files, network
-        parser.exit(2, f"aiayn: error: {error}\n")
+        parser.exit(2, f"aiayn: error: {' '.join(str(error).split())}\n")
     except KeyboardInterrupt:
         parser.exit(130, "aiayn: interrupted\n")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

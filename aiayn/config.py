@@ -8,6 +8,7 @@ config; the same object is written as JSON beside every saved model.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -53,6 +54,8 @@ class ModelConfig:
         def fail(message: str) -> None:
             raise ValueError(f"invalid ModelConfig: {message}")
 
+        _check_types(self)
+
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -70,6 +73,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 fail(f"{name} must be in [0, 1), got {value!r}")
+        if not self.layer_norm_eps > 0:
+            fail(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
         if self.activation not in ACTIVATIONS:
             fail(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.positional not in POSITIONALS:
@@ -96,11 +101,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
-        return cls(**values)
+        return _from_dict(cls, values)
 
 
 @dataclass(frozen=True)
@@ -133,20 +134,73 @@ class TrainConfig:
     init_from: Optional[str] = None
 
     def __post_init__(self) -> None:
+        _check_types(self)
         positive = ("max_tokens", "accumulate", "warmup_steps", "max_steps", "save_every", "keep_last",
                     "log_every", "eval_every", "max_sentence_tokens")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"invalid TrainConfig: {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.eval_bleu_sentences, int) or self.eval_bleu_sentences < 0:
+            raise ValueError(f"invalid TrainConfig: eval_bleu_sentences must be 0 or more, got {self.eval_bleu_sentences!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"invalid TrainConfig: label_smoothing must be in [0, 1), got {self.label_smoothing}")
         for name in ("minutes", "save_minutes", "lr_scale"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is not None and not value > 0:
                 raise ValueError(f"invalid TrainConfig: {name} must be positive, got {value}")
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"invalid TrainConfig: precision must be fp32, bf16 or fp16, got {self.precision!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        return _from_dict(cls, values)
+
+
+def _fits(value, hint) -> bool:
+    """Whether a JSON value has the type a config field declares (an int is a valid float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return value in args
+    if origin is typing.Union:
+        return any(_fits(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _check_types(config) -> None:
+    """One-line errors for values of the wrong type, as a config.json edited by hand can hold
+    (`"dropout": "0.1"`), before any check compares them."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if not _fits(value, hints[f.name]):
+            raise ValueError(f"invalid {type(config).__name__}: {f.name} must be {_describe(hints[f.name])}, got {value!r}")
+
+
+def _from_dict(cls, values):
+    """`cls(**values)` for a dict read from a file, with a one-line error for unknown fields."""
+    name = cls.__name__
+    if not isinstance(values, dict):
+        raise ValueError(f"a {name} must be a JSON object, got {type(values).__name__}")
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {name} field(s): {', '.join(map(str, unknown))}")
+    return cls(**values)
+
+
+def _describe(hint) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
+    if typing.get_origin(hint) is typing.Union:
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}.get(
+        hint, hint.__name__)
 
 
 def _variation(**changes) -> ModelConfig:

@@ -15,13 +15,15 @@ not needed here (the tests use it to check the results). A `pytorch_model.bin` i
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Callable, Iterator, Union
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aiayn.checkpoint import atomic_write, write_json
+from aiayn.checkpoint import atomic_dir, atomic_write, occupied, write_json
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
 from aiayn.tokenizer import MarianTokenizer, Tokenizer, has_tokenizer, load_tokenizer
@@ -66,6 +68,11 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
             raise ValueError(f"this Marian model is not supported: {what}")
 
     require(hf.get("model_type") == "marian", f"model_type is {hf.get('model_type')!r}, not 'marian'")
+    needed = ("d_model", "vocab_size", "pad_token_id", "eos_token_id")
+    needed += tuple(f"{side}_{key}" for side in ("encoder", "decoder") for key in ("layers", "ffn_dim", "attention_heads"))
+    missing = [key for key in needed if key not in hf]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)}: not a complete Marian config")
     require(hf["encoder_layers"] == hf["decoder_layers"], "encoder and decoder depths differ (aiayn has one N)")
     require(hf["encoder_ffn_dim"] == hf["decoder_ffn_dim"], "encoder and decoder d_ff differ")
     require(hf["encoder_attention_heads"] == hf["decoder_attention_heads"], "encoder and decoder head counts differ")
@@ -101,22 +108,44 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     if (directory / "model.safetensors").is_file():
-        return load_file(directory / "model.safetensors")
+        try:
+            return load_file(directory / "model.safetensors")
+        except (SafetensorError, OSError) as error:
+            raise ValueError(f"cannot read {directory / 'model.safetensors'}: {error}") from None
     if (directory / "pytorch_model.bin").is_file():
-        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        path = directory / "pytorch_model.bin"
+        try:
+            weights = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise ValueError(f"{path} holds more than tensors (a pickle that could run code), so it is not loaded; "
+                             "ask for the model as model.safetensors") from None
+        except (RuntimeError, EOFError, OSError) as error:
+            raise ValueError(f"cannot read {path} (cut short or not a PyTorch weights file?): "
+                             f"{str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from None
+        if not isinstance(weights, dict) or not all(torch.is_tensor(v) for v in weights.values()):
+            raise ValueError(f"{path} does not hold a dictionary of tensors")
+        return weights
     raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {directory}")
 
 
-def import_marian(hf_dir: Union[str, Path], out_dir: Union[str, Path], echo: Callable[[str], None] = print) -> Path:
-    """Convert an HF Marian folder into an aiayn model folder `out_dir/model` (weights, config and
-    the Marian tokenizer), which `aiayn translate out_dir` runs. Returns the model folder."""
-    hf_dir, model_dir = Path(hf_dir), Path(out_dir) / "model"
+def import_marian(
+    hf_dir: Union[str, Path], out_dir: Union[str, Path], echo: Callable[[str], None] = print, force: bool = False
+) -> Path:
+    """Convert an HF Marian folder into an aiayn run folder `out_dir` whose `model/` holds the
+    weights, config and Marian tokenizer, which `aiayn translate out_dir` runs. `out_dir` is
+    written whole and atomically; an existing one only with `force`, and then replaced whole.
+    Returns the model folder."""
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    if occupied(out_dir) and not force:
+        raise FileExistsError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
     try:
         hf = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"no config.json in {hf_dir}: not an HF model folder") from None
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{hf_dir / 'config.json'} is not valid JSON: {error}") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{hf_dir / 'config.json'} must hold a JSON object")
     if hf.get("activation_dropout", 0.0):
         echo(f"note: activation_dropout={hf['activation_dropout']} has no aiayn counterpart and is dropped")
     if not MarianTokenizer.is_in(hf_dir):
@@ -147,8 +176,13 @@ def import_marian(hf_dir: Union[str, Path], out_dir: Union[str, Path], echo: Cal
     tied = {"decoder.embed.lookup.weight"} if config.share_embeddings else set()
     if set(missing) - tied or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
-    model.save(model_dir)
-    tokenizer.save(model_dir)
+
+    def build(folder: Path) -> None:
+        model.save(folder / "model")
+        tokenizer.save(folder / "model")
+
+    atomic_dir(out_dir, build, force)
+    model_dir = out_dir / "model"
     echo(f"imported {hf_dir} -> {model_dir}: {config.n_layers}+{config.n_layers} layers, d_model {config.d_model}, "
          f"{config.activation}, vocabulary {config.vocab_size}, {model.num_parameters():,} parameters")
     return model_dir
@@ -227,12 +261,17 @@ def _marian_vocab(tokenizer: Tokenizer) -> dict[str, int]:
     return {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
 
 
-def export_marian(model_path: Union[str, Path], out_dir: Union[str, Path], echo: Callable[[str], None] = print) -> Path:
+def export_marian(
+    model_path: Union[str, Path], out_dir: Union[str, Path], echo: Callable[[str], None] = print, force: bool = False
+) -> Path:
     """Write an HF Marian folder (config, safetensors weights, SentencePiece models, vocab.json)
-    from an aiayn model or run folder. Returns `out_dir`."""
+    from an aiayn model or run folder, atomically; an existing `out_dir` only with `force`.
+    Returns `out_dir`."""
     from aiayn.checkpoint import resolve_model_dir
 
     model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
+    if occupied(out_dir) and not force:
+        raise FileExistsError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
     model = Transformer.load(model_dir)
     config = model.config
     hf = marian_config(config)
@@ -250,23 +289,26 @@ def export_marian(model_path: Union[str, Path], out_dir: Union[str, Path], echo:
     ).clone()
     bias = state.get("logits_bias", torch.zeros(config.vocab_size))
     weights["final_logits_bias"] = bias.reshape(1, -1).contiguous()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(out_dir / "model.safetensors", lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
-    write_json(out_dir / "config.json", hf)
-    write_json(out_dir / "generation_config.json", {
-        "decoder_start_token_id": config.bos_id,
-        "eos_token_id": config.eos_id,
-        "forced_eos_token_id": config.eos_id,
-        "pad_token_id": config.pad_id,
-        "bad_words_ids": [[config.pad_id]],
-        "num_beams": 4,  # §6.1
-        "max_length": config.max_len,
-    })
-    if isinstance(tokenizer, MarianTokenizer):
-        tokenizer.save(out_dir)
-    else:
-        MarianTokenizer(tokenizer.model_proto, tokenizer.model_proto, _marian_vocab(tokenizer)).save(out_dir)
-    write_json(out_dir / "tokenizer_config.json", {"tokenizer_class": "MarianTokenizer", "model_max_length": config.max_len})
+
+    def build(folder: Path) -> None:
+        atomic_write(folder / "model.safetensors", lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
+        write_json(folder / "config.json", hf)
+        write_json(folder / "generation_config.json", {
+            "decoder_start_token_id": config.bos_id,
+            "eos_token_id": config.eos_id,
+            "forced_eos_token_id": config.eos_id,
+            "pad_token_id": config.pad_id,
+            "bad_words_ids": [[config.pad_id]],
+            "num_beams": 4,  # §6.1
+            "max_length": config.max_len,
+        })
+        if isinstance(tokenizer, MarianTokenizer):
+            tokenizer.save(folder)
+        else:
+            MarianTokenizer(tokenizer.model_proto, tokenizer.model_proto, _marian_vocab(tokenizer)).save(folder)
+        write_json(folder / "tokenizer_config.json", {"tokenizer_class": "MarianTokenizer", "model_max_length": config.max_len})
+
+    atomic_dir(out_dir, build, force)
     if config.layer_norm_eps != HF_LAYER_NORM_EPS:
         echo(f"note: Marian's LayerNorm eps is {HF_LAYER_NORM_EPS:g}, this model's {config.layer_norm_eps:g}: "
              "outputs differ in the last digits")

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +29,12 @@ import torch
 import torch.distributed as dist
 
 from aiayn.checkpoint import (
-    atomic_write, checkpoint_dirs, copy_tokenizer, load_checkpoint, resolve_model_dir, save_checkpoint,
-    save_model, write_json,
+    CHECKPOINTS, TOKENIZER_FILES, atomic_dir, atomic_write, checkpoint_dirs, copy_tokenizer, load_checkpoint, remove_litter, resolve_model_dir,
+    save_checkpoint, save_model, write_json,
 )
 from aiayn.config import ModelConfig, TrainConfig
 from aiayn.data import BatchStream, ParallelCorpus, collate, load_corpus, make_batches
-from aiayn.device import autocast, matmul_peak_flops, resolve_device
+from aiayn.device import autocast, check_precision, matmul_peak_flops, resolve_device
 from aiayn.flops import training_flops
 from aiayn.loss import label_smoothed_nll
 from aiayn.model import Transformer
@@ -42,6 +45,7 @@ LOG = "log.jsonl"
 PLOT = "loss.png"
 MODEL_CONFIG = "model_config.json"
 TRAIN_CONFIG = "train_config.json"
+TOKENIZER_SOURCE = "tokenizer_source.json"  # what the run's tokenizer was made from
 FINAL = "model"  # RUN_DIR/model: the last weights as a model folder, with the tokenizer
 
 
@@ -52,6 +56,36 @@ class TrainData:
     train: Pairs
     dev: Pairs = ()
     dev_text: Sequence[tuple[str, str]] = ()  # (source, reference) strings of the dev pairs
+
+
+class StopSignals:
+    """While active, SIGINT (Ctrl-C) and SIGTERM (a scheduler's notice) ask the loop to stop after
+    the current step, so that a checkpoint is written before the process ends; a second Ctrl-C
+    stops at once. Outside the main thread (no signals there) it does nothing."""
+
+    def __init__(self) -> None:
+        self.name: Optional[str] = None
+        self._previous: dict = {}
+
+    @property
+    def received(self) -> bool:
+        return self.name is not None
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.name = signal.Signals(signum).name
+        print(f"aiayn: {self.name}: stopping after this step and saving a checkpoint", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
 
 def init_distributed() -> tuple[int, int]:
@@ -67,18 +101,53 @@ def init_distributed() -> tuple[int, int]:
 
 def load_run_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
     """The model and training configs a run was started with."""
+    values = []
+    for name in (MODEL_CONFIG, TRAIN_CONFIG):
+        path = run_dir / name
+        try:
+            values.append(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{run_dir} is not a run folder: {name} is missing") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from None
     try:
-        model = json.loads((run_dir / MODEL_CONFIG).read_text(encoding="utf-8"))
-        recipe = json.loads((run_dir / TRAIN_CONFIG).read_text(encoding="utf-8"))
-    except FileNotFoundError as error:
-        raise FileNotFoundError(f"{run_dir} is not a run folder: {Path(error.filename).name} is missing") from None
-    return ModelConfig.from_dict(model), TrainConfig(**recipe)
+        return ModelConfig.from_dict(values[0]), TrainConfig.from_dict(values[1])
+    except ValueError as error:
+        raise ValueError(f"{run_dir}: {error}") from None
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
-    """Never train over a finished or interrupted run by accident."""
-    if checkpoint_dirs(run_dir) and not resume:
-        raise ValueError(f"{run_dir} already holds checkpoints; pass --resume or choose another --out")
+    """Never train over a run, a finished or interrupted one or an imported model, by accident.
+    A folder that holds only a tokenizer (a start that failed) is not a run."""
+    run_dir = Path(run_dir)
+    if resume:
+        if (run_dir / FINAL).exists() and not checkpoint_dirs(run_dir):
+            raise ValueError(f"{run_dir} holds a model but no checkpoint to resume (an imported model?); "
+                             f"fine-tune it with --init-from {run_dir} and another --out")
+        return
+    held = [name for name in (CHECKPOINTS, FINAL, LOG) if (run_dir / name).exists()]
+    if held:
+        raise ValueError(f"{run_dir} already holds a run ({held[0]}); pass --resume or choose another --out")
+
+
+def read_log(path: Path, echo: Callable[[str], None] = print) -> list[dict]:
+    """The records of a log.jsonl. A line that is not a JSON record (the last line cut short by a
+    kill) is skipped with a note naming the file and line, so a run can always resume."""
+    records = []
+    if not path.exists():
+        return records
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not a record with a step")
+        except ValueError:
+            echo(f"note: {path}, line {number} is not a log record (cut short?); skipped")
+            continue
+        records.append(record)
+    return records
 
 
 class Trainer:
@@ -105,6 +174,7 @@ class Trainer:
         self.echo = echo if self.rank == 0 else (lambda _: None)
         if len(data.train) == 0:
             raise ValueError("no training pairs left (all empty or longer than max_sentence_tokens?)")
+        check_settings(model_config, train_config)
         self.device = resolve_device(train_config.device)
         if self.device.type == "cuda" and self.world > 1:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -120,15 +190,17 @@ class Trainer:
             data.train, train_config.max_tokens, train_config.seed, c.pad_id, c.bos_id, c.eos_id,
             shard=(self.rank, self.world),
         )
-        self.step, self.elapsed = 0, 0.0
+        self.step, self.elapsed, self.stopping = 0, 0.0, False
         check_run_dir(self.run_dir, resume)
-        existing = checkpoint_dirs(self.run_dir)
-        if existing:
-            self._restore(existing[-1])
-        elif train_config.init_from:
-            self._start_from(resolve_model_dir(train_config.init_from))
-        elif resume:
-            self.echo(f"no checkpoint in {self.run_dir}: starting from scratch")
+        if self.rank == 0:
+            for path in remove_litter(self.run_dir):
+                self.echo(f"removed {path}, left by an interrupted write")
+        if not self._restore_newest_intact():
+            if train_config.init_from:
+                self._start_from(resolve_model_dir(train_config.init_from))
+            elif resume:
+                self.echo(f"no checkpoint in {self.run_dir}: starting from scratch")
+            self._keep_log_until(0)  # the steps of an earlier start are done again
         self.scaler = torch.amp.GradScaler("cuda") if train_config.precision == "fp16" else None
         self.net = self.model
         if self.world > 1:
@@ -142,16 +214,31 @@ class Trainer:
 
     # -- state -----------------------------------------------------------------------------
 
-    def _restore(self, checkpoint: Path) -> None:
-        state = load_checkpoint(checkpoint, self.model, self.optimizer)
-        self.step, self.elapsed = state["step"], state["elapsed"]
-        self.stream.load_state_dict(state["data"])
+    def _restore_newest_intact(self) -> bool:
+        """Resume from the newest checkpoint that loads; one cut short by a crash (a full disk, a
+        kill during fsync) is passed over with a warning for the one before it."""
+        for checkpoint in reversed(checkpoint_dirs(self.run_dir)):
+            try:
+                state = load_checkpoint(checkpoint, self.model, self.optimizer)
+                self.stream.load_state_dict(state["data"])
+                self.step, self.elapsed = state["step"], state["elapsed"]
+            except (ValueError, KeyError, TypeError) as error:
+                self.echo(f"warning: skipping unreadable checkpoint {checkpoint}: {error}")
+                continue
+            self._keep_log_until(self.step)
+            self.echo(f"resumed from {checkpoint} at step {self.step}")
+            return True
+        if checkpoint_dirs(self.run_dir):
+            raise ValueError(f"no checkpoint in {self.run_dir / CHECKPOINTS} can be read; cannot resume")
+        return False
+
+    def _keep_log_until(self, step: int) -> None:
+        """Drop the log records after `step`: those steps are about to be trained again, and a log
+        never holds one step twice."""
         log = self.run_dir / LOG
-        if self.rank == 0 and log.exists():  # records after the checkpoint will be written again
-            kept = [line for line in log.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line)["step"] <= self.step]
-            _atomic_text(log, "".join(line + "\n" for line in kept))
-        self.echo(f"resumed from {checkpoint} at step {self.step}")
+        if self.rank == 0 and log.exists():
+            kept = [r for r in read_log(log, self.echo) if r["step"] <= step]
+            _atomic_text(log, "".join(json.dumps(r) + "\n" for r in kept))
 
     def _start_from(self, model_dir: Path) -> None:
         """Fine-tuning: the weights of a trained or imported model instead of random ones."""
@@ -176,13 +263,15 @@ class Trainer:
 
     # -- one optimiser step ----------------------------------------------------------------
 
-    def _train_step(self) -> tuple[float, float, int, float]:
-        """Returns (summed smoothed loss, summed NLL, target tokens, model FLOPs) over all ranks."""
+    def _train_step(self, stop_requested: bool = False) -> tuple[float, float, int, float]:
+        """Returns (summed smoothed loss, summed NLL, target tokens, model FLOPs) over all ranks.
+        A stop asked for on any rank (`stop_requested`) makes every rank stop after this step."""
         batches = [next(self.stream) for _ in range(self.recipe.accumulate)]
-        local = torch.tensor([float(sum(b.n_tgt_tokens for b in batches))])
+        local = torch.tensor([float(sum(b.n_tgt_tokens for b in batches)), float(stop_requested)])
         if self.world > 1:
             dist.all_reduce(local)
-        n_tokens = local.item()
+        n_tokens = local[0].item()
+        self.stopping = bool(local[1].item())
         set_lr(self.optimizer, noam_lr(self.step + 1, self.config.d_model, self.recipe.warmup_steps, self.recipe.lr_scale))
         totals = torch.zeros(2)
         flops = 0.0
@@ -260,49 +349,65 @@ class Trainer:
         window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "flops": 0.0, "seconds": 0.0}
         last_save_time = time.monotonic()
         record: dict = {}
-        while self.step < recipe.max_steps and self.elapsed < budget:
-            start = time.perf_counter()
-            loss, nll, tokens, flops = self._train_step()
-            seconds = time.perf_counter() - start
-            self.elapsed += seconds
-            for key, value in zip(("loss", "nll", "tokens", "flops", "seconds"), (loss, nll, tokens, flops, seconds)):
-                window[key] += value
-            bar.update(1)
-            if self.step % recipe.log_every == 0 or self.step == recipe.max_steps or self.elapsed >= budget:
-                record = {
-                    "step": self.step, "split": "train",
-                    "loss": window["loss"] / window["tokens"], "ppl": math.exp(window["nll"] / window["tokens"]),
-                    "lr": self.optimizer.param_groups[0]["lr"],
-                    "tokens_per_s": window["tokens"] / window["seconds"],
-                    "mfu": window["flops"] / window["seconds"] / (peak * self.world),
-                    "elapsed_s": round(self.elapsed, 1),
-                }
-                self._log(record)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", ppl=f"{record['ppl']:.1f}", lr=f"{record['lr']:.2e}",
-                                tok_s=f"{record['tokens_per_s']:.0f}")
-                if bar.disable:
-                    self.echo(f"step {self.step}: loss {record['loss']:.3f} ppl {record['ppl']:.1f} lr {record['lr']:.2e} "
-                              f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu']:.1%}")
-                window = dict.fromkeys(window, 0.0)
-            if self.data.dev and self.step % recipe.eval_every == 0 and self.rank == 0:
-                dev = self.validate()
-                self._log(dev)
-                self.echo("validation: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in dev.items()))
-                self.plot()
-            due = recipe.save_minutes is not None and time.monotonic() - last_save_time >= recipe.save_minutes * 60
-            if self.step % recipe.save_every == 0 or due:
+        with StopSignals() as signals:
+            while self.step < recipe.max_steps and self.elapsed < budget and not self.stopping:
+                record = self._loop_body(signals, window, peak, budget, bar, record)
+                due = recipe.save_minutes is not None and time.monotonic() - last_save_time >= recipe.save_minutes * 60
+                if self.step % recipe.save_every == 0 or due:
+                    self._save()
+                    last_save_time = time.monotonic()
+            bar.close()
+            if not checkpoint_dirs(self.run_dir) or checkpoint_dirs(self.run_dir)[-1].name != f"step_{self.step:08d}":
                 self._save()
-                last_save_time = time.monotonic()
-        bar.close()
-        if not checkpoint_dirs(self.run_dir) or checkpoint_dirs(self.run_dir)[-1].name != f"step_{self.step:08d}":
-            self._save()
-        if self.rank == 0:
-            save_model(self.model, self.run_dir / FINAL)
-            if self.tokenizer is not None:
-                self.tokenizer.save(self.run_dir / FINAL)
+            if self.rank == 0:
+                atomic_dir(self.run_dir / FINAL, self._save_final, force=True)
+                self.plot()
+            if self.world > 1:
+                dist.barrier()
+        if self.stopping:
+            self.echo(f"stopped by {signals.name} at step {self.step}; checkpoint saved in "
+                      f"{self.run_dir / CHECKPOINTS}; continue with --resume")
+            raise KeyboardInterrupt
+        return record
+
+    def _save_final(self, folder: Path) -> None:
+        save_model(self.model, folder)
+        if self.tokenizer is not None:
+            self.tokenizer.save(folder)
+
+    def _loop_body(self, signals: "StopSignals", window: dict, peak: float, budget: float, bar, record: dict) -> dict:
+        """One optimiser step with its log record, validation and progress bar."""
+        recipe = self.recipe
+        start = time.perf_counter()
+        loss, nll, tokens, flops = self._train_step(signals.received)
+        seconds = time.perf_counter() - start
+        self.elapsed += seconds
+        for key, value in zip(("loss", "nll", "tokens", "flops", "seconds"), (loss, nll, tokens, flops, seconds)):
+            window[key] += value
+        bar.update(1)
+        last = self.step == recipe.max_steps or self.elapsed >= budget or self.stopping
+        if self.step % recipe.log_every == 0 or last:
+            record = {
+                "step": self.step, "split": "train",
+                "loss": window["loss"] / window["tokens"], "ppl": math.exp(window["nll"] / window["tokens"]),
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "tokens_per_s": window["tokens"] / window["seconds"],
+                "mfu": window["flops"] / window["seconds"] / (peak * self.world),
+                "elapsed_s": round(self.elapsed, 1),
+            }
+            self._log(record)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", ppl=f"{record['ppl']:.1f}", lr=f"{record['lr']:.2e}",
+                            tok_s=f"{record['tokens_per_s']:.0f}")
+            if bar.disable:
+                self.echo(f"step {self.step}: loss {record['loss']:.3f} ppl {record['ppl']:.1f} lr {record['lr']:.2e} "
+                          f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu']:.1%}")
+            for key in window:
+                window[key] = 0.0
+        if self.data.dev and self.step % recipe.eval_every == 0 and self.rank == 0 and not self.stopping:
+            dev = self.validate()
+            self._log(dev)
+            self.echo("validation: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in dev.items()))
             self.plot()
-        if self.world > 1:
-            dist.barrier()
         return record
 
     def plot(self) -> None:
@@ -319,7 +424,7 @@ def plot_log(log_path: Path, png_path: Path) -> None:
 
     if not log_path.exists():
         return
-    records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = read_log(log_path, echo=lambda _: None)
     fig, ax = plt.subplots(figsize=(7, 4))
     for split, style in (("train", "-"), ("dev", "o-")):
         points = [(r["step"], r["loss"]) for r in records if r.get("split") == split]
@@ -355,14 +460,27 @@ def prepare(
 
     run_dir = Path(run_dir)
     rank, world = init_distributed()
-    if not has_tokenizer(run_dir) and rank == 0:
-        if init_from is not None:
-            copy_tokenizer(init_from, run_dir)
-            echo(f"tokenizer from {init_from}")
-        else:
-            train = corpus.splits["train"]
-            echo(f"training a {vocab_size}-token SentencePiece BPE model on {len(train):,} pairs (§5.1: shared vocabulary)")
-            Tokenizer.train([s for s, _ in train] + [t for _, t in train], vocab_size, run_dir)
+    if rank == 0:
+        source = _tokenizer_source(corpus, vocab_size, init_from)
+        if has_tokenizer(run_dir) and not checkpoint_dirs(run_dir):
+            # Left by a start that failed after making it: reused only if made from the same data.
+            try:
+                recorded = json.loads((run_dir / TOKENIZER_SOURCE).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                recorded = None
+            if recorded != source:
+                echo(f"note: the tokenizer in {run_dir} was made from other data or settings; making a new one")
+                for name in TOKENIZER_FILES:
+                    (run_dir / name).unlink(missing_ok=True)
+        if not has_tokenizer(run_dir):
+            if init_from is not None:
+                copy_tokenizer(init_from, run_dir)
+                echo(f"tokenizer from {init_from}")
+            else:
+                train = corpus.splits["train"]
+                echo(f"training a {vocab_size}-token SentencePiece BPE model on {len(train):,} pairs (§5.1: shared vocabulary)")
+                Tokenizer.train([s for s, _ in train] + [t for _, t in train], vocab_size, run_dir)
+            write_json(run_dir / TOKENIZER_SOURCE, source)
     if world > 1:
         dist.barrier()  # the other ranks read the tokenizer that rank 0 wrote
     tokenizer = load_tokenizer(run_dir)
@@ -380,6 +498,27 @@ def prepare(
     return tokenizer, TrainData(encoded["train"], encoded["dev"], texts["dev"])
 
 
+def _tokenizer_source(corpus, vocab_size: int, init_from: Optional[Path]) -> dict:
+    """What a run's tokenizer is made from: the model folder it is copied from, or a digest of
+    the training text it is learnt on."""
+    if init_from is not None:
+        return {"init_from": str(Path(init_from).resolve())}
+    digest = hashlib.sha256()
+    for source, target in corpus.splits["train"]:
+        digest.update(f"{source}\t{target}\n".encode("utf-8", "surrogatepass"))
+    return {"corpus": corpus.name, "train_sha256": digest.hexdigest(), "vocab_size": vocab_size}
+
+
+def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
+    """Mistakes that would otherwise surface only after the corpus is read and a tokenizer
+    trained: a device that is not here, fp16 on a CPU, sentences longer than learned positions."""
+    check_precision(resolve_device(recipe.device), recipe.precision)
+    if model_config.positional == "learned" and recipe.max_sentence_tokens + 1 > model_config.max_len:
+        raise ValueError(f"max_sentence_tokens={recipe.max_sentence_tokens} needs {recipe.max_sentence_tokens + 1} "
+                         f"learned positions (with BOS/EOS) but max_len is {model_config.max_len}; "
+                         f"lower --max-sentence-tokens or raise --max-len")
+
+
 def train_run(
     model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, resume: bool = False,
     echo: Callable[[str], None] = print,
@@ -387,6 +526,7 @@ def train_run(
     """Everything `aiayn train` does: load the corpus, train or reuse the tokenizer, encode,
     train. Returns the trainer (its model holds the last weights) and the corpus."""
     check_run_dir(run_dir, resume)
+    check_settings(model_config, recipe)
     rank, _ = init_distributed()
     echo = echo if rank == 0 else (lambda *_: None)
     corpus = load_corpus(recipe.corpus, recipe.src_lang, recipe.tgt_lang)

@@ -1,9 +1,10 @@
-"""Translating many sentences: length-sorted batches through a search, results in input order."""
+"""Translating many sentences: length-sorted batches through a search, results in input order;
+files streamed through in chunks, so memory stays flat and every finished chunk is written."""
 
 from __future__ import annotations
 
 import copy
-from typing import Optional, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -66,6 +67,8 @@ def translate_ids(
             ids = list(sources[i]) + [config.eos_id]
             src[row, : len(ids)] = torch.tensor(ids)
         max_len = torch.tensor([len(sources[i]) + extra_len for i in chunk])
+        if config.positional == "learned":  # the search may feed one position past the limit
+            max_len = max_len.clamp(max=config.max_len - 1)
         with torch.no_grad():
             stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1)
             if beam == 1:
@@ -86,3 +89,82 @@ def translate_texts(model: Transformer, tokenizer, sentences: Sequence[str], **o
     """Detokenized translations of `sentences`, in order (options as `translate_ids`)."""
     outputs = translate_ids(model, tokenizer.encode_batch(list(sentences)), **options)
     return [tokenizer.decode(ids) for ids in outputs]
+
+
+# Lines read, decoded and written together: enough to fill length-sorted batches, few enough that
+# memory does not grow with the file and an interruption loses little.
+CHUNK_LINES = 1000
+
+
+def read_lines(handle: BinaryIO, name: str, skip: int = 0) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream split on "\\n" only (a trailing "\\r" dropped), so that the
+    line count agrees with `wc -l` whatever separators (\\f, U+2028, ...) a line holds. The first
+    `skip` lines are passed over. Invalid UTF-8 is an error naming the line."""
+    for number, raw in enumerate(handle, start=1):
+        if number <= skip:
+            continue
+        try:
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\n").removesuffix("\r")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{name}, line {number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
+
+
+def translate_stream(
+    model: Transformer,
+    tokenizer,
+    lines: Iterable[str],
+    write: Callable[[list[str]], None],
+    *,
+    max_input_tokens: int = 1024,
+    finish: Callable[[str, str], str] = lambda line, output: output,
+    chunk_lines: int = CHUNK_LINES,
+    note: Callable[[str], None] = lambda _: None,
+    first_line: int = 1,
+    progress: Optional[object] = None,
+    **options,
+) -> int:
+    """Decode one sentence a line, `chunk_lines` lines at a time, handing each chunk's outputs to
+    `write` in input order as soon as the chunk is done; returns the number of lines.
+
+    An empty line gives an empty line. A line longer than `max_input_tokens` tokens (or than a
+    learned-position model's `max_len` allows) is cut to fit, with a `note`. `finish(line,
+    output)` turns a decoded output into the line written (the parser builds a tree there); a
+    line break the model spells becomes a space, so the output keeps one line per input line.
+    `options` are those of `translate_ids`.
+    """
+    limit = max_input_tokens
+    if model.config.positional == "learned":
+        limit = min(limit, model.config.max_len - 1)  # source + EOS within the learned positions
+    decoder = decoding_model(model, options.get("precision", "fp32"))  # cast once, not per chunk
+    count = 0
+    chunk: list[str] = []
+
+    def flush() -> None:
+        sources, where = [], []
+        for offset, line in enumerate(chunk):
+            if not line.strip():
+                continue
+            ids = tokenizer.encode(line.strip())
+            if len(ids) > limit:
+                note(f"line {first_line + count + offset} has {len(ids)} tokens; using its first {limit}")
+                ids = ids[:limit]
+            sources.append(ids)
+            where.append(offset)
+        outputs = translate_ids(decoder, sources, progress=progress, **options)
+        if progress is not None:
+            progress.update(len(chunk) - len(sources))  # the empty lines
+        decoded = [""] * len(chunk)
+        for offset, ids in zip(where, outputs):
+            decoded[offset] = " ".join(tokenizer.decode(ids).splitlines())
+        write([finish(line, out) if line.strip() else "" for line, out in zip(chunk, decoded)])
+
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == chunk_lines:
+            flush()
+            count += len(chunk)
+            chunk = []
+    if chunk:
+        flush()
+        count += len(chunk)
+    return count

@@ -61,7 +61,7 @@ def test_translate_errors_are_one_line(tmp_path, model_dir):
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "neither a model folder" in missing.stderr
     (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\xfe broken\n")
     bad = aiayn("translate", model_dir, "--input", tmp_path / "bad.txt")
-    assert bad.returncode == 2 and "not valid UTF-8" in bad.stderr and bad.stderr.count("\n") == 1
+    assert bad.returncode == 2 and "bad.txt, line 2: invalid UTF-8" in bad.stderr and bad.stderr.count("\n") == 1
 
 
 HYP = ["Das Haus ist wunderbar-schön.", "Er sagt: \"Ja, das ist gut\" - und geht.", "Ein Baum-Haus im Wald."]
