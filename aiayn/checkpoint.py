@@ -46,8 +46,8 @@ def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        _usual_mode(tmp)
         write(tmp)
+        _usual_mode(tmp)  # after writing: some writers (safetensors) create the file anew
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -134,7 +134,12 @@ def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a JSON object")
     architecture = values.pop("architecture", "Transformer")
-    return architecture, ModelConfig.from_dict(values)
+    if not isinstance(architecture, str):
+        raise ValueError(f"{path}: architecture must be a string, got {architecture!r}")
+    try:
+        return architecture, ModelConfig.from_dict(values)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
 
 
 def load_model(cls, directory: Union[str, Path], device: Union[str, torch.device] = "cpu"):
@@ -142,11 +147,14 @@ def load_model(cls, directory: Union[str, Path], device: Union[str, torch.device
     directory = Path(directory)
     architecture, config = read_config(directory)
     if architecture != cls.__name__:
-        raise ValueError(f"{directory} holds a {architecture}, not a {cls.__name__}")
+        raise ValueError(f"{directory} holds a {architecture!r}, not a {cls.__name__}")
     weights = directory / WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"no {WEIGHTS} in {directory}")
-    model = cls(config)
+    try:
+        model = cls(config)
+    except (RuntimeError, MemoryError) as error:  # a size no machine holds: "vocab_size": 10**15
+        raise ValueError(f"cannot build the model {directory / CONFIG} describes: {' '.join(str(error).split())[:200]}") from None
     load_weights(model, weights, device)
     return model.to(device)
 
@@ -248,7 +256,7 @@ def save_checkpoint(
         tensors["rng.torch"] = torch.get_rng_state()
         if torch.cuda.is_available():
             tensors["rng.cuda"] = torch.cuda.get_rng_state()
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / OPTIMIZER))
+        atomic_write(tmp / OPTIMIZER, lambda path: save_file({k: v.contiguous() for k, v in tensors.items()}, path))
         write_json(tmp / TRAINER, {**trainer_state, "step": step, "param_groups": groups})
         copy_tokenizer(run_dir, tmp)
         if final.exists():  # a resumed run reached this step again; the new one replaces it

@@ -190,7 +190,7 @@ def _from_dict(cls, values):
         raise ValueError(f"a {name} must be a JSON object, got {type(values).__name__}")
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
-        raise ValueError(f"unknown {name} field(s): {', '.join(map(str, unknown))}")
+        raise ValueError(f"unknown {name} field(s): {', '.join(map(repr, unknown))}")
     return cls(**values)
 
 

@@ -123,15 +123,18 @@ def read_lines(path: Union[str, Path]) -> list[str]:
         raise FileNotFoundError(f"no such file: {path}")
     opener = lzma.open if path.suffix == ".xz" else open
     lines = []
-    with opener(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                # utf-8-sig on line 1: a byte-order mark is not part of the first sentence.
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as error:
-                reason = f"{error.reason} at byte {error.start}"
-                raise ValueError(f"{path}, line {number}: invalid UTF-8 ({reason})") from None
-            lines.append(line.rstrip("\r\n"))
+    try:
+        with opener(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    # utf-8-sig on line 1: a byte-order mark is not part of the first sentence.
+                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                except UnicodeDecodeError as error:
+                    reason = f"{error.reason} at byte {error.start}"
+                    raise ValueError(f"{path}, line {number}: invalid UTF-8 ({reason})") from None
+                lines.append(line.rstrip("\r\n"))
+    except (lzma.LZMAError, EOFError) as error:
+        raise ValueError(f"{path} is not a complete .xz file: {error}") from None
     if not lines:
         raise ValueError(f"{path} is empty")
     return lines

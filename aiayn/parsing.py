@@ -123,12 +123,19 @@ def _position(text: str, offset: int) -> str:
     return f"line {line}, column {column}"
 
 
+# Treebank trees are a few dozen brackets deep (WSJ: under 40); the tree functions recurse once
+# per level, so deeper input is refused before it meets Python's recursion limit.
+MAX_DEPTH = 200
+
+
 def _parse(text: str) -> Iterator[tuple[Node, str]]:
     # Each stack entry: [label, children, offset of its "("]. Labels are None until read.
     stack: list[list] = []
     for match in _TOKEN.finditer(text):
         token, offset = match.group(), match.start()
         if token == "(":
+            if len(stack) == MAX_DEPTH:
+                raise ValueError(f"the tree at {_position(text, stack[0][2])} is nested deeper than {MAX_DEPTH} brackets")
             stack.append([None, [], offset])
         elif token == ")":
             if not stack:

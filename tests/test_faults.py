@@ -1,0 +1,393 @@
+"""Faults and bad input, as a user meets them: nothing lost, nothing overwritten, no traceback.
+
+Each test holds one row of the table in docs/robustness.md.
+"""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn import translate as translate_module
+from aiayn.checkpoint import checkpoint_dirs
+from aiayn.cli import main
+from aiayn.config import ModelConfig
+from aiayn.marian import export_marian
+from aiayn.model import Transformer
+from aiayn.tokenizer import Tokenizer
+
+SENTENCES = ["the small cat sees a big dog", "a red bird eats the blue fish", "the dog likes the cat near the river"] * 40
+WORDS = "the a small big red blue cat dog bird fish sees likes eats finds near under over with".split()
+
+
+def cli(capsys, *argv, stdin: bytes = None, monkeypatch=None):
+    """`aiayn ARGV` in this process: (exit status, stdout, stderr)."""
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code, err, *fragments):
+    assert code == 2, err
+    assert err.startswith("aiayn: error: ") and err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def make_model(folder: Path, **overrides) -> Path:
+    """A random model with a real tokenizer in `folder`: translations are nonsense, the plumbing real."""
+    tokenizer = Tokenizer.train(SENTENCES, 300, folder)
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.0,
+                         **overrides)
+    Transformer(config).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def corpus_tsv(tmp_path_factory):
+    g = torch.Generator().manual_seed(0)
+    lines = []
+    for _ in range(300):
+        n = int(torch.randint(3, 9, (1,), generator=g))
+        words = [WORDS[int(i)] for i in torch.randint(0, len(WORDS), (n,), generator=g)]
+        lines.append(" ".join(words) + "\t" + " ".join(reversed(words)))
+    path = tmp_path_factory.mktemp("corpus") / "toy.tsv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def train_argv(corpus, out, *extra):
+    return ["train", "--preset", "tiny", "--vocab-size", "300", "--d-model", "32", "--d-ff", "64", "--corpus", str(corpus),
+            "--out", str(out), "--max-tokens", "300", "--warmup-steps", "20", "--log-every", "1", "--eval-every", "1000",
+            "--device", "cpu", "--seed", "3", *extra]
+
+
+def log_steps(run: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+
+
+def losses(run: Path) -> dict:
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
+
+
+# --- 1. nothing overwritten -------------------------------------------------------------------
+
+def test_import_hf_never_replaces_a_folder_without_force_and_then_replaces_it_whole(tmp_path, model_dir, capsys):
+    export_marian(model_dir, tmp_path / "hf", echo=lambda _: None)
+    run = tmp_path / "run"
+    assert cli(capsys, "import-hf", tmp_path / "hf", run)[0] == 0
+    (run / "model" / "tokenizer.model").write_bytes(b"a leftover tokenizer")
+    (run / "notes.txt").write_text("mine")
+    one_line_error(*cli(capsys, "import-hf", tmp_path / "hf", run)[::2], "already exists", "--force")
+    assert (run / "notes.txt").read_text() == "mine"
+    assert cli(capsys, "import-hf", tmp_path / "hf", run, "--force")[0] == 0
+    assert sorted(p.name for p in run.iterdir()) == ["model"]  # replaced whole: nothing old is left
+    assert not (run / "model" / "tokenizer.model").exists()
+    one_line_error(*cli(capsys, "export-hf", run, tmp_path / "hf")[::2], "already exists")
+
+
+def test_train_refuses_an_imported_run_with_or_without_resume(tmp_path, model_dir, corpus_tsv, capsys):
+    export_marian(model_dir, tmp_path / "hf", echo=lambda _: None)
+    run = tmp_path / "run"
+    assert cli(capsys, "import-hf", tmp_path / "hf", run)[0] == 0
+    weights = (run / "model" / "model.safetensors").read_bytes()
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "1"))[::2], "already holds a run", "--resume")
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "1", "--resume"))[::2], "--init-from")
+    assert (run / "model" / "model.safetensors").read_bytes() == weights
+
+
+def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus_tsv, capsys):
+    run = tmp_path / "run"
+    assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--save-every", "1"))[0] == 0
+    (tmp_path / "avg").mkdir()
+    (tmp_path / "avg" / "mine.txt").write_text("mine")
+    one_line_error(*cli(capsys, "average", run, "--last", "2", "--out", tmp_path / "avg")[::2], "already exists")
+    assert cli(capsys, "average", run, "--last", "2", "--out", tmp_path / "avg", "--force")[0] == 0
+    assert sorted(p.name for p in (tmp_path / "avg").iterdir()) == ["config.json", "model.safetensors", "tokenizer.model"]
+
+
+# --- 2. a tokenizer left by a failed start ----------------------------------------------------
+
+def test_a_tokenizer_from_other_data_is_not_reused(tmp_path, corpus_tsv, capsys):
+    from aiayn.data import load_corpus
+    from aiayn.train import prepare
+
+    run = tmp_path / "run"
+    # A start that fails on its settings fails before it writes anything.
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, run, "--device", "cuda"))[::2], "no CUDA GPU")
+    assert not (run / "tokenizer.model").exists()
+    # A start that failed later (here: stopped after prepare) left a tokenizer of the toy corpus.
+    prepare(load_corpus(str(corpus_tsv)), run, 300, 256, echo=lambda _: None)
+    toy = (run / "tokenizer.model").read_bytes()
+    chinese = tmp_path / "zh.tsv"
+    chinese.write_text("".join(f"猫在河边看见狗{i}\t狗在桥下吃鱼{i}\n" for i in range(200)), encoding="utf-8")
+    code, out, _ = cli(capsys, *train_argv(chinese, run, "--max-steps", "1"))
+    assert code == 0 and "made from other data" in out
+    assert (run / "tokenizer.model").read_bytes() != toy
+    tokenizer = Tokenizer.load(run)
+    assert len(tokenizer.encode("猫在河边")) < 4  # learnt pieces, not 12 UTF-8 byte pieces
+
+
+# --- 3. and 4. translate: lines as wc -l counts them, streamed, resumable ------------------------
+
+SEPARATORS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\r"
+
+
+def test_translate_and_score_split_lines_on_newline_only(tmp_path, model_dir, capsys):
+    text = f"the small cat{SEPARATORS}sees a dog\na red bird\x0ceats the fish\nthe big dog\u2028likes the cat\n"
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt",
+                       "--beam", "1")
+    assert code == 0, err
+    out = (tmp_path / "out.txt").read_bytes()
+    assert out.count(b"\n") == 3 and out.endswith(b"\n")
+    assert all(ch not in out.decode() for ch in SEPARATORS)  # one line out for each line in
+    (tmp_path / "ref.txt").write_text(text, encoding="utf-8")
+    code, out, err = cli(capsys, "score", "--ref", tmp_path / "ref.txt", "--hyp", tmp_path / "in.txt")
+    assert code == 0 and "sacreBLEU       100.00" in out, err
+
+
+def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_path, model_dir, capsys, monkeypatch):
+    lines = [SENTENCES[i % 7] if i % 5 else "" for i in range(11)]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["translate", model_dir, "--input", tmp_path / "in.txt", "--beam", "2"]
+    monkeypatch.setattr(translate_module, "CHUNK_LINES", 3)
+    assert cli(capsys, *argv, "--output", tmp_path / "straight.txt")[0] == 0
+    straight = (tmp_path / "straight.txt").read_text(encoding="utf-8")
+    assert straight.count("\n") == 11
+
+    real, calls = translate_module.translate_ids, []
+
+    def interrupted_on_the_third_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "translate_ids", interrupted_on_the_third_chunk)
+    out = tmp_path / "out.txt"
+    code, _, err = cli(capsys, *argv, "--output", out)
+    assert code == 130 and "6 finished lines are in" in err and "--resume" in err
+    assert not out.exists() and (tmp_path / "out.txt.partial").read_text(encoding="utf-8").count("\n") == 6
+    with open(tmp_path / "out.txt.partial", "ab") as handle:
+        handle.write(b"half a li")  # a kill in the middle of a write
+    one_line_error(*cli(capsys, *argv, "--output", out)[::2], "interrupted translation", "--resume")
+    monkeypatch.setattr(translate_module, "translate_ids", real)
+    assert cli(capsys, *argv, "--output", out, "--resume")[0] == 0
+    assert out.read_text(encoding="utf-8") == straight and not (tmp_path / "out.txt.partial").exists()
+    one_line_error(*cli(capsys, *argv, "--output", out)[::2], "already exists", "--force")
+    one_line_error(*cli(capsys, *argv, "--output", out, "--resume")[::2], "is complete")
+    assert cli(capsys, *argv, "--output", out, "--force")[0] == 0
+
+
+def test_translate_writes_each_chunk_when_done(model_dir):
+    model, tokenizer = Transformer.load(model_dir).eval(), Tokenizer.load(model_dir)
+    written = []
+    count = translate_module.translate_stream(model, tokenizer, iter(SENTENCES[:7]), written.append, chunk_lines=3)
+    assert count == 7 and [len(chunk) for chunk in written] == [3, 3, 1]
+
+
+def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys, monkeypatch):
+    monkeypatch.setattr(translate_module, "translate_ids", lambda *a, **k: pytest.fail("decoded"))
+    (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
+    code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt",
+                       "--output", tmp_path / "no" / "such" / "folder.txt")
+    one_line_error(code, err, "No such file or directory")
+
+
+def test_a_line_too_long_for_learned_positions_is_cut_not_fatal(tmp_path, capsys):
+    model_dir = make_model(tmp_path / "learned", positional="learned", max_len=16)
+    (tmp_path / "in.txt").write_text("the cat\n" + "the big dog " * 30 + "\na red bird\n", encoding="utf-8")
+    code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt")
+    assert code == 0, err
+    assert "line 2 has" in err and "first 15" in err
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 3
+
+
+# --- 5. and 6. train: stopped by a signal, resumed from what a crash left ----------------------
+
+def run_cli(*argv, **kwargs):
+    return subprocess.run([sys.executable, "-m", "aiayn", *map(str, argv)], capture_output=True, text=True,
+                          timeout=300, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def straight_run(corpus_tsv, tmp_path_factory):
+    run = tmp_path_factory.mktemp("straight") / "run"
+    done = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "40", "--save-every", "10"))
+    assert done.returncode == 0, done.stderr
+    return run
+
+
+def wait_for_step(process, run: Path, step: int) -> None:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        if (run / "log.jsonl").exists() and max(log_steps(run), default=0) >= step:
+            return
+        time.sleep(0.02)
+    pytest.fail("the run ended before the signal")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_a_checkpoint_and_resume_is_exact(tmp_path, corpus_tsv, straight_run, signum):
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "aiayn", *train_argv(corpus_tsv, run, "--max-steps", "40", "--save-every", "1000")]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(process, run, 12)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    stopped = max(log_steps(run))
+    assert stopped < 40 and checkpoint_dirs(run)[-1].name == f"step_{stopped:08d}"  # not one step lost
+    assert f"stopped by {signal.Signals(signum).name} at step {stopped}" in out
+    assert (run / "model" / "model.safetensors").exists()
+    again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "40", "--save-every", "1000", "--resume"))
+    assert again.returncode == 0, again.stderr
+    assert log_steps(run) == list(range(1, 41))  # no step logged twice
+    assert losses(run) == losses(straight_run)  # bit for bit
+
+
+def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once(tmp_path, corpus_tsv):
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "aiayn", *train_argv(corpus_tsv, run, "--max-steps", "30", "--save-every", "1000")]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_step(process, run, 5)
+    process.kill()
+    process.wait()
+    assert not checkpoint_dirs(run)
+    refused = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "30"))
+    assert refused.returncode == 2 and "--resume" in refused.stderr
+    again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "30", "--resume"))
+    assert again.returncode == 0, again.stderr
+    assert log_steps(run) == list(range(1, 31))
+
+
+def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_path, corpus_tsv, straight_run):
+    run = tmp_path / "run"
+    done = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "30", "--save-every", "10"))
+    assert done.returncode == 0, done.stderr
+    newest = checkpoint_dirs(run)[-1]
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with open(run / "log.jsonl", "a") as handle:
+        handle.write('{"step": 31, "split": "tr')  # the kill came mid-line
+    (run / "checkpoints" / ".step_00000040.abc123").mkdir()
+    (run / ".log.jsonl.x1y2.tmp").write_text("")
+    again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "40", "--save-every", "10", "--resume"))
+    assert again.returncode == 0, again.stderr
+    assert f"skipping unreadable checkpoint {newest}" in again.stdout and "resumed from" in again.stdout
+    assert "log.jsonl, line 31 is not a log record" in again.stdout
+    assert "left by an interrupted write" in again.stdout
+    assert not (run / "checkpoints" / ".step_00000040.abc123").exists() and not (run / ".log.jsonl.x1y2.tmp").exists()
+    assert log_steps(run) == list(range(1, 41))
+    assert losses(run) == losses(straight_run)
+
+
+def test_written_files_have_the_usual_modes(tmp_path, corpus_tsv, capsys):
+    old = os.umask(0o022)
+    try:
+        assert cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", "--max-steps", "1"))[0] == 0
+    finally:
+        os.umask(old)
+    run = tmp_path / "run"
+    for path in [run / "log.jsonl", run / "model" / "model.safetensors", run / "train_config.json",
+                 checkpoint_dirs(run)[-1] / "optimizer.safetensors"]:
+        assert path.stat().st_mode & 0o777 == 0o644, path
+    for path in [run / "model", checkpoint_dirs(run)[-1]]:
+        assert path.stat().st_mode & 0o777 == 0o755, path
+
+
+# --- 7. to 9. bad input: one line, exit 2 -----------------------------------------------------
+
+def test_a_config_field_of_the_wrong_type(tmp_path, model_dir, capsys):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("model.safetensors", "tokenizer.model"):
+        (folder / name).write_bytes((model_dir / name).read_bytes())
+    config = json.loads((model_dir / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "dropout": "0.1"}))
+    code, _, err = cli(capsys, "translate", folder, "--input", tmp_path / "nowhere")
+    one_line_error(code, err, "dropout must be a number, got '0.1'")
+
+
+def test_weights_that_do_not_fit_their_config_name_the_tensor(tmp_path, model_dir, capsys):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("model.safetensors", "tokenizer.model"):
+        (folder / name).write_bytes((model_dir / name).read_bytes())
+    config = json.loads((model_dir / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "d_ff": 128}))
+    code, _, err = cli(capsys, "translate", folder, "--input", tmp_path / "nowhere")
+    one_line_error(code, err, "does not match its config.json", "feed_forward.w_1.weight has shape [64, 32]",
+                   "the config wants [128, 32]")
+
+
+def test_score_of_empty_files_and_an_unknown_language(tmp_path, capsys):
+    (tmp_path / "empty").write_text("")
+    one_line_error(*cli(capsys, "score", "--ref", tmp_path / "empty", "--hyp", tmp_path / "empty")[::2], "is empty")
+    (tmp_path / "one").write_text("a line\n")
+    one_line_error(*cli(capsys, "score", "--ref", tmp_path / "one", "--hyp", tmp_path / "one", "--lang", "xx")[::2],
+                   "--lang xx", "de")
+
+
+def test_invalid_utf8_on_stdin(model_dir, capsys, monkeypatch):
+    code, _, err = cli(capsys, "translate", model_dir, stdin=b"fine\n\xff\xfe\n", monkeypatch=monkeypatch)
+    one_line_error(code, err, "stdin, line 2: invalid UTF-8")
+    code, _, err = cli(capsys, "score", "--ref", "/dev/null", stdin=b"\xc3\n", monkeypatch=monkeypatch)
+    one_line_error(code, err, "stdin, line 1: invalid UTF-8")
+
+
+@pytest.mark.parametrize("option, value", [("--max-input-tokens", "0"), ("--max-input-tokens", "-2"),
+                                           ("--alpha", "-1"), ("--beam", "0"), ("--batch-tokens", "0")])
+def test_decoding_options_out_of_range(model_dir, capsys, option, value):
+    one_line_error(*cli(capsys, "translate", model_dir, option, value)[::2], option)
+
+
+def test_import_hf_of_a_bad_folder(tmp_path, model_dir, capsys):
+    hf = tmp_path / "hf"
+    export_marian(model_dir, hf, echo=lambda _: None)
+    config = (hf / "config.json").read_text()
+    (hf / "config.json").write_text('{"model_type": "marian"}')
+    one_line_error(*cli(capsys, "import-hf", hf, tmp_path / "a")[::2], "config.json lacks d_model")
+    (hf / "config.json").write_text(config)
+
+    class Payload:  # what a malicious pickle would run on load
+        def __reduce__(self):
+            return (os.system, ("echo owned",))
+
+    (hf / "model.safetensors").unlink()
+    torch.save({"weight": Payload()}, hf / "pytorch_model.bin")
+    code, _, err = cli(capsys, "import-hf", hf, tmp_path / "b")
+    one_line_error(code, err, "more than tensors", "not loaded")
+    assert "weights_only=False" not in err and not (tmp_path / "b").exists()
+
+
+def test_learned_positions_must_hold_the_longest_sentence(tmp_path, corpus_tsv, capsys):
+    code, _, err = cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", "--positional", "learned", "--max-len", "64"))
+    one_line_error(code, err, "max_sentence_tokens=256", "max_len is 64")
+
+
+def test_fp16_on_a_cpu_fails_at_once(tmp_path, corpus_tsv, capsys):
+    start = time.perf_counter()
+    code, _, err = cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", "--precision", "fp16"))
+    one_line_error(code, err, "fp16 needs a CUDA GPU")
+    assert time.perf_counter() - start < 10 and not (tmp_path / "run").exists()
