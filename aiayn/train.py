@@ -351,7 +351,7 @@ class Trainer:
         record: dict = {}
         with StopSignals() as signals:
             while self.step < recipe.max_steps and self.elapsed < budget and not self.stopping:
-                record = self._loop_body(signals, window, peak, budget, bar, record)
+                record = self._step_and_report(signals, window, peak, budget, bar) or record
                 due = recipe.save_minutes is not None and time.monotonic() - last_save_time >= recipe.save_minutes * 60
                 if self.step % recipe.save_every == 0 or due:
                     self._save()
@@ -375,9 +375,11 @@ class Trainer:
         if self.tokenizer is not None:
             self.tokenizer.save(folder)
 
-    def _loop_body(self, signals: "StopSignals", window: dict, peak: float, budget: float, bar, record: dict) -> dict:
-        """One optimiser step with its log record, validation and progress bar."""
+    def _step_and_report(self, signals: "StopSignals", window: dict, peak: float, budget: float, bar) -> Optional[dict]:
+        """One optimiser step, then its progress bar, validation and log; returns the training
+        record when one is logged. `window` sums the step's figures since the last record."""
         recipe = self.recipe
+        record = None
         start = time.perf_counter()
         loss, nll, tokens, flops = self._train_step(signals.received)
         seconds = time.perf_counter() - start

@@ -318,24 +318,24 @@ def test_written_files_have_the_usual_modes(tmp_path, corpus_tsv, capsys):
 
 # --- 7. to 9. bad input: one line, exit 2 -----------------------------------------------------
 
-def test_a_config_field_of_the_wrong_type(tmp_path, model_dir, capsys):
-    folder = tmp_path / "model"
+def with_config(model_dir: Path, folder: Path, **changes) -> Path:
+    """A copy of the model folder whose config.json has `changes`, as a hand edit would."""
     folder.mkdir()
     for name in ("model.safetensors", "tokenizer.model"):
         (folder / name).write_bytes((model_dir / name).read_bytes())
     config = json.loads((model_dir / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "dropout": "0.1"}))
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+def test_a_config_field_of_the_wrong_type(tmp_path, model_dir, capsys):
+    folder = with_config(model_dir, tmp_path / "model", dropout="0.1")
     code, _, err = cli(capsys, "translate", folder, "--input", tmp_path / "nowhere")
     one_line_error(code, err, "dropout must be a number, got '0.1'")
 
 
 def test_weights_that_do_not_fit_their_config_name_the_tensor(tmp_path, model_dir, capsys):
-    folder = tmp_path / "model"
-    folder.mkdir()
-    for name in ("model.safetensors", "tokenizer.model"):
-        (folder / name).write_bytes((model_dir / name).read_bytes())
-    config = json.loads((model_dir / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "d_ff": 128}))
+    folder = with_config(model_dir, tmp_path / "model", d_ff=128)
     code, _, err = cli(capsys, "translate", folder, "--input", tmp_path / "nowhere")
     one_line_error(code, err, "does not match its config.json", "feed_forward.w_1.weight has shape [64, 32]",
                    "the config wants [128, 32]")

@@ -572,17 +572,6 @@ def check_types(config) -> None:
 @example(text=b'{"d_ff\\n2": 1}')
 @example(text=b'[1, 2]')
 @example(text=b'"d_model"')
-def test_read_config(base, text):
-    with scratch(base) as folder:
-        (folder / CONFIG).write_bytes(text)
-        result = api(lambda: read_config(folder))
-        if not isinstance(result, Exception):
-            architecture, config = result
-            assert isinstance(config, ModelConfig)
-
-
-@settings(FUZZ, max_examples=200)
-@given(text=config_files(VALID_MODEL))
 @example(text=b'{"norm_first": "false"}')
 @example(text=b'{"d_k": true}')
 @example(text=b'{"architecture": ["Transformer"]}')
