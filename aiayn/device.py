@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import torch
@@ -38,9 +39,11 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=DTYPES[precision])
 
 
+@functools.lru_cache(maxsize=None)
 def matmul_peak_flops(device: torch.device, precision: str, seconds: float = 0.5) -> float:
     """Measured FLOP/s of a large square matrix product in `precision`: the roof that model FLOPs
-    utilisation is reported against. Measured rather than looked up, since CPUs vary widely."""
+    utilisation is reported against. Measured rather than looked up, since CPUs vary widely;
+    once per process, since every `Trainer.fit` asks."""
     n = 8192 if device.type == "cuda" else 2048
     dtype = DTYPES[precision]
     # A private generator: measuring must not move the global RNG that dropout draws from.

@@ -24,6 +24,7 @@ def exact_attention(q, k, v):
 # --- Scaled dot-product attention: the lecture's examples 1-3 (seeds 000 and 004) -----------
 
 
+@pytest.mark.numeric
 def test_example_1_three_tokens():
     q, k, v = T([[1, 0], [0, 1], [1, 1]]), T([[1, 1], [0, 1], [1, 0]]), T([[0, 2], [1, 1], [2, 0]])
     out, weights = scaled_dot_product_attention(q, k, v)
@@ -39,12 +40,14 @@ def test_example_1_three_tokens():
     np.testing.assert_allclose(out[0].numpy(), [1.0, 1.0], rtol=1e-12)
 
 
+@pytest.mark.numeric
 def test_example_2_single_query():
     out, weights = scaled_dot_product_attention(T([[1, 1]]), T([[1, 0], [0, 1]]), T([[2, 3], [4, 1]]))
     assert torch.equal(weights, T([[0.5, 0.5]]))
     assert torch.equal(out, T([[3.0, 2.0]]))
 
 
+@pytest.mark.numeric
 def test_example_3_value_column():
     q = T([[1, 1, 1, 1]])
     out, weights = scaled_dot_product_attention(q, torch.eye(4, dtype=torch.float64), T([[2], [4], [6], [8]]))
@@ -75,6 +78,7 @@ def two_head_module() -> MultiHeadAttention:
     return mha
 
 
+@pytest.mark.numeric
 def test_two_head_example_exact():
     projected = {
         name: [np.asarray(x) @ np.asarray(w) for w in ws]
@@ -119,6 +123,7 @@ def padding_and_causal_mask(batch=2, heads=1, length=5, lengths=(5, 3)):
     return key_ok[:, None, None, :] & causal  # (B, 1, L, L)
 
 
+@pytest.mark.numeric
 def test_fast_path_equals_math_path():
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 6)
@@ -134,6 +139,7 @@ def test_fast_path_equals_math_path():
     torch.testing.assert_close(slow, fast, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.numeric
 def test_masked_positions_get_zero_weight():
     torch.manual_seed(1)
     mask = padding_and_causal_mask()
@@ -146,6 +152,7 @@ def test_masked_positions_get_zero_weight():
     assert torch.equal(weights, torch.zeros_like(weights)) and torch.equal(out, torch.zeros_like(out))
 
 
+@pytest.mark.numeric
 def test_equals_torch_multihead_attention():
     torch.manual_seed(2)
     d_model, heads = 16, 4
@@ -203,6 +210,7 @@ def test_bad_input_gets_clear_errors():
 # --- Restricted self-attention (Table 1) ------------------------------------------------------
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("n, r", [(1, 4), (7, 4), (16, 4), (23, 6), (30, 1), (9, 40)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_local_attention_equals_the_dense_band(n, r, causal):
@@ -219,6 +227,7 @@ def test_local_attention_equals_the_dense_band(n, r, causal):
     assert band[0].sum() == min(n, r // 2 + 1)  # the first position sees itself and r // 2 after it
 
 
+@pytest.mark.numeric
 def test_local_attention_backward_matches_dense():
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 13, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))

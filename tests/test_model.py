@@ -33,6 +33,7 @@ def tokens(rows, pad=0, length=None):
 # --- Components ------------------------------------------------------------------------------
 
 
+@pytest.mark.numeric
 def test_feed_forward_example():
     """The lecture's FFN example: max(0, xW_1 + b_1)W_2 + b_2 = [[6, 1], [5, 1], [8, 2]]."""
     ffn = FeedForward(2, 2).double().requires_grad_(False)
@@ -46,6 +47,7 @@ def test_feed_forward_example():
     assert torch.equal(ffn(torch.tensor([[-5.0, 0.0]], dtype=torch.float64)), torch.tensor([[1.0, -1.0]], dtype=torch.float64))
 
 
+@pytest.mark.numeric
 def test_activations_are_selectable():
     x = torch.randn(3, 8)
     for name, fn in (("gelu", torch.nn.functional.gelu), ("swish", torch.nn.functional.silu)):
@@ -53,6 +55,7 @@ def test_activations_are_selectable():
         torch.testing.assert_close(ffn(x), ffn.w_2(fn(ffn.w_1(x))))
 
 
+@pytest.mark.numeric
 def test_sinusoidal_positions_follow_section_3_5():
     d_model = 8
     pe = sinusoidal_positions(50, d_model)
@@ -69,6 +72,7 @@ def test_sinusoidal_positions_follow_section_3_5():
         torch.testing.assert_close(pe[pos, 2 * i : 2 * i + 2] @ rotation, pe[pos + k, 2 * i : 2 * i + 2], atol=1e-5, rtol=0)
 
 
+@pytest.mark.numeric
 def test_embeddings_scaled_and_shared_with_softmax():
     model = tiny()
     assert model.encoder.embed is model.decoder.embed  # one matrix for source and target (§3.4)
@@ -91,6 +95,7 @@ def test_untied_options_add_exactly_their_matrices():
     assert tiny(positional="learned").num_parameters() == shared + 2 * 64 * 16  # encoder + decoder
 
 
+@pytest.mark.numeric
 def test_post_norm_layer_is_layernorm_of_residual_sum():
     """LayerNorm(x + Sublayer(x)) for both sub-layers (§3.1), no final LayerNorm in post-norm."""
     model = tiny()
@@ -104,6 +109,7 @@ def test_post_norm_layer_is_layernorm_of_residual_sum():
     assert model.encoder.final_norm is None and model.decoder.final_norm is None
 
 
+@pytest.mark.numeric
 def test_pre_norm_option():
     model = tiny(norm_first=True)
     layer = model.encoder.layers[0]
@@ -148,6 +154,7 @@ def test_dropout_sits_on_embeddings_and_every_sublayer():
 # --- The whole model -------------------------------------------------------------------------
 
 
+@pytest.mark.numeric
 def test_forward_shapes_and_padding_invariance():
     model = tiny()
     src = tokens([[5, 6, 7, 8], [9, 10]])
@@ -161,6 +168,7 @@ def test_forward_shapes_and_padding_invariance():
     torch.testing.assert_close(padded_more[:, :3], logits[:1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.numeric
 def test_restricted_self_attention_sees_only_its_neighbourhood():
     """Table 1's restricted self-attention: with r = 4 an output depends on inputs within 2
     positions per layer, so after 2 layers within 4; a wide enough r is full attention."""
@@ -176,6 +184,7 @@ def test_restricted_self_attention_sees_only_its_neighbourhood():
     torch.testing.assert_close(wide(src, tgt), tiny()(src, tgt), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.numeric
 def test_decoder_is_causal_and_encoder_is_not():
     model = tiny()
     src, tgt = torch.randint(4, 50, (1, 6)), torch.randint(4, 50, (1, 5))
@@ -192,6 +201,7 @@ def test_decoder_is_causal_and_encoder_is_not():
 @pytest.mark.parametrize(
     "changes", [{}, {"norm_first": True}, {"positional": "learned"}, {"d_k": 3, "d_v": 5}, {"neighborhood": 4}]
 )
+@pytest.mark.numeric
 def test_cached_decoding_equals_full_forward(changes):
     model = tiny(**changes)
     src = tokens([[5, 6, 7, 8, 9], [10, 11]])
@@ -205,6 +215,7 @@ def test_cached_decoding_equals_full_forward(changes):
     assert cache.length == 7
 
 
+@pytest.mark.numeric
 def test_cache_reorder_follows_the_rows():
     model = tiny()
     src = torch.randint(4, 50, (3, 6))
@@ -219,6 +230,7 @@ def test_cache_reorder_follows_the_rows():
     torch.testing.assert_close(step[:, 0], full[:, 2], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.numeric
 def test_attention_maps_shapes_and_rows_sum_to_one():
     model = tiny()
     src, tgt = tokens([[5, 6, 7], [8, 9]]), tokens([[1, 4], [1, 5]])
@@ -230,6 +242,7 @@ def test_attention_maps_shapes_and_rows_sum_to_one():
     torch.testing.assert_close(maps["encoder"][1].sum(-1), torch.ones(2, 4, 3))
 
 
+@pytest.mark.numeric
 def test_encoder_only_and_decoder_only_families():
     torch.manual_seed(0)
     encoder = EncoderModel(TINY).eval()
@@ -261,7 +274,7 @@ def test_load_errors_are_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="not an aiayn model folder"):
         Transformer.load(tmp_path)
     tiny().save(tmp_path)
-    with pytest.raises(ValueError, match="holds a Transformer, not a DecoderModel"):
+    with pytest.raises(ValueError, match="holds a 'Transformer', not a DecoderModel"):
         DecoderModel.load(tmp_path)
     (tmp_path / "config.json").write_text('{"d_model": 32, "vocab_size": 50, "n_heads": 4}')
     with pytest.raises(ValueError, match="does not match its config.json"):

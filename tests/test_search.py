@@ -130,6 +130,7 @@ def sources():
     return torch.tensor([r + [0] * (width - len(r)) for r in rows]), torch.tensor([len(r) for r in rows]) + 8
 
 
+@pytest.mark.numeric
 def test_beam_1_equals_greedy():
     model = random_model()
     src, max_len = sources()
@@ -140,6 +141,7 @@ def test_beam_1_equals_greedy():
     assert any(len(e) < m for e, m in zip(expected, max_len.tolist()))  # some stop by EOS
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("beam", [1, 4])
 def test_cached_equals_uncached(beam):
     model = random_model(1)
@@ -152,6 +154,7 @@ def test_cached_equals_uncached(beam):
     assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
 
 
+@pytest.mark.numeric
 def test_batched_equals_one_sentence_at_a_time():
     model = random_model(2)
     src, max_len = sources()

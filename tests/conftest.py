@@ -1,0 +1,36 @@
+"""The CPU code path the tests run on.
+
+`make test` runs the tests marked `numeric` a second time with ATEN_CPU_CAPABILITY=avx2 (see the
+Makefile): PyTorch's AVX2 kernels instead of the widest this CPU has. That second run is only
+worth something if PyTorch honours the variable, so it is checked here rather than assumed.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def _cpu_flags() -> set:
+    """The CPU's feature flags on Linux, an empty set elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def pytest_configure(config):
+    requested = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    actual = torch.backends.cpu.get_cpu_capability()
+    # ATen takes its AVX2 kernels when the CPU has AVX2 and FMA; anything else means the variable
+    # was ignored (torch reads only lower-case names) and the "second" run would repeat the first.
+    if requested.lower() == "avx2" and {"avx2", "fma"} <= _cpu_flags() and actual != "AVX2":
+        raise pytest.UsageError(f"ATEN_CPU_CAPABILITY={requested} is set but torch runs its {actual} kernels")
+
+
+def pytest_report_header(config):
+    requested = os.environ.get("ATEN_CPU_CAPABILITY")
+    line = f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}"
+    return line + (f" (ATEN_CPU_CAPABILITY={requested})" if requested else "")
