@@ -356,6 +356,8 @@ def cmd_score(args: argparse.Namespace) -> None:
         gold, test = (read_trees("\n".join(_read_lines(path))) for path in (args.ref, args.hyp))
         if len(gold) != len(test):
             raise UserError(f"{len(test)} test trees but {len(gold)} gold trees")
+        if not gold:
+            raise UserError(f"{args.ref} holds no trees: nothing to score")
         result = evalb(gold, test)
         print(f"bracketing precision {result['precision']:.2f}  recall {result['recall']:.2f}  "
               f"F1 {result['f1']:.2f}  complete match {result['complete_match']:.2f}  "

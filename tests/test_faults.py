@@ -344,6 +344,8 @@ def test_weights_that_do_not_fit_their_config_name_the_tensor(tmp_path, model_di
 def test_score_of_empty_files_and_an_unknown_language(tmp_path, capsys):
     (tmp_path / "empty").write_text("")
     one_line_error(*cli(capsys, "score", "--ref", tmp_path / "empty", "--hyp", tmp_path / "empty")[::2], "is empty")
+    one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "empty", "--hyp", tmp_path / "empty")[::2],
+                   "holds no trees")
     (tmp_path / "one").write_text("a line\n")
     one_line_error(*cli(capsys, "score", "--ref", tmp_path / "one", "--hyp", tmp_path / "one", "--lang", "xx")[::2],
                    "--lang xx", "de")
