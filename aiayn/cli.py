@@ -141,7 +141,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     for i in samples:
         print(f"\n  source     {test[i][0]}\n  reference  {test[i][1]}\n  aiayn      {hypotheses[i]}")
     shortest = min(samples, key=lambda i: len(outputs[i]))
-    paths = attention_figures(model, tokenizer, test[shortest][0], outputs[shortest], run_dir / "attention")
+    paths = attention_figures(model, tokenizer, test[shortest][0], outputs[shortest], run_dir / "attention", force=True)
     print(f"\nattention maps of test verse {shortest + 1}: {paths[-1].parent}/ ({len(paths)} files)")
 
 
@@ -209,7 +209,7 @@ def cmd_corpus_export(args: argparse.Namespace) -> None:
     """Write one split of a corpus as two plain-text files."""
     from aiayn.data import export_split, load_corpus
 
-    for path in export_split(load_corpus(args.name, args.src_lang, args.tgt_lang), args.split, args.out):
+    for path in export_split(load_corpus(args.name, args.src_lang, args.tgt_lang), args.split, args.out, args.force):
         print(path)
 
 
@@ -380,6 +380,7 @@ def cmd_score(args: argparse.Namespace) -> None:
 
 def cmd_attention(args: argparse.Namespace) -> None:
     """Heatmaps of every layer's and head's attention for one sentence (Figures 3-5)."""
+    from aiayn.checkpoint import occupied
     from aiayn.translate import translate_ids
     from aiayn.visualize import attention_figures
 
@@ -389,7 +390,9 @@ def cmd_attention(args: argparse.Namespace) -> None:
     source = args.sentence.strip()
     target = translate_ids(model, [tokenizer.encode(source)], beam=args.beam)[0]
     print(f"source       {source}\ntranslation  {tokenizer.decode(target)}")
-    for path in attention_figures(model, tokenizer, source, target, Path(args.out)):
+    if occupied(args.out) and not args.force:  # before decoding, not after
+        raise UserError(f"{args.out} already exists; pass --force to replace it")
+    for path in attention_figures(model, tokenizer, source, target, Path(args.out), force=args.force):
         print(path)
 
 
@@ -438,6 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="folder for SPLIT.SRC and SPLIT.TGT")
     export.add_argument("--src-lang", help="source suffix, for a folder of aligned files")
     export.add_argument("--tgt-lang", help="target suffix, for a folder of aligned files")
+    export.add_argument("--force", action="store_true", help="replace existing files")
     export.set_defaults(run=cmd_corpus_export)
 
     from aiayn.parsing import PARSE_ALPHA, PARSE_BEAM
@@ -474,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--out", default="attention", help="folder for the PNG files (default ./attention)")
     attention.add_argument("--beam", type=int, default=4)
     attention.add_argument("--device", default="auto")
+    attention.add_argument("--force", action="store_true", help="replace an existing --out folder")
     attention.set_defaults(run=cmd_attention)
 
     demo = sub.add_parser("demo", help="train on bible-en-es for a time budget, translate the test books, score")

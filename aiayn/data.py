@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aiayn.checkpoint import atomic_write
+
 CORPORA_DIR = Path(__file__).parent / "corpora"
 BIBLE_FILE = "bible-en-es.tsv.xz"
 _BIBLE = {"bible-en-es": ("en", "es"), "bible-es-en": ("es", "en")}
@@ -288,18 +290,21 @@ def _translation_pairs(dataset, src_lang: str, tgt_lang: str) -> list[Pair]:
     return pairs
 
 
-def export_split(corpus: ParallelCorpus, split: str, out_dir: Union[str, Path]) -> tuple[Path, Path]:
+def export_split(
+    corpus: ParallelCorpus, split: str, out_dir: Union[str, Path], force: bool = False
+) -> tuple[Path, Path]:
     """Write `{split}.{src_lang}` and `{split}.{tgt_lang}`, one sentence per line, into `out_dir`,
-    so that any tool can score against the references."""
+    so that any tool can score against the references. Existing files are replaced only with
+    `force`."""
     if split not in corpus.splits:
         raise ValueError(f"corpus {corpus.name} has no {split!r} split (it has {', '.join(corpus.splits)})")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for side, lang in enumerate((corpus.src_lang, corpus.tgt_lang)):
-        path = out_dir / f"{split}.{lang}"
-        path.write_text("".join(pair[side] + "\n" for pair in corpus.splits[split]), encoding="utf-8")
-        paths.append(path)
+    paths = [Path(out_dir) / f"{split}.{lang}" for lang in (corpus.src_lang, corpus.tgt_lang)]
+    for path in paths:
+        if path.exists() and not force:
+            raise FileExistsError(f"{path} already exists; pass --force to replace it")
+    for side, path in enumerate(paths):
+        text = "".join(pair[side] + "\n" for pair in corpus.splits[split])
+        atomic_write(path, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
     return paths[0], paths[1]
 
 

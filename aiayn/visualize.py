@@ -10,6 +10,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from aiayn.checkpoint import atomic_dir
+
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
 
 
@@ -43,9 +45,12 @@ def plot_heads(weights: Tensor, queries: Sequence[str], keys: Sequence[str], tit
     return path
 
 
-def attention_figures(model, tokenizer, source: str, target_ids: Sequence[int], out_dir: Path) -> list[Path]:
-    """Write `{kind}-layer{N}.png` for each kind of attention and each layer, for the sentence
-    pair (source, target_ids); returns the paths."""
+def attention_figures(
+    model, tokenizer, source: str, target_ids: Sequence[int], out_dir: Path, force: bool = False
+) -> list[Path]:
+    """Write the folder `out_dir` of `{kind}-layer{N}.png`, one for each kind of attention and each
+    layer, for the sentence pair (source, target_ids); returns the paths. The folder is written
+    whole and atomically; one that holds files is replaced only with `force`."""
     config = model.config
     src_ids = tokenizer.encode(source) + [config.eos_id]
     tgt_in = [config.bos_id] + list(target_ids)
@@ -54,10 +59,14 @@ def attention_figures(model, tokenizer, source: str, target_ids: Sequence[int], 
     src_labels = [tokenizer.id_to_piece(i) for i in src_ids]
     tgt_labels = [tokenizer.id_to_piece(i) for i in tgt_in]
     axes = {"encoder": (src_labels, src_labels), "decoder": (tgt_labels, tgt_labels), "cross": (tgt_labels, src_labels)}
-    paths = []
-    for kind, layers in maps.items():
-        queries, keys = axes[kind]
-        for layer, weights in enumerate(layers, start=1):
-            title = f"{KINDS[kind]}, layer {layer} of {len(layers)}"
-            paths.append(plot_heads(weights[0].cpu(), queries, keys, title, Path(out_dir) / f"{kind}-layer{layer}.png"))
-    return paths
+    names = []
+
+    def build(folder: Path) -> None:
+        for kind, layers in maps.items():
+            queries, keys = axes[kind]
+            for layer, weights in enumerate(layers, start=1):
+                title = f"{KINDS[kind]}, layer {layer} of {len(layers)}"
+                names.append(plot_heads(weights[0].cpu(), queries, keys, title, folder / f"{kind}-layer{layer}.png").name)
+
+    atomic_dir(out_dir, build, force)
+    return [Path(out_dir) / name for name in names]

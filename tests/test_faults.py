@@ -125,6 +125,19 @@ def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus
     assert sorted(p.name for p in (tmp_path / "avg").iterdir()) == ["config.json", "model.safetensors", "tokenizer.model"]
 
 
+def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_path, model_dir, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "test.en").write_text("mine\n")
+    argv = ["corpus", "export", "bible-en-es", "--split", "test", "--out", tmp_path / "out"]
+    one_line_error(*cli(capsys, *argv)[::2], "test.en already exists", "--force")
+    assert (tmp_path / "out" / "test.en").read_text() == "mine\n" and not (tmp_path / "out" / "test.es").exists()
+    assert cli(capsys, *argv, "--force")[0] == 0 and (tmp_path / "out" / "test.en").read_text() != "mine\n"
+    argv = ["attention", model_dir, "--sentence", "the cat", "--beam", "1", "--out", tmp_path / "maps"]
+    assert cli(capsys, *argv)[0] == 0
+    one_line_error(*cli(capsys, *argv)[::2], "already exists", "--force")
+    assert cli(capsys, *argv, "--force")[0] == 0
+
+
 # --- 2. a tokenizer left by a failed start ----------------------------------------------------
 
 def test_a_tokenizer_from_other_data_is_not_reused(tmp_path, corpus_tsv, capsys):
