@@ -304,6 +304,9 @@ def _decode_command(args: argparse.Namespace, extra_len: int, finish=None) -> No
         if source is not sys.stdin.buffer:
             total = sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b"")) - skip
             source.seek(0)
+            if total < 0:
+                raise UserError(f"{partial} holds {skip} lines but {name} has {total + skip}: "
+                                "--resume needs the same input")
         interactive = source is sys.stdin.buffer and sys.stdin.isatty()
         note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
         with source, tqdm(total=total, desc=args.command, unit="line", disable=not sys.stderr.isatty()) as bar:
@@ -313,14 +316,14 @@ def _decode_command(args: argparse.Namespace, extra_len: int, finish=None) -> No
                 note=note, first_line=skip + 1, progress=bar, beam=args.beam, alpha=args.alpha,
                 batch_tokens=args.batch_tokens, precision=args.precision, extra_len=extra_len,
             )
-    except BaseException:
+    except BaseException as error:
         if out is not None:
             out.close()
-            if written:
+            if not written:
+                partial.unlink(missing_ok=True)
+            elif written > skip or isinstance(error, KeyboardInterrupt):
                 print(f"aiayn: note: {written} finished lines are in {partial}; rerun with --resume to continue",
                       file=sys.stderr)
-            else:
-                partial.unlink(missing_ok=True)
         raise
     if out is not None:
         os.fsync(out.fileno())

@@ -204,6 +204,9 @@ def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_pa
     with open(tmp_path / "out.txt.partial", "ab") as handle:
         handle.write(b"half a li")  # a kill in the middle of a write
     one_line_error(*cli(capsys, *argv, "--output", out)[::2], "interrupted translation", "--resume")
+    (tmp_path / "short.txt").write_text("the cat\n", encoding="utf-8")
+    code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "short.txt", "--output", out, "--resume")
+    one_line_error(code, err, "holds 6 lines but", "has 1", "same input")
     monkeypatch.setattr(translate_module, "translate_ids", real)
     assert cli(capsys, *argv, "--output", out, "--resume")[0] == 0
     assert out.read_text(encoding="utf-8") == straight and not (tmp_path / "out.txt.partial").exists()
