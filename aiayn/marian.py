@@ -120,8 +120,8 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"{path} holds more than tensors (a pickle that could run code), so it is not loaded; "
                              "ask for the model as model.safetensors") from None
         except (RuntimeError, EOFError, OSError) as error:
-            raise ValueError(f"cannot read {path} (cut short or not a PyTorch weights file?): "
-                             f"{str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from None
+            reason = " ".join(str(error).split()) or type(error).__name__
+            raise ValueError(f"cannot read {path} (cut short or not a PyTorch weights file?): {reason[:200]}") from None
         if not isinstance(weights, dict) or not all(torch.is_tensor(v) for v in weights.values()):
             raise ValueError(f"{path} does not hold a dictionary of tensors")
         return weights

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from aiayn.checkpoint import (
-    CHECKPOINTS, TOKENIZER_FILES, atomic_dir, atomic_write, checkpoint_dirs, copy_tokenizer, load_checkpoint, remove_litter, resolve_model_dir,
-    save_checkpoint, save_model, write_json,
+    CHECKPOINTS, TOKENIZER_FILES, atomic_dir, atomic_write, checkpoint_dirs, copy_tokenizer, load_checkpoint,
+    remove_litter, resolve_model_dir, save_checkpoint, save_model, write_json,
 )
 from aiayn.config import ModelConfig, TrainConfig
 from aiayn.data import BatchStream, ParallelCorpus, collate, load_corpus, make_batches
@@ -464,13 +464,16 @@ def prepare(
     rank, world = init_distributed()
     if rank == 0:
         source = _tokenizer_source(corpus, vocab_size, init_from)
-        if has_tokenizer(run_dir) and not checkpoint_dirs(run_dir):
-            # Left by a start that failed after making it: reused only if made from the same data.
-            try:
-                recorded = json.loads((run_dir / TOKENIZER_SOURCE).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                recorded = None
-            if recorded != source:
+        try:
+            recorded = json.loads((run_dir / TOKENIZER_SOURCE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            recorded = None
+        if has_tokenizer(run_dir) and recorded != source:
+            if checkpoint_dirs(run_dir):  # the checkpoints were trained with it: it stays
+                if recorded is not None:  # runs from before tokenizer_source.json have no record
+                    echo(f"warning: the tokenizer in {run_dir} was made from other data or settings than this "
+                         "corpus; the resumed run keeps it")
+            else:  # left by a start that failed after making it
                 echo(f"note: the tokenizer in {run_dir} was made from other data or settings; making a new one")
                 for name in TOKENIZER_FILES:
                     (run_dir / name).unlink(missing_ok=True)

@@ -158,6 +158,10 @@ def test_a_tokenizer_from_other_data_is_not_reused(tmp_path, corpus_tsv, capsys)
     assert (run / "tokenizer.model").read_bytes() != toy
     tokenizer = Tokenizer.load(run)
     assert len(tokenizer.encode("猫在河边")) < 4  # learnt pieces, not 12 UTF-8 byte pieces
+    # A resumed run keeps the tokenizer its checkpoints were trained with, and says so.
+    code, out, _ = cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--resume"))
+    assert code == 0 and "the resumed run keeps it" in out
+    assert Tokenizer.load(run).model_proto == tokenizer.model_proto
 
 
 # --- 3. and 4. translate: lines as wc -l counts them, streamed, resumable ------------------------
