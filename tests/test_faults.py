@@ -250,10 +250,15 @@ def run_cli(*argv, **kwargs):
                           timeout=300, **kwargs)
 
 
+# Runs are signalled or killed early in their STEPS steps: a wide margin, on a fast CPU, between
+# the step the test sees in the log and the step the signal arrives at.
+STEPS = 60
+
+
 @pytest.fixture(scope="module")
 def straight_run(corpus_tsv, tmp_path_factory):
     run = tmp_path_factory.mktemp("straight") / "run"
-    done = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "40", "--save-every", "10"))
+    done = run_cli(*train_argv(corpus_tsv, run, "--max-steps", str(STEPS), "--save-every", "10"))
     assert done.returncode == 0, done.stderr
     return run
 
@@ -270,35 +275,35 @@ def wait_for_step(process, run: Path, step: int) -> None:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_saves_a_checkpoint_and_resume_is_exact(tmp_path, corpus_tsv, straight_run, signum):
     run = tmp_path / "run"
-    argv = [sys.executable, "-m", "aiayn", *train_argv(corpus_tsv, run, "--max-steps", "40", "--save-every", "1000")]
+    argv = [sys.executable, "-m", "aiayn", *train_argv(corpus_tsv, run, "--max-steps", str(STEPS), "--save-every", "1000")]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_step(process, run, 12)
+    wait_for_step(process, run, 8)
     process.send_signal(signum)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     stopped = max(log_steps(run))
-    assert stopped < 40 and checkpoint_dirs(run)[-1].name == f"step_{stopped:08d}"  # not one step lost
+    assert stopped < STEPS and checkpoint_dirs(run)[-1].name == f"step_{stopped:08d}"  # not one step lost
     assert f"stopped by {signal.Signals(signum).name} at step {stopped}" in out
     assert (run / "model" / "model.safetensors").exists()
-    again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "40", "--save-every", "1000", "--resume"))
+    again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", str(STEPS), "--save-every", "1000", "--resume"))
     assert again.returncode == 0, again.stderr
-    assert log_steps(run) == list(range(1, 41))  # no step logged twice
+    assert log_steps(run) == list(range(1, STEPS + 1))  # no step logged twice
     assert losses(run) == losses(straight_run)  # bit for bit
 
 
 def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once(tmp_path, corpus_tsv):
     run = tmp_path / "run"
-    argv = [sys.executable, "-m", "aiayn", *train_argv(corpus_tsv, run, "--max-steps", "30", "--save-every", "1000")]
+    argv = [sys.executable, "-m", "aiayn", *train_argv(corpus_tsv, run, "--max-steps", str(STEPS), "--save-every", "1000")]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_step(process, run, 5)
     process.kill()
     process.wait()
     assert not checkpoint_dirs(run)
-    refused = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "30"))
+    refused = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "20"))
     assert refused.returncode == 2 and "--resume" in refused.stderr
-    again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "30", "--resume"))
+    again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "20", "--resume"))
     assert again.returncode == 0, again.stderr
-    assert log_steps(run) == list(range(1, 31))
+    assert log_steps(run) == list(range(1, 21))
 
 
 def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_path, corpus_tsv, straight_run):
@@ -319,7 +324,7 @@ def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_pa
     assert "left by an interrupted write" in again.stdout
     assert not (run / "checkpoints" / ".step_00000040.abc123").exists() and not (run / ".log.jsonl.x1y2.tmp").exists()
     assert log_steps(run) == list(range(1, 41))
-    assert losses(run) == losses(straight_run)
+    assert losses(run) == {step: loss for step, loss in losses(straight_run).items() if step <= 40}
 
 
 def test_written_files_have_the_usual_modes(tmp_path, corpus_tsv, capsys):
