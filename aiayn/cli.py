@@ -241,11 +241,11 @@ def _open_input(path: Optional[str]):
 
 def _read_lines(path: Optional[str]) -> list[str]:
     """Every line of a small file (or stdin), split as `wc -l` counts."""
-    from aiayn.translate import read_lines
+    from aiayn.data import iter_lines
 
     handle, name = _open_input(path)
     with handle:
-        return list(read_lines(handle, name))
+        return list(iter_lines(handle, name))
 
 
 def _complete_lines(partial: Path) -> int:
@@ -258,13 +258,24 @@ def _complete_lines(partial: Path) -> int:
     return data.count(b"\n", 0, end)
 
 
-def _decode_command(args: argparse.Namespace, extra_len: int, finish=None) -> None:
+def _count_lines(handle) -> int:
+    """Lines in a binary file as `iter_lines` splits them (a last line without "\\n" counts),
+    the handle rewound."""
+    count, last = 0, b"\n"
+    for block in iter(lambda: handle.read(1 << 20), b""):
+        count, last = count + block.count(b"\n"), block[-1:]
+    handle.seek(0)
+    return count + (last != b"\n")
+
+
+def _decode_command(args: argparse.Namespace, extra_len: int, finish=lambda line, output: output) -> None:
     """translate and parse: stream the input through the model in chunks. With --output, the
     lines go to OUTPUT.partial as each chunk is done, renamed to OUTPUT when all are; an
     interrupted run leaves OUTPUT.partial, which --resume continues."""
     from tqdm.auto import tqdm
 
-    from aiayn.translate import CHUNK_LINES, read_lines, translate_stream
+    from aiayn.data import iter_lines
+    from aiayn.translate import CHUNK_LINES, translate_stream
 
     for name, value, least in (("--beam", args.beam, 1), ("--max-input-tokens", args.max_input_tokens, 1),
                                ("--batch-tokens", args.batch_tokens, 1), ("--alpha", args.alpha, 0)):
@@ -278,11 +289,11 @@ def _decode_command(args: argparse.Namespace, extra_len: int, finish=None) -> No
             skip = _complete_lines(partial)
         elif args.resume and final.exists():
             raise UserError(f"{final} is complete: nothing to resume (--force translates again)")
-        elif not args.force:
-            for path, what in ((final, "already exists"), (partial, "holds an interrupted translation")):
-                if path.exists():
-                    raise UserError(f"{path} {what}; pass --resume to continue it or --force to start over"
-                                    if path == partial else f"{path} {what}; pass --force to replace it")
+        elif not args.force and final.exists():
+            raise UserError(f"{final} already exists; pass --force to replace it")
+        elif not args.force and partial.exists():
+            raise UserError(f"{partial} holds an interrupted translation; pass --resume to continue it "
+                            "or --force to start over")
         out = open(partial, "ab" if skip else "wb")  # an unwritable --output fails here, before decoding
     written = skip
 
@@ -302,8 +313,7 @@ def _decode_command(args: argparse.Namespace, extra_len: int, finish=None) -> No
         source, name = _open_input(args.input)
         total = None
         if source is not sys.stdin.buffer:
-            total = sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b"")) - skip
-            source.seek(0)
+            total = _count_lines(source) - skip
             if total < 0:
                 raise UserError(f"{partial} holds {skip} lines but {name} has {total + skip}: "
                                 "--resume needs the same input")
@@ -311,8 +321,8 @@ def _decode_command(args: argparse.Namespace, extra_len: int, finish=None) -> No
         note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
         with source, tqdm(total=total, desc=args.command, unit="line", disable=not sys.stderr.isatty()) as bar:
             translate_stream(
-                model, tokenizer, read_lines(source, name, skip), write, max_input_tokens=args.max_input_tokens,
-                finish=finish or (lambda line, output: output), chunk_lines=1 if interactive else CHUNK_LINES,
+                model, tokenizer, iter_lines(source, name, skip), write, max_input_tokens=args.max_input_tokens,
+                finish=finish, chunk_lines=1 if interactive else CHUNK_LINES,
                 note=note, first_line=skip + 1, progress=bar, beam=args.beam, alpha=args.alpha,
                 batch_tokens=args.batch_tokens, precision=args.precision, extra_len=extra_len,
             )

@@ -17,7 +17,7 @@ import lzma
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import BinaryIO, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -117,6 +117,20 @@ def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[st
 # Readers
 
 
+def iter_lines(handle: BinaryIO, name: str, skip: int = 0) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream split on "\\n" only (a trailing "\\r" dropped), so that the
+    line count agrees with `wc -l` whatever separators (\\f, U+2028, ...) a line holds. The first
+    `skip` lines are passed over. Invalid UTF-8 is an error naming `name` and the line."""
+    for number, raw in enumerate(handle, start=1):
+        if number <= skip:
+            continue
+        try:
+            # utf-8-sig on line 1: a byte-order mark is not part of the first sentence.
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\n").removesuffix("\r")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{name}, line {number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
+
+
 def read_lines(path: Union[str, Path]) -> list[str]:
     """The lines of a UTF-8 text file (.xz decompressed), split on "\\n" only, so that the
     sentence count of aligned files agrees with `wc -l`. Errors name the file and line."""
@@ -124,17 +138,9 @@ def read_lines(path: Union[str, Path]) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     opener = lzma.open if path.suffix == ".xz" else open
-    lines = []
     try:
         with opener(path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                try:
-                    # utf-8-sig on line 1: a byte-order mark is not part of the first sentence.
-                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-                except UnicodeDecodeError as error:
-                    reason = f"{error.reason} at byte {error.start}"
-                    raise ValueError(f"{path}, line {number}: invalid UTF-8 ({reason})") from None
-                lines.append(line.rstrip("\r\n"))
+            lines = list(iter_lines(handle, str(path)))
     except (lzma.LZMAError, EOFError) as error:
         raise ValueError(f"{path} is not a complete .xz file: {error}") from None
     if not lines:
@@ -450,7 +456,7 @@ class BatchStream:
 
 
 __all__ = [
-    "ParallelCorpus", "load_corpus", "corpus_names", "read_lines", "read_tsv", "read_table",
+    "ParallelCorpus", "load_corpus", "corpus_names", "iter_lines", "read_lines", "read_tsv", "read_table",
     "read_text_folder", "load_hf_translation", "export_split",
     "Batch", "encode_pairs", "filter_long", "make_batches", "collate", "BatchStream",
 ]

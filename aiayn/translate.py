@@ -4,7 +4,7 @@ files streamed through in chunks, so memory stays flat and every finished chunk 
 from __future__ import annotations
 
 import copy
-from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -94,19 +94,6 @@ def translate_texts(model: Transformer, tokenizer, sentences: Sequence[str], **o
 # Lines read, decoded and written together: enough to fill length-sorted batches, few enough that
 # memory does not grow with the file and an interruption loses little.
 CHUNK_LINES = 1000
-
-
-def read_lines(handle: BinaryIO, name: str, skip: int = 0) -> Iterator[str]:
-    """The lines of a UTF-8 byte stream split on "\\n" only (a trailing "\\r" dropped), so that the
-    line count agrees with `wc -l` whatever separators (\\f, U+2028, ...) a line holds. The first
-    `skip` lines are passed over. Invalid UTF-8 is an error naming the line."""
-    for number, raw in enumerate(handle, start=1):
-        if number <= skip:
-            continue
-        try:
-            yield raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\n").removesuffix("\r")
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{name}, line {number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
 
 
 def translate_stream(
