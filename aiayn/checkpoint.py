@@ -57,10 +57,13 @@ def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> None:
         raise
 
 
-def occupied(path: Union[str, Path]) -> bool:
-    """Whether writing `path` would replace something: a file, or a folder that is not empty."""
+def refuse_to_replace(path: Union[str, Path], force: bool) -> None:
+    """The one rule for outputs: writing `path` may replace something (a file, or a folder that
+    is not empty) only with `force`. Commands call it before their work, so that the refusal
+    comes before minutes of decoding rather than after."""
     path = Path(path)
-    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+    if not force and path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"{path} already exists; pass --force to replace it")
 
 
 def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: bool = False) -> None:
@@ -69,8 +72,7 @@ def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: boo
     an empty folder) is an error unless `force`, and then it is replaced whole: no file of the
     old one stays."""
     path = Path(path)
-    if occupied(path) and not force:
-        raise FileExistsError(f"{path} already exists; pass --force to replace it")
+    refuse_to_replace(path, force)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:

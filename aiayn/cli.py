@@ -175,15 +175,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_average(args: argparse.Namespace) -> None:
     """§6.1: average the weights of the last N checkpoints of a run."""
-    from aiayn.checkpoint import average_checkpoints, checkpoint_dirs, occupied
+    from aiayn.checkpoint import average_checkpoints, checkpoint_dirs, refuse_to_replace
 
     found = checkpoint_dirs(args.run_dir)
     if not found:
         raise UserError(f"no checkpoints in {args.run_dir}")
     if args.last < 1:
         raise UserError("--last must be at least 1")
-    if occupied(args.out) and not args.force:
-        raise UserError(f"{args.out} already exists; pass --force to replace it")
+    refuse_to_replace(args.out, args.force)
     chosen = found[-args.last :]
     if len(chosen) < args.last:
         print(f"note: {args.run_dir} keeps {len(found)} checkpoints; averaging those")
@@ -274,6 +273,7 @@ def _decode_command(args: argparse.Namespace, extra_len: int, finish=lambda line
     interrupted run leaves OUTPUT.partial, which --resume continues."""
     from tqdm.auto import tqdm
 
+    from aiayn.checkpoint import refuse_to_replace
     from aiayn.data import iter_lines
     from aiayn.translate import CHUNK_LINES, translate_stream
 
@@ -289,11 +289,10 @@ def _decode_command(args: argparse.Namespace, extra_len: int, finish=lambda line
             skip = _complete_lines(partial)
         elif args.resume and final.exists():
             raise UserError(f"{final} is complete: nothing to resume (--force translates again)")
-        elif not args.force and final.exists():
-            raise UserError(f"{final} already exists; pass --force to replace it")
         elif not args.force and partial.exists():
             raise UserError(f"{partial} holds an interrupted translation; pass --resume to continue it "
                             "or --force to start over")
+        refuse_to_replace(final, args.force or args.resume)
         out = open(partial, "ab" if skip else "wb")  # an unwritable --output fails here, before decoding
     written = skip
 
@@ -359,7 +358,7 @@ def cmd_parse(args: argparse.Namespace) -> None:
 def cmd_score(args: argparse.Namespace) -> None:
     """sacreBLEU with its signature, and the paper's tokenized, compound-split BLEU; or, with
     --parse, labelled bracket precision, recall and F1 (EVALB, COLLINS.prm conventions)."""
-    from aiayn.evaluate import bleu, moses_languages, paper_bleu
+    from aiayn.evaluate import bleu, check_moses_language, paper_bleu
 
     if args.parse:
         from aiayn.parsing import evalb, read_trees
@@ -376,9 +375,10 @@ def cmd_score(args: argparse.Namespace) -> None:
               f"F1 {result['f1']:.2f}  complete match {result['complete_match']:.2f}  "
               f"({len(gold)} sentences; EVALB with COLLINS.prm conventions)")
         return
-    languages = moses_languages()
-    if args.lang not in languages:
-        raise UserError(f"--lang {args.lang}: the Moses tokenizer knows {', '.join(languages)}")
+    try:  # before reading and scoring, not after
+        check_moses_language(args.lang)
+    except ValueError as error:
+        raise UserError(f"--lang {args.lang}: {error}") from None
     references = _read_lines(args.ref)
     hypotheses = _read_lines(args.hyp)
     if len(hypotheses) != len(references):
@@ -393,18 +393,17 @@ def cmd_score(args: argparse.Namespace) -> None:
 
 def cmd_attention(args: argparse.Namespace) -> None:
     """Heatmaps of every layer's and head's attention for one sentence (Figures 3-5)."""
-    from aiayn.checkpoint import occupied
+    from aiayn.checkpoint import refuse_to_replace
     from aiayn.translate import translate_ids
     from aiayn.visualize import attention_figures
 
+    refuse_to_replace(args.out, args.force)
     model, tokenizer, _ = _load_for_inference(args.run_dir, args.device)
     if not args.sentence.strip():
         raise UserError("--sentence is empty")
     source = args.sentence.strip()
     target = translate_ids(model, [tokenizer.encode(source)], beam=args.beam)[0]
     print(f"source       {source}\ntranslation  {tokenizer.decode(target)}")
-    if occupied(args.out) and not args.force:  # before decoding, not after
-        raise UserError(f"{args.out} already exists; pass --force to replace it")
     for path in attention_figures(model, tokenizer, source, target, Path(args.out), force=args.force):
         print(path)
 

@@ -141,7 +141,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"invalid TrainConfig: {name} must be a positive integer, got {value!r}")
-        if not isinstance(self.eval_bleu_sentences, int) or self.eval_bleu_sentences < 0:
+        if self.eval_bleu_sentences < 0:
             raise ValueError(f"invalid TrainConfig: eval_bleu_sentences must be 0 or more, got {self.eval_bleu_sentences!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"invalid TrainConfig: label_smoothing must be in [0, 1), got {self.label_smoothing}")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint import atomic_write
+from aiayn.checkpoint import atomic_write, refuse_to_replace
 
 CORPORA_DIR = Path(__file__).parent / "corpora"
 BIBLE_FILE = "bible-en-es.tsv.xz"
@@ -306,8 +306,7 @@ def export_split(
         raise ValueError(f"corpus {corpus.name} has no {split!r} split (it has {', '.join(corpus.splits)})")
     paths = [Path(out_dir) / f"{split}.{lang}" for lang in (corpus.src_lang, corpus.tgt_lang)]
     for path in paths:
-        if path.exists() and not force:
-            raise FileExistsError(f"{path} already exists; pass --force to replace it")
+        refuse_to_replace(path, force)
     for side, path in enumerate(paths):
         text = "".join(pair[side] + "\n" for pair in corpus.splits[split])
         atomic_write(path, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))

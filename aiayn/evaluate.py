@@ -25,11 +25,13 @@ def split_compounds(tokenized: str) -> str:
     return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", tokenized)
 
 
-def moses_languages() -> list[str]:
-    """The language codes the Moses tokenizer has rules for (others would silently get none)."""
+def check_moses_language(lang: str) -> None:
+    """A language the Moses tokenizer has rules for; any other would silently get none."""
     from sacremoses.corpus import NonbreakingPrefixes
 
-    return sorted(set(NonbreakingPrefixes().available_langs.values()))
+    known = sorted(set(NonbreakingPrefixes().available_langs.values()))
+    if lang not in known:
+        raise ValueError(f"the Moses tokenizer has no rules for {lang!r}; it knows {', '.join(known)}")
 
 
 def paper_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str = "en") -> float:
@@ -41,8 +43,7 @@ def paper_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str =
 
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    if lang not in moses_languages():
-        raise ValueError(f"the Moses tokenizer has no rules for {lang!r}; it knows {', '.join(moses_languages())}")
+    check_moses_language(lang)
     tokenizer = MosesTokenizer(lang=lang)
     prepare = lambda text: split_compounds(tokenizer.tokenize(text, escape=False, return_str=True))  # noqa: E731
     metric = BLEU(tokenize="none", smooth_method="none", force=True)

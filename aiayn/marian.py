@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aiayn.checkpoint import atomic_dir, atomic_write, occupied, write_json
+from aiayn.checkpoint import atomic_dir, atomic_write, refuse_to_replace, write_json
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
 from aiayn.tokenizer import MarianTokenizer, Tokenizer, has_tokenizer, load_tokenizer
@@ -136,8 +136,7 @@ def import_marian(
     written whole and atomically; an existing one only with `force`, and then replaced whole.
     Returns the model folder."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
-    if occupied(out_dir) and not force:
-        raise FileExistsError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
+    refuse_to_replace(out_dir, force)
     try:
         hf = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -270,8 +269,7 @@ def export_marian(
     from aiayn.checkpoint import resolve_model_dir
 
     model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
-    if occupied(out_dir) and not force:
-        raise FileExistsError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
+    refuse_to_replace(out_dir, force)
     model = Transformer.load(model_dir)
     config = model.config
     hf = marian_config(config)

@@ -270,8 +270,8 @@ class Trainer:
         local = torch.tensor([float(sum(b.n_tgt_tokens for b in batches)), float(stop_requested)])
         if self.world > 1:
             dist.all_reduce(local)
-        n_tokens = local[0].item()
-        self.stopping = bool(local[1].item())
+        n_tokens, stops = local.tolist()
+        self.stopping = stops > 0
         set_lr(self.optimizer, noam_lr(self.step + 1, self.config.d_model, self.recipe.warmup_steps, self.recipe.lr_scale))
         totals = torch.zeros(2)
         flops = 0.0
