@@ -22,6 +22,7 @@ import torch
 
 from aiayn.config import PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig, preset
 from aiayn.flops import forward_flops, training_flops
+from aiayn.store import SAMPLE_SENTENCES
 
 
 class UserError(Exception):
@@ -125,9 +126,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
     recipe = TrainConfig(**DEMO_RECIPE, minutes=args.minutes, precision=args.precision, seed=args.seed)
     resume = (run_dir / MODEL_CONFIG).is_file()
     model_config = load_run_configs(run_dir)[0] if resume else PRESETS[args.preset]
-    trainer, corpus = train_run(model_config, recipe, run_dir, resume=resume)
+    trainer, store = train_run(model_config, recipe, run_dir, resume=resume)
     model, tokenizer = trainer.model.eval(), trainer.tokenizer
-    test = corpus.splits["test"][: args.test_sentences]
+    test = store.texts("test")[: args.test_sentences]
     print(f"translating {len(test):,} test verses (beam {args.beam}, α 0.6, max length = source + 50)...")
     start = time.perf_counter()
     outputs = translate_ids(model, tokenizer.encode_batch([s for s, _ in test]), beam=args.beam, precision=recipe.precision)
@@ -150,6 +151,15 @@ def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig
     from aiayn.train import MODEL_CONFIG, load_run_configs
 
     model_overrides, train_overrides = given_fields(args, ModelConfig), given_fields(args, TrainConfig)
+    if "data" in train_overrides:
+        from aiayn.store import load_store
+
+        if "corpus" in train_overrides:
+            raise UserError("give --corpus or --data, not both")
+        manifest = load_store(train_overrides["data"]).manifest
+        train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
+        if "vocab_size" not in model_overrides and not train_overrides.get("init_from"):
+            model_overrides["vocab_size"] = manifest["vocab_size"]  # the data's tokenizer decides
     if args.resume and (run_dir / MODEL_CONFIG).exists():
         model_config, recipe = load_run_configs(run_dir)
         if dataclasses.replace(model_config, **model_overrides) != model_config:
@@ -171,6 +181,32 @@ def cmd_train(args: argparse.Namespace) -> None:
     run_dir = Path(args.out)
     model_config, recipe = _train_configs(args, run_dir)
     train_run(model_config, recipe, run_dir, args.resume)
+
+
+def cmd_preprocess(args: argparse.Namespace) -> None:
+    """Encode a corpus once into a memory-mapped DATA_DIR for `aiayn train --data` (aiayn.store)."""
+    from aiayn.checkpoint import refuse_to_replace
+    from aiayn.data import load_corpus
+    from aiayn.store import preprocess
+
+    if args.vocab_size is not None and args.tokenizer is not None:
+        raise UserError("--tokenizer fixes the vocabulary; drop --vocab-size")
+    for name in ("workers", "sample_sentences", "max_sentence_tokens", "vocab_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    refuse_to_replace(args.out, args.force)
+    vocab_size = args.vocab_size or PRESETS["base"].vocab_size
+    if args.tokenizer is not None:
+        from aiayn.tokenizer import has_tokenizer, load_tokenizer
+
+        if not has_tokenizer(args.tokenizer):
+            raise UserError(f"{args.tokenizer} holds no tokenizer (tokenizer.model, or Marian's three files)")
+        vocab_size = load_tokenizer(args.tokenizer).vocab_size
+    corpus = load_corpus(args.corpus, args.src_lang, args.tgt_lang)
+    preprocess(corpus, args.out, vocab_size, spec=args.corpus, tokenizer_from=args.tokenizer,
+               max_sentence_tokens=args.max_sentence_tokens or TrainConfig.max_sentence_tokens,
+               sample_sentences=args.sample_sentences or SAMPLE_SENTENCES, workers=args.workers or -1, force=args.force)
 
 
 def cmd_average(args: argparse.Namespace) -> None:
@@ -425,6 +461,21 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_dataclass_arguments(train, TrainConfig, "training options (§5)")
     train.set_defaults(run=cmd_train)
+
+    pre = sub.add_parser("preprocess", help="encode a corpus once into a memory-mapped folder for train --data")
+    pre.add_argument("--corpus", required=True, help="a built-in name, a folder, a .tsv or .parquet file (as train --corpus)")
+    pre.add_argument("--out", required=True, help="the DATA_DIR to write")
+    pre.add_argument("--src-lang", help="source language (a folder's file suffix, a Parquet translation key)")
+    pre.add_argument("--tgt-lang", help="target language")
+    pre.add_argument("--vocab-size", type=int, help=f"shared BPE vocabulary (default {PRESETS['base'].vocab_size:,}, §5.1)")
+    pre.add_argument("--tokenizer", help="use this model or run folder's tokenizer instead of training one (fine-tuning)")
+    pre.add_argument("--sample-sentences", type=int,
+                     help=f"sentences the tokenizer learns from, drawn at random (default {SAMPLE_SENTENCES:,})")
+    pre.add_argument("--max-sentence-tokens", type=int,
+                     help=f"leave out training pairs longer than this (default {TrainConfig.max_sentence_tokens})")
+    pre.add_argument("--workers", type=int, help="encoding threads (default: every core)")
+    pre.add_argument("--force", action="store_true", help="replace an existing --out, whole")
+    pre.set_defaults(run=cmd_preprocess)
 
     average = sub.add_parser("average", help="average the last N checkpoints of a run (§6.1)")
     average.add_argument("run_dir", metavar="RUN_DIR")

@@ -110,6 +110,7 @@ class TrainConfig:
     (`max_tokens`) and a shorter warm-up, which the demo sets."""
 
     corpus: str = "bible-en-es"  # a built-in corpus name or a path (see aiayn.data.load_corpus)
+    data: Optional[str] = None  # instead of corpus: a DATA_DIR made by `aiayn preprocess` (aiayn.store)
     src_lang: Optional[str] = None  # for a folder of aligned files: the suffixes of its two sides
     tgt_lang: Optional[str] = None
     max_tokens: int = 25000  # per batch, source and target each (§5.1: ~25,000 + 25,000)

@@ -114,13 +114,13 @@ class Tokenizer:
         """Piece ids of `text`, without BOS or EOS."""
         return self._sp.encode(text)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """`encode` of every text, in SentencePiece's C++ threads (num_threads=-1: every core)."""
-        return self._sp.encode(list(texts), num_threads=-1)
+    def encode_batch(self, texts: Sequence[str], threads: int = -1) -> list[list[int]]:
+        """`encode` of every text, on `threads` of SentencePiece's C++ threads (-1: every core)."""
+        return self._sp.encode(list(texts), num_threads=threads)
 
-    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode_target_batch(self, texts: Sequence[str], threads: int = -1) -> list[list[int]]:
         """Targets share the source's model (§5.1); `MarianTokenizer` has one per side."""
-        return self.encode_batch(texts)
+        return self.encode_batch(texts, threads)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of `ids`; padding, BOS and EOS are dropped, so model outputs decode as they are."""
@@ -202,22 +202,24 @@ class MarianTokenizer:
         text = json.dumps(self.vocab, ensure_ascii=False, indent=1)
         atomic_write(directory / VOCAB_JSON, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
-    def _ids(self, processor: spm.SentencePieceProcessor, text: str) -> list[int]:
-        tag = []
-        if text.startswith(">>") and "<<" in text:
-            end = text.index("<<") + 2
-            tag, text = [text[:end]], text[end:]
-        return [self.vocab.get(piece, self.unk_id) for piece in tag + processor.encode(text, out_type=str)]
+    def _ids(self, processor: spm.SentencePieceProcessor, texts: Sequence[str], threads: int) -> list[list[int]]:
+        tags, rests = [], []
+        for text in texts:
+            end = text.index("<<") + 2 if text.startswith(">>") and "<<" in text else 0
+            tags.append([text[:end]] if end else [])
+            rests.append(text[end:])
+        pieces = processor.encode(rests, out_type=str, num_threads=threads)
+        return [[self.vocab.get(piece, self.unk_id) for piece in tag + rest] for tag, rest in zip(tags, pieces)]
 
     def encode(self, text: str) -> list[int]:
         """Ids of a source sentence, without EOS."""
-        return self._ids(self._source, text)
+        return self._ids(self._source, [text], 1)[0]
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(text) for text in texts]
+    def encode_batch(self, texts: Sequence[str], threads: int = -1) -> list[list[int]]:
+        return self._ids(self._source, texts, threads)
 
-    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self._ids(self._target, text) for text in texts]
+    def encode_target_batch(self, texts: Sequence[str], threads: int = -1) -> list[list[int]]:
+        return self._ids(self._target, texts, threads)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Target text of `ids`; padding and EOS are dropped."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -23,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -33,29 +32,32 @@ from aiayn.checkpoint import (
     remove_litter, resolve_model_dir, save_checkpoint, save_model, write_json,
 )
 from aiayn.config import ModelConfig, TrainConfig
-from aiayn.data import BatchStream, ParallelCorpus, collate, load_corpus, make_batches
+from aiayn.data import BatchStream, collate, make_batches
 from aiayn.device import autocast, check_precision, matmul_peak_flops, resolve_device
 from aiayn.flops import training_flops
 from aiayn.loss import label_smoothed_nll
 from aiayn.model import Transformer
 from aiayn.optim import make_optimizer, noam_lr, set_lr
+from aiayn.store import EncodedPairs, Store, as_encoded, corpus_digest, load_store, preprocess, tokenizer_digest, within_length
 
-Pairs = Sequence[tuple[list[int], list[int]]]
 LOG = "log.jsonl"
 PLOT = "loss.png"
 MODEL_CONFIG = "model_config.json"
 TRAIN_CONFIG = "train_config.json"
-TOKENIZER_SOURCE = "tokenizer_source.json"  # what the run's tokenizer was made from
 FINAL = "model"  # RUN_DIR/model: the last weights as a model folder, with the tokenizer
 
 
 @dataclass
 class TrainData:
-    """Encoded sentence pairs (ids without BOS/EOS), and the dev text for BLEU."""
+    """Encoded sentence pairs (ids without BOS/EOS; lists of pairs or `EncodedPairs`), and the
+    dev text for BLEU."""
 
-    train: Pairs
-    dev: Pairs = ()
+    train: Union[EncodedPairs, Sequence]
+    dev: Union[EncodedPairs, Sequence] = ()
     dev_text: Sequence[tuple[str, str]] = ()  # (source, reference) strings of the dev pairs
+
+    def __post_init__(self) -> None:
+        self.train, self.dev = as_encoded(self.train), as_encoded(self.dev)
 
 
 class StopSignals:
@@ -314,7 +316,7 @@ class Trainer:
         self.model.eval()
         c = self.config
         loss_sum = nll_sum = tokens = 0.0
-        for indices in make_batches([(len(s) + 1, len(t) + 1) for s, t in self.data.dev], self.recipe.max_tokens, 0, 0):
+        for indices in make_batches(self.data.dev.lengths + 1, self.recipe.max_tokens, 0, 0):
             batch = collate([self.data.dev[i] for i in indices], c.pad_id, c.bos_id, c.eos_id)
             with autocast(self.device, self.recipe.precision):
                 logits = self.model(batch.src.to(self.device), batch.tgt_in.to(self.device))
@@ -323,7 +325,7 @@ class Trainer:
         record = {"step": self.step, "split": "dev", "loss": loss_sum / tokens, "ppl": math.exp(nll_sum / tokens)}
         count = min(self.recipe.eval_bleu_sentences, len(self.data.dev_text))
         if self.tokenizer is not None and count:
-            sources = [s for s, _ in self.data.dev[:count]]
+            sources = [self.data.dev[i][0].tolist() for i in range(count)]
             outputs = translate_ids(self.model, sources, precision=self.recipe.precision)
             hypotheses = [self.tokenizer.decode(ids) for ids in outputs]
             record["bleu"] = bleu(hypotheses, [r for _, r in self.data.dev_text[:count]])[0]
@@ -447,71 +449,118 @@ def _atomic_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-def prepare(
-    corpus, run_dir: Path, vocab_size: int, max_sentence_tokens: int, echo: Callable[[str], None] = print,
-    init_from: Optional[Path] = None,
-):
-    """Tokenizer (the run's own; else the one of the model folder `init_from`; else trained on
-    the train split) and encoded data.
+RUN_DATA = "data"  # RUN_DIR/data: the corpus preprocessed for a run started from --corpus
 
-    Returns (tokenizer, TrainData). Pairs longer than `max_sentence_tokens` tokens on either side are left
-    out and counted, never silently dropped.
+
+def prepare_data(
+    model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, resume: bool, echo: Callable[[str], None] = print,
+) -> tuple[object, TrainData, Store]:
+    """The run's data, memory-mapped: `--data DATA_DIR` as it is, else the corpus spec
+    preprocessed into RUN_DIR/data first (by rank 0; the other ranks wait), so `--corpus` runs
+    train exactly as `--data` runs do. The run folder gets the data's tokenizer.
+
+    Returns (tokenizer, TrainData, Store). Pairs longer than `max_sentence_tokens` (either side,
+    with BOS/EOS) are left out and counted, never silently dropped.
     """
-    from aiayn.data import encode_pairs, filter_long
-    from aiayn.tokenizer import Tokenizer, has_tokenizer, load_tokenizer
+    from aiayn.tokenizer import load_tokenizer
 
     run_dir = Path(run_dir)
     rank, world = init_distributed()
+    data_dir = Path(recipe.data) if recipe.data else run_dir / RUN_DATA
+    failure = None
     if rank == 0:
-        source = _tokenizer_source(corpus, vocab_size, init_from)
-        try:
-            recorded = json.loads((run_dir / TOKENIZER_SOURCE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            recorded = None
-        if has_tokenizer(run_dir) and recorded != source:
-            if checkpoint_dirs(run_dir):  # the checkpoints were trained with it: it stays
-                if recorded is not None:  # runs from before tokenizer_source.json have no record
-                    echo(f"warning: the tokenizer in {run_dir} was made from other data or settings than this "
-                         "corpus; the resumed run keeps it")
-            else:  # left by a start that failed after making it
-                echo(f"note: the tokenizer in {run_dir} was made from other data or settings; making a new one")
-                for name in TOKENIZER_FILES:
-                    (run_dir / name).unlink(missing_ok=True)
-        if not has_tokenizer(run_dir):
-            if init_from is not None:
-                copy_tokenizer(init_from, run_dir)
-                echo(f"tokenizer from {init_from}")
-            else:
-                train = corpus.splits["train"]
-                echo(f"training a {vocab_size}-token SentencePiece BPE model on {len(train):,} pairs (§5.1: shared vocabulary)")
-                Tokenizer.train([s for s, _ in train] + [t for _, t in train], vocab_size, run_dir)
-            write_json(run_dir / TOKENIZER_SOURCE, source)
+        try:  # a rank-0 error must reach the others, or they wait at the barrier forever
+            if not recipe.data:
+                _preprocess_for_run(model_config, recipe, run_dir, resume, echo)
+            _give_run_the_tokenizer(load_store(data_dir), recipe, run_dir, echo)
+        except (ValueError, OSError, ImportError) as error:
+            failure = error
     if world > 1:
-        dist.barrier()  # the other ranks read the tokenizer that rank 0 wrote
+        flag = [failure is not None]
+        dist.broadcast_object_list(flag, src=0)
+        if flag[0] and failure is None:
+            raise SystemExit(1)  # rank 0 reports the error
+    if failure is not None:
+        raise failure
+    store = load_store(data_dir)
+    _check_data_settings(store, model_config, recipe)
     tokenizer = load_tokenizer(run_dir)
-    if tokenizer.vocab_size != vocab_size:
-        raise ValueError(f"the tokenizer in {run_dir} has {tokenizer.vocab_size} tokens but the model expects {vocab_size}")
-    encoded, texts = {}, {}
-    for split in ("train", "dev"):
-        pairs = corpus.splits.get(split, [])
-        all_encoded = encode_pairs(tokenizer, pairs)
-        kept, dropped = filter_long(all_encoded, max_sentence_tokens)
-        encoded[split] = [all_encoded[i] for i in kept]
-        texts[split] = [pairs[i] for i in kept]
-        if dropped:
-            echo(f"{split}: left out {dropped:,} of {len(pairs):,} pairs longer than max_sentence_tokens={max_sentence_tokens}")
-    return tokenizer, TrainData(encoded["train"], encoded["dev"], texts["dev"])
+    splits = {}
+    for name in ("train", "dev"):
+        pairs = store.split(name)
+        rows = within_length(pairs, recipe.max_sentence_tokens)
+        if len(rows) < len(pairs):
+            echo(f"{name}: left out {len(pairs) - len(rows):,} of {len(pairs):,} pairs longer than "
+                 f"max_sentence_tokens={recipe.max_sentence_tokens}")
+            pairs = pairs.subset(rows)
+        splits[name] = (pairs, rows)
+    dev_text = [store.texts("dev")[i] for i in splits["dev"][1].tolist()] if len(splits["dev"][0]) else []
+    counts = ", ".join(f"{name} {info['pairs']:,} pairs" for name, info in store.manifest["splits"].items())
+    echo(f"data {data_dir} ({store.manifest['corpus']}, {store.src_lang}→{store.tgt_lang}): {counts}")
+    return tokenizer, TrainData(splits["train"][0], splits["dev"][0], dev_text), store
 
 
-def _tokenizer_source(corpus, vocab_size: int, init_from: Optional[Path]) -> dict:
-    """What a run's tokenizer is made from: the model folder it is copied from, or a digest of
-    the training text it is learnt on."""
-    if init_from is not None:
-        return {"init_from": str(Path(init_from).resolve())}
-    digest = hashlib.sha256()
-    for source, target in corpus.splits["train"]:
-        digest.update(f"{source}\t{target}\n".encode("utf-8", "surrogatepass"))
-    return {"corpus": corpus.name, "train_sha256": digest.hexdigest(), "vocab_size": vocab_size}
+def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, resume: bool,
+                        echo: Callable[[str], None]) -> None:
+    """RUN_DIR/data for a run from a corpus spec: kept when the run has checkpoints (they were
+    trained on it) or when it was made from this very corpus and settings (a start that failed
+    later); otherwise made anew."""
+    from aiayn.data import load_corpus
+    from aiayn.tokenizer import has_tokenizer
+
+    data_dir = run_dir / RUN_DATA
+    try:
+        manifest = load_store(data_dir).manifest
+    except (ValueError, OSError):
+        manifest = None
+    trained = bool(checkpoint_dirs(run_dir))
+    if manifest is not None and trained:
+        if (manifest["corpus"], manifest["vocab_size"]) != (recipe.corpus, model_config.vocab_size):
+            echo(f"warning: this run was trained on {manifest['corpus']} ({data_dir}); the resumed run keeps it")
+        return
+    init_from = resolve_model_dir(recipe.init_from) if recipe.init_from else None
+    # A run trained before RUN_DIR/data existed keeps its tokenizer: its checkpoints use its ids.
+    tokenizer_from = init_from or (run_dir if trained and has_tokenizer(run_dir) else None)
+    corpus = load_corpus(recipe.corpus, recipe.src_lang, recipe.tgt_lang)
+    echo(f"corpus {corpus.name}: " + ", ".join(f"{k} {len(v):,} pairs" for k, v in corpus.splits.items()))
+    if manifest is not None:
+        wanted = {"corpus": recipe.corpus, "vocab_size": model_config.vocab_size,
+                  "max_sentence_tokens": recipe.max_sentence_tokens, "train_sha256": corpus_digest(corpus.splits["train"]),
+                  "tokenizer_from": str(tokenizer_from) if tokenizer_from else None,
+                  "src_lang": corpus.src_lang, "tgt_lang": corpus.tgt_lang}
+        if all(manifest.get(key) == value for key, value in wanted.items()):
+            return
+        echo(f"note: {data_dir} was made from other data or settings; making it again")
+    preprocess(corpus, data_dir, model_config.vocab_size, spec=recipe.corpus, tokenizer_from=tokenizer_from,
+               max_sentence_tokens=recipe.max_sentence_tokens, force=True, echo=echo)
+
+
+def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run_dir: Path, echo: Callable[[str], None]) -> None:
+    """Copy the data's tokenizer into the run folder (it goes with every model saved), unless
+    the run has one already: then it must be the same, or the ids would mean other words."""
+    from aiayn.tokenizer import has_tokenizer
+
+    if recipe.init_from and tokenizer_digest(resolve_model_dir(recipe.init_from)) != store.manifest["tokenizer_sha256"]:
+        raise ValueError(f"{store.folder} was not encoded with the tokenizer of {recipe.init_from}; "
+                         f"make it with: aiayn preprocess --tokenizer {recipe.init_from} ...")
+    if has_tokenizer(run_dir) and tokenizer_digest(run_dir) != store.manifest["tokenizer_sha256"]:
+        if checkpoint_dirs(run_dir):
+            raise ValueError(f"{store.folder} was encoded with another tokenizer than the one this run was trained "
+                             f"with ({run_dir}); resume with the data it was trained on")
+        echo(f"note: replacing the tokenizer in {run_dir}, left by an earlier start, with the one of {store.folder}")
+        for name in TOKENIZER_FILES:
+            (run_dir / name).unlink(missing_ok=True)
+    if not has_tokenizer(run_dir):
+        copy_tokenizer(store.folder, run_dir)
+
+
+def _check_data_settings(store: Store, model_config: ModelConfig, recipe: TrainConfig) -> None:
+    if store.manifest["vocab_size"] != model_config.vocab_size:
+        raise ValueError(f"the tokenizer of {store.folder} has {store.manifest['vocab_size']} tokens but the model's "
+                         f"vocab_size is {model_config.vocab_size}; pass --vocab-size {store.manifest['vocab_size']}")
+    for given, kept, side in ((recipe.src_lang, store.src_lang, "source"), (recipe.tgt_lang, store.tgt_lang, "target")):
+        if recipe.data and given is not None and given != kept:
+            raise ValueError(f"{store.folder} has {kept} as its {side} language, not {given}")
 
 
 def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
@@ -527,21 +576,15 @@ def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
 def train_run(
     model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, resume: bool = False,
     echo: Callable[[str], None] = print,
-) -> tuple[Trainer, ParallelCorpus]:
-    """Everything `aiayn train` does: load the corpus, train or reuse the tokenizer, encode,
-    train. Returns the trainer (its model holds the last weights) and the corpus."""
+) -> tuple[Trainer, Store]:
+    """Everything `aiayn train` does: preprocess the corpus (or open --data), train. Returns
+    the trainer (its model holds the last weights) and the data store."""
     check_run_dir(run_dir, resume)
     check_settings(model_config, recipe)
     rank, _ = init_distributed()
     echo = echo if rank == 0 else (lambda *_: None)
-    corpus = load_corpus(recipe.corpus, recipe.src_lang, recipe.tgt_lang)
-    echo(f"corpus {corpus.name}: " + ", ".join(f"{k} {len(v):,} pairs" for k, v in corpus.splits.items()))
-    for split, count in corpus.dropped.items():
-        if count:
-            echo(f"{split}: left out {count:,} pairs with an empty side")
     run_dir.mkdir(parents=True, exist_ok=True)
-    init_from = resolve_model_dir(recipe.init_from) if recipe.init_from else None
-    tokenizer, data = prepare(corpus, run_dir, model_config.vocab_size, recipe.max_sentence_tokens, echo, init_from)
+    tokenizer, data, store = prepare_data(model_config, recipe, run_dir, resume, echo)
     trainer = Trainer(model_config, recipe, run_dir, data, tokenizer, resume=resume, echo=echo)
     echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
          f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}")
@@ -549,4 +592,4 @@ def train_run(
     echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
          + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")
          + f"; model in {run_dir / FINAL}")
-    return trainer, corpus
+    return trainer, store

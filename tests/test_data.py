@@ -12,9 +12,7 @@ from aiayn.data import (
     ParallelCorpus,
     collate,
     corpus_names,
-    encode_pairs,
     export_split,
-    filter_long,
     load_corpus,
     load_hf_translation,
     make_batches,
@@ -266,12 +264,47 @@ def random_lengths(n, seed=0):
     return [tuple(int(x) for x in row) for row in torch.randint(1, 60, (n, 2), generator=g)]
 
 
-def test_encode_pairs_and_filter_long():
-    encoded = encode_pairs(CharTokenizer(), [("abc", "de"), ("a", "abcdefg"), ("abcdef", "a")])
-    assert [(len(s), len(t)) for s, t in encoded] == [(3, 2), (1, 7), (6, 1)]
-    assert filter_long(encoded, max_len=6) == ([0], 2)  # source + EOS and BOS + target must fit
-    assert filter_long(encoded, max_len=7) == ([0, 2], 1)
-    assert filter_long(encoded, max_len=8) == ([0, 1, 2], 0)
+def test_within_length_keeps_pairs_whose_source_and_target_fit_with_eos_and_bos():
+    from aiayn.store import EncodedPairs, within_length
+
+    pairs = EncodedPairs.from_lists([([1, 2, 3], [4, 5]), ([1], [2] * 7), ([1] * 6, [2])])
+    assert pairs.lengths.tolist() == [[3, 2], [1, 7], [6, 1]]
+    assert within_length(pairs, 6).tolist() == [0]  # source + EOS and BOS + target must fit
+    assert within_length(pairs, 7).tolist() == [0, 2]
+    assert within_length(pairs, 8).tolist() == [0, 1, 2]
+    subset = pairs.subset(within_length(pairs, 7))
+    assert [(s.tolist(), t.tolist()) for s, t in (subset[0], subset[1])] == [([1, 2, 3], [4, 5]), ([1] * 6, [2])]
+    assert subset.subset([1])[0][0].tolist() == [1] * 6
+
+
+def greedy_batches_one_pair_at_a_time(lengths, max_tokens, seed, epoch):
+    """The §5.1 rule as a plain loop over the sorted pairs (make_batches cuts a batch at a time):
+    add the next pair unless the batch, padded to its longest source and target, would then
+    exceed max_tokens."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, epoch])
+    table = np.asarray(lengths).reshape(-1, 2)
+    shuffled = rng.permutation(len(table))
+    order = shuffled[np.lexsort((table[shuffled, 1], table[shuffled, 0]))]
+    batches, batch, longest = [], [], 0
+    for i in order.tolist():
+        grown = max(longest, *table[i])
+        if batch and (len(batch) + 1) * grown > max_tokens:
+            batches.append(batch)
+            batch, grown = [], max(table[i])
+        batch.append(i)
+        longest = grown
+    batches.append(batch)
+    return [batches[i] for i in rng.permutation(len(batches)).tolist()]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 7, 60, 300, 5000])
+def test_make_batches_cut_as_the_one_pair_at_a_time_rule(max_tokens):
+    for seed in range(3):
+        lengths = random_lengths(400, seed=seed)
+        got = [b.tolist() for b in make_batches(lengths, max_tokens, seed, epoch=2)]
+        assert got == greedy_batches_one_pair_at_a_time(lengths, max_tokens, seed, 2)
 
 
 def test_make_batches_respect_the_padded_token_budget_and_cover_every_pair_once():
@@ -287,14 +320,17 @@ def test_make_batches_respect_the_padded_token_budget_and_cover_every_pair_once(
 
 def test_make_batches_are_seeded_by_seed_and_epoch():
     lengths = random_lengths(300)
-    first = make_batches(lengths, 200, seed=3, epoch=0)
-    assert make_batches(lengths, 200, seed=3, epoch=0) == first
-    assert make_batches(lengths, 200, seed=3, epoch=1) != first
-    assert make_batches(lengths, 200, seed=4, epoch=0) != first
+    def batches(seed, epoch):
+        return [b.tolist() for b in make_batches(lengths, 200, seed=seed, epoch=epoch)]
+
+    first = batches(3, 0)
+    assert batches(3, 0) == first
+    assert batches(3, 1) != first
+    assert batches(4, 0) != first
 
 
 def test_a_pair_longer_than_the_budget_is_a_batch_of_its_own():
-    batches = make_batches([(5, 5), (50, 3), (5, 6)], max_tokens=20, seed=0, epoch=0)
+    batches = [b.tolist() for b in make_batches([(5, 5), (50, 3), (5, 6)], max_tokens=20, seed=0, epoch=0)]
     assert [1] in batches and sorted(map(sorted, batches)) == [[0, 2], [1]]
     with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
         make_batches([(1, 1)], 0, 0, 0)
@@ -318,7 +354,8 @@ def test_corpus_to_batches_with_the_real_tokenizer(tmp_path):
     corpus = read_table(FIXTURES / "bible-mini.tsv.xz", "en", "es")
     train = corpus.splits["train"]
     tokenizer = Tokenizer.train([text for pair in train for text in pair], 320, tmp_path)
-    stream = BatchStream(encode_pairs(tokenizer, train), 100, 0, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
+    encoded = list(zip(tokenizer.encode_batch([s for s, _ in train]), tokenizer.encode_batch([t for _, t in train])))
+    stream = BatchStream(encoded, 100, 0, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
     batches = [next(stream) for _ in range(len(stream.epoch_batches()))]
     rows = [(src, tgt) for b in batches for src, tgt in zip(b.src.tolist(), b.tgt_out.tolist())]
     decoded = sorted((tokenizer.decode(src), tokenizer.decode(tgt)) for src, tgt in rows)
@@ -372,7 +409,8 @@ def test_shards_partition_the_epoch(world_size):
     shards = [make_stream(pairs, shard=(r, world_size)).epoch_batches() for r in range(world_size)]
     assert len({len(s) for s in shards}) == 1  # ranks step together
     # Rank r takes batches r, r + w, r + 2w, ...; the list wraps around to a multiple of w.
-    interleaved = [shard[i] for i in range(len(shards[0])) for shard in shards]
+    whole = [b.tolist() for b in whole]
+    interleaved = [shard[i].tolist() for i in range(len(shards[0])) for shard in shards]
     assert interleaved[: len(whole)] == whole
     assert interleaved[len(whole):] == whole[: len(interleaved) - len(whole)]
     with pytest.raises(ValueError, match="0 <= rank < world_size"):

@@ -141,15 +141,18 @@ def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_
 # --- 2. a tokenizer left by a failed start ----------------------------------------------------
 
 def test_a_tokenizer_from_other_data_is_not_reused(tmp_path, corpus_tsv, capsys):
+    from aiayn.checkpoint import copy_tokenizer
     from aiayn.data import load_corpus
-    from aiayn.train import prepare
+    from aiayn.store import preprocess
 
     run = tmp_path / "run"
     # A start that fails on its settings fails before it writes anything.
     one_line_error(*cli(capsys, *train_argv(corpus_tsv, run, "--device", "cuda"))[::2], "no CUDA GPU")
     assert not (run / "tokenizer.model").exists()
-    # A start that failed later (here: stopped after prepare) left a tokenizer of the toy corpus.
-    prepare(load_corpus(str(corpus_tsv)), run, 300, 256, echo=lambda _: None)
+    # A start that failed later (here: stopped after preprocessing) left the toy corpus's data
+    # and tokenizer.
+    preprocess(load_corpus(str(corpus_tsv)), run / "data", 300, spec=str(corpus_tsv), echo=lambda _: None)
+    copy_tokenizer(run / "data", run)
     toy = (run / "tokenizer.model").read_bytes()
     chinese = tmp_path / "zh.tsv"
     chinese.write_text("".join(f"猫在河边看见狗{i}\t狗在桥下吃鱼{i}\n" for i in range(200)), encoding="utf-8")

@@ -1,0 +1,349 @@
+"""The preprocessed corpus: token ids on disk, memory-mapped by every process that trains on them.
+
+§5.1 trains on WMT 2014 English-German, "about 4.5 million sentence pairs", with byte-pair
+encoding "which has a shared source-target vocabulary of about 37000 tokens". Held as Python
+lists of ids, 4.5M pairs take ~20 GB in each process; here they are encoded once
+(`aiayn preprocess`) into a folder, DATA_DIR, that holds for each split
+
+    SPLIT.bin        the ids of every pair, source then target, one flat array (uint16 when the
+                     vocabulary fits in 16 bits, else uint32), read with numpy.memmap
+    SPLIT.idx.npy    int64 (N + 1): where pair i starts in SPLIT.bin; pair i ends where i + 1 starts
+    SPLIT.len.npy    int32 (N, 2): source and target length of each pair (no BOS/EOS)
+
+plus `tokenizer.model`, `dev.SRC`/`dev.TGT` and `test.SRC`/`test.TGT` (the text of those splits,
+for BLEU and for `aiayn translate`), and `manifest.json` (the corpus, the tokenizer's SHA-256,
+counts of pairs and tokens, what was left out and why, the size of every file). This is the
+layout of fairseq's and Megatron-LM's indexed datasets: the index is small, the ids are paged in
+on demand and shared through the page cache by every rank of a torchrun job, so a process's
+memory does not grow with the corpus. Batches are cut from the lengths alone (aiayn.data).
+
+The folder is built under a hidden temporary name and renamed when complete, so a kill at any
+moment leaves either no DATA_DIR or a complete one; `load_store` checks the files against the
+manifest and says what is wrong with a folder it cannot use.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+import numpy as np
+
+from aiayn.checkpoint import TOKENIZER_FILES, atomic_dir, copy_tokenizer, write_json
+
+FORMAT = 1  # bumped whenever the layout changes; a folder of another format is refused
+MANIFEST = "manifest.json"
+TEXT_SPLITS = ("dev", "test")  # their text is kept too: dev BLEU during training, test for scoring
+ENCODE_CHUNK = 50_000  # pairs encoded at once: bounds the Python lists of ids alive at a time
+# SentencePiece learns its merges from a sample this large (sentences, source and target
+# together): enough for a stable 37K vocabulary, and minutes rather than hours on WMT14 en-fr.
+SAMPLE_SENTENCES = 2_000_000
+
+
+class EncodedPairs:
+    """Token ids of sentence pairs: one flat id array, where pair i starts (`offsets`) and the
+    (source, target) lengths of each pair (`lengths`, (N, 2), no BOS/EOS). The arrays are in
+    memory (`from_lists`) or memory-mapped from a DATA_DIR (`Store.split`). `pairs[i]` is
+    (source ids, target ids). `rows` selects a subset of another set's pairs without copying ids.
+    """
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+                 rows: Optional[np.ndarray] = None) -> None:
+        self.ids, self.offsets = ids, offsets  # (total ids,), (pairs in the file + 1,)
+        self.lengths = lengths  # (N, 2): of the pairs in this set
+        self.rows = rows  # (N,): where this set's pairs are in the file; None: all, in order
+
+    @classmethod
+    def from_lists(cls, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> "EncodedPairs":
+        lengths = np.array([(len(s), len(t)) for s, t in pairs], dtype=np.int32).reshape(-1, 2)  # (N, 2)
+        offsets = np.zeros(len(pairs) + 1, dtype=np.int64)  # (N + 1,)
+        np.cumsum(lengths.sum(axis=1), out=offsets[1:])
+        ids = np.fromiter((i for s, t in pairs for i in (*s, *t)), dtype=np.int64, count=int(offsets[-1]))
+        return cls(ids, offsets, lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        row = int(i if self.rows is None else self.rows[i])
+        start, end = int(self.offsets[row]), int(self.offsets[row + 1])
+        middle = start + int(self.lengths[i, 0])
+        return self.ids[start:middle], self.ids[middle:end]
+
+    def subset(self, rows: np.ndarray) -> "EncodedPairs":
+        """The pairs `rows` (indices into this set), in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        in_file = rows if self.rows is None else self.rows[rows]
+        return EncodedPairs(self.ids, self.offsets, np.asarray(self.lengths[rows]), in_file)
+
+
+def as_encoded(pairs) -> EncodedPairs:
+    """`pairs` as `EncodedPairs`: a list of (source ids, target ids) is packed into arrays."""
+    return pairs if isinstance(pairs, EncodedPairs) else EncodedPairs.from_lists(list(pairs))
+
+
+def within_length(pairs: EncodedPairs, max_sentence_tokens: int) -> np.ndarray:
+    """Indices of the pairs whose source + EOS and BOS + target both fit in `max_sentence_tokens`."""
+    return np.flatnonzero((pairs.lengths.max(axis=1) + 1) <= max_sentence_tokens)
+
+
+def tokenizer_digest(folder: Union[str, Path]) -> str:
+    """SHA-256 over the tokenizer files a folder holds (`tokenizer.model`, or Marian's three)."""
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = Path(folder) / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def corpus_digest(pairs: Sequence[tuple[str, str]]) -> str:
+    """SHA-256 of a split's text: what a DATA_DIR was made from, to tell whether it is current."""
+    digest = hashlib.sha256()
+    for source, target in pairs:
+        digest.update(f"{source}\t{target}\n".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a DATA_DIR
+
+
+class Store:
+    """A DATA_DIR, checked against its manifest on opening (see `load_store`)."""
+
+    def __init__(self, folder: Path, manifest: dict) -> None:
+        self.folder, self.manifest = folder, manifest
+        self.src_lang, self.tgt_lang = manifest["src_lang"], manifest["tgt_lang"]
+        self.dtype = np.dtype(manifest["dtype"])
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.manifest["splits"])
+
+    def split(self, name: str) -> EncodedPairs:
+        """The pairs of one split, memory-mapped (nothing is read until a batch asks for it)."""
+        if name not in self.manifest["splits"]:
+            return EncodedPairs.from_lists([])
+        count = self.manifest["splits"][name]["tokens"]
+        ids = np.memmap(self.folder / f"{name}.bin", dtype=self.dtype, mode="r", shape=(count,)) if count else \
+            np.zeros(0, self.dtype)
+        offsets = np.load(self.folder / f"{name}.idx.npy", mmap_mode="r")
+        lengths = np.load(self.folder / f"{name}.len.npy", mmap_mode="r")
+        return EncodedPairs(ids, offsets, lengths)
+
+    def texts(self, name: str) -> list[tuple[str, str]]:
+        """(source, target) sentences of a dev or test split, aligned with its ids."""
+        from aiayn.data import read_lines
+
+        if name not in self.manifest["splits"] or name not in TEXT_SPLITS:
+            return []
+        sides = [read_lines(self.folder / f"{name}.{lang}") for lang in (self.src_lang, self.tgt_lang)]
+        return list(zip(*sides))
+
+
+def _expected_files(manifest: dict) -> dict[str, int]:
+    files = {}
+    for split in manifest["splits"].values():
+        files.update(split["files"])
+    return files
+
+
+def load_store(folder: Union[str, Path]) -> Store:
+    """Open a DATA_DIR made by `preprocess`. A folder that is not one, is of another format, or
+    whose files do not match its manifest (cut short, replaced, from another tokenizer) is a
+    ValueError that says which file and what to do."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no data folder {folder}; make one with: aiayn preprocess --corpus SPEC --out {folder}")
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a preprocessed corpus (no {MANIFEST}); make one with aiayn preprocess")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise ValueError(f"{folder} holds a preprocessed corpus of format {found!r}, but this aiayn reads format "
+                         f"{FORMAT}; run aiayn preprocess again")
+    try:
+        expected = _expected_files(manifest)
+        for key in ("src_lang", "tgt_lang", "dtype", "tokenizer_sha256", "vocab_size"):
+            manifest[key]
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path} is incomplete (no {error}); run aiayn preprocess again") from None
+    for name, size in expected.items():
+        file = folder / name
+        if not file.is_file():
+            raise ValueError(f"{file} is missing; the folder is incomplete: run aiayn preprocess again")
+        if file.stat().st_size != size:
+            raise ValueError(f"{file} has {file.stat().st_size:,} bytes but {MANIFEST} says {size:,} "
+                             "(cut short or replaced?); run aiayn preprocess again")
+    if tokenizer_digest(folder) != manifest["tokenizer_sha256"]:
+        raise ValueError(f"the tokenizer in {folder} is not the one its ids were made with "
+                         f"({MANIFEST} records another SHA-256); run aiayn preprocess again")
+    store = Store(folder, manifest)
+    for name in store.splits:
+        _check_index(store, name)
+    return store
+
+
+def _check_index(store: Store, name: str) -> None:
+    """The index agrees with the ids file and the manifest's counts: a mismatch means the files
+    come from different runs of preprocess."""
+    info = store.manifest["splits"][name]
+    try:
+        offsets = np.load(store.folder / f"{name}.idx.npy", mmap_mode="r")
+        lengths = np.load(store.folder / f"{name}.len.npy", mmap_mode="r")
+    except ValueError as error:
+        raise ValueError(f"the index of split {name} in {store.folder} cannot be read: {error}") from None
+    pairs = info["pairs"]
+    if offsets.shape != (pairs + 1,) or lengths.shape != (pairs, 2) or int(offsets[-1]) != info["tokens"] \
+            or int(offsets[0]) != 0:
+        raise ValueError(f"the index of split {name} in {store.folder} does not match {MANIFEST} "
+                         f"({pairs:,} pairs, {info['tokens']:,} ids); run aiayn preprocess again")
+
+
+# --------------------------------------------------------------------------------------------
+# Writing a DATA_DIR
+
+
+def preprocess(
+    corpus,
+    out: Union[str, Path],
+    vocab_size: int,
+    *,
+    spec: Optional[str] = None,
+    tokenizer_from: Optional[Union[str, Path]] = None,
+    max_sentence_tokens: int = 256,
+    sample_sentences: int = SAMPLE_SENTENCES,
+    workers: int = -1,
+    force: bool = False,
+    echo: Callable[[str], None] = print,
+) -> Store:
+    """Encode a `ParallelCorpus` into the DATA_DIR `out` (see the module docstring).
+
+    The shared SentencePiece model (§5.1) is learnt from a random sample of `sample_sentences`
+    training sentences (all of them when fewer), or copied from `tokenizer_from` (a model or run
+    folder: fine-tuning keeps its vocabulary). Every split is encoded on `workers` threads (-1:
+    every core). Training pairs longer than `max_sentence_tokens` on either side (with BOS/EOS)
+    are left out and counted; dev and test are kept whole, for scoring. An existing `out` is
+    replaced only with `force`; the folder appears complete or not at all.
+    """
+    from tqdm.auto import tqdm
+
+    from aiayn.data import export_split
+    from aiayn.tokenizer import Tokenizer, load_tokenizer
+
+    out = Path(out)
+    _remove_unfinished(out)
+    started = time.monotonic()
+
+    def build(tmp: Path) -> None:
+        if tokenizer_from is not None:
+            if not copy_tokenizer(tokenizer_from, tmp):
+                raise ValueError(f"{tokenizer_from} holds no tokenizer (tokenizer.model or Marian's files)")
+            echo(f"tokenizer from {tokenizer_from}")
+        else:
+            train = corpus.splits["train"]
+            sample = min(sample_sentences, 2 * len(train))
+            echo(f"training a {vocab_size}-token SentencePiece BPE model on {sample:,} of {2 * len(train):,} "
+                 "training sentences (§5.1: one vocabulary for both languages)")
+            Tokenizer.train([s for s, _ in train] + [t for _, t in train], vocab_size, tmp, max_sentences=sample)
+        tokenizer = load_tokenizer(tmp)
+        if tokenizer_from is not None and tokenizer.vocab_size != vocab_size:
+            raise ValueError(f"the tokenizer of {tokenizer_from} has {tokenizer.vocab_size} tokens, not {vocab_size}")
+        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+        splits = {}
+        total = sum(len(pairs) for pairs in corpus.splits.values())
+        with tqdm(total=total, desc="encode", unit="pair", unit_scale=True, dynamic_ncols=True) as bar:
+            for name, pairs in corpus.splits.items():
+                limit = max_sentence_tokens if name == "train" else None
+                splits[name] = _encode_split(tokenizer, pairs, tmp, name, dtype, limit, workers, bar)
+                splits[name]["dropped_empty"] = corpus.dropped.get(name, 0)
+                if name in TEXT_SPLITS:
+                    for path in export_split(corpus, name, tmp):
+                        splits[name]["files"][path.name] = path.stat().st_size
+        for name, info in splits.items():
+            if info["dropped_empty"] or info["dropped_long"]:
+                echo(f"{name}: left out {info['dropped_empty']:,} pairs with an empty side and {info['dropped_long']:,} "
+                     f"longer than max_sentence_tokens={max_sentence_tokens}")
+        manifest = {
+            "format": FORMAT,
+            "corpus": spec or corpus.name,
+            "name": corpus.name,
+            "src_lang": corpus.src_lang,
+            "tgt_lang": corpus.tgt_lang,
+            "vocab_size": tokenizer.vocab_size,
+            "dtype": dtype.name,
+            "tokenizer_sha256": tokenizer_digest(tmp),
+            "tokenizer_from": str(tokenizer_from) if tokenizer_from is not None else None,
+            "sample_sentences": None if tokenizer_from is not None else sample_sentences,
+            "max_sentence_tokens": max_sentence_tokens,
+            "train_sha256": corpus_digest(corpus.splits["train"]),
+            "splits": splits,
+            "seconds": round(time.monotonic() - started, 1),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        write_json(tmp / MANIFEST, manifest)
+
+    atomic_dir(out, build, force=force)
+    store = load_store(out)
+    counts = ", ".join(f"{name} {info['pairs']:,} pairs" for name, info in store.manifest["splits"].items())
+    echo(f"wrote {out}: {counts} in {store.manifest['seconds']:.0f} s")
+    return store
+
+
+def _encode_split(tokenizer, pairs, folder: Path, name: str, dtype: np.dtype, limit: Optional[int],
+                  workers: int, bar) -> dict:
+    """Encode one split chunk by chunk into NAME.bin, then write its index. Returns the split's
+    manifest entry."""
+    lengths, dropped = [], 0
+    with open(folder / f"{name}.bin", "wb") as ids_file:
+        for start in range(0, len(pairs), ENCODE_CHUNK):
+            chunk = pairs[start:start + ENCODE_CHUNK]
+            src = _encode(tokenizer, [s for s, _ in chunk], workers, target=False)
+            tgt = _encode(tokenizer, [t for _, t in chunk], workers, target=True)
+            chunk_lengths = np.fromiter((n for s, t in zip(src, tgt) for n in (len(s), len(t))), np.int32,
+                                        2 * len(chunk)).reshape(-1, 2)  # (n, 2)
+            keep = np.ones(len(chunk), dtype=bool) if limit is None else chunk_lengths.max(axis=1) + 1 <= limit
+            dropped += int((~keep).sum())
+            kept = [ids for i in np.flatnonzero(keep).tolist() for ids in (src[i], tgt[i])]
+            flat = np.fromiter((i for ids in kept for i in ids), dtype=dtype, count=int(chunk_lengths[keep].sum()))
+            ids_file.write(flat.tobytes())
+            lengths.append(chunk_lengths[keep])
+            bar.update(len(chunk))
+        ids_file.flush()
+        os.fsync(ids_file.fileno())
+    table = np.concatenate(lengths) if lengths else np.zeros((0, 2), np.int32)  # (N, 2)
+    offsets = np.zeros(len(table) + 1, dtype=np.int64)  # (N + 1,)
+    np.cumsum(table.sum(axis=1), out=offsets[1:])
+    np.save(folder / f"{name}.idx.npy", offsets)
+    np.save(folder / f"{name}.len.npy", table)
+    files = {f"{name}{suffix}": (folder / f"{name}{suffix}").stat().st_size for suffix in (".bin", ".idx.npy", ".len.npy")}
+    return {"pairs": len(table), "tokens": int(offsets[-1]), "src_tokens": int(table[:, 0].sum()),
+            "tgt_tokens": int(table[:, 1].sum()), "dropped_long": dropped, "files": files}
+
+
+def _encode(tokenizer, texts: list[str], workers: int, target: bool) -> list[list[int]]:
+    encode = tokenizer.encode_target_batch if target else tokenizer.encode_batch
+    return encode(texts, threads=workers)
+
+
+def _remove_unfinished(out: Path) -> None:
+    """Delete what a preprocess killed mid-way left beside `out`: atomic_dir's hidden temporary
+    folders `.NAME.*.tmp`. They never load (no manifest at the final name), but they take disk."""
+    if out.parent.is_dir():
+        for path in out.parent.glob(f".{out.name}.*.tmp"):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+__all__ = ["EncodedPairs", "as_encoded", "within_length", "Store", "load_store", "preprocess",
+           "tokenizer_digest", "corpus_digest", "FORMAT", "MANIFEST"]
