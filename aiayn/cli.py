@@ -158,8 +158,6 @@ def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig
             raise UserError("give --corpus or --data, not both")
         manifest = load_store(train_overrides["data"]).manifest
         train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
-        if "vocab_size" not in model_overrides and not train_overrides.get("init_from"):
-            model_overrides["vocab_size"] = manifest["vocab_size"]  # the data's tokenizer decides
     if args.resume and (run_dir / MODEL_CONFIG).exists():
         model_config, recipe = load_run_configs(run_dir)
         if dataclasses.replace(model_config, **model_overrides) != model_config:
@@ -171,7 +169,9 @@ def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig
 
         _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))
         return dataclasses.replace(model_config, **model_overrides), TrainConfig(**recipe)
-    return config_from_args(args), TrainConfig(**recipe)
+    if "data" in train_overrides and "vocab_size" not in model_overrides:
+        model_overrides["vocab_size"] = manifest["vocab_size"]  # a new model takes the data's vocabulary
+    return dataclasses.replace(preset(args.preset), **model_overrides), TrainConfig(**recipe)
 
 
 def cmd_train(args: argparse.Namespace) -> None:

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -263,7 +264,8 @@ def preprocess(
         dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
         splits = {}
         total = sum(len(pairs) for pairs in corpus.splits.values())
-        with tqdm(total=total, desc="encode", unit="pair", unit_scale=True, dynamic_ncols=True) as bar:
+        with tqdm(total=total, desc="encode", unit="pair", unit_scale=True, dynamic_ncols=True,
+                  disable=not sys.stderr.isatty()) as bar:
             for name, pairs in corpus.splits.items():
                 limit = max_sentence_tokens if name == "train" else None
                 splits[name] = _encode_split(tokenizer, pairs, tmp, name, dtype, limit, workers, bar)

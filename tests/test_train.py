@@ -124,20 +124,35 @@ def train_argv(corpus, out, *extra):
             "--log-every", "1", "--eval-every", "1000", "--device", "cpu", "--seed", "3", *extra]
 
 
+def from_data(argv: list, data_dir: Path) -> list:
+    """The same `aiayn train` command reading `aiayn preprocess`'s DATA_DIR instead of the corpus."""
+    at = argv.index("--corpus")
+    return argv[:at] + ["--data", str(data_dir)] + argv[at + 2:]
+
+
 def losses(run_dir: Path) -> dict:
     records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
 
 
-def test_resume_after_sigkill_reaches_the_same_losses(tmp_path, corpus_tsv):
+@pytest.mark.parametrize("source", ["corpus", "data"])
+def test_resume_after_sigkill_reaches_the_same_losses(tmp_path, corpus_tsv, source):
+    """From a corpus spec (preprocessed into RUN_DIR/data) and from `aiayn preprocess`'s DATA_DIR:
+    both read memory-mapped ids."""
     steps = ["--max-steps", "60", "--save-every", "10"]
-    done = subprocess.run(train_argv(corpus_tsv, tmp_path / "straight", *steps), capture_output=True, text=True, timeout=300)
+    argv = train_argv
+    if source == "data":
+        made = subprocess.run([sys.executable, "-m", "aiayn", "preprocess", "--corpus", str(corpus_tsv), "--out",
+                               str(tmp_path / "data"), "--vocab-size", "300"], capture_output=True, text=True, timeout=300)
+        assert made.returncode == 0, made.stderr
+        argv = lambda *args: from_data(train_argv(*args), tmp_path / "data")  # noqa: E731
+    done = subprocess.run(argv(corpus_tsv, tmp_path / "straight", *steps), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     reference = losses(tmp_path / "straight")
     assert sorted(reference) == list(range(1, 61))
 
     run = tmp_path / "killed"
-    process = subprocess.Popen(train_argv(corpus_tsv, run, *steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(argv(corpus_tsv, run, *steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and process.poll() is None:
         if (run / "log.jsonl").exists() and max(losses(run), default=0) >= 25:
@@ -149,13 +164,13 @@ def test_resume_after_sigkill_reaches_the_same_losses(tmp_path, corpus_tsv):
     killed_at = max(losses(run))
     assert killed_at < 60 and len(checkpoint_dirs(run)) >= 2
 
-    again = subprocess.run(train_argv(corpus_tsv, run, *steps, "--resume"), capture_output=True, text=True, timeout=300)
+    again = subprocess.run(argv(corpus_tsv, run, *steps, "--resume"), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "resumed from" in again.stdout
     assert losses(run) == reference  # every step's loss, bit for bit
 
     # Without --resume an existing run is never overwritten.
-    refused = subprocess.run(train_argv(corpus_tsv, run, *steps), capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(argv(corpus_tsv, run, *steps), capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "pass --resume" in refused.stderr and refused.stderr.count("\n") == 1
 
 

@@ -1,0 +1,227 @@
+"""The preprocessed corpus (aiayn.store): encoded once, memory-mapped, checked against its manifest,
+never half-written; and the paper's WMT14 recipe run end to end on a small file in WMT14's format."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_faults import WORDS, cli, one_line_error
+
+from aiayn.data import load_corpus
+from aiayn.store import EncodedPairs, load_store, preprocess
+from aiayn.tokenizer import Tokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def toy_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """English-like word strings and their reversal: a 'translation' a tiny model can learn."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(n):
+        words = [WORDS[i] for i in rng.integers(0, len(WORDS), rng.integers(3, 9))]
+        pairs.append((" ".join(words), " ".join(reversed(words))))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    """train.en / train.de (+ dev, test) with one empty pair and one over-long pair in train."""
+    folder = tmp_path_factory.mktemp("corpus") / "en-de"
+    folder.mkdir()
+    splits = {"train": toy_pairs(300) + [("", "leer"), (" ".join(["cat"] * 300), "Katze")],
+              "dev": toy_pairs(20, 1), "test": toy_pairs(25, 2)}
+    for split, pairs in splits.items():
+        for side, lang in enumerate(("en", "de")):
+            (folder / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, corpus_dir):
+    out = tmp_path_factory.mktemp("data") / "data"
+    preprocess(load_corpus(str(corpus_dir)), out, 300, spec=str(corpus_dir), max_sentence_tokens=64, echo=lambda _: None)
+    return out
+
+
+def test_preprocess_stores_every_pair_as_the_tokenizer_encodes_it(data_dir, corpus_dir):
+    store = load_store(data_dir)
+    tokenizer = Tokenizer.load(data_dir)
+    corpus = load_corpus(str(corpus_dir))
+    info = store.manifest["splits"]
+    assert (info["train"]["dropped_empty"], info["train"]["dropped_long"], info["train"]["pairs"]) == (1, 1, 300)
+    assert info["test"]["pairs"] == 25 and store.manifest["dtype"] == "uint16"
+    train = store.split("train")
+    assert isinstance(train.ids, np.memmap)  # read from disk on demand, shared through the page cache
+    kept = [pair for pair in corpus.splits["train"] if len(pair[0].split()) < 300]
+    for i in (0, 7, 299):
+        source, target = train[i]
+        assert source.tolist() == tokenizer.encode(kept[i][0]) and target.tolist() == tokenizer.encode(kept[i][1])
+    assert train.lengths.tolist() == [[len(tokenizer.encode(s)), len(tokenizer.encode(t))] for s, t in kept]
+    assert store.texts("test") == corpus.splits["test"]  # test text whole, for translate and score
+    assert (data_dir / "test.en").read_text(encoding="utf-8").count("\n") == 25
+
+
+def test_encoded_pairs_from_lists_and_from_disk_batch_alike(data_dir):
+    from aiayn.data import BatchStream
+
+    on_disk = load_store(data_dir).split("train")
+    in_memory = EncodedPairs.from_lists([(s.tolist(), t.tolist()) for s, t in (on_disk[i] for i in range(len(on_disk)))])
+    streams = [BatchStream(pairs, 200, 4, 0, 1, 2, shard=(1, 2)) for pairs in (on_disk, in_memory)]
+    for _ in range(10):
+        a, b = next(streams[0]), next(streams[1])
+        assert a.src.tolist() == b.src.tolist() and a.tgt_out.tolist() == b.tgt_out.tolist()
+
+
+def test_bad_data_folders_get_one_line_errors(tmp_path, data_dir, capsys):
+    def broken(name, change):
+        folder = tmp_path / name
+        shutil.copytree(data_dir, folder)
+        change(folder)
+        return folder
+
+    def set_manifest(folder, **values):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest.update(values)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
+    def truncate(folder):
+        with open(folder / "train.bin", "r+b") as handle:
+            handle.truncate(100)
+
+    def other_counts(folder):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["splits"]["train"]["pairs"] -= 1
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
+    cases = [
+        (broken("older", lambda f: set_manifest(f, format=0)), "format 0", "aiayn preprocess again"),
+        (broken("cut", truncate), "train.bin has 100 bytes", "cut short"),
+        (broken("counts", other_counts), "does not match manifest.json"),
+        (broken("tokenizer", lambda f: Tokenizer.train(["ein zwei drei"] * 50 + WORDS, 300, f)), "not the one its ids"),
+        (broken("no-manifest", lambda f: (f / "manifest.json").unlink()), "not a preprocessed corpus"),
+        (broken("json", lambda f: (f / "manifest.json").write_text("{")), "not valid JSON"),
+        (tmp_path / "absent", "no data folder"),
+    ]
+    for folder, *fragments in cases:
+        argv = ["train", "--data", folder, "--out", tmp_path / "run", "--preset", "tiny", "--max-steps", "1"]
+        one_line_error(*cli(capsys, *argv)[::2], *fragments)
+        assert not (tmp_path / "run" / "checkpoints").exists()
+    argv = ["train", "--data", data_dir, "--corpus", "bible-en-es", "--out", tmp_path / "run", "--preset", "tiny"]
+    one_line_error(*cli(capsys, *argv)[::2], "--corpus or --data")
+    argv = ["train", "--data", data_dir, "--vocab-size", "500", "--out", tmp_path / "run", "--preset", "tiny"]
+    one_line_error(*cli(capsys, *argv)[::2], "has 300 tokens", "--vocab-size 300")
+    argv = ["train", "--data", data_dir, "--tgt-lang", "fr", "--out", tmp_path / "run", "--preset", "tiny"]
+    one_line_error(*cli(capsys, *argv)[::2], "de as its target language, not fr")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", "no/such/corpus", "--out", tmp_path / "d")[::2], "unknown corpus")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", "bible-en-es", "--out", data_dir)[::2], "already exists", "--force")
+
+
+def test_a_resumed_run_refuses_data_of_another_tokenizer(tmp_path, data_dir, corpus_dir, capsys):
+    run = tmp_path / "run"
+    common = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--max-tokens", "300", "--log-every", "1",
+              "--eval-every", "1000", "--device", "cpu", "--out", run]
+    assert cli(capsys, "train", "--data", data_dir, "--max-steps", "2", *common)[0] == 0
+    assert (run / "tokenizer.model").read_bytes() == (data_dir / "tokenizer.model").read_bytes()
+    other = tmp_path / "other"
+    preprocess(load_corpus(str(corpus_dir)), other, 290, echo=lambda _: None)
+    one_line_error(*cli(capsys, "train", "--data", other, "--resume", "--max-steps", "3", *common)[::2],
+                   "another tokenizer", "the data it was trained on")
+
+
+def test_a_killed_preprocess_leaves_nothing_that_loads_and_a_rerun_completes(tmp_path):
+    corpus = tmp_path / "big.tsv"
+    corpus.write_text("".join(f"{s}\t{t}\n" for s, t in toy_pairs(300_000)), encoding="utf-8")
+    out = tmp_path / "data"
+    argv = [sys.executable, "-m", "aiayn", "preprocess", "--corpus", str(corpus), "--out", str(out), "--vocab-size", "300"]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if any((folder / "train.bin").exists() for folder in tmp_path.glob(".data.*.tmp")):
+            break
+        time.sleep(0.005)
+    assert process.poll() is None, "preprocess ended before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not out.exists() and list(tmp_path.glob(".data.*.tmp"))  # the half-built folder is hidden
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert load_store(out).manifest["splits"]["train"]["pairs"] == 300_000
+    assert not list(tmp_path.glob(".data.*.tmp"))  # the killed run's litter is gone
+
+
+# --- WMT14 in its Hugging Face Parquet layout -------------------------------------------------
+
+def write_wmt_parquet(folder: Path, splits: dict[str, list[tuple[str, str]]], languages=("de", "en")) -> Path:
+    """Files as the hub's wmt/wmt14 de-en: rows {"translation": {"de": ..., "en": ...}}."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, pairs in splits.items():
+        rows = [{"translation": {languages[0]: target, languages[1]: source}} for source, target in pairs]
+        pq.write_table(pa.Table.from_pylist(rows), folder / f"{split}-00000-of-00001.parquet")
+    return folder
+
+
+def test_wmt14_parquet_files_load_in_either_direction_and_disagreeing_splits_are_refused(tmp_path, capsys):
+    folder = write_wmt_parquet(tmp_path / "de-en", {"train": toy_pairs(30), "validation": toy_pairs(5, 1),
+                                                    "test": toy_pairs(6, 2)})
+    corpus = load_corpus(str(folder), "en", "de")
+    assert corpus.splits["train"] == toy_pairs(30) and len(corpus.splits["dev"]) == 5 and len(corpus.splits["test"]) == 6
+    assert load_corpus(str(folder), tgt_lang="en").splits["test"][0] == tuple(reversed(toy_pairs(6, 2)[0]))
+    one_line_error(*cli(capsys, "preprocess", "--corpus", folder, "--out", tmp_path / "d")[::2], "--src-lang", "de, en")
+    write_wmt_parquet(folder, {"test": toy_pairs(6, 2)}, languages=("fr", "en"))
+    one_line_error(*cli(capsys, "preprocess", "--corpus", folder, "--src-lang", "en", "--out", tmp_path / "d")[::2],
+                   "disagree in language", "test has en, fr")
+    (folder / "test-00000-of-00001.parquet").write_bytes(b"PAR1 not really")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", folder, "--src-lang", "en", "--out", tmp_path / "d")[::2],
+                   "cannot be read as Parquet")
+
+
+def test_the_wmt14_recipe_runs_end_to_end_on_a_small_file(tmp_path):
+    """recipes/wmt14-en-de-base.sh, the paper's base recipe, at a toy scale: preprocess, train
+    with 2 gloo processes, average the last 5 checkpoints, translate with beam 4, score."""
+    folder = write_wmt_parquet(tmp_path / "wmt14" / "de-en", {"train": toy_pairs(400), "validation": toy_pairs(20, 1),
+                                                              "test": toy_pairs(20, 2)})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+           "CORPUS": str(folder), "WORK": str(tmp_path / "work"), "GPUS": "2", "VOCAB_SIZE": "300",
+           "MODEL": "--preset tiny --d-model 32 --d-ff 64", "MAX_TOKENS": "200", "STEPS": "12", "SAVE_EVERY": "2",
+           "PRECISION": "fp32", "TORCHRUN": f"torchrun --master-addr 127.0.0.1 --master-port {port}"}
+    done = subprocess.run(["bash", str(REPO / "recipes" / "wmt14-en-de-base.sh")], capture_output=True, text=True,
+                          timeout=400, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    work = tmp_path / "work"
+    assert load_store(work / "data").manifest["splits"]["train"]["pairs"] == 400
+    train_config = json.loads((work / "run" / "train_config.json").read_text())
+    assert (train_config["accumulate"], train_config["max_steps"], train_config["keep_last"]) == (4, 12, 5)
+    assert "averaged step_00000004, step_00000006, step_00000008, step_00000010, step_00000012" in done.stdout
+    hypotheses = (work / "test.hyp.de").read_text(encoding="utf-8")
+    assert hypotheses.count("\n") == 20
+    assert "sacreBLEU" in done.stdout and "paper protocol" in done.stdout.lower()
+
+
+def test_a_run_from_before_run_dir_data_resumes_with_its_own_tokenizer(tmp_path, corpus_dir, capsys):
+    from aiayn.store import tokenizer_digest
+
+    run = tmp_path / "run"
+    argv = ["train", "--corpus", corpus_dir, "--preset", "tiny", "--vocab-size", "300", "--d-model", "32", "--d-ff", "64",
+            "--max-tokens", "300", "--log-every", "1", "--eval-every", "1000", "--device", "cpu", "--out", run]
+    assert cli(capsys, *argv, "--max-steps", "2")[0] == 0
+    shutil.rmtree(run / "data")  # as runs trained before preprocessing existed
+    tokenizer = tokenizer_digest(run)
+    code, out, err = cli(capsys, *argv, "--max-steps", "3", "--resume")
+    assert code == 0 and "resumed from" in out, err
+    assert tokenizer_digest(run / "data") == tokenizer_digest(run) == tokenizer  # re-encoded with the run's own
+    assert load_store(run / "data").manifest["tokenizer_from"] == str(run)
