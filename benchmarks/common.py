@@ -118,6 +118,17 @@ def machine(device: torch.device, threads: int) -> dict:
     }
 
 
+def cpu_kind() -> str:
+    """The kind of development machine, for result file names and the docs' tables: intel-xeon
+    (AMX), amd-epyc (Zen 4: AVX-512 with bf16, no AMX), or the CPU's vendor otherwise."""
+    text = Path("/proc/cpuinfo").read_text()
+    if "GenuineIntel" in text:
+        return "intel-xeon"
+    if "AuthenticAMD" in text:
+        return "amd-epyc"
+    return platform.machine() or "unknown"
+
+
 def command_line() -> str:
     """How this script was run, with its path relative to the repository when it lies inside."""
     script = Path(sys.argv[0]).resolve()
