@@ -406,12 +406,15 @@ def make_batches(lengths, max_tokens: int, seed: int, epoch: int) -> list[np.nda
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
     rng = np.random.default_rng([seed, epoch])
-    table = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)  # (N, 2)
+    table = np.asarray(lengths).reshape(-1, 2)  # (N, 2), int32 from a DATA_DIR: no int64 copy of it
     if len(table) and table.min() < 1:
         raise ValueError("pair lengths count EOS / BOS and must be at least 1")
-    shuffled = rng.permutation(len(table))
-    # lexsort is stable and sorts by the last key first: source length, then target length.
-    order = shuffled[np.lexsort((table[shuffled, 1], table[shuffled, 0]))]  # (N,)
+    shuffled = rng.permutation(len(table))  # (N,)
+    # By source length, then target length, ties in the shuffled order (a stable sort); one
+    # int64 key instead of lexsort's two, so that 4.5M pairs need fewer N-long temporaries.
+    key = table[shuffled, 0].astype(np.int64) * (int(table[:, 1].max(initial=0)) + 1) + table[shuffled, 1]  # (N,)
+    order = shuffled[np.argsort(key, kind="stable")]  # (N,)
+    del key, shuffled
     src, tgt = table[order, 0], table[order, 1]  # (N,), src non-decreasing
     batches: list[np.ndarray] = []
     start = 0
@@ -419,7 +422,7 @@ def make_batches(lengths, max_tokens: int, seed: int, epoch: int) -> list[np.nda
         # No batch from here holds more than max_tokens // src[start] pairs: every later source is
         # at least as long. The first pair always goes in.
         window = min(len(order) - start, max(1, max_tokens // int(src[start])))
-        longest = np.maximum(src[start:start + window], np.maximum.accumulate(tgt[start:start + window]))  # (w,)
+        longest = np.maximum(src[start:start + window], np.maximum.accumulate(tgt[start:start + window])).astype(np.int64)  # (w,)
         padded = np.arange(1, window + 1) * longest  # (w,) padded tokens if the batch ended here
         over = np.flatnonzero(padded[1:] > max_tokens)
         size = int(over[0]) + 1 if len(over) else window

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -313,12 +314,11 @@ def _encode_split(tokenizer, pairs, folder: Path, name: str, dtype: np.dtype, li
             chunk = pairs[start:start + ENCODE_CHUNK]
             src = _encode(tokenizer, [s for s, _ in chunk], workers, target=False)
             tgt = _encode(tokenizer, [t for _, t in chunk], workers, target=True)
-            chunk_lengths = np.fromiter((n for s, t in zip(src, tgt) for n in (len(s), len(t))), np.int32,
-                                        2 * len(chunk)).reshape(-1, 2)  # (n, 2)
+            chunk_lengths = np.stack([np.fromiter(map(len, side), np.int32, len(side)) for side in (src, tgt)], 1)  # (n, 2)
             keep = np.ones(len(chunk), dtype=bool) if limit is None else chunk_lengths.max(axis=1) + 1 <= limit
             dropped += int((~keep).sum())
-            kept = [ids for i in np.flatnonzero(keep).tolist() for ids in (src[i], tgt[i])]
-            flat = np.fromiter((i for ids in kept for i in ids), dtype=dtype, count=int(chunk_lengths[keep].sum()))
+            kept = (ids for i in np.flatnonzero(keep).tolist() for ids in (src[i], tgt[i]))
+            flat = np.fromiter(itertools.chain.from_iterable(kept), dtype=dtype, count=int(chunk_lengths[keep].sum()))
             ids_file.write(flat.tobytes())
             lengths.append(chunk_lengths[keep])
             bar.update(len(chunk))
