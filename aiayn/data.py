@@ -399,9 +399,8 @@ def make_batches(lengths, max_tokens: int, seed: int, epoch: int) -> list[np.nda
     longer than max_tokens on its own forms a batch of one. The order of the batches is then
     shuffled. The same (seed, epoch) always gives the same batches.
 
-    Vectorised per batch rather than per pair, so that WMT14's 4.5M pairs are cut in about a
-    second: within the sorted order the longest source of a batch is its last pair's, and
-    the longest target a running maximum.
+    Computed per run of equal lengths rather than per pair, so that WMT14's 4.5M pairs are cut
+    in a fraction of a second, into views of one index array instead of ~9M Python integers.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
@@ -410,24 +409,36 @@ def make_batches(lengths, max_tokens: int, seed: int, epoch: int) -> list[np.nda
     if len(table) and table.min() < 1:
         raise ValueError("pair lengths count EOS / BOS and must be at least 1")
     shuffled = rng.permutation(len(table))  # (N,)
-    # By source length, then target length, ties in the shuffled order (a stable sort); one
-    # int64 key instead of lexsort's two, so that 4.5M pairs need fewer N-long temporaries.
-    key = table[shuffled, 0].astype(np.int64) * (int(table[:, 1].max(initial=0)) + 1) + table[shuffled, 1]  # (N,)
+    # By source length, then target length, ties in the shuffled order (a stable sort). One key
+    # rather than lexsort's two, and int32 where it fits, so that few N-long arrays are alive
+    # at once: this index is what a process's memory grows by with the corpus.
+    width = int(table[:, 1].max(initial=0)) + 1
+    small = int(table[:, 0].max(initial=0)) * width + width < 2**31
+    key = table[shuffled, 0].astype(np.int32 if small else np.int64) * width + table[shuffled, 1]  # (N,)
     order = shuffled[np.argsort(key, kind="stable")]  # (N,)
     del key, shuffled
-    src, tgt = table[order, 0], table[order, 1]  # (N,), src non-decreasing
-    batches: list[np.ndarray] = []
-    start = 0
-    while start < len(order):
-        # No batch from here holds more than max_tokens // src[start] pairs: every later source is
-        # at least as long. The first pair always goes in.
-        window = min(len(order) - start, max(1, max_tokens // int(src[start])))
-        longest = np.maximum(src[start:start + window], np.maximum.accumulate(tgt[start:start + window])).astype(np.int64)  # (w,)
-        padded = np.arange(1, window + 1) * longest  # (w,) padded tokens if the batch ended here
-        over = np.flatnonzero(padded[1:] > max_tokens)
-        size = int(over[0]) + 1 if len(over) else window
-        batches.append(order[start:start + size])
-        start += size
+    if len(order) < 2**31:
+        order = order.astype(np.int32)  # kept for the epoch: half the bytes
+    src, tgt = table[order, 0], table[order, 1]  # (N,)
+    # Equal (source, target) lengths lie side by side: a run of them is cut with arithmetic, so
+    # the loop runs once per run and per batch, never per pair.
+    change = np.flatnonzero((src[1:] != src[:-1]) | (tgt[1:] != tgt[:-1])) + 1  # (runs - 1,)
+    run_starts = np.concatenate([[0], change]).tolist() if len(order) else []
+    run_ends = [*run_starts[1:], len(order)]
+    longest_of_run = np.maximum(src, tgt)[run_starts].tolist()
+    cuts: list[int] = []  # where each batch but the first starts, in `order`
+    count = longest = 0  # the open batch: its pairs and its longest side
+    for start, end, length in zip(run_starts, run_ends, longest_of_run):
+        while start < end:
+            grown = max(longest, length)
+            room = max(max_tokens // grown, 1)  # pairs a batch this long may hold; the first always goes in
+            if room <= count:  # the next pair does not fit: it opens a new batch
+                cuts.append(start)
+                count = longest = 0
+                continue
+            taken = min(end - start, room - count)
+            count, longest, start = count + taken, grown, start + taken
+    batches = np.split(order, cuts) if len(order) else []
     return [batches[i] for i in rng.permutation(len(batches)).tolist()]
 
 
@@ -476,7 +487,6 @@ class BatchStream:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
         self.pairs = as_encoded(encoded_pairs)  # a list of pairs, or EncodedPairs (memory-mapped)
-        self.lengths = self.pairs.lengths + 1  # (N, 2) as in the tensors, with EOS / BOS
         self.max_tokens, self.seed = max_tokens, seed
         self.special = (pad_id, bos_id, eos_id)
         self.rank, self.world_size = rank, world_size
@@ -486,7 +496,8 @@ class BatchStream:
     def epoch_batches(self) -> list[np.ndarray]:
         """This rank's batches (lists of pair indices) of the current epoch."""
         if self._cached[0] != self.epoch:
-            batches = make_batches(self.lengths, self.max_tokens, self.seed, self.epoch)
+            # Lengths as in the tensors, with EOS / BOS; made per epoch, not kept (N × 8 bytes).
+            batches = make_batches(self.pairs.lengths + 1, self.max_tokens, self.seed, self.epoch)
             total = -(-len(batches) // self.world_size) * self.world_size  # rounded up to a multiple
             wrapped = [batches[i % len(batches)] for i in range(total)]
             self._cached = (self.epoch, wrapped[self.rank :: self.world_size])

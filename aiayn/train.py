@@ -203,6 +203,7 @@ class Trainer:
             elif resume:
                 self.echo(f"no checkpoint in {self.run_dir}: starting from scratch")
             self._keep_log_until(0)  # the steps of an earlier start are done again
+        self.stream.epoch_batches()  # cut now, so that a step's time is the step's (4.5M pairs: ~1 s)
         self.scaler = torch.amp.GradScaler("cuda") if train_config.precision == "fp16" else None
         self.net = self.model
         if self.world > 1:
@@ -485,19 +486,21 @@ def prepare_data(
     store = load_store(data_dir)
     _check_data_settings(store, model_config, recipe)
     tokenizer = load_tokenizer(run_dir)
-    splits = {}
+    kept, dev_text = {}, []
     for name in ("train", "dev"):
         pairs = store.split(name)
-        rows = within_length(pairs, recipe.max_sentence_tokens)
+        rows = within_length(pairs, recipe.max_sentence_tokens)  # (kept,)
         if len(rows) < len(pairs):
             echo(f"{name}: left out {len(pairs) - len(rows):,} of {len(pairs):,} pairs longer than "
                  f"max_sentence_tokens={recipe.max_sentence_tokens}")
             pairs = pairs.subset(rows)
-        splits[name] = (pairs, rows)
-    dev_text = [store.texts("dev")[i] for i in splits["dev"][1].tolist()] if len(splits["dev"][0]) else []
+        kept[name] = pairs
+        if name == "dev" and len(rows):
+            texts = store.texts("dev")
+            dev_text = [texts[i] for i in rows.tolist()]
     counts = ", ".join(f"{name} {info['pairs']:,} pairs" for name, info in store.manifest["splits"].items())
     echo(f"data {data_dir} ({store.manifest['corpus']}, {store.src_lang}→{store.tgt_lang}): {counts}")
-    return tokenizer, TrainData(splits["train"][0], splits["dev"][0], dev_text), store
+    return tokenizer, TrainData(kept["train"], kept["dev"], dev_text), store
 
 
 def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, resume: bool,
