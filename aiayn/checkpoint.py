@@ -108,6 +108,15 @@ def remove_litter(directory: Union[str, Path]) -> list[Path]:
     return found
 
 
+def read_json(path: Union[str, Path]):
+    """The JSON value a file holds; a file that is not JSON (cut short, not UTF-8) is a ValueError
+    naming it. A missing file is FileNotFoundError, for the caller to explain."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+
+
 def write_json(path: Union[str, Path], value) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -129,10 +138,7 @@ def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:
     path = Path(directory) / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"no {CONFIG} in {directory}: not an aiayn model folder")
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    values = read_json(path)
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a JSON object")
     architecture = values.pop("architecture", "Transformer")

@@ -14,7 +14,6 @@ not needed here (the tests use it to check the results). A `pytorch_model.bin` i
 
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 from typing import Callable, Iterator, Union
@@ -23,7 +22,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aiayn.checkpoint import atomic_dir, atomic_write, refuse_to_replace, write_json
+from aiayn.checkpoint import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
 from aiayn.tokenizer import MarianTokenizer, Tokenizer, has_tokenizer, load_tokenizer
@@ -138,11 +137,9 @@ def import_marian(
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     refuse_to_replace(out_dir, force)
     try:
-        hf = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+        hf = read_json(hf_dir / "config.json")
     except FileNotFoundError:
         raise FileNotFoundError(f"no config.json in {hf_dir}: not an HF model folder") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{hf_dir / 'config.json'} is not valid JSON: {error}") from None
     if not isinstance(hf, dict):
         raise ValueError(f"{hf_dir / 'config.json'} must hold a JSON object")
     if hf.get("activation_dropout", 0.0):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import itertools
-import json
 import os
 import shutil
 import sys
@@ -37,7 +36,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from aiayn.checkpoint import TOKENIZER_FILES, atomic_dir, copy_tokenizer, write_json
+from aiayn.checkpoint import TOKENIZER_FILES, atomic_dir, copy_tokenizer, read_json, write_json
 
 FORMAT = 1  # bumped whenever the layout changes; a folder of another format is refused
 MANIFEST = "manifest.json"
@@ -168,10 +167,7 @@ def load_store(folder: Union[str, Path]) -> Store:
         raise FileNotFoundError(f"no data folder {folder}; make one with: aiayn preprocess --corpus SPEC --out {folder}")
     if not path.is_file():
         raise ValueError(f"{folder} is not a preprocessed corpus (no {MANIFEST}); make one with aiayn preprocess")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    manifest = read_json(path)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else None
         raise ValueError(f"{folder} holds a preprocessed corpus of format {found!r}, but this aiayn reads format "

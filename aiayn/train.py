@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from aiayn.checkpoint import (
     CHECKPOINTS, TOKENIZER_FILES, atomic_dir, atomic_write, checkpoint_dirs, copy_tokenizer, load_checkpoint,
-    remove_litter, resolve_model_dir, save_checkpoint, save_model, write_json,
+    read_json, remove_litter, resolve_model_dir, save_checkpoint, save_model, write_json,
 )
 from aiayn.config import ModelConfig, TrainConfig
 from aiayn.data import BatchStream, collate, make_batches
@@ -107,11 +107,9 @@ def load_run_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
     for name in (MODEL_CONFIG, TRAIN_CONFIG):
         path = run_dir / name
         try:
-            values.append(json.loads(path.read_text(encoding="utf-8")))
+            values.append(read_json(path))
         except FileNotFoundError:
             raise FileNotFoundError(f"{run_dir} is not a run folder: {name} is missing") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"{path} is not valid JSON: {error}") from None
     try:
         return ModelConfig.from_dict(values[0]), TrainConfig.from_dict(values[1])
     except ValueError as error:
