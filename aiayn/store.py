@@ -265,6 +265,8 @@ def preprocess(
         with tqdm(total=total, desc="encode", unit="pair", unit_scale=True, dynamic_ncols=True,
                   disable=not sys.stderr.isatty()) as bar:
             for name, pairs in corpus.splits.items():
+                if bar.disable:  # no progress bar in a log file: a line per split instead
+                    echo(f"encoding {name}: {len(pairs):,} pairs")
                 limit = max_sentence_tokens if name == "train" else None
                 splits[name] = _encode_split(tokenizer, pairs, tmp, name, dtype, limit, workers, bar)
                 splits[name]["dropped_empty"] = corpus.dropped.get(name, 0)

@@ -225,3 +225,17 @@ def test_a_run_from_before_run_dir_data_resumes_with_its_own_tokenizer(tmp_path,
     assert code == 0 and "resumed from" in out, err
     assert tokenizer_digest(run / "data") == tokenizer_digest(run) == tokenizer  # re-encoded with the run's own
     assert load_store(run / "data").manifest["tokenizer_from"] == str(run)
+
+
+def test_fine_tuning_from_data_needs_the_data_encoded_with_the_models_tokenizer(tmp_path, data_dir, corpus_dir, capsys):
+    from test_faults import make_model
+
+    model = make_model(tmp_path / "model")
+    common = ["--init-from", model, "--max-steps", "1", "--max-tokens", "300", "--device", "cpu", "--log-every", "1",
+              "--eval-every", "1000"]
+    one_line_error(*cli(capsys, "train", "--data", data_dir, "--out", tmp_path / "run", *common)[::2],
+                   "not encoded with the tokenizer of", "aiayn preprocess --tokenizer")
+    assert cli(capsys, "preprocess", "--corpus", corpus_dir, "--tokenizer", model, "--out", tmp_path / "data")[0] == 0
+    code, out, err = cli(capsys, "train", "--data", tmp_path / "data", "--out", tmp_path / "run", *common)
+    assert code == 0, err
+    assert (tmp_path / "run" / "model" / "tokenizer.model").read_bytes() == (model / "tokenizer.model").read_bytes()
