@@ -160,6 +160,8 @@ def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig
         train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
     if args.resume and (run_dir / MODEL_CONFIG).exists():
         model_config, recipe = load_run_configs(run_dir)
+        if recipe.data and "corpus" in train_overrides and "data" not in train_overrides:
+            raise UserError(f"this run reads --data {recipe.data}; drop --corpus, or give another --data")
         if dataclasses.replace(model_config, **model_overrides) != model_config:
             raise UserError(f"a resumed run keeps its model; drop the model options (see {run_dir / MODEL_CONFIG})")
         return model_config, dataclasses.replace(recipe, **train_overrides)

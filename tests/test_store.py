@@ -135,6 +135,8 @@ def test_a_resumed_run_refuses_data_of_another_tokenizer(tmp_path, data_dir, cor
     preprocess(load_corpus(str(corpus_dir)), other, 290, echo=lambda _: None)
     one_line_error(*cli(capsys, "train", "--data", other, "--resume", "--max-steps", "3", *common)[::2],
                    "another tokenizer", "the data it was trained on")
+    one_line_error(*cli(capsys, "train", "--corpus", corpus_dir, "--resume", "--max-steps", "3", *common)[::2],
+                   "this run reads --data", "drop --corpus")
 
 
 def test_a_killed_preprocess_leaves_nothing_that_loads_and_a_rerun_completes(tmp_path):
