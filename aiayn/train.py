@@ -452,7 +452,7 @@ RUN_DATA = "data"  # RUN_DIR/data: the corpus preprocessed for a run started fro
 
 
 def prepare_data(
-    model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, resume: bool, echo: Callable[[str], None] = print,
+    model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, echo: Callable[[str], None] = print,
 ) -> tuple[object, TrainData, Store]:
     """The run's data, memory-mapped: `--data DATA_DIR` as it is, else the corpus spec
     preprocessed into RUN_DIR/data first (by rank 0; the other ranks wait), so `--corpus` runs
@@ -470,7 +470,7 @@ def prepare_data(
     if rank == 0:
         try:  # a rank-0 error must reach the others, or they wait at the barrier forever
             if not recipe.data:
-                _preprocess_for_run(model_config, recipe, run_dir, resume, echo)
+                _preprocess_for_run(model_config, recipe, run_dir, echo)
             _give_run_the_tokenizer(load_store(data_dir), recipe, run_dir, echo)
         except (ValueError, OSError, ImportError) as error:
             failure = error
@@ -501,7 +501,7 @@ def prepare_data(
     return tokenizer, TrainData(kept["train"], kept["dev"], dev_text), store
 
 
-def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, resume: bool,
+def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run_dir: Path,
                         echo: Callable[[str], None]) -> None:
     """RUN_DIR/data for a run from a corpus spec: kept when the run has checkpoints (they were
     trained on it) or when it was made from this very corpus and settings (a start that failed
@@ -585,7 +585,7 @@ def train_run(
     rank, _ = init_distributed()
     echo = echo if rank == 0 else (lambda *_: None)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer, data, store = prepare_data(model_config, recipe, run_dir, resume, echo)
+    tokenizer, data, store = prepare_data(model_config, recipe, run_dir, echo)
     trainer = Trainer(model_config, recipe, run_dir, data, tokenizer, resume=resume, echo=echo)
     echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
          f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}")
