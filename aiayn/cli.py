@@ -188,7 +188,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_preprocess(args: argparse.Namespace) -> None:
     """Encode a corpus once into a memory-mapped DATA_DIR for `aiayn train --data` (aiayn.store)."""
     from aiayn.checkpoint import refuse_to_replace
-    from aiayn.data import load_corpus
+    from aiayn.data import stream_corpus
     from aiayn.store import preprocess
 
     if args.vocab_size is not None and args.tokenizer is not None:
@@ -205,7 +205,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
         if not has_tokenizer(args.tokenizer):
             raise UserError(f"{args.tokenizer} holds no tokenizer (tokenizer.model, or Marian's three files)")
         vocab_size = load_tokenizer(args.tokenizer).vocab_size
-    corpus = load_corpus(args.corpus, args.src_lang, args.tgt_lang)
+    corpus = stream_corpus(args.corpus, args.src_lang, args.tgt_lang)
     preprocess(corpus, args.out, vocab_size, spec=args.corpus, tokenizer_from=args.tokenizer,
                max_sentence_tokens=args.max_sentence_tokens or TrainConfig.max_sentence_tokens,
                sample_sentences=args.sample_sentences or SAMPLE_SENTENCES, workers=args.workers or -1, force=args.force)

@@ -13,11 +13,12 @@ from a state of two integers, so training resumes exactly where it stopped.
 
 from __future__ import annotations
 
+import itertools
 import lzma
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional, Sequence, Union
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -52,14 +53,66 @@ class ParallelCorpus:
     dropped: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.src_lang == self.tgt_lang:
-            raise ValueError(f"source and target language are both {self.src_lang!r}; give two different languages")
+        _check_languages(self.src_lang, self.tgt_lang)
         for split, pairs in list(self.splits.items()):
-            kept = [(s, t) for s, t in ((_clean(s), _clean(t)) for s, t in pairs) if s and t]
-            self.dropped[split] = self.dropped.get(split, 0) + len(pairs) - len(kept)
-            self.splits[split] = kept
+            self.splits[split], dropped = clean_pairs(pairs)
+            self.dropped[split] = self.dropped.get(split, 0) + dropped
         if not self.splits.get("train"):
             raise ValueError(f"corpus {self.name} has no training pairs")
+
+    def stream(self) -> "CorpusStream":
+        """This corpus as a `CorpusStream`, its splits served in chunks."""
+        splits = {split: (lambda pairs=pairs: _chunked(pairs)) for split, pairs in self.splits.items()}
+        return CorpusStream(self.name, self.src_lang, self.tgt_lang, splits, dict(self.dropped))
+
+
+@dataclass
+class CorpusStream:
+    """A corpus read a chunk of pairs at a time: `splits[name]()` reads that split from its start
+    and yields lists of up to CHUNK_PAIRS raw pairs (to be cleaned with `clean_pairs`), so that
+    `aiayn preprocess` reads corpora larger than memory. `load()` reads it whole, as
+    `load_corpus` does. `dropped` counts pairs already left out before the chunks."""
+
+    name: str
+    src_lang: str
+    tgt_lang: str
+    splits: dict[str, Callable[[], Iterator[list[Pair]]]]
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_languages(self.src_lang, self.tgt_lang)
+        if "train" not in self.splits:
+            raise ValueError(f"corpus {self.name} has no training split")
+
+    def load(self) -> ParallelCorpus:
+        splits = {split: [pair for chunk in read() for pair in chunk] for split, read in self.splits.items()}
+        return ParallelCorpus(self.name, self.src_lang, self.tgt_lang, splits, dict(self.dropped))
+
+
+CHUNK_PAIRS = 50_000
+
+
+def _chunked(pairs: Iterable[Pair]) -> Iterator[list[Pair]]:
+    chunk: list[Pair] = []
+    for pair in pairs:
+        chunk.append(pair)
+        if len(chunk) == CHUNK_PAIRS:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _check_languages(src_lang: str, tgt_lang: str) -> None:
+    if src_lang == tgt_lang:
+        raise ValueError(f"source and target language are both {src_lang!r}; give two different languages")
+
+
+def clean_pairs(pairs: Sequence[Pair]) -> tuple[list[Pair], int]:
+    """The pairs with each sentence stripped and its line breaks made spaces, without those with
+    an empty side; and how many were left out."""
+    kept = [(s, t) for s, t in ((_clean(s), _clean(t)) for s, t in pairs) if s and t]
+    return kept, len(pairs) - len(kept)
 
 
 def _clean(text: str) -> str:
@@ -72,15 +125,16 @@ def corpus_names() -> list[str]:
     return [*_BIBLE, *_WMT14]
 
 
-def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[str] = None) -> ParallelCorpus:
+def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[str] = None) -> CorpusStream:
     """A corpus by name (see `corpus_names`), or from a folder of aligned files or a .tsv file.
 
     A folder holds `train.SRC` and `train.TGT` (one sentence per line, aligned by line) and
     optionally `dev.*` and `test.*` alike, or `train.tsv` (+ `dev.tsv`, `test.tsv`) with two
     tab-separated columns, source then target, or WMT14's Parquet files from the Hugging Face
-    hub (see `read_parquet`). A single .tsv or .parquet file is the train split.
+    hub (see `stream_parquet`). A single .tsv or .parquet file is the train split.
     Treebanks (§6.3): a `.mrg` file is the train split, a folder with `train.mrg` (+ `dev.mrg`,
     `test.mrg`) gives each split; pairs are (words, linearized tree), see aiayn.parsing.
+    Files are read chunk by chunk, when a split is read (`load_corpus` reads them all at once).
     """
     named = {**_BIBLE, **_WMT14}
     if spec in named:
@@ -92,9 +146,9 @@ def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[st
             path = CORPORA_DIR / BIBLE_FILE
             if not path.is_file():
                 raise FileNotFoundError(f"the built-in corpus file {path} is missing from this installation")
-            return read_table(path, src, tgt, name=spec)
+            return read_table(path, src, tgt, name=spec).stream()
         pair = "-".join(sorted((src, tgt), key=lambda lang: lang == "en"))  # HF configs: "de-en", "fr-en"
-        return load_hf_translation("wmt/wmt14", pair, src, tgt, name=spec)
+        return stream_hf_translation("wmt/wmt14", pair, src, tgt, name=spec)
     path = Path(spec)
     if (path.is_file() and path.suffix == ".mrg") or (path / "train.mrg").is_file():
         # §6.3: a treebank, as pairs of sentence -> linearized tree
@@ -102,19 +156,25 @@ def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[st
 
         files = {"train": path} if path.is_file() else {s: path / f"{s}.mrg" for s in ("train", "dev", "test")}
         splits = {split: load_treebank_pairs(file) for split, file in files.items() if file.is_file()}
-        return ParallelCorpus(path.stem, "words", "tree", splits)
+        return ParallelCorpus(path.stem, "words", "tree", splits).stream()
     if (path.is_file() and path.suffix == ".parquet") or (path.is_dir() and any(path.glob("train*.parquet"))):
-        return read_parquet(path, src_lang, tgt_lang)
+        return stream_parquet(path, src_lang, tgt_lang)
     if path.is_dir():
         if (path / "train.tsv").is_file():
-            return _read_tsv_folder(path, src_lang or "src", tgt_lang or "tgt")
-        return read_text_folder(path, src_lang, tgt_lang)
+            return _tsv_folder_stream(path, src_lang or "src", tgt_lang or "tgt")
+        return _text_folder_stream(path, src_lang, tgt_lang)
     if path.is_file() and path.name.endswith((".tsv", ".tsv.xz")):
-        return ParallelCorpus(path.name.split(".")[0], src_lang or "src", tgt_lang or "tgt", {"train": read_tsv(path)})
+        return CorpusStream(path.name.split(".")[0], src_lang or "src", tgt_lang or "tgt",
+                            {"train": lambda: _chunked(_tsv_pairs(path))})
     raise ValueError(
         f"unknown corpus {spec!r}: not a built-in name ({', '.join(corpus_names())}) "
         "nor a folder, .tsv, .parquet or .mrg file"
     )
+
+
+def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[str] = None) -> ParallelCorpus:
+    """The corpus `stream_corpus(spec, ...)` names, read whole into memory."""
+    return stream_corpus(spec, src_lang, tgt_lang).load()
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,34 +195,59 @@ def iter_lines(handle: BinaryIO, name: str, skip: int = 0) -> Iterator[str]:
             raise ValueError(f"{name}, line {number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
 
 
-def read_lines(path: Union[str, Path]) -> list[str]:
-    """The lines of a UTF-8 text file (.xz decompressed), split on "\\n" only, so that the
-    sentence count of aligned files agrees with `wc -l`. Errors name the file and line."""
-    path = Path(path)
+def _file_lines(path: Path) -> Iterator[str]:
+    """`iter_lines` of a file, .xz decompressed, read as it is consumed. Errors name the file."""
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     opener = lzma.open if path.suffix == ".xz" else open
     try:
         with opener(path, "rb") as handle:
-            lines = list(iter_lines(handle, str(path)))
+            yield from iter_lines(handle, str(path))
     except (lzma.LZMAError, EOFError) as error:
         raise ValueError(f"{path} is not a complete .xz file: {error}") from None
+
+
+def read_lines(path: Union[str, Path]) -> list[str]:
+    """The lines of a UTF-8 text file (.xz decompressed), split on "\n" only, so that the
+    sentence count of aligned files agrees with `wc -l`. Errors name the file and line."""
+    lines = list(_file_lines(Path(path)))
     if not lines:
         raise ValueError(f"{path} is empty")
     return lines
 
 
-def read_tsv(path: Union[str, Path]) -> list[Pair]:
-    """Pairs from a headerless file of `source<TAB>target` lines."""
-    pairs = []
-    for number, line in enumerate(read_lines(path), start=1):
+def _tsv_pairs(path: Union[str, Path]) -> Iterator[Pair]:
+    number = 0
+    for number, line in enumerate(_file_lines(Path(path)), start=1):
         columns = line.split("\t")
         if len(columns) != 2:
             raise ValueError(
                 f"{path}, line {number}: expected 2 tab-separated columns (source, target), found {len(columns)}"
             )
-        pairs.append((columns[0], columns[1]))
-    return pairs
+        yield columns[0], columns[1]
+    if number == 0:
+        raise ValueError(f"{path} is empty")
+
+
+def read_tsv(path: Union[str, Path]) -> list[Pair]:
+    """Pairs from a headerless file of `source<TAB>target` lines."""
+    return list(_tsv_pairs(path))
+
+
+def _aligned_pairs(src_path: Path, tgt_path: Path) -> Iterator[Pair]:
+    """(line of src_path, line of tgt_path), read side by side; files of unequal length are an
+    error, raised when the longer one ends."""
+    src_count = tgt_count = 0
+    for source, target in itertools.zip_longest(_file_lines(src_path), _file_lines(tgt_path)):
+        src_count += source is not None
+        tgt_count += target is not None
+        if source is not None and target is not None:
+            yield source, target
+    if src_count != tgt_count:
+        raise ValueError(f"{src_path} has {src_count} lines but {tgt_path} has {tgt_count}; "
+                         "parallel files must be aligned line by line")
+    if src_count == 0:
+        raise ValueError(f"{src_path} is empty")
 
 
 def read_table(path: Union[str, Path], src_lang: str, tgt_lang: str, name: Optional[str] = None) -> ParallelCorpus:
@@ -194,13 +279,13 @@ def _find_split(folder: Path, split: str, suffix: str) -> Optional[Path]:
     return None
 
 
-def _read_tsv_folder(folder: Path, src_lang: str, tgt_lang: str) -> ParallelCorpus:
+def _tsv_folder_stream(folder: Path, src_lang: str, tgt_lang: str) -> CorpusStream:
     splits = {}
     for split in _SPLIT_ALIASES:
         path = _find_split(folder, split, "tsv")
         if path is not None:
-            splits[split] = read_tsv(path)
-    return ParallelCorpus(folder.resolve().name, src_lang, tgt_lang, splits)
+            splits[split] = lambda path=path: _chunked(_tsv_pairs(path))
+    return CorpusStream(folder.resolve().name, src_lang, tgt_lang, splits)
 
 
 def read_text_folder(
@@ -211,7 +296,10 @@ def read_text_folder(
     Missing languages are inferred: one given, the other is the remaining suffix of the train
     files; none given, the folder name says the direction (`.../de-en` means de to en).
     """
-    folder = Path(folder)
+    return _text_folder_stream(Path(folder), src_lang, tgt_lang).load()
+
+
+def _text_folder_stream(folder: Path, src_lang: Optional[str], tgt_lang: Optional[str]) -> CorpusStream:
     found = sorted(p.name[len("train."):] for p in folder.glob("train.*") if p.suffix != ".tsv")
     if len(found) < 2:
         raise FileNotFoundError(f"{folder} holds no train.SRC and train.TGT pair of files (nor a train.tsv)")
@@ -228,14 +316,8 @@ def read_text_folder(
         if src_path is None or tgt_path is None:
             have = src_path or tgt_path
             raise FileNotFoundError(f"{have} has no counterpart in the other language in {folder}")
-        src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
-        if len(src_lines) != len(tgt_lines):
-            raise ValueError(
-                f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; "
-                "parallel files must be aligned line by line"
-            )
-        splits[split] = list(zip(src_lines, tgt_lines))
-    return ParallelCorpus(folder.resolve().name, src_lang, tgt_lang, splits)
+        splits[split] = lambda a=src_path, b=tgt_path: _chunked(_aligned_pairs(a, b))
+    return CorpusStream(folder.resolve().name, src_lang, tgt_lang, splits)
 
 
 def _infer_languages(folder: Path, found: list[str], src: Optional[str], tgt: Optional[str]) -> tuple[str, str]:
@@ -260,8 +342,8 @@ def _infer_languages(folder: Path, found: list[str], src: Optional[str], tgt: Op
 def load_hf_translation(
     path_or_name: str,
     config: Optional[str],
-    src_lang: str,
-    tgt_lang: str,
+    src_lang: Optional[str],
+    tgt_lang: Optional[str],
     data_files: Optional[dict] = None,
     name: Optional[str] = None,
     cache_dir: Optional[str] = None,
@@ -270,6 +352,20 @@ def load_hf_translation(
     as WMT14's: `load_hf_translation("wmt/wmt14", "de-en", "en", "de")` downloads it. With
     `data_files`, local files of that format: `load_hf_translation("parquet", None, ...,
     data_files={"train": "train.parquet"})`. Splits train, validation (-> dev) and test."""
+    return stream_hf_translation(path_or_name, config, src_lang, tgt_lang, data_files, name, cache_dir).load()
+
+
+def stream_hf_translation(
+    path_or_name: str,
+    config: Optional[str],
+    src_lang: Optional[str],
+    tgt_lang: Optional[str],
+    data_files: Optional[dict] = None,
+    name: Optional[str] = None,
+    cache_dir: Optional[str] = None,
+) -> CorpusStream:
+    """`load_hf_translation` as a `CorpusStream`: the dataset stays in its memory-mapped Arrow
+    files and is turned into strings one Arrow chunk at a time."""
     try:
         import datasets
     except ImportError:
@@ -278,11 +374,13 @@ def load_hf_translation(
         ) from None
     loaded = datasets.load_dataset(path_or_name, config, data_files=data_files, cache_dir=cache_dir)
     found = {split: next((a for a in _SPLIT_ALIASES[split] if a in loaded), None) for split in _SPLIT_ALIASES}
-    chunks = {split: loaded[name].data.column("translation").chunks for split, name in found.items() if name}
-    return _translation_corpus(name or path_or_name.split("/")[-1], chunks, src_lang, tgt_lang)
+    columns = {split: loaded[hf_split].data.column("translation") for split, hf_split in found.items() if hf_split}
+    arrays = {split: (lambda column=column: iter(column.chunks)) for split, column in columns.items()}
+    types = {split: column.type for split, column in columns.items()}
+    return _translation_stream(name or path_or_name.split("/")[-1], arrays, types, src_lang, tgt_lang)
 
 
-def read_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_lang: Optional[str] = None) -> ParallelCorpus:
+def stream_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_lang: Optional[str] = None) -> CorpusStream:
     """A corpus from local Parquet files in the layout of WMT14 on the Hugging Face hub: rows of
     `{"translation": {"de": ..., "en": ...}}` in `train-00000-of-00003.parquet`, ...,
     `validation-*.parquet`, `test-*.parquet` (a folder), or one .parquet file (the train split).
@@ -302,30 +400,44 @@ def read_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_lan
             files.setdefault(split, []).append(file)
     if "train" not in files:
         raise FileNotFoundError(f"{path} holds no train*.parquet file")
-    chunks = {}
-    for split, paths in files.items():
-        chunks[split] = []
+
+    def opened(file: Path):
+        try:
+            parquet = pq.ParquetFile(file)
+        except (OSError, pa.ArrowException) as error:  # not Parquet, cut short, unreadable
+            raise ValueError(f"{file} cannot be read as Parquet: {error}") from None
+        if "translation" not in parquet.schema_arrow.names:
+            raise ValueError(f"{file} has no 'translation' column (its columns: {', '.join(parquet.schema_arrow.names)})")
+        return parquet
+
+    def batches(paths: list[Path]) -> Iterator:
         for file in paths:
             try:
-                parquet = pq.ParquetFile(file)
-                if "translation" not in parquet.schema_arrow.names:
-                    raise ValueError(f"{file} has no 'translation' column (its columns: {', '.join(parquet.schema_arrow.names)})")
-                chunks[split] += [batch.column("translation") for batch in parquet.iter_batches(columns=["translation"])]
-            except (OSError, pa.ArrowException) as error:  # not Parquet, cut short, unreadable
+                for batch in opened(file).iter_batches(columns=["translation"]):
+                    yield batch.column("translation")
+            except (OSError, pa.ArrowException) as error:
                 raise ValueError(f"{file} cannot be read as Parquet: {error}") from None
-    return _translation_corpus(path.resolve().name, chunks, src_lang, tgt_lang)
+
+    types = {}
+    for split, paths in files.items():
+        kinds = {str(opened(file).schema_arrow.field("translation").type) for file in paths}
+        types[split] = opened(paths[0]).schema_arrow.field("translation").type
+        if len(kinds) > 1:
+            raise ValueError(f"the {split} files of {path} disagree in their translation column: {', '.join(sorted(kinds))}")
+    arrays = {split: (lambda paths=paths: batches(paths)) for split, paths in files.items()}
+    return _translation_stream(path.resolve().name, arrays, types, src_lang, tgt_lang)
 
 
-def _translation_corpus(name: str, chunks: dict, src_lang: Optional[str], tgt_lang: Optional[str]) -> ParallelCorpus:
-    """A corpus from Arrow arrays of the `translation` struct, by split. Every split must have the
-    same languages; a missing direction is completed when the data has just two."""
+def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional[str],
+                        tgt_lang: Optional[str]) -> CorpusStream:
+    """A corpus from Arrow arrays of the `translation` struct: `arrays[split]()` yields them,
+    `types[split]` is their struct type. Every split must have the same languages; a missing
+    direction is completed when the data has just two."""
     languages = {}
-    for split, arrays in chunks.items():
-        if arrays:
-            kind = arrays[0].type
-            if not hasattr(kind, "num_fields"):
-                raise ValueError(f"the translation column of the {split} split is not a struct of languages")
-            languages[split] = sorted(kind.field(i).name for i in range(kind.num_fields))
+    for split, kind in types.items():
+        if not hasattr(kind, "num_fields"):
+            raise ValueError(f"the translation column of the {split} split is not a struct of languages")
+        languages[split] = sorted(kind.field(i).name for i in range(kind.num_fields))
     train_languages = languages.get("train", [])
     for split, found in languages.items():
         if found != train_languages:
@@ -340,16 +452,15 @@ def _translation_corpus(name: str, chunks: dict, src_lang: Optional[str], tgt_la
     for lang in (src_lang, tgt_lang):
         if lang not in train_languages:
             raise ValueError(f"{name} has no {lang!r} side; its languages are {', '.join(train_languages)}")
-    splits = {}
-    for split, arrays in chunks.items():
-        pairs: list[Pair] = []
-        # Array by array, read at once (row by row, WMT14 en-de's 4.5M rows would take minutes;
-        # one string array of all WMT14 en-fr overflows).
-        for array in arrays:
+
+    def pairs(read) -> Iterator[Pair]:
+        # Array by array (row by row, WMT14 en-de's 4.5M rows would take minutes).
+        for array in read():
             src, tgt = array.field(src_lang).to_pylist(), array.field(tgt_lang).to_pylist()
-            pairs.extend((s or "", t or "") for s, t in zip(src, tgt))
-        splits[split] = pairs
-    return ParallelCorpus(name, src_lang, tgt_lang, splits)
+            yield from ((s or "", t or "") for s, t in zip(src, tgt))
+
+    splits = {split: (lambda read=read: _chunked(pairs(read))) for split, read in arrays.items()}
+    return CorpusStream(name, src_lang, tgt_lang, splits)
 
 
 def export_split(
@@ -523,7 +634,8 @@ class BatchStream:
 
 
 __all__ = [
-    "ParallelCorpus", "load_corpus", "corpus_names", "iter_lines", "read_lines", "read_tsv", "read_table",
-    "read_text_folder", "read_parquet", "load_hf_translation", "export_split",
+    "ParallelCorpus", "CorpusStream", "clean_pairs", "load_corpus", "stream_corpus", "corpus_names", "iter_lines",
+    "read_lines", "read_tsv", "read_table", "read_text_folder", "stream_parquet", "load_hf_translation",
+    "stream_hf_translation", "export_split",
     "Batch", "make_batches", "collate", "BatchStream",
 ]

@@ -25,9 +25,11 @@ manifest and says what is wrong with a folder it cannot use.
 from __future__ import annotations
 
 import datetime
+import contextlib
 import hashlib
 import itertools
 import os
+import random
 import shutil
 import sys
 import time
@@ -41,7 +43,6 @@ from aiayn.checkpoint import TOKENIZER_FILES, atomic_dir, copy_tokenizer, read_j
 FORMAT = 1  # bumped whenever the layout changes; a folder of another format is refused
 MANIFEST = "manifest.json"
 TEXT_SPLITS = ("dev", "test")  # their text is kept too: dev BLEU during training, test for scoring
-ENCODE_CHUNK = 50_000  # pairs encoded at once: bounds the Python lists of ids alive at a time
 # SentencePiece learns its merges from a random sample of this many sentences (source and target
 # together), so the time and memory of that step stop growing with the corpus: ~2/9 of WMT14
 # en-de's 9M sentences, ~3% of en-fr's 72M.
@@ -102,14 +103,6 @@ def tokenizer_digest(folder: Union[str, Path]) -> str:
         path = Path(folder) / name
         if path.is_file():
             digest.update(name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-def corpus_digest(pairs: Sequence[tuple[str, str]]) -> str:
-    """SHA-256 of a split's text: what a DATA_DIR was made from, to tell whether it is current."""
-    digest = hashlib.sha256()
-    for source, target in pairs:
-        digest.update(f"{source}\t{target}\n".encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
 
 
@@ -227,20 +220,24 @@ def preprocess(
     force: bool = False,
     echo: Callable[[str], None] = print,
 ) -> Store:
-    """Encode a `ParallelCorpus` into the DATA_DIR `out` (see the module docstring).
+    """Encode a corpus into the DATA_DIR `out` (see the module docstring). `corpus` is a
+    `CorpusStream` (`aiayn.data.stream_corpus`), read a chunk at a time so that memory does not
+    grow with the corpus, or a `ParallelCorpus`.
 
     The shared SentencePiece model (§5.1) is learnt from a random sample of `sample_sentences`
-    training sentences (all of them when fewer), or copied from `tokenizer_from` (a model or run
-    folder: fine-tuning keeps its vocabulary). Every split is encoded on `workers` threads (-1:
-    every core). Training pairs longer than `max_sentence_tokens` on either side (with BOS/EOS)
-    are left out and counted; dev and test are kept whole, for scoring. An existing `out` is
-    replaced only with `force`; the folder appears complete or not at all.
+    training sentences (all of them when fewer), drawn in one pass over the training split, or
+    copied from `tokenizer_from` (a model or run folder: fine-tuning keeps its vocabulary).
+    Every split is encoded on `workers` threads (-1: every core). Training pairs longer than
+    `max_sentence_tokens` on either side (with BOS/EOS) are left out and counted; dev and test
+    are kept whole, for scoring. An existing `out` is replaced only with `force`; the folder
+    appears complete or not at all.
     """
     from tqdm.auto import tqdm
 
-    from aiayn.data import export_split
+    from aiayn.data import ParallelCorpus
     from aiayn.tokenizer import Tokenizer, load_tokenizer
 
+    stream = corpus.stream() if isinstance(corpus, ParallelCorpus) else corpus
     out = Path(out)
     _remove_unfinished(out)
     started = time.monotonic()
@@ -251,45 +248,41 @@ def preprocess(
                 raise ValueError(f"{tokenizer_from} holds no tokenizer (tokenizer.model or Marian's files)")
             echo(f"tokenizer from {tokenizer_from}")
         else:
-            train = corpus.splits["train"]
-            sample = min(sample_sentences, 2 * len(train))
-            echo(f"training a {vocab_size}-token SentencePiece BPE model on {sample:,} of {2 * len(train):,} "
+            echo(f"sampling up to {sample_sentences:,} training sentences for the tokenizer")
+            sample, total = sample_training_sentences(stream, sample_sentences)
+            echo(f"training a {vocab_size}-token SentencePiece BPE model on {len(sample):,} of {total:,} "
                  "training sentences (§5.1: one vocabulary for both languages)")
-            Tokenizer.train([s for s, _ in train] + [t for _, t in train], vocab_size, tmp, max_sentences=sample)
+            Tokenizer.train(sample, vocab_size, tmp)
+            del sample
         tokenizer = load_tokenizer(tmp)
         if tokenizer_from is not None and tokenizer.vocab_size != vocab_size:
             raise ValueError(f"the tokenizer of {tokenizer_from} has {tokenizer.vocab_size} tokens, not {vocab_size}")
         dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
         splits = {}
-        total = sum(len(pairs) for pairs in corpus.splits.values())
-        with tqdm(total=total, desc="encode", unit="pair", unit_scale=True, dynamic_ncols=True,
-                  disable=not sys.stderr.isatty()) as bar:
-            for name, pairs in corpus.splits.items():
+        with tqdm(desc="encode", unit="pair", unit_scale=True, dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
+            for name, read in stream.splits.items():
                 if bar.disable:  # no progress bar in a log file: a line per split instead
-                    echo(f"encoding {name}: {len(pairs):,} pairs")
+                    echo(f"encoding {name}")
                 limit = max_sentence_tokens if name == "train" else None
-                splits[name] = _encode_split(tokenizer, pairs, tmp, name, dtype, limit, workers, bar)
-                splits[name]["dropped_empty"] = corpus.dropped.get(name, 0)
-                if name in TEXT_SPLITS:
-                    for path in export_split(corpus, name, tmp):
-                        splits[name]["files"][path.name] = path.stat().st_size
+                text_langs = (stream.src_lang, stream.tgt_lang) if name in TEXT_SPLITS else ()
+                splits[name] = _encode_split(tokenizer, read(), tmp, name, dtype, limit, workers, bar, text_langs)
+                splits[name]["dropped_empty"] += stream.dropped.get(name, 0)
         for name, info in splits.items():
             if info["dropped_empty"] or info["dropped_long"]:
                 echo(f"{name}: left out {info['dropped_empty']:,} pairs with an empty side and {info['dropped_long']:,} "
                      f"longer than max_sentence_tokens={max_sentence_tokens}")
         manifest = {
             "format": FORMAT,
-            "corpus": spec or corpus.name,
-            "name": corpus.name,
-            "src_lang": corpus.src_lang,
-            "tgt_lang": corpus.tgt_lang,
+            "corpus": spec or stream.name,
+            "name": stream.name,
+            "src_lang": stream.src_lang,
+            "tgt_lang": stream.tgt_lang,
             "vocab_size": tokenizer.vocab_size,
             "dtype": dtype.name,
             "tokenizer_sha256": tokenizer_digest(tmp),
             "tokenizer_from": str(tokenizer_from) if tokenizer_from is not None else None,
             "sample_sentences": None if tokenizer_from is not None else sample_sentences,
             "max_sentence_tokens": max_sentence_tokens,
-            "train_sha256": corpus_digest(corpus.splits["train"]),
             "splits": splits,
             "seconds": round(time.monotonic() - started, 1),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -303,24 +296,75 @@ def preprocess(
     return store
 
 
-def _encode_split(tokenizer, pairs, folder: Path, name: str, dtype: np.dtype, limit: Optional[int],
-                  workers: int, bar) -> dict:
-    """Encode one split chunk by chunk into NAME.bin, then write its index. Returns the split's
-    manifest entry."""
-    lengths, dropped = [], 0
-    with open(folder / f"{name}.bin", "wb") as ids_file:
-        for start in range(0, len(pairs), ENCODE_CHUNK):
-            chunk = pairs[start:start + ENCODE_CHUNK]
+def sample_training_sentences(stream, size: int, seed: int = 0) -> tuple[list[str], int]:
+    """A uniform random sample of `size` training sentences, sources and targets alike, drawn in
+    one pass (reservoir sampling), and how many there were. The sample keeps corpus order, all
+    sources then all targets, so a corpus of at most `size` sentences gives them all, in the
+    order `Tokenizer.train` would read the whole split."""
+    from aiayn.data import clean_pairs
+
+    rng = random.Random(seed)
+    reservoir: list[tuple[int, int, str]] = []  # (side, pair index, sentence)
+    seen = index = 0
+    for chunk in stream.splits["train"]():
+        for pair in clean_pairs(chunk)[0]:
+            for side, sentence in enumerate(pair):
+                if seen < size:
+                    reservoir.append((side, index, sentence))
+                else:
+                    slot = rng.randrange(seen + 1)
+                    if slot < size:
+                        reservoir[slot] = (side, index, sentence)
+                seen += 1
+            index += 1
+    reservoir.sort(key=lambda item: item[:2])
+    return [sentence for _, _, sentence in reservoir], seen
+
+
+def text_digest(stream, split: str = "train") -> str:
+    """SHA-256 of a split's text, as `preprocess` records it in the manifest (`text_sha256`)."""
+    from aiayn.data import clean_pairs
+
+    digest = hashlib.sha256()
+    for chunk in stream.splits[split]():
+        _update_digest(digest, clean_pairs(chunk)[0])
+    return digest.hexdigest()
+
+
+def _update_digest(digest, pairs: Sequence[tuple[str, str]]) -> None:
+    for source, target in pairs:
+        digest.update(f"{source}\t{target}\n".encode("utf-8", "surrogatepass"))
+
+
+def _encode_split(tokenizer, chunks, folder: Path, name: str, dtype: np.dtype, limit: Optional[int],
+                  workers: int, bar, text_langs: Sequence[str]) -> dict:
+    """Encode one split chunk by chunk into NAME.bin (and its text, one file per language in
+    `text_langs`), then write its index. Returns the split's manifest entry."""
+    from aiayn.data import clean_pairs
+
+    lengths, dropped_long, dropped_empty = [], 0, 0
+    digest = hashlib.sha256()
+    with contextlib.ExitStack() as files:
+        ids_file = files.enter_context(open(folder / f"{name}.bin", "wb"))
+        texts = [files.enter_context(open(folder / f"{name}.{lang}", "w", encoding="utf-8")) for lang in text_langs]
+        for raw in chunks:
+            chunk, empty = clean_pairs(raw)
+            dropped_empty += empty
+            bar.update(len(raw))
+            _update_digest(digest, chunk)
+            for side, handle in enumerate(texts):
+                handle.write("".join(pair[side] + "\n" for pair in chunk))
+            if not chunk:
+                continue
             src = _encode(tokenizer, [s for s, _ in chunk], workers, target=False)
             tgt = _encode(tokenizer, [t for _, t in chunk], workers, target=True)
             chunk_lengths = np.stack([np.fromiter(map(len, side), np.int32, len(side)) for side in (src, tgt)], 1)  # (n, 2)
             keep = np.ones(len(chunk), dtype=bool) if limit is None else chunk_lengths.max(axis=1) + 1 <= limit
-            dropped += int((~keep).sum())
+            dropped_long += int((~keep).sum())
             kept = (ids for i in np.flatnonzero(keep).tolist() for ids in (src[i], tgt[i]))
             flat = np.fromiter(itertools.chain.from_iterable(kept), dtype=dtype, count=int(chunk_lengths[keep].sum()))
             ids_file.write(flat.tobytes())
             lengths.append(chunk_lengths[keep])
-            bar.update(len(chunk))
         ids_file.flush()
         os.fsync(ids_file.fileno())
     table = np.concatenate(lengths) if lengths else np.zeros((0, 2), np.int32)  # (N, 2)
@@ -328,9 +372,10 @@ def _encode_split(tokenizer, pairs, folder: Path, name: str, dtype: np.dtype, li
     np.cumsum(table.sum(axis=1), out=offsets[1:])
     np.save(folder / f"{name}.idx.npy", offsets)
     np.save(folder / f"{name}.len.npy", table)
-    files = {f"{name}{suffix}": (folder / f"{name}{suffix}").stat().st_size for suffix in (".bin", ".idx.npy", ".len.npy")}
+    written = [f"{name}{suffix}" for suffix in (".bin", ".idx.npy", ".len.npy")] + [f"{name}.{lang}" for lang in text_langs]
     return {"pairs": len(table), "tokens": int(offsets[-1]), "src_tokens": int(table[:, 0].sum()),
-            "tgt_tokens": int(table[:, 1].sum()), "dropped_long": dropped, "files": files}
+            "tgt_tokens": int(table[:, 1].sum()), "dropped_long": dropped_long, "dropped_empty": dropped_empty,
+            "text_sha256": digest.hexdigest(), "files": {file: (folder / file).stat().st_size for file in written}}
 
 
 def _encode(tokenizer, texts: list[str], workers: int, target: bool) -> list[list[int]]:
@@ -347,4 +392,4 @@ def _remove_unfinished(out: Path) -> None:
 
 
 __all__ = ["EncodedPairs", "as_encoded", "within_length", "Store", "load_store", "preprocess",
-           "tokenizer_digest", "corpus_digest", "FORMAT", "MANIFEST"]
+           "sample_training_sentences", "text_digest", "tokenizer_digest", "FORMAT", "MANIFEST"]

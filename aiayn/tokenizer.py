@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import io
 import json
-import random
 import re
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Sequence, Union
 
 import sentencepiece as spm
 
@@ -42,31 +41,19 @@ class Tokenizer:
         texts: Iterable[str],
         vocab_size: int,
         directory: Union[str, Path],
-        *,
-        seed: int = 0,
-        max_sentences: Optional[int] = None,
     ) -> "Tokenizer":
         """Learn a BPE vocabulary of `vocab_size` pieces from `texts` and write
         `directory/tokenizer.model`.
 
-        Pass the source AND the target sentences: the vocabulary is shared (§5.1). With
-        `max_sentences`, a random sample of that many sentences (drawn with `seed`) is used.
-        Training twice on the same input gives byte-identical models.
+        Pass the source AND the target sentences: the vocabulary is shared (§5.1); for a large
+        corpus, a sample of them (`aiayn.store.sample_training_sentences`). Training twice on the
+        same input gives byte-identical models.
         """
         if vocab_size < MIN_VOCAB_SIZE:
             raise ValueError(
                 f"vocab_size={vocab_size} is too small: it must be at least {MIN_VOCAB_SIZE} "
                 "(256 byte pieces + 4 special tokens + the characters of the text)"
             )
-        if max_sentences is not None:
-            if max_sentences < 1:
-                raise ValueError(f"max_sentences must be a positive integer, got {max_sentences}")
-            # Sampled here rather than by SentencePiece (input_sentence_size), whose generator
-            # takes the seed only once per process: a second seed would be silently ignored.
-            texts = list(texts)
-            if len(texts) > max_sentences:
-                chosen = sorted(random.Random(seed).sample(range(len(texts)), max_sentences))
-                texts = [texts[i] for i in chosen]
         proto = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(

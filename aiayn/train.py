@@ -38,7 +38,7 @@ from aiayn.flops import training_flops
 from aiayn.loss import label_smoothed_nll
 from aiayn.model import Transformer
 from aiayn.optim import make_optimizer, noam_lr, set_lr
-from aiayn.store import EncodedPairs, Store, as_encoded, corpus_digest, load_store, preprocess, tokenizer_digest, within_length
+from aiayn.store import EncodedPairs, Store, as_encoded, load_store, preprocess, text_digest, tokenizer_digest, within_length
 
 LOG = "log.jsonl"
 PLOT = "loss.png"
@@ -506,7 +506,7 @@ def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run_dir:
     """RUN_DIR/data for a run from a corpus spec: kept when the run has checkpoints (they were
     trained on it) or when it was made from this very corpus and settings (a start that failed
     later); otherwise made anew."""
-    from aiayn.data import load_corpus
+    from aiayn.data import stream_corpus
     from aiayn.tokenizer import has_tokenizer
 
     data_dir = run_dir / RUN_DATA
@@ -522,14 +522,15 @@ def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run_dir:
     init_from = resolve_model_dir(recipe.init_from) if recipe.init_from else None
     # A run trained before RUN_DIR/data existed keeps its tokenizer: its checkpoints use its ids.
     tokenizer_from = init_from or (run_dir if trained and has_tokenizer(run_dir) else None)
-    corpus = load_corpus(recipe.corpus, recipe.src_lang, recipe.tgt_lang)
-    echo(f"corpus {corpus.name}: " + ", ".join(f"{k} {len(v):,} pairs" for k, v in corpus.splits.items()))
+    corpus = stream_corpus(recipe.corpus, recipe.src_lang, recipe.tgt_lang)
+    echo(f"corpus {corpus.name} ({corpus.src_lang}→{corpus.tgt_lang}), preprocessed into {data_dir}")
     if manifest is not None:
         wanted = {"corpus": recipe.corpus, "vocab_size": model_config.vocab_size,
-                  "max_sentence_tokens": recipe.max_sentence_tokens, "train_sha256": corpus_digest(corpus.splits["train"]),
+                  "max_sentence_tokens": recipe.max_sentence_tokens,
                   "tokenizer_from": str(tokenizer_from) if tokenizer_from else None,
                   "src_lang": corpus.src_lang, "tgt_lang": corpus.tgt_lang}
-        if all(manifest.get(key) == value for key, value in wanted.items()):
+        if all(manifest.get(key) == value for key, value in wanted.items()) \
+                and manifest["splits"]["train"]["text_sha256"] == text_digest(corpus):
             return
         echo(f"note: {data_dir} was made from other data or settings; making it again")
     preprocess(corpus, data_dir, model_config.vocab_size, spec=recipe.corpus, tokenizer_from=tokenizer_from,

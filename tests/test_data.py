@@ -222,9 +222,9 @@ def test_hf_translation_rows_from_local_parquet_and_json(hf_offline, tmp_path):
 
 def test_wmt14_names_load_the_hub_dataset_in_the_named_direction(monkeypatch):
     calls = []
-    monkeypatch.setattr(data, "load_hf_translation", lambda *args, **kwargs: calls.append((args, kwargs)))
-    load_corpus("wmt14-en-de")
-    load_corpus("wmt14-fr-en")
+    monkeypatch.setattr(data, "stream_hf_translation", lambda *args, **kwargs: calls.append((args, kwargs)))
+    data.stream_corpus("wmt14-en-de")
+    data.stream_corpus("wmt14-fr-en")
     assert calls == [
         (("wmt/wmt14", "de-en", "en", "de"), {"name": "wmt14-en-de"}),
         (("wmt/wmt14", "fr-en", "fr", "en"), {"name": "wmt14-fr-en"}),

@@ -70,6 +70,23 @@ def test_preprocess_stores_every_pair_as_the_tokenizer_encodes_it(data_dir, corp
     assert (data_dir / "test.en").read_text(encoding="utf-8").count("\n") == 25
 
 
+def test_the_tokenizer_sample_is_drawn_in_one_pass_and_follows_the_seed(corpus_dir):
+    from aiayn.data import stream_corpus
+    from aiayn.store import sample_training_sentences
+
+    stream = stream_corpus(str(corpus_dir))
+    train = load_corpus(str(corpus_dir)).splits["train"]
+    everything, total = sample_training_sentences(stream, 10**6)
+    assert total == 2 * len(train)  # the empty pair is not counted
+    assert everything == [s for s, _ in train] + [t for _, t in train]  # all of them, sources first
+    sample, _ = sample_training_sentences(stream, 100, seed=1)
+    assert len(sample) == 100 and sample == sample_training_sentences(stream, 100, seed=1)[0]
+    assert sample != sample_training_sentences(stream, 100, seed=2)[0]
+    assert set(sample) <= set(everything)
+    sources = set(s for s, _ in train)
+    assert 20 < sum(sentence in sources for sentence in sample) < 80  # both sides drawn from
+
+
 def test_encoded_pairs_from_lists_and_from_disk_batch_alike(data_dir):
     from aiayn.data import BatchStream
 
