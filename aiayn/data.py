@@ -339,22 +339,6 @@ def _infer_languages(folder: Path, found: list[str], src: Optional[str], tgt: Op
 # Hugging Face datasets (the `hf` extra)
 
 
-def load_hf_translation(
-    path_or_name: str,
-    config: Optional[str],
-    src_lang: Optional[str],
-    tgt_lang: Optional[str],
-    data_files: Optional[dict] = None,
-    name: Optional[str] = None,
-    cache_dir: Optional[str] = None,
-) -> ParallelCorpus:
-    """A corpus from a HF dataset whose rows are `{"translation": {src_lang: ..., tgt_lang: ...}}`,
-    as WMT14's: `load_hf_translation("wmt/wmt14", "de-en", "en", "de")` downloads it. With
-    `data_files`, local files of that format: `load_hf_translation("parquet", None, ...,
-    data_files={"train": "train.parquet"})`. Splits train, validation (-> dev) and test."""
-    return stream_hf_translation(path_or_name, config, src_lang, tgt_lang, data_files, name, cache_dir).load()
-
-
 def stream_hf_translation(
     path_or_name: str,
     config: Optional[str],
@@ -364,8 +348,12 @@ def stream_hf_translation(
     name: Optional[str] = None,
     cache_dir: Optional[str] = None,
 ) -> CorpusStream:
-    """`load_hf_translation` as a `CorpusStream`: the dataset stays in its memory-mapped Arrow
-    files and is turned into strings one Arrow chunk at a time."""
+    """A corpus from a HF dataset whose rows are `{"translation": {src_lang: ..., tgt_lang: ...}}`,
+    as WMT14's: `stream_hf_translation("wmt/wmt14", "de-en", "en", "de")` downloads it. With
+    `data_files`, local files of that format: `stream_hf_translation("parquet", None, ...,
+    data_files={"train": "train.parquet"})`. Splits train, validation (-> dev) and test. The
+    dataset stays in its memory-mapped Arrow files and becomes strings one Arrow chunk at a
+    time; `.load()` reads it whole."""
     try:
         import datasets
     except ImportError:
@@ -635,7 +623,7 @@ class BatchStream:
 
 __all__ = [
     "ParallelCorpus", "CorpusStream", "clean_pairs", "load_corpus", "stream_corpus", "corpus_names", "iter_lines",
-    "read_lines", "read_tsv", "read_table", "read_text_folder", "stream_parquet", "load_hf_translation",
+    "read_lines", "read_tsv", "read_table", "read_text_folder", "stream_parquet",
     "stream_hf_translation", "export_split",
     "Batch", "make_batches", "collate", "BatchStream",
 ]

@@ -14,7 +14,6 @@ from aiayn.data import (
     corpus_names,
     export_split,
     load_corpus,
-    load_hf_translation,
     make_batches,
     read_table,
 )
@@ -206,7 +205,7 @@ def test_hf_translation_rows_from_local_parquet_and_json(hf_offline, tmp_path):
     pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "validation.parquet")
     files = {"train": str(tmp_path / "train.parquet"), "validation": str(tmp_path / "validation.parquet")}
     cache = str(tmp_path / "cache")
-    corpus = load_hf_translation("parquet", None, "en", "de", data_files=files, name="local", cache_dir=cache)
+    corpus = data.stream_hf_translation("parquet", None, "en", "de", data_files=files, name="local", cache_dir=cache).load()
     assert (corpus.name, corpus.src_lang, corpus.tgt_lang) == ("local", "en", "de")
     assert corpus.splits["train"] == [(f"Sentence {i}", f"Satz {i}") for i in range(4)]
     assert corpus.dropped["train"] == 1
@@ -214,10 +213,10 @@ def test_hf_translation_rows_from_local_parquet_and_json(hf_offline, tmp_path):
 
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]), encoding="utf-8")
     files = {"train": str(tmp_path / "test.jsonl"), "test": str(tmp_path / "test.jsonl")}
-    corpus = load_hf_translation("json", None, "de", "en", data_files=files, cache_dir=cache)
+    corpus = data.stream_hf_translation("json", None, "de", "en", data_files=files, cache_dir=cache).load()
     assert corpus.splits["test"] == [(f"Satz {i}", f"Sentence {i}") for i in range(3)]
     with pytest.raises(ValueError, match="no 'fr' side; its languages are de, en"):
-        load_hf_translation("json", None, "fr", "en", data_files=files, cache_dir=cache)
+        data.stream_hf_translation("json", None, "fr", "en", data_files=files, cache_dir=cache)
 
 
 def test_wmt14_names_load_the_hub_dataset_in_the_named_direction(monkeypatch):
