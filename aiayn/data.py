@@ -408,10 +408,11 @@ def stream_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_l
 
     types = {}
     for split, paths in files.items():
-        kinds = {str(opened(file).schema_arrow.field("translation").type) for file in paths}
-        types[split] = opened(paths[0]).schema_arrow.field("translation").type
-        if len(kinds) > 1:
-            raise ValueError(f"the {split} files of {path} disagree in their translation column: {', '.join(sorted(kinds))}")
+        kinds = [opened(file).schema_arrow.field("translation").type for file in paths]
+        if any(kind != kinds[0] for kind in kinds):
+            found = ", ".join(sorted({str(kind) for kind in kinds}))
+            raise ValueError(f"the {split} files of {path} disagree in their translation column: {found}")
+        types[split] = kinds[0]
     arrays = {split: (lambda paths=paths: batches(paths)) for split, paths in files.items()}
     return _translation_stream(path.resolve().name, arrays, types, src_lang, tgt_lang)
 

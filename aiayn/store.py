@@ -24,8 +24,8 @@ manifest and says what is wrong with a folder it cannot use.
 
 from __future__ import annotations
 
-import datetime
 import contextlib
+import datetime
 import hashlib
 import itertools
 import os
@@ -356,8 +356,8 @@ def _encode_split(tokenizer, chunks, folder: Path, name: str, dtype: np.dtype, l
                 handle.write("".join(pair[side] + "\n" for pair in chunk))
             if not chunk:
                 continue
-            src = _encode(tokenizer, [s for s, _ in chunk], workers, target=False)
-            tgt = _encode(tokenizer, [t for _, t in chunk], workers, target=True)
+            src = tokenizer.encode_batch([s for s, _ in chunk], threads=workers)
+            tgt = tokenizer.encode_target_batch([t for _, t in chunk], threads=workers)
             chunk_lengths = np.stack([np.fromiter(map(len, side), np.int32, len(side)) for side in (src, tgt)], 1)  # (n, 2)
             keep = np.ones(len(chunk), dtype=bool) if limit is None else chunk_lengths.max(axis=1) + 1 <= limit
             dropped_long += int((~keep).sum())
@@ -376,11 +376,6 @@ def _encode_split(tokenizer, chunks, folder: Path, name: str, dtype: np.dtype, l
     return {"pairs": len(table), "tokens": int(offsets[-1]), "src_tokens": int(table[:, 0].sum()),
             "tgt_tokens": int(table[:, 1].sum()), "dropped_long": dropped_long, "dropped_empty": dropped_empty,
             "text_sha256": digest.hexdigest(), "files": {file: (folder / file).stat().st_size for file in written}}
-
-
-def _encode(tokenizer, texts: list[str], workers: int, target: bool) -> list[list[int]]:
-    encode = tokenizer.encode_target_batch if target else tokenizer.encode_batch
-    return encode(texts, threads=workers)
 
 
 def _remove_unfinished(out: Path) -> None:
