@@ -29,7 +29,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,marian]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,marian,serve]'
 	touch $(STAMP)
 
 clean:

@@ -106,6 +106,9 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(f"  training         {training_flops(config, length, length) / length / 1e6:,.1f} MFLOP")
 
 
+# Seconds a stopping server gives the requests in flight before it closes their connections.
+DRAIN_SECONDS = 30
+
 # A recipe for a 2-core CPU: the budget allows a few hundred steps, so the warm-up is short and
 # batches are small; everything else is §5's.
 DEMO_RECIPE = dict(corpus="bible-en-es", max_tokens=3000, warmup_steps=300, lr_scale=0.5, max_steps=1_000_000,
@@ -446,6 +449,50 @@ def cmd_attention(args: argparse.Namespace) -> None:
         print(path)
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    """Serve a model over HTTP (aiayn.serve): POST /translate batches concurrent requests; the page
+    at / draws the attention. SIGTERM finishes the requests in flight, then exits 0."""
+    import socket
+
+    try:
+        import uvicorn
+
+        from aiayn.serve.app import create_app
+    except ImportError as error:
+        raise UserError(f"aiayn serve needs FastAPI and uvicorn ({error}): pip install 'aiayn[serve]'") from None
+    from aiayn.device import check_precision
+
+    for name, least in (("max_wait_ms", 0), ("batch_tokens", 1), ("max_queue", 1), ("max_texts", 1),
+                        ("max_input_tokens", 1)):
+        if getattr(args, name) < least:
+            raise UserError(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(args, name)}")
+    listener = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:  # before the model loads: a port in use is a one-line error, not a log after seconds of loading
+        listener.bind((args.host, args.port))
+    except (OSError, OverflowError) as error:
+        listener.close()
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {getattr(error, 'strerror', None) or error}") from None
+    model, tokenizer, device = _load_for_inference(args.run_dir, args.device)
+    check_precision(device, args.precision)
+    app = create_app(model, tokenizer, precision=args.precision, source=str(args.run_dir),
+                     max_wait_ms=args.max_wait_ms, batch_tokens=args.batch_tokens, max_queue=args.max_queue,
+                     max_texts=args.max_texts, max_input_tokens=args.max_input_tokens)
+    host, port = listener.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"serving {args.run_dir} ({model.num_parameters():,} parameters, {args.precision} on {device}) at "
+          f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json)", flush=True)
+    config = uvicorn.Config(app, log_level="info" if args.access_log else "warning", access_log=args.access_log,
+                            timeout_graceful_shutdown=DRAIN_SECONDS)
+    server = uvicorn.Server(config)
+    # uvicorn catches SIGTERM, drains, then raises the signal again for the handler it found:
+    # a no-op here, so that a requested stop exits 0 rather than as an interruption.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    server.run(sockets=[listener])
+    stats = app.state.batcher.stats
+    print(f"stopped: {stats.requests:,} requests, {stats.texts:,} texts in {stats.batches:,} batches", flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn", description="The Transformer of 'Attention Is All You Need', as a tool."
@@ -545,6 +592,26 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--device", default="auto")
     attention.add_argument("--force", action="store_true", help="replace an existing --out folder")
     attention.set_defaults(run=cmd_attention)
+
+    from aiayn.serve import BATCH_TOKENS, MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS
+
+    serve = sub.add_parser("serve", help="serve a model over HTTP: batched POST /translate and a page with the attention")
+    serve.add_argument("run_dir", metavar="RUN_OR_MODEL_DIR", help="a run folder, a checkpoint or a model folder")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    serve.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    serve.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    serve.add_argument("--max-wait-ms", type=float, default=MAX_WAIT_MS,
+                       help=f"how long a request waits for others to share its batch (default {MAX_WAIT_MS:g})")
+    serve.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
+                       help=f"source tokens × beam decoded together (default {BATCH_TOKENS})")
+    serve.add_argument("--max-queue", type=int, default=MAX_QUEUE,
+                       help=f"texts waiting before requests get 503 (default {MAX_QUEUE})")
+    serve.add_argument("--max-texts", type=int, default=MAX_TEXTS, help=f"texts in one request (default {MAX_TEXTS})")
+    serve.add_argument("--max-input-tokens", type=int, default=MAX_INPUT_TOKENS,
+                       help=f"tokens in one text (default {MAX_INPUT_TOKENS})")
+    serve.add_argument("--access-log", action="store_true", help="log every request")
+    serve.set_defaults(run=cmd_serve)
 
     demo = sub.add_parser("demo", help="train on bible-en-es for a time budget, translate the test books, score")
     demo.add_argument("--minutes", type=float, default=10.0, help="training time budget (default 10)")

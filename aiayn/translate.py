@@ -35,18 +35,21 @@ def translate_ids(
     precision: str = "fp32",
     extra_len: int = EXTRA_LEN,
     min_len: int = 0,
+    max_output_len: Optional[int] = None,
     progress: Optional[object] = None,
 ) -> list[list[int]]:
     """Decode each source (token ids, without EOS) and return the output ids in input order:
     greedy when `beam` is 1, else beam search with the GNMT length penalty α (§6.1: beam 4,
-    α = 0.6). The output is at most source length + `extra_len` tokens and, unless the limit is
-    shorter, at least `min_len`.
+    α = 0.6). The output is at most source length + `extra_len` tokens (and at most
+    `max_output_len`, when given) and, unless the limit is shorter, at least `min_len`.
 
     Sentences are sorted by length and packed up to `batch_tokens` source tokens per batch
     (times the beam), so little compute goes to padding.
     """
     if beam < 1:
         raise ValueError(f"beam must be at least 1, got {beam}")
+    if max_output_len is not None and max_output_len < 1:
+        raise ValueError(f"max_output_len must be at least 1, got {max_output_len}")
     config = model.config
     device = next(model.parameters()).device
     check_precision(device, precision)
@@ -67,6 +70,8 @@ def translate_ids(
             ids = list(sources[i]) + [config.eos_id]
             src[row, : len(ids)] = torch.tensor(ids)
         max_len = torch.tensor([len(sources[i]) + extra_len for i in chunk])
+        if max_output_len is not None:
+            max_len = max_len.clamp(max=max_output_len)
         if config.positional == "learned":  # the search may feed one position past the limit
             max_len = max_len.clamp(max=config.max_len - 1)
         with torch.no_grad():

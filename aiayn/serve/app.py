@@ -1,0 +1,228 @@
+"""The HTTP API (FastAPI) over one model, and the page that draws its attention.
+
+    POST /translate   {"text": "..." or [...], "beam": 4, "alpha": 0.6, "max_length": null,
+                       "attention": false}  ->  {"translations": [...], "details": [...]}
+    GET  /health      liveness, queue length and counters
+    GET  /info        model config, parameter count, tokenizer, precision, limits
+    GET  /            the page: translate, then a heatmap of any layer's and head's attention
+    GET  /openapi.json
+
+Every error is JSON, {"error": "one line"}: 400 invalid JSON, 413 a body over 1 MiB, 422 a field
+of the wrong type or out of range (beam 0, too many texts, a text over the token limit), 503 a
+full queue or a server shutting down (with Retry-After).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from aiayn.serve import BATCH_TOKENS, MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS
+from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
+from aiayn.translate import EXTRA_LEN, decoding_model, translate_ids
+
+MAX_BODY_BYTES = 1 << 20
+MAX_BEAM = 16
+STATIC = Path(str(resources.files("aiayn.serve") / "static"))
+
+
+class TranslateRequest(BaseModel):
+    """One text or a list of texts, with §6.1's decoding settings as defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: Union[str, list[str]] = Field(description="a sentence, or a list of sentences translated in order")
+    beam: int = Field(4, ge=1, le=MAX_BEAM, strict=True, description="beam size (§6.1: 4); 1 is greedy")
+    alpha: float = Field(0.6, ge=0.0, le=10.0, description="length penalty α (§6.1: 0.6)")
+    max_length: Optional[int] = Field(None, ge=1, le=1024, strict=True,
+                                      description=f"output tokens at most (default: source length + {EXTRA_LEN})")
+    attention: bool = Field(False, strict=True,
+                            description="also return the tokens and every layer's and head's attention weights")
+
+
+class Details(BaseModel):
+    source_tokens: list[str] = Field(description="source pieces, ending with </s>")
+    target_tokens: list[str] = Field(description="output pieces, ending with </s>: row t of a decoder map produced token t")
+    attention: dict[str, list[list[list[list[float]]]]] = Field(
+        description='{"encoder": [layer][head][source][source], "decoder": [layer][head][target][target], '
+                    '"cross": [layer][head][target][source]}; a decoder key t is the token fed at step t '
+                    "(<s>, then the outputs)")
+
+
+class TranslateResponse(BaseModel):
+    translations: list[str]
+    details: Optional[list[Details]] = None
+
+
+class Translator:
+    """The model side of the server: decodes a batch of token ids and, when asked, reads the
+    attention of each output back through the model (teacher-forced on the output, which gives
+    the weights the search saw, as the cache makes incremental decoding equal to the full pass)."""
+
+    def __init__(self, model, tokenizer, precision: str = "fp32", batch_tokens: int = BATCH_TOKENS) -> None:
+        self.model = decoding_model(model.eval(), precision)  # cast once, not per batch
+        self.tokenizer = tokenizer
+        self.precision = precision
+        self.batch_tokens = batch_tokens
+        self.device = next(model.parameters()).device
+
+    def decode(self, sources: list[list[int]], options: Options) -> list[dict]:
+        outputs = translate_ids(self.model, sources, beam=options.beam, alpha=options.alpha,
+                                batch_tokens=self.batch_tokens, precision=self.precision,
+                                max_output_len=options.max_output_len)
+        results = []
+        for source, output in zip(sources, outputs):
+            result = {"translation": self.tokenizer.decode(output)}
+            if options.attention:
+                result["details"] = self.attention(source, output)
+            results.append(result)
+        return results
+
+    @torch.no_grad()
+    def attention(self, source: list[int], output: list[int]) -> dict:
+        config = self.model.config
+        src = source + [config.eos_id]
+        tgt_in = [config.bos_id] + output
+        maps = self.model.attention_maps(torch.tensor([src], device=self.device),
+                                         torch.tensor([tgt_in], device=self.device))
+        rounded = {kind: [(layer[0].float() * 1000).round().div(1000).tolist() for layer in layers]
+                   for kind, layers in maps.items()}  # (h, L_q, L_k) per layer; 3 decimals keep the JSON small
+        piece = self.tokenizer.id_to_piece
+        return {"source_tokens": [piece(i) for i in src], "target_tokens": [piece(i) for i in output + [config.eos_id]],
+                "attention": rounded}
+
+
+def _error(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+class BodyLimit:
+    """Refuse a request body over `limit` bytes from its Content-Length, before it is read."""
+
+    def __init__(self, app, limit: int = MAX_BODY_BYTES) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"0")
+            if not length.isdigit() or int(length) > self.limit:
+                response = _error(413, f"the request body is over {self.limit:,} bytes")
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client closes its connection (the body has been read, so the next ASGI
+    message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", max_wait_ms: float = MAX_WAIT_MS,
+               batch_tokens: int = BATCH_TOKENS, max_queue: int = MAX_QUEUE, max_texts: int = MAX_TEXTS,
+               max_input_tokens: int = MAX_INPUT_TOKENS) -> FastAPI:
+    """The ASGI app serving `model`; its batcher's thread starts now and stops, after finishing
+    the queued requests, when the server shuts down."""
+    translator = Translator(model, tokenizer, precision, batch_tokens)
+    batcher = Batcher(translator.decode, max_wait_ms, batch_tokens, max_queue)
+    config = translator.model.config
+    if config.positional == "learned":  # source + EOS within the learned positions
+        max_input_tokens = min(max_input_tokens, config.max_len - 1)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await asyncio.to_thread(batcher.close)
+
+    app = FastAPI(title="aiayn", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description="Translation with the Transformer of 'Attention Is All You Need'. "
+                              "Concurrent requests are decoded together in length-sorted batches.")
+    app.state.batcher = batcher
+    app.add_middleware(BodyLimit)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0]
+        if first["type"] == "json_invalid":
+            return _error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
+        field = [str(part) for part in first["loc"][1:]]
+        if not field:
+            return _error(422, 'the body must be a JSON object such as {"text": "Hello"}, '
+                               "sent with Content-Type: application/json")
+        if field[0] == "text" and first["type"] != "missing":  # pydantic names each member of the union
+            return _error(422, "text: give a string or a list of strings")
+        return _error(422, f"{'.'.join(field)}: {first['msg']}")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        return _error(error.status_code, str(error.detail))
+
+    @app.exception_handler(QueueFull)
+    async def full(request: Request, error: QueueFull) -> JSONResponse:
+        return _error(503, str(error), {"Retry-After": "1"})
+
+    @app.exception_handler(Closed)
+    async def closed(request: Request, error: Closed) -> JSONResponse:
+        return _error(503, str(error), {"Retry-After": "5"})
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "queued_texts": batcher.queued_texts, **batcher.stats.as_dict()}
+
+    @app.get("/info")
+    async def info() -> dict:
+        return {
+            "model": config.to_dict(), "parameters": translator.model.num_parameters(), "source": source,
+            "tokenizer": {"kind": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size},
+            "precision": precision, "device": str(translator.device),
+            "decoding": {"beam": 4, "alpha": 0.6, "max_length": f"source length + {EXTRA_LEN}"},
+            "limits": {"max_texts": max_texts, "max_input_tokens": max_input_tokens, "max_beam": MAX_BEAM,
+                       "max_queue": max_queue, "max_body_bytes": MAX_BODY_BYTES},
+            "batching": {"max_wait_ms": max_wait_ms, "batch_tokens": batch_tokens},
+        }
+
+    @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
+              responses={400: {"description": "invalid JSON"}, 413: {"description": "body too large"},
+                         422: {"description": "invalid field"}, 503: {"description": "queue full or shutting down"}})
+    async def translate(body: TranslateRequest, request: Request):
+        texts = [body.text] if isinstance(body.text, str) else body.text
+        if not texts:
+            raise HTTPException(422, "text: give at least one text")
+        if len(texts) > max_texts:
+            raise HTTPException(422, f"text: {len(texts)} texts in one request; the limit is {max_texts}")
+        sources = tokenizer.encode_batch([text.strip() for text in texts])
+        for number, ids in enumerate(sources, start=1):
+            if len(ids) > max_input_tokens:
+                raise HTTPException(422, f"text {number} has {len(ids)} tokens; the limit is {max_input_tokens}")
+        options = Options(body.beam, body.alpha, body.max_length, body.attention)
+        decoding = asyncio.ensure_future(batcher.submit(sources, options))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({decoding, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not decoding.done():  # the client went away: its texts leave the queue undecoded
+            decoding.cancel()
+            return Response(status_code=499)
+        results = decoding.result()
+        response = {"translations": [r["translation"] if text.strip() else "" for r, text in zip(results, texts)]}
+        if body.attention:
+            response["details"] = [r["details"] for r in results]
+        return response
+
+    return app

@@ -1,0 +1,133 @@
+// The page of `aiayn serve`: translate through POST /translate and draw the attention weights it
+// returns (§3.2, Figures 3-5 of the paper) on a canvas. Everything is served by aiayn: no CDN.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const KIND_NAMES = { cross: "encoder-decoder attention", encoder: "encoder self-attention",
+                     decoder: "decoder self-attention" };
+// Viridis, as matplotlib draws `aiayn attention`: dark purple for 0, yellow for 1.
+const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+let details = [];
+
+function color(value) {
+  const x = Math.min(1, Math.max(0, value)) * (VIRIDIS.length - 1);
+  const i = Math.min(Math.floor(x), VIRIDIS.length - 2);
+  const f = x - i;
+  const rgb = VIRIDIS[i].map((c, k) => Math.round(c + f * (VIRIDIS[i + 1][k] - c)));
+  return `rgb(${rgb.join(",")})`;
+}
+
+function fillSelect(select, options) {
+  select.replaceChildren(...options.map(([value, label]) => new Option(label, value)));
+}
+
+// The (queries, keys) labels of each kind: source pieces; decoder queries are the steps, named by
+// the token each produced; decoder keys are the tokens fed in (<s>, then the outputs).
+function axes(detail, kind) {
+  const src = detail.source_tokens, tgt = detail.target_tokens;
+  const fed = ["<s>", ...tgt.slice(0, -1)];
+  return { cross: [tgt, src], encoder: [src, src], decoder: [tgt, fed] }[kind];
+}
+
+function draw() {
+  const detail = details[Number($("sentence").value)];
+  if (!detail) return;
+  const kind = $("kind").value, layer = Number($("layer").value), head = $("head").value;
+  const heads = detail.attention[kind][layer];
+  const weights = head === "mean"
+    ? heads[0].map((row, q) => row.map((_, k) => heads.reduce((sum, h) => sum + h[q][k], 0) / heads.length))
+    : heads[Number(head)];
+  const [queries, keys] = axes(detail, kind);
+  const canvas = $("heatmap"), ctx = canvas.getContext("2d");
+  ctx.font = "12px system-ui, sans-serif";
+  const labelWidth = (labels) => Math.max(...labels.map((t) => ctx.measureText(t).width)) + 8;
+  const left = labelWidth(queries), top = labelWidth(keys);
+  const cell = Math.max(8, Math.min(28, Math.floor(900 / Math.max(keys.length, queries.length))));
+  canvas.width = left + cell * keys.length + 8;
+  canvas.height = top + cell * queries.length + 8;
+  ctx.font = "12px system-ui, sans-serif";
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  weights.forEach((row, q) => row.forEach((w, k) => {
+    ctx.fillStyle = color(w);
+    ctx.fillRect(left + k * cell, top + q * cell, cell, cell);
+  }));
+  ctx.fillStyle = "#1d1d1f";
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "right";
+  queries.forEach((t, q) => ctx.fillText(t, left - 4, top + q * cell + cell / 2));
+  keys.forEach((t, k) => {
+    ctx.save();
+    ctx.translate(left + k * cell + cell / 2, top - 4);
+    ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = "left";
+    ctx.fillText(t, 0, 0);
+    ctx.restore();
+  });
+  const which = head === "mean" ? `mean of ${heads.length} heads` : `head ${Number(head) + 1}`;
+  $("caption").textContent = `${KIND_NAMES[kind]}, layer ${layer + 1}, ${which}: ` +
+    `rows are ${kind === "encoder" ? "source" : "target"} positions (queries), columns the positions they attend to.`;
+  canvas.dataset.drawn = `${kind}:${layer}:${head}`;
+}
+
+function showAttention() {
+  const first = details[0];
+  $("attention-section").hidden = false;
+  fillSelect($("sentence"), details.map((d, i) => [i, `${i + 1}`]));
+  const layers = first.attention.cross.length, heads = first.attention.cross[0].length;
+  fillSelect($("layer"), [...Array(layers).keys()].map((i) => [i, `${i + 1}`]));
+  fillSelect($("head"), [["mean", "mean"], ...[...Array(heads).keys()].map((i) => [i, `${i + 1}`])]);
+  $("layer").value = layers - 1;
+  draw();
+}
+
+async function translate() {
+  const texts = $("source").value.split("\n").map((t) => t.trim()).filter((t) => t);
+  if (!texts.length) {
+    setStatus("Type a sentence first.", true);
+    return;
+  }
+  setStatus("Translating…");
+  $("translate").disabled = true;
+  try {
+    const response = await fetch("/translate", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ text: texts, beam: Number($("beam").value), alpha: Number($("alpha").value),
+                             attention: true }),
+    });
+    const body = await response.json();
+    if (!response.ok) throw new Error(body.error || response.statusText);
+    $("translations").replaceChildren(...body.translations.map((t) => {
+      const item = document.createElement("li");
+      item.textContent = t;
+      return item;
+    }));
+    details = body.details;
+    showAttention();
+    setStatus("");
+  } catch (error) {
+    setStatus(`Error: ${error.message}`, true);
+  } finally {
+    $("translate").disabled = false;
+  }
+}
+
+function setStatus(text, isError = false) {
+  $("status").textContent = text;
+  $("status").classList.toggle("error", isError);
+}
+
+async function showInfo() {
+  try {
+    const info = await (await fetch("/info")).json();
+    const m = info.model;
+    $("model-info").textContent = `${info.source || "model"}: N=${m.n_layers}, d_model=${m.d_model}, ` +
+      `h=${m.n_heads}, ${info.parameters.toLocaleString()} parameters, ${info.precision} on ${info.device}`;
+  } catch (error) { /* the page works without it */ }
+}
+
+$("translate").addEventListener("click", translate);
+$("source").addEventListener("keydown", (e) => { if (e.key === "Enter" && e.ctrlKey) translate(); });
+for (const id of ["sentence", "kind", "layer", "head"]) $(id).addEventListener("change", draw);
+showInfo();

@@ -1,0 +1,110 @@
+"""Drive the page of `aiayn serve` in headless Chromium as a user would, and screenshot it.
+
+    python scripts/page_screenshot.py runs/demo docs/serve-page.png
+
+starts `aiayn serve RUN_DIR` on a free port, opens the page, types a sentence, waits for the
+translation and the heatmap, and writes the screenshot. `tests/test_serve.py` runs the same
+`drive_page` against a tiny model. Needs Playwright (`pip install playwright`, in the dev extra)
+and a Chromium: Debian's (`apt-get install chromium`) is found on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+SENTENCE = "And God said, Let there be light: and there was light."
+
+
+def find_chromium() -> str | None:
+    """A Chromium or Chrome binary on PATH, or None."""
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+def drive_page(url: str, sentence: str, screenshot: Path, chromium: str) -> dict:
+    """Open `url`, translate `sentence` through the page, and return what a user would see:
+    {"translations", "caption", "colors" (distinct colours on the heatmap), "drawn" (the heatmaps
+    drawn, as kind:layer:head), "requests" (every URL the page loaded)}. Saves a screenshot."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            requests: list[str] = []
+            page.on("request", lambda request: requests.append(request.url))
+            page.goto(url)
+            page.fill("#source", sentence)
+            page.click("#translate")
+            page.wait_for_selector("#translations li", timeout=60_000)
+            page.wait_for_function("document.getElementById('heatmap').dataset.drawn", timeout=60_000)
+            drawn = [page.eval_on_selector("#heatmap", "c => c.dataset.drawn")]
+            page.select_option("#head", "0")  # one head, then the encoder's self-attention
+            page.select_option("#kind", "encoder")
+            drawn.append(page.eval_on_selector("#heatmap", "c => c.dataset.drawn"))
+            page.select_option("#kind", "cross")
+            page.select_option("#head", "mean")
+            drawn.append(page.eval_on_selector("#heatmap", "c => c.dataset.drawn"))
+            colors = page.eval_on_selector("#heatmap", """c => {
+                const data = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+                const seen = new Set();
+                for (let i = 0; i < data.length; i += 4) seen.add(data[i] << 16 | data[i + 1] << 8 | data[i + 2]);
+                return seen.size;
+            }""")
+            result = {
+                "translations": page.locator("#translations li").all_inner_texts(),
+                "caption": page.inner_text("#caption"),
+                "colors": colors,
+                "drawn": drawn,
+                "requests": requests,
+            }
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(screenshot), full_page=True)
+            return result
+        finally:
+            browser.close()
+
+
+def main() -> int:
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="the model to serve (default demo run: runs/demo)", nargs="?", default="runs/demo")
+    parser.add_argument("out", help="the PNG to write", nargs="?", default="docs/serve-page.png")
+    parser.add_argument("--sentence", default=SENTENCE)
+    args = parser.parse_args()
+    chromium = find_chromium()
+    if chromium is None:
+        parser.exit(2, "error: no chromium on PATH (apt-get install chromium)\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", args.run_dir, "--port", str(port)])
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(url + "health", timeout=1)
+                break
+            except OSError:
+                if server.poll() is not None:
+                    parser.exit(2, "error: the server did not start\n")
+                time.sleep(0.1)
+        seen = drive_page(url, args.sentence, Path(args.out), chromium)
+        print(f"{args.out}: {seen['translations'][0]!r}; heatmaps drawn: {', '.join(seen['drawn'])}")
+    finally:
+        server.terminate()
+        server.wait(60)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
