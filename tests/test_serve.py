@@ -235,12 +235,16 @@ def test_translate_returns_what_the_python_api_returns_in_order(server, model_di
     assert status == 200 and len(one["translations"]) == 1
     assert all(len(ids) <= 3 for ids in translate_ids(model, [tokenizer.encode(SENTENCES[0])], beam=1, max_output_len=3))
     assert one["translations"] == translate_texts(model, tokenizer, [SENTENCES[0]], beam=1, max_output_len=3)
+    before = request(server, "GET", "/health")[1]["requests"]
+    assert request(server, "POST", "/translate", {"text": ""})[1] == {"translations": [""]}
+    assert request(server, "GET", "/health")[1]["requests"] == before  # nothing was queued
 
 
 def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_dir):
     config = Transformer.load(model_dir).config
-    status, body, _ = request(server, "POST", "/translate", {"text": [SENTENCES[1]], "attention": True, "beam": 2})
-    assert status == 200
+    status, body, _ = request(server, "POST", "/translate", {"text": [SENTENCES[1], " "], "attention": True, "beam": 2})
+    assert status == 200 and body["translations"][1] == ""
+    assert body["details"][1] == {"source_tokens": [], "target_tokens": [], "attention": {}}  # nothing to attend
     detail = body["details"][0]
     S, T = len(detail["source_tokens"]), len(detail["target_tokens"])
     assert detail["source_tokens"][-1] == "</s>" and detail["target_tokens"][-1] == "</s>"
@@ -275,6 +279,38 @@ def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(server, body
     got, answer, _ = request(server, "POST", "/translate", body, headers)
     assert got == status and fragment in answer["error"] and "\n" not in answer["error"], answer
     assert request(server, "POST", "/translate", {"text": "the cat"})[0] == 200
+
+
+def test_a_failing_batch_is_a_json_500_and_the_next_request_succeeds(model_dir):
+    import uvicorn
+
+    from aiayn.serve.app import create_app
+
+    app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir))
+    batcher, real = app.state.batcher, app.state.batcher.decode
+    calls = []
+
+    def flaky(sources, options):
+        calls.append(sources)
+        if len(calls) == 1:
+            raise RuntimeError("out of\nmemory")
+        return real(sources, options)
+
+    batcher.decode = flaky
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run)  # not the main thread: uvicorn leaves the signals alone
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        status, body, _ = request(port, "POST", "/translate", {"text": "the cat"})
+        assert status == 500 and body == {"error": "decoding failed: RuntimeError: out of memory"}
+        assert request(port, "POST", "/translate", {"text": "the cat"})[0] == 200
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    assert not batcher._thread.is_alive()  # the app's shutdown stopped the decoding thread
 
 
 def test_unknown_paths_and_methods_are_json_errors(server):

@@ -8,8 +8,8 @@
     GET  /openapi.json
 
 Every error is JSON, {"error": "one line"}: 400 invalid JSON, 413 a body over 1 MiB, 422 a field
-of the wrong type or out of range (beam 0, too many texts, a text over the token limit), 503 a
-full queue or a server shutting down (with Retry-After).
+of the wrong type or out of range (beam 0, too many texts, a text over the token limit), 500 a
+batch whose decoding failed, 503 a full queue or a server shutting down (with Retry-After).
 """
 
 from __future__ import annotations
@@ -102,6 +102,9 @@ class Translator:
                 "attention": rounded}
 
 
+EMPTY = {"translation": "", "details": {"source_tokens": [], "target_tokens": [], "attention": {}}}
+
+
 def _error(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
@@ -176,6 +179,10 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     async def closed(request: Request, error: Closed) -> JSONResponse:
         return _error(503, str(error), {"Retry-After": "5"})
 
+    @app.exception_handler(Exception)
+    async def failed(request: Request, error: Exception) -> JSONResponse:  # uvicorn logs the traceback
+        return _error(500, f"decoding failed: {type(error).__name__}: {' '.join(str(error).split())}")
+
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html")
@@ -190,7 +197,8 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
             "model": config.to_dict(), "parameters": translator.model.num_parameters(), "source": source,
             "tokenizer": {"kind": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size},
             "precision": precision, "device": str(translator.device),
-            "decoding": {"beam": 4, "alpha": 0.6, "max_length": f"source length + {EXTRA_LEN}"},
+            "decoding": {name: TranslateRequest.model_fields[name].default for name in ("beam", "alpha")}
+            | {"max_length": f"source length + {EXTRA_LEN}"},
             "limits": {"max_texts": max_texts, "max_input_tokens": max_input_tokens, "max_beam": MAX_BEAM,
                        "max_queue": max_queue, "max_body_bytes": MAX_BODY_BYTES},
             "batching": {"max_wait_ms": max_wait_ms, "batch_tokens": batch_tokens},
@@ -209,18 +217,22 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
         for number, ids in enumerate(sources, start=1):
             if len(ids) > max_input_tokens:
                 raise HTTPException(422, f"text {number} has {len(ids)} tokens; the limit is {max_input_tokens}")
-        options = Options(body.beam, body.alpha, body.max_length, body.attention)
-        decoding = asyncio.ensure_future(batcher.submit(sources, options))
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({decoding, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not decoding.done():  # the client went away: its texts leave the queue undecoded
-            decoding.cancel()
-            return Response(status_code=499)
-        results = decoding.result()
-        response = {"translations": [r["translation"] if text.strip() else "" for r, text in zip(results, texts)]}
+        given = [i for i, text in enumerate(texts) if text.strip()]  # an empty text is translated as empty
+        results = [EMPTY] * len(texts)
+        if given:
+            decoding = asyncio.ensure_future(batcher.submit([sources[i] for i in given],
+                                                            Options(body.beam, body.alpha, body.max_length, body.attention)))
+            gone = asyncio.ensure_future(_disconnected(request))
+            try:
+                await asyncio.wait({decoding, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            if not decoding.done():  # the client went away: its texts leave the queue undecoded
+                decoding.cancel()
+                return Response(status_code=499)
+            for i, result in zip(given, decoding.result()):
+                results[i] = result
+        response = {"translations": [r["translation"] for r in results]}
         if body.attention:
             response["details"] = [r["details"] for r in results]
         return response

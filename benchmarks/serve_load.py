@@ -1,0 +1,246 @@
+"""`aiayn serve` under load: N concurrent clients against the same requests sent one at a time.
+
+Starts two `aiayn serve` processes on loopback with the same model: one with the default
+batching (requests wait up to --max-wait-ms for company), and one with --max-wait-ms 0 for the
+one-at-a-time client, so that the baseline pays no batching wait. Each client keeps one HTTP
+connection and sends one test verse of bible-en-es per request (beam 4, α 0.6: §6.1), the
+verses taken in one fixed shuffled order, for --seconds. The two modes alternate, --reps times;
+each repetition starts both modes at the same verse. Reports sentences/s, latency p50/p95/p99
+and the error count per mode (medians and range over repetitions), the throughput ratio, and the
+servers' resident memory. Writes results/serve-load-CPUKIND.json.
+
+    python benchmarks/serve_load.py runs/demo                         # 16 clients, 3 × 30 s each
+    python benchmarks/serve_load.py runs/demo --memory-minutes 10     # 16 clients for 10 minutes:
+                                                                      # resident memory every 5 s
+The memory run writes results/serve-memory-CPUKIND.json and docs/serve-memory-CPUKIND.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from common import HERE, RESULTS, command_line, cpu_kind, default_threads, machine, spread, write_results
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    """An `aiayn serve` process on a free loopback port."""
+
+    def __init__(self, run_dir: str, *options: str) -> None:
+        self.port = free_port()
+        self.log = tempfile.TemporaryFile("w+")  # a pipe left unread could fill and stall the server
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "aiayn", "serve", run_dir, "--port", str(self.port), *options],
+            stdout=subprocess.DEVNULL, stderr=self.log, text=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.log.seek(0)
+                raise SystemExit(f"error: aiayn serve exited: {self.log.read().strip()}")
+            try:
+                if get(self.port, "/health")["status"] == "ok":
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise SystemExit("error: aiayn serve did not start in 300 s")
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS")
+
+    def stop(self) -> int:
+        self.process.terminate()
+        return self.process.wait(120)
+
+
+def get(port: int, path: str) -> dict:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("GET", path)
+        return json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+
+
+def load(port: int, clients: int, seconds: float, verses: list[str], start: int) -> dict:
+    """`clients` threads, each sending one verse per request on its own keep-alive connection
+    until `seconds` have passed; verses are handed out in order from `start`."""
+    lock = threading.Lock()
+    cursor = [start]
+    latencies: list[float] = []
+    errors: list[str] = []
+    deadline = time.monotonic() + seconds
+
+    def client() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        while time.monotonic() < deadline:
+            with lock:
+                verse = verses[cursor[0] % len(verses)]
+                cursor[0] += 1
+            body = json.dumps({"text": verse}).encode()
+            began = time.perf_counter()
+            try:
+                connection.request("POST", "/translate", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                answer = response.read()
+                ok = response.status == 200 and len(json.loads(answer)["translations"]) == 1
+            except (OSError, http.client.HTTPException, ValueError) as error:
+                ok, answer = False, repr(error).encode()
+                connection.close()
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+            elapsed = time.perf_counter() - began
+            with lock:
+                if ok:
+                    latencies.append(elapsed)
+                else:
+                    errors.append(answer.decode(errors="replace")[:200])
+        connection.close()
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
+    return {"clients": clients, "seconds": round(wall, 2), "sentences": len(latencies), "errors": len(errors),
+            "error_samples": errors[:3], "sentences_per_s": len(latencies) / wall,
+            "latency_ms": {"p50": cuts[49] * 1000, "p95": cuts[94] * 1000, "p99": cuts[98] * 1000}}
+
+
+def test_verses(count: int = 1021) -> list[str]:
+    from aiayn.data import load_corpus
+
+    verses = [source for source, _ in load_corpus("bible-en-es").splits["test"]]
+    random.Random(0).shuffle(verses)
+    return verses[:count]
+
+
+class MemorySampler(threading.Thread):
+    """The server's resident memory every `every` seconds, as (seconds since start, MiB)."""
+
+    def __init__(self, server: Server, every: float) -> None:
+        super().__init__(daemon=True)
+        self.server, self.every, self.samples, self.done = server, every, [], threading.Event()
+
+    def run(self) -> None:
+        began = time.monotonic()
+        while not self.done.is_set():
+            self.samples.append((round(time.monotonic() - began, 1), round(self.server.rss_mib(), 1)))
+            self.done.wait(self.every)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", nargs="?", default="runs/demo", help="the model to serve (default runs/demo)")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=30.0, help="per mode and repetition (default 30)")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--memory-minutes", type=float, help="instead: one run of --clients for this long, memory sampled")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if not Path(args.run_dir).exists():
+        parser.exit(2, f"error: {args.run_dir} does not exist (make demo trains runs/demo)\n")
+    verses = test_verses()
+    kind = cpu_kind()
+    options = ("--precision", args.precision)
+    results = {"command": command_line(), "cpu_kind": kind, "machine": machine_info(), "model": args.run_dir,
+               "precision": args.precision, "requests": "one test verse of bible-en-es each, beam 4, α 0.6"}
+    batching = Server(args.run_dir, *options)
+    try:
+        results["model_info"] = {k: get(batching.port, "/info")[k] for k in ("parameters", "batching")}
+        load(batching.port, 2, 3, verses, 0)  # warm-up: first allocations, first batches
+        if args.memory_minutes:
+            sampler = MemorySampler(batching, 5.0)
+            sampler.start()
+            run = load(batching.port, args.clients, args.memory_minutes * 60, verses, 0)
+            sampler.done.set()
+            sampler.join()
+            results.update(run=run, rss_mib=sampler.samples, health=get(batching.port, "/health"))
+            write_results(args.out or RESULTS / f"serve-memory-{kind}.json", results)
+            plot_memory(sampler.samples, args, kind, run)
+            return
+        alone = Server(args.run_dir, *options, "--max-wait-ms", "0")
+        try:
+            load(alone.port, 1, 3, verses, 0)
+            reps = []
+            for rep in range(args.reps):
+                start = rep * 97  # each repetition its own verses; both modes the same ones
+                one = load(alone.port, 1, args.seconds, verses, start)
+                many = load(batching.port, args.clients, args.seconds, verses, start)
+                reps.append({"one_at_a_time": one, "concurrent": many,
+                             "ratio": many["sentences_per_s"] / one["sentences_per_s"]})
+                print(f"rep {rep + 1}: one at a time {one['sentences_per_s']:.1f} sentences/s, "
+                      f"{args.clients} clients {many['sentences_per_s']:.1f} sentences/s "
+                      f"({reps[-1]['ratio']:.2f}×), errors {one['errors']} / {many['errors']}", flush=True)
+            results["reps"] = reps
+            results["summary"] = summarize(reps)
+            results["rss_mib"] = {"batching_server": batching.rss_mib(), "one_at_a_time_server": alone.rss_mib()}
+            results["health"] = get(batching.port, "/health")
+        finally:
+            alone.stop()
+    finally:
+        batching.stop()
+    write_results(args.out or RESULTS / f"serve-load-{kind}.json", results)
+
+
+def machine_info() -> dict:
+    import torch
+
+    return machine(torch.device("cpu"), default_threads())
+
+
+def summarize(reps: list[dict]) -> dict:
+    summary = {"ratio": spread([r["ratio"] for r in reps])}
+    for mode in ("one_at_a_time", "concurrent"):
+        runs = [r[mode] for r in reps]
+        summary[mode] = {
+            "sentences_per_s": spread([r["sentences_per_s"] for r in runs]),
+            **{f"latency_{p}_ms": spread([r["latency_ms"][p] for r in runs]) for p in ("p50", "p95", "p99")},
+            "errors": sum(r["errors"] for r in runs),
+        }
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
+def plot_memory(samples: list, args: argparse.Namespace, kind: str, run: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot([t / 60 for t, _ in samples], [m for _, m in samples])
+    ax.set_xlabel("minutes under load")
+    ax.set_ylabel("server resident memory (MiB)")
+    ax.set_ylim(0, max(m for _, m in samples) * 1.15)
+    ax.set_title(f"aiayn serve, {args.clients} clients, {run['sentences']:,} sentences, "
+                 f"{run['errors']} errors ({kind})", fontsize=10)
+    fig.tight_layout()
+    path = HERE.parent / "docs" / f"serve-memory-{kind}.png"
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
