@@ -188,6 +188,19 @@ def request(port: int, method: str, path: str, body=None, headers=None, timeout:
         connection.close()
 
 
+def wait_for(condition, what: str, seconds: float = 60) -> None:
+    """Poll `condition()` until it holds; fail, naming `what`, after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {seconds} s")
+        time.sleep(0.01)
+
+
+def health(port: int) -> dict:
+    return request(port, "GET", "/health")[1]
+
+
 def stop(process) -> tuple[int, str, str]:
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=60)
@@ -213,8 +226,8 @@ def server(model_dir):
 
 
 def test_health_info_and_the_openapi_schema(server, model_dir):
-    status, health, _ = request(server, "GET", "/health")
-    assert status == 200 and health["status"] == "ok"
+    status, answer, _ = request(server, "GET", "/health")
+    assert status == 200 and answer["status"] == "ok"
     status, info, _ = request(server, "GET", "/info")
     model = Transformer.load(model_dir)
     assert status == 200 and info["parameters"] == model.num_parameters()
@@ -235,9 +248,9 @@ def test_translate_returns_what_the_python_api_returns_in_order(server, model_di
     assert status == 200 and len(one["translations"]) == 1
     assert all(len(ids) <= 3 for ids in translate_ids(model, [tokenizer.encode(SENTENCES[0])], beam=1, max_output_len=3))
     assert one["translations"] == translate_texts(model, tokenizer, [SENTENCES[0]], beam=1, max_output_len=3)
-    before = request(server, "GET", "/health")[1]["requests"]
+    before = health(server)["requests"]
     assert request(server, "POST", "/translate", {"text": ""})[1] == {"translations": [""]}
-    assert request(server, "GET", "/health")[1]["requests"] == before  # nothing was queued
+    assert health(server)["requests"] == before  # nothing was queued
 
 
 def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_dir):
@@ -302,8 +315,7 @@ def test_a_failing_batch_is_a_json_500_and_the_next_request_succeeds(model_dir):
     thread = threading.Thread(target=server.run)  # not the main thread: uvicorn leaves the signals alone
     thread.start()
     try:
-        while not server.started:
-            time.sleep(0.05)
+        wait_for(lambda: server.started, "uvicorn starts")
         status, body, _ = request(port, "POST", "/translate", {"text": "the cat"})
         assert status == 500 and body == {"error": "decoding failed: RuntimeError: out of memory"}
         assert request(port, "POST", "/translate", {"text": "the cat"})[0] == 200
@@ -331,7 +343,7 @@ def _batch_invariant(model_dir) -> dict:
 
 def test_concurrent_clients_are_batched_and_each_gets_its_own_translation(server, model_dir):
     expected = _batch_invariant(model_dir)
-    before = request(server, "GET", "/health")[1]
+    before = health(server)
     jobs = [SENTENCES[i % len(SENTENCES)] for i in range(16)]
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda s: request(server, "POST", "/translate", {"text": s, "beam": 1}), jobs))
@@ -340,38 +352,34 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_translation(server
         assert len(body["translations"]) == 1
         if sentence in expected:
             assert body["translations"][0] == expected[sentence]
-    after = request(server, "GET", "/health")[1]
+    after = health(server)
     assert after["texts"] - before["texts"] == 16
     assert after["batches"] - before["batches"] < 16  # some were decoded together
 
 
-def _slow_request(port: int, texts: int = 64) -> dict:
+def _slow_request(texts: int = 64) -> dict:
     """A request that keeps the decoder busy for a while: many texts, a wide beam."""
     return {"text": [f"{s} and {s}" for s in SENTENCES] * (texts // len(SENTENCES)), "beam": 16}
 
 
 def test_a_full_queue_gets_503_and_a_client_that_leaves_is_dropped(server):
-    before = request(server, "GET", "/health")[1]
+    before = health(server)
     with ThreadPoolExecutor(2) as pool:
-        busy = pool.submit(request, server, "POST", "/translate", _slow_request(server))
-        while request(server, "GET", "/health")[1]["requests"] == before["requests"]:
-            time.sleep(0.01)
+        busy = pool.submit(request, server, "POST", "/translate", _slow_request())
+        wait_for(lambda: health(server)["requests"] > before["requests"], "the slow request arrives")
         # The decoder works on the first request; this one waits in the queue, then its client leaves.
         leaving = socket.create_connection(("127.0.0.1", server))
         payload = json.dumps({"text": ["the cat"] * 60}).encode()
         leaving.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                         b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-        while request(server, "GET", "/health")[1]["queued_texts"] < 60:
-            time.sleep(0.01)
+        wait_for(lambda: health(server)["queued_texts"] == 60, "the second request waits in the queue")
         status, body, headers = request(server, "POST", "/translate", {"text": ["a"] * 11})  # 60 + 11 > 70
         assert status == 503 and "queue is full" in body["error"] and headers["retry-after"] == "1"
         leaving.close()
-        deadline = time.monotonic() + 30
-        while request(server, "GET", "/health")[1]["queued_texts"] and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert request(server, "GET", "/health")[1]["queued_texts"] == 0  # dropped while still queued
+        wait_for(lambda: health(server)["cancelled"] > before["cancelled"], "the request of the client that left is dropped")
+        assert health(server)["queued_texts"] == 0
         assert busy.result()[0] == 200
-    after = request(server, "GET", "/health")[1]
+    after = health(server)
     assert after["cancelled"] - before["cancelled"] == 1
     assert after["texts"] - before["texts"] == 64  # the 60 texts of the client that left were never decoded
 
@@ -379,9 +387,8 @@ def test_a_full_queue_gets_503_and_a_client_that_leaves_is_dropped(server):
 def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
     process, port = start_server(model_dir)
     with ThreadPoolExecutor(1) as pool:
-        busy = pool.submit(request, port, "POST", "/translate", _slow_request(port))
-        while request(port, "GET", "/health")[1]["requests"] == 0:
-            time.sleep(0.01)
+        busy = pool.submit(request, port, "POST", "/translate", _slow_request())
+        wait_for(lambda: health(port)["requests"] == 1, "the slow request arrives")
         code, out, err = stop(process)
         status, body, _ = busy.result()
     assert status == 200 and len(body["translations"]) == 64
