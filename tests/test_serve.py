@@ -325,6 +325,17 @@ def test_a_failing_batch_is_a_json_500_and_the_next_request_succeeds(model_dir):
     assert not batcher._thread.is_alive()  # the app's shutdown stopped the decoding thread
 
 
+def test_a_chunked_body_is_refused_unread(server):
+    with socket.create_connection(("127.0.0.1", server), timeout=30) as raw:
+        raw.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"tex\r\n")  # and it could go on for ever
+        response = http.client.HTTPResponse(raw)
+        response.begin()
+        answer = json.loads(response.read())
+    assert response.status == 411 and answer == {"error": "send the body with a Content-Length header"}
+    assert request(server, "POST", "/translate", {"text": "the cat"})[0] == 200
+
+
 def test_unknown_paths_and_methods_are_json_errors(server):
     status, body, _ = request(server, "GET", "/nowhere")
     assert status == 404 and body == {"error": "Not Found"}

@@ -7,7 +7,8 @@
     GET  /            the page: translate, then a heatmap of any layer's and head's attention
     GET  /openapi.json
 
-Every error is JSON, {"error": "one line"}: 400 invalid JSON, 413 a body over 1 MiB, 422 a field
+Every error is JSON, {"error": "one line"}: 400 invalid JSON, 411 a body without a Content-Length,
+413 a body over 1 MiB, 422 a field
 of the wrong type or out of range (beam 0, too many texts, a text over the token limit), 500 a
 batch whose decoding failed, 503 a full queue or a server shutting down (with Retry-After).
 """
@@ -110,17 +111,19 @@ def _error(status: int, message: str, headers: Optional[dict] = None) -> JSONRes
 
 
 class BodyLimit:
-    """Refuse a request body over `limit` bytes from its Content-Length, before it is read."""
+    """Refuse a request body over `limit` bytes from its Content-Length, before it is read. A body
+    sent without one (chunked) could grow without bound, so it is refused too (411)."""
 
     def __init__(self, app, limit: int = MAX_BODY_BYTES) -> None:
         self.app, self.limit = app, limit
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            length = dict(scope["headers"]).get(b"content-length", b"0")
-            if not length.isdigit() or int(length) > self.limit:
-                response = _error(413, f"the request body is over {self.limit:,} bytes")
-                return await response(scope, receive, send)
+            length = dict(scope["headers"]).get(b"content-length")
+            if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+                return await _error(411, "send the body with a Content-Length header")(scope, receive, send)
+            if length is not None and int(length) > self.limit:  # the HTTP parser has checked it is a number
+                return await _error(413, f"the request body is over {self.limit:,} bytes")(scope, receive, send)
         await self.app(scope, receive, send)
 
 
