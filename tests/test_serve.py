@@ -271,6 +271,7 @@ def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_di
                 for q, row in enumerate(weights):
                     # Softmax rows sum to 1; each weight is rounded to 3 decimals (error ≤ 0.0005).
                     assert abs(sum(row) - 1) <= 0.0005 * columns + 1e-9
+                    assert all(len(repr(w)) <= 5 for w in row)  # "0.123": 3 decimals on the wire
                     if kind == "decoder":  # causal: no weight on later positions
                         assert all(w == 0 for w in row[q + 1:])
 

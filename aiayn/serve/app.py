@@ -96,8 +96,10 @@ class Translator:
         tgt_in = [config.bos_id] + output
         maps = self.model.attention_maps(torch.tensor([src], device=self.device),
                                          torch.tensor([tgt_in], device=self.device))
-        rounded = {kind: [(layer[0].float() * 1000).round().div(1000).tolist() for layer in layers]
-                   for kind, layers in maps.items()}  # (h, L_q, L_k) per layer; 3 decimals keep the JSON small
+        # (h, L_q, L_k) per layer, rounded to 3 decimals in float64 (so that 0.001 prints as 0.001, not
+        # as float32's 0.0010000000474974513): the JSON stays small.
+        rounded = {kind: [(layer[0].double() * 1000).round().div(1000).tolist() for layer in layers]
+                   for kind, layers in maps.items()}
         piece = self.tokenizer.id_to_piece
         return {"source_tokens": [piece(i) for i in src], "target_tokens": [piece(i) for i in output + [config.eos_id]],
                 "attention": rounded}
