@@ -7,7 +7,7 @@ connection and sends one test verse of bible-en-es per request (beam 4, α 0.6: 
 verses taken in one fixed shuffled order, for --seconds. The two modes alternate, --reps times;
 each repetition starts both modes at the same verse. Reports sentences/s, latency p50/p95/p99
 and the error count per mode (medians and range over repetitions), the throughput ratio, and the
-servers' resident memory. Writes results/serve-load-CPUKIND.json.
+servers' resident memory. Writes results/serve-load-CPUKIND-PRECISION.json.
 
     python benchmarks/serve_load.py runs/demo                         # 16 clients, 3 × 30 s each
     python benchmarks/serve_load.py runs/demo --memory-minutes 10     # 16 clients for 10 minutes:
@@ -201,7 +201,7 @@ def main() -> None:
             alone.stop()
     finally:
         batching.stop()
-    write_results(args.out or RESULTS / f"serve-load-{kind}.json", results)
+    write_results(args.out or RESULTS / f"serve-load-{kind}-{args.precision}.json", results)
 
 
 def machine_info() -> dict:
