@@ -106,9 +106,6 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(f"  training         {training_flops(config, length, length) / length / 1e6:,.1f} MFLOP")
 
 
-# Seconds a stopping server gives the requests in flight before it closes their connections.
-DRAIN_SECONDS = 30
-
 # A recipe for a 2-core CPU: the budget allows a few hundred steps, so the warm-up is short and
 # batches are small; everything else is §5's.
 DEMO_RECIPE = dict(corpus="bible-en-es", max_tokens=3000, warmup_steps=300, lr_scale=0.5, max_steps=1_000_000,
@@ -457,6 +454,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     try:
         import uvicorn
 
+        from aiayn.serve import DRAIN_SECONDS
         from aiayn.serve.app import create_app
     except ImportError as error:
         raise UserError(f"aiayn serve needs FastAPI and uvicorn ({error}): pip install 'aiayn[serve]'") from None

@@ -208,7 +208,7 @@ def _file_lines(path: Path) -> Iterator[str]:
 
 
 def read_lines(path: Union[str, Path]) -> list[str]:
-    """The lines of a UTF-8 text file (.xz decompressed), split on "\n" only, so that the
+    """The lines of a UTF-8 text file (.xz decompressed), split on "\\n" only, so that the
     sentence count of aligned files agrees with `wc -l`. Errors name the file and line."""
     lines = list(_file_lines(Path(path)))
     if not lines:
@@ -288,18 +288,12 @@ def _tsv_folder_stream(folder: Path, src_lang: str, tgt_lang: str) -> CorpusStre
     return CorpusStream(folder.resolve().name, src_lang, tgt_lang, splits)
 
 
-def read_text_folder(
-    folder: Union[str, Path], src_lang: Optional[str] = None, tgt_lang: Optional[str] = None
-) -> ParallelCorpus:
+def _text_folder_stream(folder: Path, src_lang: Optional[str], tgt_lang: Optional[str]) -> CorpusStream:
     """A corpus from `train.SRC` + `train.TGT` (and optional `dev.*`, `test.*`) in `folder`.
 
     Missing languages are inferred: one given, the other is the remaining suffix of the train
     files; none given, the folder name says the direction (`.../de-en` means de to en).
     """
-    return _text_folder_stream(Path(folder), src_lang, tgt_lang).load()
-
-
-def _text_folder_stream(folder: Path, src_lang: Optional[str], tgt_lang: Optional[str]) -> CorpusStream:
     found = sorted(p.name[len("train."):] for p in folder.glob("train.*") if p.suffix != ".tsv")
     if len(found) < 2:
         raise FileNotFoundError(f"{folder} holds no train.SRC and train.TGT pair of files (nor a train.tsv)")
@@ -561,8 +555,9 @@ def collate(encoded_pairs: Sequence[EncodedPair], pad_id: int, bos_id: int, eos_
 
 class BatchStream:
     """Endless batches over `encoded_pairs` (a list of (source ids, target ids), or
-    `EncodedPairs`, whose ids are read only when a batch of this rank needs them) over epochs, resumable from `state_dict()`: {"epoch", "index"}, the
-    position in the epoch's batch list, which `make_batches` rebuilds from (seed, epoch).
+    `EncodedPairs`, whose ids are read only when a batch of this rank needs them), epoch after
+    epoch, resumable from `state_dict()`: {"epoch", "index"}, the position in the epoch's batch
+    list, which `make_batches` rebuilds from (seed, epoch).
 
     With `shard=(rank, world_size)` each rank takes every world_size-th batch of the same list.
     The list is first extended by wrapping around to a multiple of world_size, so every rank has
@@ -624,7 +619,7 @@ class BatchStream:
 
 __all__ = [
     "ParallelCorpus", "CorpusStream", "clean_pairs", "load_corpus", "stream_corpus", "corpus_names", "iter_lines",
-    "read_lines", "read_tsv", "read_table", "read_text_folder", "stream_parquet",
+    "read_lines", "read_tsv", "read_table", "stream_parquet",
     "stream_hf_translation", "export_split",
     "Batch", "make_batches", "collate", "BatchStream",
 ]

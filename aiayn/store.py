@@ -91,9 +91,10 @@ def as_encoded(pairs) -> EncodedPairs:
     return pairs if isinstance(pairs, EncodedPairs) else EncodedPairs.from_lists(list(pairs))
 
 
-def within_length(pairs: EncodedPairs, max_sentence_tokens: int) -> np.ndarray:
-    """Indices of the pairs whose source + EOS and BOS + target both fit in `max_sentence_tokens`."""
-    return np.flatnonzero((pairs.lengths.max(axis=1) + 1) <= max_sentence_tokens)
+def within_length(lengths: np.ndarray, max_sentence_tokens: int) -> np.ndarray:
+    """Indices of the pairs, of (N, 2) source and target `lengths` (no BOS/EOS), whose
+    source + EOS and BOS + target both fit in `max_sentence_tokens`."""
+    return np.flatnonzero((lengths.max(axis=1) + 1) <= max_sentence_tokens)
 
 
 def tokenizer_digest(folder: Union[str, Path]) -> str:
@@ -359,9 +360,9 @@ def _encode_split(tokenizer, chunks, folder: Path, name: str, dtype: np.dtype, l
             src = tokenizer.encode_batch([s for s, _ in chunk], threads=workers)
             tgt = tokenizer.encode_target_batch([t for _, t in chunk], threads=workers)
             chunk_lengths = np.stack([np.fromiter(map(len, side), np.int32, len(side)) for side in (src, tgt)], 1)  # (n, 2)
-            keep = np.ones(len(chunk), dtype=bool) if limit is None else chunk_lengths.max(axis=1) + 1 <= limit
-            dropped_long += int((~keep).sum())
-            kept = (ids for i in np.flatnonzero(keep).tolist() for ids in (src[i], tgt[i]))
+            keep = np.arange(len(chunk)) if limit is None else within_length(chunk_lengths, limit)  # (kept,)
+            dropped_long += len(chunk) - len(keep)
+            kept = (ids for i in keep.tolist() for ids in (src[i], tgt[i]))
             flat = np.fromiter(itertools.chain.from_iterable(kept), dtype=dtype, count=int(chunk_lengths[keep].sum()))
             ids_file.write(flat.tobytes())
             lengths.append(chunk_lengths[keep])

@@ -487,7 +487,7 @@ def prepare_data(
     kept, dev_text = {}, []
     for name in ("train", "dev"):
         pairs = store.split(name)
-        rows = within_length(pairs, recipe.max_sentence_tokens)  # (kept,)
+        rows = within_length(pairs.lengths, recipe.max_sentence_tokens)  # (kept,)
         if len(rows) < len(pairs):
             echo(f"{name}: left out {len(pairs) - len(rows):,} of {len(pairs):,} pairs longer than "
                  f"max_sentence_tokens={recipe.max_sentence_tokens}")

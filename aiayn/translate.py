@@ -96,6 +96,14 @@ def translate_texts(model: Transformer, tokenizer, sentences: Sequence[str], **o
     return [tokenizer.decode(ids) for ids in outputs]
 
 
+def input_token_limit(config, max_input_tokens: int) -> int:
+    """The longest source a model takes: `max_input_tokens`, and for learned positions (Table 3
+    row E) no more than source + EOS fit in `max_len`."""
+    if config.positional == "learned":
+        return min(max_input_tokens, config.max_len - 1)
+    return max_input_tokens
+
+
 # Lines read, decoded and written together: enough to fill length-sorted batches, few enough that
 # memory does not grow with the file and an interruption loses little.
 CHUNK_LINES = 1000
@@ -124,9 +132,7 @@ def translate_stream(
     line break the model spells becomes a space, so the output keeps one line per input line.
     `options` are those of `translate_ids`.
     """
-    limit = max_input_tokens
-    if model.config.positional == "learned":
-        limit = min(limit, model.config.max_len - 1)  # source + EOS within the learned positions
+    limit = input_token_limit(model.config, max_input_tokens)
     decoder = decoding_model(model, options.get("precision", "fp32"))  # cast once, not per chunk
     count = 0
     chunk: list[str] = []

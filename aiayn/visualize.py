@@ -45,17 +45,27 @@ def plot_heads(weights: Tensor, queries: Sequence[str], keys: Sequence[str], tit
     return path
 
 
+@torch.no_grad()
+def pair_attention(model, source_ids: Sequence[int], target_ids: Sequence[int]):
+    """The attention maps (`Transformer.attention_maps`) of one sentence pair, teacher-forced:
+    the encoder reads source + EOS, the decoder BOS + target. A translation the model produced
+    gets the weights the search saw (cached decoding equals the full pass). Returns (maps,
+    encoder input ids, decoder input ids)."""
+    config = model.config
+    src_ids = list(source_ids) + [config.eos_id]
+    tgt_in = [config.bos_id] + list(target_ids)
+    device = next(model.parameters()).device
+    maps = model.attention_maps(torch.tensor([src_ids], device=device), torch.tensor([tgt_in], device=device))
+    return maps, src_ids, tgt_in
+
+
 def attention_figures(
     model, tokenizer, source: str, target_ids: Sequence[int], out_dir: Path, force: bool = False
 ) -> list[Path]:
     """Write the folder `out_dir` of `{kind}-layer{N}.png`, one for each kind of attention and each
     layer, for the sentence pair (source, target_ids); returns the paths. The folder is written
     whole and atomically; one that holds files is replaced only with `force`."""
-    config = model.config
-    src_ids = tokenizer.encode(source) + [config.eos_id]
-    tgt_in = [config.bos_id] + list(target_ids)
-    device = next(model.parameters()).device
-    maps = model.attention_maps(torch.tensor([src_ids], device=device), torch.tensor([tgt_in], device=device))
+    maps, src_ids, tgt_in = pair_attention(model, tokenizer.encode(source), target_ids)
     src_labels = [tokenizer.id_to_piece(i) for i in src_ids]
     tgt_labels = [tokenizer.id_to_piece(i) for i in tgt_in]
     axes = {"encoder": (src_labels, src_labels), "decoder": (tgt_labels, tgt_labels), "cross": (tgt_labels, src_labels)}

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -65,23 +65,23 @@ class Timer:
         self.seconds = time.perf_counter() - self.start
 
 
-def _status_mib(field: str) -> float:
-    """A memory line of /proc/self/status (VmRSS: now, VmHWM: peak), in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+def status_mib(field: str, pid: Union[int, str] = "self") -> float:
+    """A memory line of /proc/PID/status (VmRSS: now, VmHWM: peak), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024  # reported in kB
-    raise RuntimeError(f"/proc/self/status has no {field}")
+    raise RuntimeError(f"/proc/{pid}/status has no {field}")
 
 
 def memory_mib(device: torch.device) -> float:
     """Memory in use now: resident set on CPU, torch's allocated memory on a GPU."""
-    return torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else _status_mib("VmRSS")
+    return torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else status_mib("VmRSS")
 
 
 def peak_memory_mib(device: torch.device) -> float:
     """Peak memory of this process so far: peak resident set (VmHWM) on CPU, the peak of
     torch's allocator on a GPU."""
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else _status_mib("VmHWM")
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else status_mib("VmHWM")
 
 
 def spread(values: list[float]) -> dict:

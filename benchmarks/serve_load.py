@@ -12,7 +12,8 @@ servers' resident memory. Writes results/serve-load-CPUKIND-PRECISION.json.
     python benchmarks/serve_load.py runs/demo                         # 16 clients, 3 × 30 s each
     python benchmarks/serve_load.py runs/demo --memory-minutes 10     # 16 clients for 10 minutes:
                                                                       # resident memory every 5 s
-The memory run writes results/serve-memory-CPUKIND.json and docs/serve-memory-CPUKIND.png.
+The memory run writes results/serve-memory-CPUKIND.json and docs/serve-memory-CPUKIND.png (with
+--out FILE.json: FILE.png beside it).
 """
 
 from __future__ import annotations
@@ -21,54 +22,13 @@ import argparse
 import http.client
 import json
 import random
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from common import HERE, RESULTS, command_line, cpu_kind, default_threads, machine, spread, write_results
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Server:
-    """An `aiayn serve` process on a free loopback port."""
-
-    def __init__(self, run_dir: str, *options: str) -> None:
-        self.port = free_port()
-        self.log = tempfile.TemporaryFile("w+")  # a pipe left unread could fill and stall the server
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "aiayn", "serve", run_dir, "--port", str(self.port), *options],
-            stdout=subprocess.DEVNULL, stderr=self.log, text=True)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.log.seek(0)
-                raise SystemExit(f"error: aiayn serve exited: {self.log.read().strip()}")
-            try:
-                if get(self.port, "/health")["status"] == "ok":
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise SystemExit("error: aiayn serve did not start in 300 s")
-
-    def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        raise RuntimeError("no VmRSS")
-
-    def stop(self) -> int:
-        self.process.terminate()
-        return self.process.wait(120)
+from aiayn.serve.process import ServerProcess
+from common import HERE, RESULTS, command_line, cpu_kind, default_threads, machine, spread, status_mib, write_results
 
 
 def get(port: int, path: str) -> dict:
@@ -127,25 +87,26 @@ def load(port: int, clients: int, seconds: float, verses: list[str], start: int)
             "latency_ms": {"p50": cuts[49] * 1000, "p95": cuts[94] * 1000, "p99": cuts[98] * 1000}}
 
 
-def test_verses(count: int = 1021) -> list[str]:
+def test_verses() -> list[str]:
+    """The source side of bible-en-es's test books, in one fixed shuffled order."""
     from aiayn.data import load_corpus
 
     verses = [source for source, _ in load_corpus("bible-en-es").splits["test"]]
     random.Random(0).shuffle(verses)
-    return verses[:count]
+    return verses
 
 
 class MemorySampler(threading.Thread):
     """The server's resident memory every `every` seconds, as (seconds since start, MiB)."""
 
-    def __init__(self, server: Server, every: float) -> None:
+    def __init__(self, server: ServerProcess, every: float) -> None:
         super().__init__(daemon=True)
         self.server, self.every, self.samples, self.done = server, every, [], threading.Event()
 
     def run(self) -> None:
         began = time.monotonic()
         while not self.done.is_set():
-            self.samples.append((round(time.monotonic() - began, 1), round(self.server.rss_mib(), 1)))
+            self.samples.append((round(time.monotonic() - began, 1), round(status_mib("VmRSS", self.server.pid), 1)))
             self.done.wait(self.every)
 
 
@@ -166,8 +127,7 @@ def main() -> None:
     options = ("--precision", args.precision)
     results = {"command": command_line(), "cpu_kind": kind, "machine": machine_info(), "model": args.run_dir,
                "precision": args.precision, "requests": "one test verse of bible-en-es each, beam 4, α 0.6"}
-    batching = Server(args.run_dir, *options)
-    try:
+    with ServerProcess(args.run_dir, *options) as batching:
         results["model_info"] = {k: get(batching.port, "/info")[k] for k in ("parameters", "batching")}
         load(batching.port, 2, 3, verses, 0)  # warm-up: first allocations, first batches
         if args.memory_minutes:
@@ -180,8 +140,7 @@ def main() -> None:
             write_results(args.out or RESULTS / f"serve-memory-{kind}.json", results)
             plot_memory(sampler.samples, args, kind, run)
             return
-        alone = Server(args.run_dir, *options, "--max-wait-ms", "0")
-        try:
+        with ServerProcess(args.run_dir, *options, "--max-wait-ms", "0") as alone:
             load(alone.port, 1, 3, verses, 0)
             reps = []
             for rep in range(args.reps):
@@ -195,12 +154,9 @@ def main() -> None:
                       f"({reps[-1]['ratio']:.2f}×), errors {one['errors']} / {many['errors']}", flush=True)
             results["reps"] = reps
             results["summary"] = summarize(reps)
-            results["rss_mib"] = {"batching_server": batching.rss_mib(), "one_at_a_time_server": alone.rss_mib()}
+            results["rss_mib"] = {"batching_server": status_mib("VmRSS", batching.pid),
+                                  "one_at_a_time_server": status_mib("VmRSS", alone.pid)}
             results["health"] = get(batching.port, "/health")
-        finally:
-            alone.stop()
-    finally:
-        batching.stop()
     write_results(args.out or RESULTS / f"serve-load-{kind}-{args.precision}.json", results)
 
 
@@ -237,7 +193,8 @@ def plot_memory(samples: list, args: argparse.Namespace, kind: str, run: dict) -
     ax.set_title(f"aiayn serve, {args.clients} clients, {run['sentences']:,} sentences, "
                  f"{run['errors']} errors ({kind})", fontsize=10)
     fig.tight_layout()
-    path = HERE.parent / "docs" / f"serve-memory-{kind}.png"
+    # The docs' figure, unless --out sends the results elsewhere (a trial run): then beside them.
+    path = args.out.with_suffix(".png") if args.out else HERE.parent / "docs" / f"serve-memory-{kind}.png"
     fig.savefig(path, dpi=100)
     print(f"wrote {path}")
 

@@ -71,10 +71,7 @@ def drive_page(url: str, sentence: str, screenshot: Path, chromium: str) -> dict
 
 
 def main() -> int:
-    import socket
-    import subprocess
-    import time
-    import urllib.request
+    from aiayn.serve.process import ServerProcess
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the model to serve (default demo run: runs/demo)", nargs="?", default="runs/demo")
@@ -84,25 +81,13 @@ def main() -> int:
     chromium = find_chromium()
     if chromium is None:
         parser.exit(2, "error: no chromium on PATH (apt-get install chromium)\n")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", args.run_dir, "--port", str(port)])
     try:
-        url = f"http://127.0.0.1:{port}/"
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(url + "health", timeout=1)
-                break
-            except OSError:
-                if server.poll() is not None:
-                    parser.exit(2, "error: the server did not start\n")
-                time.sleep(0.1)
-        seen = drive_page(url, args.sentence, Path(args.out), chromium)
-        print(f"{args.out}: {seen['translations'][0]!r}; heatmaps drawn: {', '.join(seen['drawn'])}")
-    finally:
-        server.terminate()
-        server.wait(60)
+        server = ServerProcess(args.run_dir)
+    except RuntimeError as error:
+        parser.exit(2, f"error: {error}\n")
+    with server:
+        seen = drive_page(server.url, args.sentence, Path(args.out), chromium)
+    print(f"{args.out}: {seen['translations'][0]!r}; heatmaps drawn: {', '.join(seen['drawn'])}")
     return 0
 
 

@@ -268,10 +268,10 @@ def test_within_length_keeps_pairs_whose_source_and_target_fit_with_eos_and_bos(
 
     pairs = EncodedPairs.from_lists([([1, 2, 3], [4, 5]), ([1], [2] * 7), ([1] * 6, [2])])
     assert pairs.lengths.tolist() == [[3, 2], [1, 7], [6, 1]]
-    assert within_length(pairs, 6).tolist() == [0]  # source + EOS and BOS + target must fit
-    assert within_length(pairs, 7).tolist() == [0, 2]
-    assert within_length(pairs, 8).tolist() == [0, 1, 2]
-    subset = pairs.subset(within_length(pairs, 7))
+    assert within_length(pairs.lengths, 6).tolist() == [0]  # source + EOS and BOS + target must fit
+    assert within_length(pairs.lengths, 7).tolist() == [0, 2]
+    assert within_length(pairs.lengths, 8).tolist() == [0, 1, 2]
+    subset = pairs.subset(within_length(pairs.lengths, 7))
     assert [(s.tolist(), t.tolist()) for s, t in (subset[0], subset[1])] == [([1, 2, 3], [4, 5]), ([1] * 6, [2])]
     assert subset.subset([1])[0][0].tolist() == [1] * 6
 

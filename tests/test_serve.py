@@ -5,7 +5,6 @@ import asyncio
 import http.client
 import importlib.util
 import json
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from aiayn.model import Transformer
-from aiayn.serve.batcher import Batcher, Options, QueueFull
+from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
+from aiayn.serve.process import ServerProcess, free_port
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import translate_ids, translate_texts
 from test_faults import make_model
@@ -134,8 +134,6 @@ def test_close_finishes_the_queue_then_refuses():
         await asyncio.sleep(0.05)
         closing = asyncio.ensure_future(asyncio.to_thread(batcher.close))
         await asyncio.sleep(0.05)
-        from aiayn.serve.batcher import Closed
-
         with pytest.raises(Closed):
             await batcher.submit([[9]], Options())
         gate.set()
@@ -147,30 +145,6 @@ def test_close_finishes_the_queue_then_refuses():
 
 # ---------------------------------------------------------------------------------------------
 # The server, over HTTP.
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_server(model_dir: Path, *options: str):
-    """`aiayn serve MODEL_DIR` on a free port: (process, port), once /health answers."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", str(model_dir), "--port", str(port), *options],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited: {process.stderr.read()}")
-        try:
-            if request(port, "GET", "/health")[0] == 200:
-                return process, port
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise AssertionError("the server did not start in 120 s")
-
 
 def request(port: int, method: str, path: str, body=None, headers=None, timeout: float = 120):
     """(status, parsed JSON or text, headers) of one request; `body` is sent as JSON unless bytes."""
@@ -201,12 +175,6 @@ def health(port: int) -> dict:
     return request(port, "GET", "/health")[1]
 
 
-def stop(process) -> tuple[int, str, str]:
-    process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=60)
-    return process.returncode, out, err
-
-
 SENTENCES = ["the small cat", "a red bird eats the fish", "la casa grande", "el perro come", "the big dog",
              "a blue fish under the bridge", "the river", "los niños"]
 
@@ -218,9 +186,9 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    process, port = start_server(model_dir, "--max-wait-ms", "50", "--max-queue", "70", "--max-input-tokens", "60")
-    yield port
-    code, out, err = stop(process)
+    process = ServerProcess(model_dir, "--max-wait-ms", "50", "--max-queue", "70", "--max-input-tokens", "60")
+    yield process.port
+    code, out, err = process.stop()
     assert code == 0, err
     assert "stopped:" in out
 
@@ -397,11 +365,12 @@ def test_a_full_queue_gets_503_and_a_client_that_leaves_is_dropped(server):
 
 
 def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
-    process, port = start_server(model_dir)
+    process = ServerProcess(model_dir)
+    port = process.port
     with ThreadPoolExecutor(1) as pool:
         busy = pool.submit(request, port, "POST", "/translate", _slow_request())
         wait_for(lambda: health(port)["requests"] == 1, "the slow request arrives")
-        code, out, err = stop(process)
+        code, out, err = process.stop()
         status, body, _ = busy.result()
     assert status == 200 and len(body["translations"]) == 64
     assert code == 0, err

@@ -9,3 +9,4 @@ BATCH_TOKENS = 4000  # source tokens × beam taken in one batch, as `aiayn trans
 MAX_QUEUE = 256  # texts waiting; more are refused with 503 rather than queued without bound
 MAX_TEXTS = 64  # texts in one request
 MAX_INPUT_TOKENS = 256  # tokens in one text: keeps a request's decoding time and attention maps bounded
+DRAIN_SECONDS = 30  # a stopping server answers the requests in flight for this long, then closes

@@ -21,7 +21,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional, Union
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -31,7 +30,8 @@ from starlette.exceptions import HTTPException
 
 from aiayn.serve import BATCH_TOKENS, MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS
 from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
-from aiayn.translate import EXTRA_LEN, decoding_model, translate_ids
+from aiayn.translate import EXTRA_LEN, decoding_model, input_token_limit, translate_ids
+from aiayn.visualize import pair_attention
 
 MAX_BODY_BYTES = 1 << 20
 MAX_BEAM = 16
@@ -67,8 +67,7 @@ class TranslateResponse(BaseModel):
 
 class Translator:
     """The model side of the server: decodes a batch of token ids and, when asked, reads the
-    attention of each output back through the model (teacher-forced on the output, which gives
-    the weights the search saw, as the cache makes incremental decoding equal to the full pass)."""
+    attention of each output back through the model (`aiayn.visualize.pair_attention`)."""
 
     def __init__(self, model, tokenizer, precision: str = "fp32", batch_tokens: int = BATCH_TOKENS) -> None:
         self.model = decoding_model(model.eval(), precision)  # cast once, not per batch
@@ -89,19 +88,15 @@ class Translator:
             results.append(result)
         return results
 
-    @torch.no_grad()
     def attention(self, source: list[int], output: list[int]) -> dict:
-        config = self.model.config
-        src = source + [config.eos_id]
-        tgt_in = [config.bos_id] + output
-        maps = self.model.attention_maps(torch.tensor([src], device=self.device),
-                                         torch.tensor([tgt_in], device=self.device))
+        maps, src, _ = pair_attention(self.model, source, output)
         # (h, L_q, L_k) per layer, rounded to 3 decimals in float64 (so that 0.001 prints as 0.001, not
         # as float32's 0.0010000000474974513): the JSON stays small.
         rounded = {kind: [(layer[0].double() * 1000).round().div(1000).tolist() for layer in layers]
                    for kind, layers in maps.items()}
         piece = self.tokenizer.id_to_piece
-        return {"source_tokens": [piece(i) for i in src], "target_tokens": [piece(i) for i in output + [config.eos_id]],
+        eos = self.model.config.eos_id
+        return {"source_tokens": [piece(i) for i in src], "target_tokens": [piece(i) for i in output + [eos]],
                 "attention": rounded}
 
 
@@ -144,8 +139,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     translator = Translator(model, tokenizer, precision, batch_tokens)
     batcher = Batcher(translator.decode, max_wait_ms, batch_tokens, max_queue)
     config = translator.model.config
-    if config.positional == "learned":  # source + EOS within the learned positions
-        max_input_tokens = min(max_input_tokens, config.max_len - 1)
+    max_input_tokens = input_token_limit(config, max_input_tokens)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

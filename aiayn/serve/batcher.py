@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -58,7 +59,7 @@ class Stats:
     texts: int = 0
     batches: int = 0
     cancelled: int = 0
-    batch_texts: list[int] = field(default_factory=list)  # texts per batch, the last 1,000
+    batch_texts: deque = field(default_factory=lambda: deque(maxlen=1000))  # texts per batch, the last 1,000
 
     def as_dict(self) -> dict:
         recent = self.batch_texts
@@ -168,7 +169,7 @@ class Batcher:
                     continue
                 self.stats.batches += 1
                 self.stats.texts += len(sources)
-                self.stats.batch_texts = self.stats.batch_texts[-999:] + [len(sources)]
+                self.stats.batch_texts.append(len(sources))
                 start = 0
                 for job in group:
                     _resolve(job, results[start : start + len(job.sources)])
