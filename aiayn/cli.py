@@ -146,6 +146,16 @@ def cmd_demo(args: argparse.Namespace) -> None:
     print(f"\nattention maps of test verse {shortest + 1}: {paths[-1].parent}/ ({len(paths)} files)")
 
 
+def cmd_experiment_table3(args: argparse.Namespace) -> None:
+    """Table 3 in miniature (aiayn.experiment): train each row, score it, print the table."""
+    from aiayn.experiment import TABLE_MD, TABLE_PNG, run_table3
+
+    out = Path(args.out)
+    run_table3(out, args.scale, args.rows, args.steps, args.precision, args.seed, args.corpus)
+    print("\n" + (out / TABLE_MD).read_text(encoding="utf-8"))
+    print(f"table {out / TABLE_MD}, plot {out / TABLE_PNG}")
+
+
 def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
     """The configs of a new run (preset + overrides), or of the run being resumed."""
     from aiayn.train import MODEL_CONFIG, load_run_configs
@@ -610,6 +620,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"tokens in one text (default {MAX_INPUT_TOKENS})")
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.set_defaults(run=cmd_serve)
+
+    from aiayn.experiment import ROWS, SCALES
+
+    experiment = sub.add_parser("experiment", help="rerun an experiment of the paper in miniature")
+    experiments = experiment.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    table3 = experiments.add_parser(
+        "table3", help="train the base model and every variation of Table 3, print ours beside the paper's")
+    table3.add_argument("--out", required=True, help="experiment folder (continued when it holds this experiment)")
+    table3.add_argument("--scale", default="small", choices=list(SCALES),
+                        help="miniature size (default small: about two hours on a 2-core CPU)")
+    table3.add_argument("--steps", type=int, default=None, help="training steps of every row (default: the scale's)")
+    table3.add_argument("--rows", nargs="+", metavar="ROW",
+                        help=f"rows or groups to run (default all): {' '.join(ROWS)}, or A B C D E")
+    table3.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    table3.add_argument("--seed", type=int, default=1)
+    table3.add_argument("--corpus", default="bible-en-es", help="corpus (default bible-en-es)")
+    table3.set_defaults(run=cmd_experiment_table3)
 
     demo = sub.add_parser("demo", help="train on bible-en-es for a time budget, translate the test books, score")
     demo.add_argument("--minutes", type=float, default=10.0, help="training time budget (default 10)")

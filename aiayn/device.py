@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -60,3 +62,17 @@ def matmul_peak_flops(device: torch.device, precision: str, seconds: float = 0.5
         elapsed = time.perf_counter() - start
         if elapsed >= seconds and reps >= 3:
             return 2 * n**3 * reps / elapsed
+
+
+def cpu_kind() -> str:
+    """The kind of development machine, for result file names and the docs' tables: intel-xeon
+    (AMX), amd-epyc (Zen 4: AVX-512 with bf16, no AMX), or the CPU's vendor otherwise."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    if "GenuineIntel" in text:
+        return "intel-xeon"
+    if "AuthenticAMD" in text:
+        return "amd-epyc"
+    return platform.machine() or "unknown"

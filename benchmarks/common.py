@@ -17,6 +17,8 @@ from typing import Optional, Union
 
 import torch
 
+from aiayn.device import cpu_kind  # noqa: F401  (one definition, for the result names)
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ONE_CASE = HERE / "one_case.py"
@@ -116,17 +118,6 @@ def machine(device: torch.device, threads: int) -> dict:
         "versions": {p: _version(p) for p in ("aiayn", "torch", "transformers", "ctranslate2", "numpy")},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-def cpu_kind() -> str:
-    """The kind of development machine, for result file names and the docs' tables: intel-xeon
-    (AMX), amd-epyc (Zen 4: AVX-512 with bf16, no AMX), or the CPU's vendor otherwise."""
-    text = Path("/proc/cpuinfo").read_text()
-    if "GenuineIntel" in text:
-        return "intel-xeon"
-    if "AuthenticAMD" in text:
-        return "amd-epyc"
-    return platform.machine() or "unknown"
 
 
 def command_line() -> str:

@@ -1,0 +1,397 @@
+"""Table 3 of Vaswani et al. (2017) as an experiment: the base model and every variation of §6.2,
+trained in miniature for the same number of steps each, scored as the paper scored them (dev
+perplexity per BPE piece, dev BLEU with beam 4 and α 0.6, no checkpoint averaging), and printed
+beside the paper's own numbers.
+
+A miniature applies each row's *change* to a small base: every width (d_model, d_ff, d_k, d_v)
+shrinks by one factor, every depth N by another, while h, P_drop, ε_ls and the positional
+encoding keep the paper's values. Row A thus still holds h·d_k = d_model while h goes 1 → 32,
+row B still cuts d_k to 1/4 and 1/2 of the base's, and row C still spans 1/3 to 4/3 of the
+base's depth and 1/2 to 2× its widths.
+
+Every row is a run folder OUT/<row> trained by `aiayn.train`; OUT/<row>/result.json marks it
+done, so a killed experiment continues with the rows not yet done (and the row it was in
+resumes from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from aiayn.checkpoint import atomic_write, read_json, write_json
+from aiayn.config import BASE, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig
+
+EXPERIMENT = "experiment.json"
+RESULT = "result.json"
+DATA = "data"
+TABLE_MD, TABLE_JSON, TABLE_PNG = "table3.md", "table3.json", "table3.png"
+
+# The base row again with another seed: how far two runs of one configuration land apart is the
+# noise floor below which a row's difference from the base says nothing.
+REPEAT = "base-seed2"
+ROWS = ("base", REPEAT, "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
+        "D1", "D2", "D3", "D4", "E")
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    """A row of the paper's Table 3: dev (newstest2013) perplexity per wordpiece and BLEU after
+    100K steps; parameters in millions where the table prints them."""
+
+    ppl: float
+    bleu: float
+    params_m: Optional[float] = None
+
+
+PAPER: dict[str, PaperRow] = {
+    "base": PaperRow(4.92, 25.8, 65),
+    "A1": PaperRow(5.29, 24.9), "A2": PaperRow(5.00, 25.5), "A3": PaperRow(4.91, 25.8), "A4": PaperRow(5.01, 25.4),
+    "B1": PaperRow(5.16, 25.1, 58), "B2": PaperRow(5.01, 25.4, 60),
+    "C1": PaperRow(6.11, 23.7, 36), "C2": PaperRow(5.19, 25.3, 50), "C3": PaperRow(4.88, 25.5, 80),
+    "C4": PaperRow(5.75, 24.5, 28), "C5": PaperRow(4.66, 26.0, 168), "C6": PaperRow(5.12, 25.4, 53),
+    "C7": PaperRow(4.75, 26.2, 90),
+    "D1": PaperRow(5.77, 24.6), "D2": PaperRow(4.95, 25.5), "D3": PaperRow(4.67, 25.3), "D4": PaperRow(5.47, 25.7),
+    "E": PaperRow(4.92, 25.7),
+}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How small the miniature is, and how it trains. Widths shrink by d_model / 512, depths are
+    divided by `depth_divisor` (the paper's N of 2, 4, 6, 8 must stay whole numbers)."""
+
+    d_model: int
+    depth_divisor: int
+    vocab_size: int
+    steps: int  # per row, the same for every row as the paper's 100K
+    max_tokens: int
+    warmup_steps: int
+    lr_scale: float
+    dev_bleu_sentences: Optional[int]  # None: the whole dev split
+
+
+SCALES = {
+    # ~2.4M parameters at the base row; 800 steps of 3,000-token batches take ~5 minutes on a
+    # 2-core CPU in bf16, so the 20 rows fit in about two hours. The optimiser settings are the
+    # demo's, the recipe this corpus and machine were tuned with.
+    "small": Scale(d_model=128, depth_divisor=2, vocab_size=8000, steps=800, max_tokens=3000, warmup_steps=300,
+                   lr_scale=0.5, dev_bleu_sentences=None),
+    # For the tests: seconds per row.
+    "tiny": Scale(d_model=32, depth_divisor=2, vocab_size=1000, steps=4, max_tokens=600, warmup_steps=2,
+                  lr_scale=1.0, dev_bleu_sentences=8),
+}
+
+
+def miniature(row: str, scale: Scale) -> tuple[ModelConfig, dict]:
+    """The model config of a Table 3 row at `scale`, and the training settings the row changes
+    (ε_ls of rows D3 and D4)."""
+    paper = PRESETS["base" if row == REPEAT else row]
+    if BASE.d_model % scale.d_model:
+        raise ValueError(f"a scale's d_model must divide {BASE.d_model}, got {scale.d_model}")
+    shrink = BASE.d_model // scale.d_model
+
+    def narrow(width: int) -> int:
+        if width % shrink:
+            raise ValueError(f"row {row}: width {width} does not shrink by {shrink}")
+        return width // shrink
+
+    if paper.n_layers % scale.depth_divisor:
+        raise ValueError(f"row {row}: N={paper.n_layers} does not divide by {scale.depth_divisor}")
+    d_k, d_v = paper.head_dims
+    config = dataclasses.replace(
+        paper, vocab_size=scale.vocab_size, d_model=narrow(paper.d_model), d_ff=narrow(paper.d_ff),
+        d_k=narrow(d_k), d_v=narrow(d_v), n_layers=paper.n_layers // scale.depth_divisor,
+    )
+    return config, dict(TRAIN_OVERRIDES.get(row, {}))
+
+
+def select_rows(names: Optional[Sequence[str]]) -> list[str]:
+    """Row names from `--rows`: a row (A1, base, base-seed2) or a group letter (A, B, C, D, E);
+    the paper's order, each row once."""
+    if not names:
+        return list(ROWS)
+    chosen = set()
+    for name in names:
+        matched = [row for row in ROWS if row == name or (len(name) == 1 and row[0] == name and row[0] in "ABCDE")]
+        if not matched:
+            raise ValueError(f"unknown Table 3 row {name!r}; choose from {', '.join(ROWS)} or a group A-E")
+        chosen.update(matched)
+    return [row for row in ROWS if row in chosen]
+
+
+def _settings(scale_name: str, scale: Scale, precision: str, seed: int, corpus: str) -> dict:
+    return {"experiment": "table3", "scale": scale_name, **dataclasses.asdict(scale), "precision": precision,
+            "seed": seed, "corpus": corpus}
+
+
+def _check_out(out: Path, settings: dict) -> None:
+    """An experiment folder holds one set of settings: rows trained otherwise would not compare."""
+    path = out / EXPERIMENT
+    if path.exists():
+        kept = read_json(path)
+        changed = sorted(key for key in set(kept) | set(settings) if kept.get(key) != settings.get(key))
+        if changed:
+            first = changed[0]
+            raise ValueError(f"{out} holds an experiment with {first}={kept.get(first)!r}, not {settings.get(first)!r}; "
+                             f"continue it with its settings or choose another --out")
+    elif out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not a Table 3 experiment folder; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(path, settings)
+
+
+def _prepare_data(out: Path, corpus: str, scale: Scale, echo: Callable[[str], None]) -> Path:
+    """One preprocessed copy of the corpus for every row, so all rows see the same pieces."""
+    from aiayn.data import stream_corpus
+    from aiayn.store import load_store, preprocess
+
+    folder = out / DATA
+    try:
+        load_store(folder)
+    except (ValueError, OSError):
+        preprocess(stream_corpus(corpus), folder, scale.vocab_size, spec=corpus, force=True, echo=echo)
+    return folder
+
+
+def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus: str,
+            echo: Callable[[str], None] = print) -> dict:
+    """Train one row (resuming its run folder when it has one), then score it on the dev split;
+    the result is written to OUT/<row>/result.json."""
+    import torch
+
+    from aiayn.device import cpu_kind
+    from aiayn.evaluate import bleu
+    from aiayn.train import MODEL_CONFIG, train_run
+    from aiayn.translate import translate_ids
+
+    config, overrides = miniature(row, scale)
+    run_dir = out / row
+    recipe = TrainConfig(
+        corpus=corpus, data=str(out / DATA), max_tokens=scale.max_tokens, warmup_steps=scale.warmup_steps,
+        lr_scale=scale.lr_scale, max_steps=scale.steps, save_every=max(1, scale.steps // 4), keep_last=1,
+        log_every=max(1, scale.steps // 12), eval_every=max(1, scale.steps // 4), eval_bleu_sentences=0,
+        seed=seed + 1 if row == REPEAT else seed, precision=precision, **overrides,
+    )
+    start = time.perf_counter()
+    trainer, store = train_run(config, recipe, run_dir, resume=(run_dir / MODEL_CONFIG).exists(), echo=echo)
+    dev = trainer.validate()
+    count = len(trainer.data.dev_text) if scale.dev_bleu_sentences is None else scale.dev_bleu_sentences
+    sources = [trainer.data.dev[i][0].tolist() for i in range(min(count, len(trainer.data.dev_text)))]
+    echo(f"translating {len(sources)} dev sentences (beam 4, α 0.6)...")
+    outputs = translate_ids(trainer.model, sources, beam=4, alpha=0.6, precision=precision)
+    hypotheses = [trainer.tokenizer.decode(ids) for ids in outputs]
+    score, signature = bleu(hypotheses, [reference for _, reference in trainer.data.dev_text[: len(sources)]])
+    result = {
+        "row": row, "config": config.to_dict(), "label_smoothing": recipe.label_smoothing, "steps": trainer.step,
+        "dev_ppl": dev["ppl"], "dev_bleu": score, "bleu_signature": signature, "dev_sentences": len(sources),
+        "params": trainer.model.num_parameters(), "seconds": round(time.perf_counter() - start, 1),
+        "machine": {"cpu_kind": cpu_kind(), "device": str(trainer.device), "threads": torch.get_num_threads(),
+                    "torch": torch.__version__},
+    }
+    write_json(run_dir / RESULT, result)
+    return result
+
+
+def read_results(out: Path) -> dict[str, dict]:
+    """The finished rows of an experiment folder, by row name."""
+    return {row: read_json(out / row / RESULT) for row in ROWS if (out / row / RESULT).exists()}
+
+
+def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str]] = None, steps: Optional[int] = None,
+               precision: str = "bf16", seed: int = 1, corpus: str = "bible-en-es",
+               echo: Callable[[str], None] = print) -> dict[str, dict]:
+    """Train and score the chosen rows (default: all) in OUT, skipping the ones already done,
+    and write the table, its JSON and its plot after each row. Returns every finished row."""
+    from aiayn.device import check_precision, resolve_device
+
+    if scale_name not in SCALES:
+        raise ValueError(f"unknown scale {scale_name!r}; choose from {', '.join(SCALES)}")
+    scale = SCALES[scale_name]
+    if steps is not None:
+        if steps < 1:
+            raise ValueError(f"--steps must be at least 1, got {steps}")
+        scale = dataclasses.replace(scale, steps=steps)
+    chosen = select_rows(rows)
+    check_precision(resolve_device("auto"), precision)
+    out = Path(out)
+    _check_out(out, _settings(scale_name, scale, precision, seed, corpus))
+    _prepare_data(out, corpus, scale, echo)
+    done = read_results(out)
+    todo = [row for row in chosen if row not in done]
+    echo(f"Table 3 at scale {scale_name}: {len(chosen) - len(todo)} of {len(chosen)} rows done, "
+         f"{scale.steps} steps each, in {out}")
+    for number, row in enumerate(todo, 1):
+        prefix = f"[{row} {number}/{len(todo)}] "
+        echo(f"{prefix}training {scale.steps} steps")
+        try:
+            done[row] = run_row(row, out, scale, precision, seed, corpus, echo=lambda line: echo(prefix + line))
+        except KeyboardInterrupt:
+            echo(f"stopped in row {row}; the same command continues the experiment from there")
+            raise
+        echo(f"{prefix}dev perplexity {done[row]['dev_ppl']:.2f}, dev BLEU {done[row]['dev_bleu']:.1f}")
+        write_outputs(out, done)
+    if not todo:
+        write_outputs(out, done)
+    return done
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+COLUMNS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls")
+
+
+def cells(result: dict) -> dict[str, object]:
+    """The paper's configuration columns of one result."""
+    config = ModelConfig.from_dict(result["config"])
+    d_k, d_v = config.head_dims
+    return {"N": config.n_layers, "d_model": config.d_model, "d_ff": config.d_ff, "h": config.n_heads, "d_k": d_k,
+            "d_v": d_v, "P_drop": config.dropout, "ε_ls": result["label_smoothing"],
+            "positional": config.positional}
+
+
+def table_markdown(results: dict[str, dict]) -> str:
+    """The paper's layout: the base row in full, the others only where they differ from it;
+    ours beside the paper's perplexity, BLEU and parameters."""
+    base = cells(results["base"]) if "base" in results else {}
+    header = ["row", *COLUMNS, "steps", "PPL (dev)", "BLEU (dev)", "params ×10⁶", "paper PPL", "paper BLEU",
+              "paper params ×10⁶"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in ROWS:
+        if row not in results:
+            continue
+        result, paper = results[row], PAPER.get("base" if row == REPEAT else row)
+        mine = cells(result)
+        shown = [str(mine[c]) if row in ("base", REPEAT) or mine[c] != base.get(c) else "" for c in COLUMNS]
+        name = row if mine["positional"] == base.get("positional", "sinusoidal") else f"{row} (learned positions)"
+        paper_cells = ["", "", ""] if row == REPEAT or paper is None else [
+            f"{paper.ppl:.2f}", f"{paper.bleu:.1f}", "" if paper.params_m is None else f"{paper.params_m:.0f}"]
+        lines.append("| " + " | ".join([name, *shown, str(result["steps"]), f"{result['dev_ppl']:.2f}",
+                                         f"{result['dev_bleu']:.1f}", f"{result['params'] / 1e6:.2f}",
+                                         *paper_cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One of the paper's conclusions from Table 3, as pairs (worse row, better row)."""
+
+    text: str
+    pairs: tuple[tuple[str, str], ...]
+
+
+CLAIMS = (
+    Claim("a single head is worse than 8 (A1 vs base)", (("A1", "base"),)),
+    Claim("too many heads are worse: 32 heads vs 8 (A4 vs base)", (("A4", "base"),)),
+    Claim("smaller keys d_k hurt (B1, B2 vs base)", (("B1", "base"), ("B2", "base"))),
+    Claim("shallower or narrower models are worse (C1, C2, C4, C6 vs base)",
+          (("C1", "base"), ("C2", "base"), ("C4", "base"), ("C6", "base"))),
+    Claim("deeper or wider models are better (C3, C5, C7 vs base)", (("base", "C3"), ("base", "C5"), ("base", "C7"))),
+    Claim("dropout helps (D1, no dropout, vs base)", (("D1", "base"),)),
+)
+
+
+def noise_floor(results: dict[str, dict]) -> tuple[float, float]:
+    """(perplexity, BLEU) distance between the two seeds of the base row; 0 without the repeat."""
+    if "base" in results and REPEAT in results:
+        a, b = results["base"], results[REPEAT]
+        return abs(a["dev_ppl"] - b["dev_ppl"]), abs(a["dev_bleu"] - b["dev_bleu"])
+    return 0.0, 0.0
+
+
+def _verdict(results: dict[str, dict], pairs, metric: str, noise: float) -> Optional[str]:
+    """'yes' when every pair goes the paper's way by more than the noise, 'no' when one goes the
+    other way by more than the noise, else 'within noise'; None when a row is missing."""
+    signs = []
+    for worse, better in pairs:
+        if worse not in results or better not in results:
+            return None
+        gap = results[worse][metric] - results[better][metric]
+        gap = gap if metric == "dev_ppl" else -gap  # > 0: the paper's way
+        signs.append(0 if abs(gap) <= noise else (1 if gap > 0 else -1))
+    if any(s < 0 for s in signs):
+        return "no"
+    return "yes" if all(s > 0 for s in signs) else "within noise"
+
+
+def findings(results: dict[str, dict]) -> list[tuple[str, str, str]]:
+    """(the paper's conclusion, ours by dev perplexity, ours by dev BLEU) for each conclusion
+    whose rows are done. Differences within the two-seed noise floor count as neither way."""
+    ppl_noise, bleu_noise = noise_floor(results)
+    rows = []
+    for claim in CLAIMS:
+        by_ppl = _verdict(results, claim.pairs, "dev_ppl", ppl_noise)
+        if by_ppl is not None:
+            rows.append((claim.text, by_ppl, _verdict(results, claim.pairs, "dev_bleu", bleu_noise)))
+    if "E" in results and "base" in results:
+        same = [abs(results["E"][m] - results["base"][m]) <= n for m, n in (("dev_ppl", ppl_noise), ("dev_bleu", bleu_noise))]
+        rows.append(("learned positions are about as good as sinusoids (E vs base)",
+                     *("yes" if s else "no: they differ by more than the noise" for s in same)))
+    if "D3" in results and "base" in results:
+        # The paper: label smoothing "hurts perplexity ... but improves accuracy and BLEU".
+        rows.append(("label smoothing hurts perplexity (D3, ε_ls 0, vs base)",
+                     _verdict(results, (("base", "D3"),), "dev_ppl", ppl_noise) or "", "-"))
+        rows.append(("... but improves BLEU (D3 vs base)", "-",
+                     _verdict(results, (("D3", "base"),), "dev_bleu", bleu_noise) or ""))
+    return rows
+
+
+def findings_markdown(results: dict[str, dict]) -> str:
+    ppl_noise, bleu_noise = noise_floor(results)
+    lines = [f"Noise floor (base vs {REPEAT}): perplexity {ppl_noise:.2f}, BLEU {bleu_noise:.2f}.", "",
+             "| the paper's conclusion | reproduced by dev perplexity | by dev BLEU |", "|---|---|---|"]
+    lines += [f"| {text} | {ppl} | {bleu} |" for text, ppl, bleu in findings(results)]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, results: dict[str, dict]) -> None:
+    """OUT/table3.md (table and findings), OUT/table3.json and OUT/table3.png, from every
+    finished row; rewritten after each row, so a stopped experiment still has its table."""
+    text = table_markdown(results) + "\n" + findings_markdown(results)
+    atomic_write(out / TABLE_MD, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    write_json(out / TABLE_JSON, {"rows": results, "paper": {k: dataclasses.asdict(v) for k, v in PAPER.items()},
+                                  "findings": findings(results)})
+    plot_table(results, out / TABLE_PNG)
+
+
+def plot_table(results: dict[str, dict], path: Path) -> None:
+    """Each row's change against its own base row, ours beside the paper's: dev perplexity as a
+    ratio to the base's (log scale: × and ÷ are symmetric) and dev BLEU as a difference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if "base" not in results:
+        return
+    rows = [row for row in ROWS if row in results and row != "base"]
+    base, paper_base = results["base"], PAPER["base"]
+    ours_ppl = [results[r]["dev_ppl"] / base["dev_ppl"] for r in rows]
+    paper_ppl = [PAPER.get("base" if r == REPEAT else r, paper_base).ppl / paper_base.ppl for r in rows]
+    ours_bleu = [results[r]["dev_bleu"] - base["dev_bleu"] for r in rows]
+    paper_bleu = [PAPER.get("base" if r == REPEAT else r, paper_base).bleu - paper_base.bleu for r in rows]
+    x = range(len(rows))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(7.0, 0.5 * len(rows) + 2), 7), sharex=True)
+    for ax, ours, paper, label in ((top, ours_ppl, paper_ppl, "dev perplexity / base's"),
+                                   (bottom, ours_bleu, paper_bleu, "dev BLEU − base's")):
+        ax.bar([i - 0.2 for i in x], paper, 0.4, label="paper (100K steps, WMT14 en-de)", color="#888888")
+        ax.bar([i + 0.2 for i in x], ours, 0.4, label=f"aiayn miniature ({base['steps']} steps)", color="#2a7ab9")
+        ax.axhline(1.0 if ax is top else 0.0, color="black", linewidth=0.8)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    top.set_yscale("log")
+    top.set_title("Table 3: each variation against its base row (perplexity: lower is better)")
+    top.legend(fontsize=8)
+    bottom.set_xticks(list(x), rows, rotation=45)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+__all__ = ["PAPER", "ROWS", "SCALES", "Scale", "miniature", "select_rows", "run_table3", "read_results",
+           "table_markdown", "findings", "plot_table"]

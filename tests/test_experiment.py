@@ -1,0 +1,133 @@
+"""Table 3 in miniature (aiayn.experiment): each row's change survives the shrinking, the paper's
+conclusions are judged against the two-seed noise floor, and the command trains, scores,
+continues and refuses as it says."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES
+from aiayn.experiment import PAPER, REPEAT, ROWS, SCALES, findings, miniature, noise_floor, select_rows, table_markdown
+
+PAPER_ROWS = [row for row in ROWS if row != REPEAT]
+
+
+def _cells(config, label_smoothing):
+    d_k, d_v = config.head_dims
+    return {"N": config.n_layers, "d_model": config.d_model, "d_ff": config.d_ff, "h": config.n_heads, "d_k": d_k,
+            "d_v": d_v, "P_drop": config.dropout, "positional": config.positional, "ε_ls": label_smoothing}
+
+
+@pytest.mark.parametrize("scale", sorted(SCALES))
+@pytest.mark.parametrize("row", PAPER_ROWS)
+def test_a_miniature_row_changes_what_the_paper_row_changes_by_the_same_factor(row, scale):
+    """Widths shrink by one factor, depths by another; h, P_drop, ε_ls and the positions stay."""
+    small, overrides = miniature(row, SCALES[scale])
+    small_base, _ = miniature("base", SCALES[scale])
+    ls = overrides.get("label_smoothing", 0.1)
+    paper = _cells(PRESETS[row], TRAIN_OVERRIDES.get(row, {}).get("label_smoothing", 0.1))
+    paper_base, mine, mine_base = _cells(BASE, 0.1), _cells(small, ls), _cells(small_base, 0.1)
+    changed = {key for key in paper if paper[key] != paper_base[key]}
+    assert {key for key in mine if mine[key] != mine_base[key]} == changed
+    for key in changed:
+        if isinstance(paper[key], (int, float)) and key not in ("h", "P_drop", "ε_ls"):
+            assert mine[key] / mine_base[key] == paper[key] / paper_base[key], key
+        else:
+            assert mine[key] == paper[key], key
+    assert small.vocab_size == SCALES[scale].vocab_size
+    if row.startswith("A"):  # at constant computation: h · d_k = d_model, as in the paper
+        assert small.n_heads * mine["d_k"] == small.d_model
+
+
+def test_the_paper_values_cover_every_row_and_agree_with_the_presets():
+    assert set(PAPER) == set(PAPER_ROWS)
+    for row, paper in PAPER.items():
+        assert paper.params_m == PAPER_PARAMS_M.get(row)
+
+
+def test_rows_are_chosen_by_name_or_group_in_the_papers_order():
+    assert select_rows(None) == list(ROWS)
+    assert select_rows(["C3", "A"]) == ["A1", "A2", "A3", "A4", "C3"]
+    assert select_rows(["E", "base", "base"]) == ["base", "E"]
+    with pytest.raises(ValueError, match="unknown Table 3 row 'F1'"):
+        select_rows(["F1"])
+
+
+def _result(row, ppl, bleu):
+    config, overrides = miniature(row, SCALES["tiny"])
+    return {"row": row, "config": config.to_dict(), "label_smoothing": overrides.get("label_smoothing", 0.1),
+            "steps": 4, "dev_ppl": ppl, "dev_bleu": bleu, "params": 1_000_000}
+
+
+def test_a_conclusion_counts_only_beyond_the_two_seed_noise():
+    results = {"base": _result("base", 20.0, 5.0), REPEAT: _result(REPEAT, 20.5, 4.8),
+               "A1": _result("A1", 22.0, 4.9), "D1": _result("D1", 19.0, 6.0), "E": _result("E", 20.2, 5.1)}
+    assert noise_floor(results) == pytest.approx((0.5, 0.2))
+    verdicts = {text.split(" (")[0]: (ppl, bleu) for text, ppl, bleu in findings(results)}
+    # A1: perplexity 2.0 worse (beyond 0.5): yes; BLEU 0.1 worse (within 0.2): neither way.
+    assert verdicts["a single head is worse than 8"] == ("yes", "within noise")
+    # D1 (no dropout) is better than the base by more than the noise: the paper's claim fails.
+    assert verdicts["dropout helps"] == ("no", "no")
+    assert verdicts["learned positions are about as good as sinusoids"] == ("yes", "yes")
+    assert not any(text.startswith("smaller keys") for text in verdicts)  # rows B not run
+
+
+def test_the_table_has_the_papers_layout_and_values():
+    results = {"base": _result("base", 20.0, 5.0), "C4": _result("C4", 25.0, 3.0), "E": _result("E", 20.1, 5.0)}
+    lines = table_markdown(results).splitlines()
+    assert lines[0].startswith("| row | N | d_model | d_ff | h | d_k | d_v | P_drop | ε_ls | steps | PPL (dev)")
+    base = [cell.strip() for cell in lines[2].split("|")[1:-1]]
+    assert base[:9] == ["base", "3", "32", "128", "8", "4", "4", "0.1", "0.1"] and base[-3:] == ["4.92", "25.8", "65"]
+    c4 = [cell.strip() for cell in lines[3].split("|")[1:-1]]
+    # Only the changed cells: d_model and d_k = d_v, halved as in the paper's C4 (256, 32).
+    assert c4[1:9] == ["", "16", "", "", "2", "2", "", ""] and c4[-3:] == ["5.75", "24.5", "28"]
+    assert lines[4].startswith("| E (learned positions) |")
+
+
+def _table3(out, *extra):
+    argv = [sys.executable, "-m", "aiayn", "experiment", "table3", "--scale", "tiny", "--out", str(out), *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+
+
+def test_table3_trains_scores_and_continues_where_it_stopped(tmp_path):
+    out = tmp_path / "table3"
+    first = _table3(out, "--rows", "base")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "[base 1/1] training 4 steps" in first.stdout and "dev perplexity" in first.stdout
+    # A second command with another row trains only that one; the base row is kept as it was.
+    kept = (out / "base" / "result.json").read_text()
+    second = _table3(out, "--rows", "base", "C1")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "1 of 2 rows done" in second.stdout and "[C1 1/1] training" in second.stdout
+    assert "[base" not in second.stdout and (out / "base" / "result.json").read_text() == kept
+    # A row killed after training but before its result resumes from its checkpoint.
+    (out / "C1" / "result.json").unlink()
+    third = _table3(out, "--rows", "C1")
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert "resumed from" in third.stdout and "[C1 1/1]" in third.stdout
+    table = (out / "table3.md").read_text()
+    assert "| base | 3 | 32 | 128 | 8 | 4 | 4 | 0.1 | 0.1 | 4 |" in table and "| C1 | 1 |" in table
+    results = json.loads((out / "table3.json").read_text())["rows"]
+    assert set(results) == {"base", "C1"} and results["C1"]["params"] < results["base"]["params"]
+    assert results["base"]["dev_sentences"] == SCALES["tiny"].dev_bleu_sentences
+    assert results["base"]["machine"]["cpu_kind"]
+    assert (out / "table3.png").stat().st_size > 10_000
+
+
+def test_table3_refuses_to_mix_settings_and_bad_rows(tmp_path):
+    out = tmp_path / "table3"
+    out.mkdir()
+    (out / "settings.json").write_text("{}")
+    foreign = _table3(out, "--rows", "base")
+    assert foreign.returncode == 2 and "is not a Table 3 experiment folder" in foreign.stderr
+    (out / "settings.json").unlink()
+    (out / "experiment.json").write_text(json.dumps(
+        {"experiment": "table3", "scale": "tiny", **dataclasses.asdict(SCALES["tiny"]), "steps": 9,
+         "precision": "bf16", "seed": 1, "corpus": "bible-en-es"}))
+    mixed = _table3(out, "--rows", "base")
+    assert mixed.returncode == 2 and "steps=9, not 4" in mixed.stderr and "Traceback" not in mixed.stderr
+    bad = _table3(tmp_path / "other", "--rows", "Z9")
+    assert bad.returncode == 2 and "unknown Table 3 row 'Z9'" in bad.stderr
