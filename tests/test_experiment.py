@@ -64,15 +64,26 @@ def _result(row, ppl, bleu):
 
 def test_a_conclusion_counts_only_beyond_the_two_seed_noise():
     results = {"base": _result("base", 20.0, 5.0), REPEAT: _result(REPEAT, 20.5, 4.8),
-               "A1": _result("A1", 22.0, 4.9), "D1": _result("D1", 19.0, 6.0), "E": _result("E", 20.2, 5.1)}
+               "A1": _result("A1", 22.0, 4.9), "D1": _result("D1", 19.0, 6.0), "E": _result("E", 20.2, 5.1),
+               "D3": _result("D3", 18.0, 4.0)}
     assert noise_floor(results) == pytest.approx((0.5, 0.2))
-    verdicts = {text.split(" (")[0]: (ppl, bleu) for text, ppl, bleu in findings(results)}
+    verdicts = {f["claim"].split(" (")[0]: f for f in findings(results)}
     # A1: perplexity 2.0 worse (beyond 0.5): yes; BLEU 0.1 worse (within 0.2): neither way.
-    assert verdicts["a single head is worse than 8"] == ("yes", "within noise")
+    a1 = verdicts["a single head is worse than 8"]
+    assert a1["dev_ppl"] == "yes (A1 22.00, base 20.00)" and a1["dev_bleu"] == "within noise (A1 4.9, base 5.0)"
+    assert a1["paper"] == "A1 5.29 / 24.9, base 4.92 / 25.8"
     # D1 (no dropout) is better than the base by more than the noise: the paper's claim fails.
-    assert verdicts["dropout helps"] == ("no", "no")
-    assert verdicts["learned positions are about as good as sinusoids"] == ("yes", "yes")
+    assert verdicts["dropout helps"]["dev_ppl"].startswith("no") and verdicts["dropout helps"]["dev_bleu"].startswith("no")
+    learned = verdicts["learned positions are about as good as sinusoids"]
+    assert learned["dev_ppl"].startswith("yes") and learned["dev_bleu"].startswith("yes")
+    # Without label smoothing: lower perplexity and lower BLEU, each judged on its own metric.
+    assert verdicts["label smoothing hurts perplexity"]["dev_ppl"].startswith("yes")
+    assert verdicts["label smoothing hurts perplexity"]["dev_bleu"] == "-"
+    assert verdicts["... but improves BLEU"]["dev_bleu"].startswith("yes")
     assert not any(text.startswith("smaller keys") for text in verdicts)  # rows B not run
+    results.pop(REPEAT)
+    assert noise_floor(results) == (0.0, 0.0)
+    assert findings(results)[0]["dev_bleu"].startswith("yes")  # every difference counts, 0.1 BLEU too
 
 
 def test_the_table_has_the_papers_layout_and_values():
