@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from aiayn.checkpoint import atomic_write, read_json, write_json
-from aiayn.config import BASE, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig
+from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig
 
 EXPERIMENT = "experiment.json"
 RESULT = "result.json"
@@ -40,23 +40,26 @@ ROWS = ("base", REPEAT, "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C
 @dataclass(frozen=True)
 class PaperRow:
     """A row of the paper's Table 3: dev (newstest2013) perplexity per wordpiece and BLEU after
-    100K steps; parameters in millions where the table prints them."""
+    100K steps. Its parameter count, where the table prints one, is `config.PAPER_PARAMS_M`."""
 
     ppl: float
     bleu: float
-    params_m: Optional[float] = None
 
 
 PAPER: dict[str, PaperRow] = {
-    "base": PaperRow(4.92, 25.8, 65),
+    "base": PaperRow(4.92, 25.8),
     "A1": PaperRow(5.29, 24.9), "A2": PaperRow(5.00, 25.5), "A3": PaperRow(4.91, 25.8), "A4": PaperRow(5.01, 25.4),
-    "B1": PaperRow(5.16, 25.1, 58), "B2": PaperRow(5.01, 25.4, 60),
-    "C1": PaperRow(6.11, 23.7, 36), "C2": PaperRow(5.19, 25.3, 50), "C3": PaperRow(4.88, 25.5, 80),
-    "C4": PaperRow(5.75, 24.5, 28), "C5": PaperRow(4.66, 26.0, 168), "C6": PaperRow(5.12, 25.4, 53),
-    "C7": PaperRow(4.75, 26.2, 90),
+    "B1": PaperRow(5.16, 25.1), "B2": PaperRow(5.01, 25.4),
+    "C1": PaperRow(6.11, 23.7), "C2": PaperRow(5.19, 25.3), "C3": PaperRow(4.88, 25.5),
+    "C4": PaperRow(5.75, 24.5), "C5": PaperRow(4.66, 26.0), "C6": PaperRow(5.12, 25.4), "C7": PaperRow(4.75, 26.2),
     "D1": PaperRow(5.77, 24.6), "D2": PaperRow(4.95, 25.5), "D3": PaperRow(4.67, 25.3), "D4": PaperRow(5.47, 25.7),
     "E": PaperRow(4.92, 25.7),
 }
+
+
+def paper_name(row: str) -> str:
+    """The paper's row that `row` trains: the repeat of the base is the base."""
+    return "base" if row == REPEAT else row
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ SCALES = {
 def miniature(row: str, scale: Scale) -> tuple[ModelConfig, dict]:
     """The model config of a Table 3 row at `scale`, and the training settings the row changes
     (ε_ls of rows D3 and D4)."""
-    paper = PRESETS["base" if row == REPEAT else row]
+    paper = PRESETS[paper_name(row)]
     if BASE.d_model % scale.d_model:
         raise ValueError(f"a scale's d_model must divide {BASE.d_model}, got {scale.d_model}")
     shrink = BASE.d_model // scale.d_model
@@ -144,7 +147,7 @@ def _check_out(out: Path, settings: dict) -> None:
     write_json(path, settings)
 
 
-def _prepare_data(out: Path, corpus: str, scale: Scale, echo: Callable[[str], None]) -> Path:
+def _prepare_data(out: Path, corpus: str, scale: Scale, echo: Callable[[str], None]) -> None:
     """One preprocessed copy of the corpus for every row, so all rows see the same pieces."""
     from aiayn.data import stream_corpus
     from aiayn.store import load_store, preprocess
@@ -154,7 +157,6 @@ def _prepare_data(out: Path, corpus: str, scale: Scale, echo: Callable[[str], No
         load_store(folder)
     except (ValueError, OSError):
         preprocess(stream_corpus(corpus), folder, scale.vocab_size, spec=corpus, force=True, echo=echo)
-    return folder
 
 
 def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus: str,
@@ -165,7 +167,7 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
 
     from aiayn.device import cpu_kind
     from aiayn.evaluate import bleu
-    from aiayn.train import MODEL_CONFIG, train_run
+    from aiayn.train import LOG, MODEL_CONFIG, read_log, train_run
     from aiayn.translate import translate_ids
 
     config, overrides = miniature(row, scale)
@@ -178,7 +180,10 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
     )
     start = time.perf_counter()
     trainer, _ = train_run(config, recipe, run_dir, resume=(run_dir / MODEL_CONFIG).exists(), echo=echo)
-    dev = trainer.validate()
+    # fit() validates its last step when eval_every divides the steps; a row resumed after its
+    # training ended has no such record yet.
+    logged = [r for r in read_log(run_dir / LOG, echo) if r["split"] == "dev" and r["step"] == trainer.step]
+    dev = logged[-1] if logged else trainer.validate()
     count = len(trainer.data.dev_text) if scale.dev_bleu_sentences is None else scale.dev_bleu_sentences
     sources = [trainer.data.dev[i][0].tolist() for i in range(min(count, len(trainer.data.dev_text)))]
     echo(f"translating {len(sources)} dev sentences (beam 4, α 0.6)...")
@@ -263,12 +268,12 @@ def table_markdown(results: dict[str, dict]) -> str:
     for row in ROWS:
         if row not in results:
             continue
-        result, paper = results[row], PAPER.get("base" if row == REPEAT else row)
+        result, paper, params_m = results[row], PAPER[paper_name(row)], PAPER_PARAMS_M.get(row)
         mine = cells(result)
         shown = [str(mine[c]) if row in ("base", REPEAT) or mine[c] != base.get(c) else "" for c in COLUMNS]
         name = row if mine["positional"] == base.get("positional", "sinusoidal") else f"{row} (learned positions)"
-        paper_cells = ["", "", ""] if row == REPEAT or paper is None else [
-            f"{paper.ppl:.2f}", f"{paper.bleu:.1f}", "" if paper.params_m is None else f"{paper.params_m:.0f}"]
+        paper_cells = ["", "", ""] if row == REPEAT else [
+            f"{paper.ppl:.2f}", f"{paper.bleu:.1f}", "" if params_m is None else f"{params_m:.0f}"]
         lines.append("| " + " | ".join([name, *shown, str(result["steps"]), f"{result['dev_ppl']:.2f}",
                                          f"{result['dev_bleu']:.1f}", f"{result['params'] / 1e6:.2f}",
                                          *paper_cells]) + " |")
@@ -380,7 +385,8 @@ def write_outputs(out: Path, results: dict[str, dict]) -> None:
     finished row; rewritten after each row, so a stopped experiment still has its table."""
     text = table_markdown(results) + "\n" + findings_markdown(results)
     atomic_write(out / TABLE_MD, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    write_json(out / TABLE_JSON, {"rows": results, "paper": {k: dataclasses.asdict(v) for k, v in PAPER.items()},
+    paper = {row: {**dataclasses.asdict(values), "params_m": PAPER_PARAMS_M.get(row)} for row, values in PAPER.items()}
+    write_json(out / TABLE_JSON, {"rows": results, "paper": paper,
                                   "findings": findings(results)})
     plot_table(results, out / TABLE_PNG)
 
@@ -399,9 +405,9 @@ def plot_table(results: dict[str, dict], path: Path) -> None:
     rows = [row for row in ROWS if row in results]
     base, paper_base = reference(results)["base"], PAPER["base"]
     ours_ppl = [results[r]["dev_ppl"] / base["dev_ppl"] for r in rows]
-    paper_ppl = [PAPER.get("base" if r == REPEAT else r, paper_base).ppl / paper_base.ppl for r in rows]
+    paper_ppl = [PAPER[paper_name(r)].ppl / paper_base.ppl for r in rows]
     ours_bleu = [results[r]["dev_bleu"] - base["dev_bleu"] for r in rows]
-    paper_bleu = [PAPER.get("base" if r == REPEAT else r, paper_base).bleu - paper_base.bleu for r in rows]
+    paper_bleu = [PAPER[paper_name(r)].bleu - paper_base.bleu for r in rows]
     ppl_noise, bleu_noise = noise_floor(results)
     ppl_band = 1 + ppl_noise / base["dev_ppl"]
     x = range(len(rows))
