@@ -14,6 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn import kernels
+from aiayn.kernels import attention_mask
+
 
 def _check_mask(mask: Optional[Tensor], scores_shape: torch.Size) -> None:
     if mask is None:
@@ -70,95 +73,6 @@ def scaled_dot_product_attention(
     return weights @ v, weights  # (..., L_q, d_v), (..., L_q, L_k)
 
 
-def attention_mask(
-    mask: Optional[Tensor], causal: bool, neighborhood: Optional[int], q_len: int, k_len: int, device: torch.device
-) -> Optional[Tensor]:
-    """`mask` and'ed with the causal rule (§3.2.3: no attention to later positions) and the
-    restricted neighbourhood (Table 1: |i - j| ≤ r // 2). Query i sits at position
-    k_len - q_len + i, so with a KV cache the queries are the newest positions.
-    Returns a bool mask broadcastable to (..., q_len, k_len), or None when nothing is masked."""
-    causal = causal and q_len > 1  # a single newest query may see every key
-    if not causal and neighborhood is None:
-        return mask
-    query_pos = torch.arange(k_len - q_len, k_len, device=device).unsqueeze(1)  # (L_q, 1)
-    key_pos = torch.arange(k_len, device=device).unsqueeze(0)  # (1, L_k)
-    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)  # (L_q, L_k)
-    if causal:
-        allowed &= key_pos <= query_pos
-    if neighborhood is not None:
-        allowed &= (key_pos - query_pos).abs() <= neighborhood // 2
-    return allowed if mask is None else mask & allowed
-
-
-def matmul_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool, dropout_p: float = 0.0
-) -> Tensor:
-    """softmax(QKᵀ / √d_k) V as two plain matrix products, for bf16 training on a CPU: there the
-    backward of PyTorch's fused kernel (flash attention) is several times slower (benchmarks/).
-    The softmax runs in fp32. Shapes and masks as `MultiHeadAttention.forward`; unlike the
-    reference, a query with every key masked gets NaN (no model input produces one)."""
-    scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, L_q, L_k)
-    mask = attention_mask(mask, causal, None, q.size(-2), k.size(-2), q.device)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)  # (B, h, L_q, L_k)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-    return weights @ v  # (B, h, L_q, d_v)
-
-
-def local_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    neighborhood: int,
-    key_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    dropout_p: float = 0.0,
-) -> Tensor:
-    """Restricted self-attention (§4, Table 1): position i attends only to positions j with
-    |i - j| ≤ r // 2, in O(n·r) time and memory instead of O(n²).
-
-    The n positions are cut into blocks of c = max(r // 2, 1); every key within r // 2 of a query
-    lies in the query's block or one of its two neighbours, so each block of c queries is scored
-    against 3c keys and the band is masked inside them. Equal to the dense computation with
-    `attention_mask(..., neighborhood=r)`. q, k, v: (B, h, n, d) of one sequence (self-attention);
-    key_mask: (B, 1, 1, n) bool or None. Returns (B, h, n, d_v).
-    """
-    batch, heads, n, d_k = q.shape
-    half = neighborhood // 2
-    c = max(half, 1)
-    blocks = -(-n // c)
-    extra = blocks * c - n  # padding that fills the last block
-
-    def windows(x: Tensor) -> Tensor:  # (..., n, d) -> (..., blocks, 3c, d): keys seen by each block
-        x = F.pad(x, (0, 0, c, extra + c))  # (..., (blocks + 2)·c, d)
-        return x.unfold(-2, 3 * c, c).transpose(-2, -1)
-
-    queries = F.pad(q, (0, 0, 0, extra)).view(batch, heads, blocks, c, d_k)  # (B, h, blocks, c, d_k)
-    offset = torch.arange(3 * c, device=q.device) - c  # key index relative to the block's first query
-    relative = offset.unsqueeze(0) - torch.arange(c, device=q.device).unsqueeze(1)  # (c, 3c): j - i
-    band = relative.abs() <= half
-    if causal:
-        band &= relative <= 0
-    key_pos = torch.arange(blocks, device=q.device).unsqueeze(1) * c + offset  # (blocks, 3c)
-    allowed = band & ((key_pos >= 0) & (key_pos < n)).unsqueeze(1)  # (blocks, c, 3c)
-    if key_mask is not None:
-        keys_kept = windows(key_mask.expand(batch, 1, 1, n).reshape(batch, 1, n, 1)).squeeze(-1)  # (B, 1, blocks, 3c)
-        allowed = allowed & keys_kept.unsqueeze(-2)  # (B, 1, blocks, c, 3c)
-    out, _ = scaled_dot_product_attention(queries, windows(k), windows(v), allowed, dropout_p)
-    return out.reshape(batch, heads, blocks * c, -1)[:, :, :n]  # (B, h, n, d_v)
-
-
-def _autocast_input(x: Tensor) -> Tensor:
-    """x in autocast's low precision, once: autocast would otherwise cast the same activation
-    for each of W^Q, W^K and W^V, three copies instead of one (and three more in the backward)."""
-    device = x.device.type
-    if torch.is_autocast_enabled(device):
-        return x.to(torch.get_autocast_dtype(device))
-    return x
-
-
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(QW_i^Q, KW_i^K, VW_i^V).
 
@@ -167,10 +81,10 @@ class MultiHeadAttention(nn.Module):
     Likewise for W^K and W^V (d_v); W^O is `nn.Linear(h·d_v, d_model)`. d_k and d_v are free
     (Table 3 rows A, B); they default to d_model / h.
 
-    The fast path calls PyTorch's fused `scaled_dot_product_attention`; with `need_weights=True`
-    the reference math path runs instead and the per-head weights are returned (never stored).
     With a `neighborhood` r (self-attention only) each position attends to those within r // 2
-    of it (restricted self-attention, Table 1), computed block-wise by `local_attention`.
+    of it (restricted self-attention, Table 1). aiayn.kernels computes the attention; with
+    `need_weights=True` the reference math runs instead and the per-head weights are returned
+    (never stored).
     """
 
     def __init__(
@@ -199,12 +113,6 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d_model, n_heads * self.d_v, bias=bias)
         self.w_o = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
 
-    @staticmethod
-    def _slow_fused_backward(q: Tensor) -> bool:
-        """bf16 training on a CPU, where `matmul_attention` beats the fused kernel; in inference
-        (no gradient) the fused kernel is the faster one (benchmarks/)."""
-        return q.device.type == "cpu" and q.dtype == torch.bfloat16 and torch.is_grad_enabled()
-
     def _split_heads(self, x: Tensor, d_head: int) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_heads, d_head).transpose(1, 2)  # (B, h, L, d_head)
@@ -226,7 +134,7 @@ class MultiHeadAttention(nn.Module):
         if key.shape[:2] != value.shape[:2]:
             raise ValueError(f"key and value shapes differ: {tuple(key.shape)} vs {tuple(value.shape)}")
         if value is key:
-            key = value = _autocast_input(key)
+            key = value = kernels.autocast_input(key)
         return self._split_heads(self.w_k(key), self.d_k), self._split_heads(self.w_v(value), self.d_v)
 
     def forward(
@@ -247,7 +155,7 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_input("query", query)
         if query is key and key is value:
-            query = key = value = _autocast_input(query)
+            query = key = value = kernels.autocast_input(query)
         if keys_values is None:
             if key is None or value is None:
                 raise ValueError("pass key and value, or keys_values")
@@ -267,20 +175,13 @@ class MultiHeadAttention(nn.Module):
         q_len, k_len = q.size(-2), k.size(-2)
         scores_shape = _check_qkv(q, k, v)
         _check_mask(mask, scores_shape)
-        weights = None
-        key_mask_only = mask is None or (mask.dim() == 4 and mask.shape[-2] == 1)
-        if self.neighborhood is not None and q_len == k_len and key_mask_only and not need_weights:
-            heads = local_attention(q, k, v, self.neighborhood, mask, causal, dropout_p)
-        elif self._slow_fused_backward(q) and self.neighborhood is None and not need_weights:
-            heads = matmul_attention(q, k, v, mask, causal, dropout_p)
-        elif causal and q_len == k_len and mask is None and self.neighborhood is None and not need_weights:
-            heads = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        else:
+        kernel = None if need_weights else kernels.attention_kernel(q, k, mask, self.neighborhood)
+        if kernel is None:  # the reference math of §3.2.1
             full_mask = attention_mask(mask, causal, self.neighborhood, q_len, k_len, q.device)
-            if need_weights:
-                heads, weights = scaled_dot_product_attention(q, k, v, full_mask, dropout_p)
-            else:
-                heads = F.scaled_dot_product_attention(q, k, v, attn_mask=full_mask, dropout_p=dropout_p)
+            heads, weights = scaled_dot_product_attention(q, k, v, full_mask, dropout_p)  # (B, h, L_q, d_v), (B, h, L_q, L_k)
+            weights = weights if need_weights else None
+        else:
+            heads, weights = kernel(q, k, v, mask, causal, dropout_p), None  # (B, h, L_q, d_v)
         if group > 1:  # back to one row per query row
             unfold = lambda x: x.reshape(kv_rows, self.n_heads, group, row_len, -1).transpose(1, 2).reshape(  # noqa: E731
                 batch, self.n_heads, row_len, -1

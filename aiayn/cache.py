@@ -1,4 +1,4 @@
-"""Key/value cache for incremental (token by token) decoding.
+"""The decoding state: keys and values kept across steps of incremental decoding.
 
 At inference the decoder produces one token per step (§3.1: "auto-regressive"). Re-running the
 whole prefix each step repeats work: the keys and values of earlier positions do not change,
@@ -6,14 +6,13 @@ because masked self-attention never lets them see later tokens. The cache keeps 
 
 - decoder self-attention: a buffer per layer, preallocated to `max_len` positions and written at
   the current position, so a step costs one new row instead of a new prefix;
-- encoder-decoder attention: keys and values of the encoder output, computed once per sentence
-  and kept once per sentence: the `group` consecutive rows of one sentence (its beams) share
-  them, so reordering beams within sentences copies nothing of the memory.
+- encoder-decoder attention: the keys and values of the encoder output, computed once per
+  sentence by `Transformer.init_cache` and kept once per sentence: the `beam` consecutive rows
+  of a sentence share them, so reordering beams within sentences copies nothing of the memory.
 
-State tensors (B = batch rows, e.g. sentences × beams; M = B / group memory rows; h = heads;
-S = source length):
+State tensors (B = batch rows = M sentences × beam; h = heads; S = source length):
   self_k[i]: (B, h, max_len, d_k)    self_v[i]: (B, h, max_len, d_v)
-  cross[i]:  ((M, h, S, d_k), (M, h, S, d_v)) or None before layer i first runs
+  cross[i]:  ((M, h, S, d_k), (M, h, S, d_v)), or absent in a decoder-only model
   memory_mask: (M, 1, 1, S) bool, True = may attend, or None
   length: number of target positions already written (the same for every row)
 """
@@ -37,15 +36,15 @@ class KVCache:
         max_len: int,
         dtype: torch.dtype,
         device: torch.device,
+        cross: Optional[list[tuple[Tensor, Tensor]]] = None,
         memory_mask: Optional[Tensor] = None,
     ) -> None:
         self.max_len = max_len
         self.length = 0
         self.self_k = [torch.zeros(batch, n_heads, max_len, d_k, dtype=dtype, device=device) for _ in range(n_layers)]
         self.self_v = [torch.zeros(batch, n_heads, max_len, d_v, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.cross: list[Optional[tuple[Tensor, Tensor]]] = [None] * n_layers
+        self.cross = cross or []
         self.memory_mask = memory_mask
-        self.group = 1  # rows per memory row
         # Buffers that `reorder` writes into, then swaps with those in use.
         self._spare_k: list[Optional[Tensor]] = [None] * n_layers
         self._spare_v: list[Optional[Tensor]] = [None] * n_layers
@@ -82,29 +81,21 @@ class KVCache:
             torch.index_select(buf, 0, indices, out=spare[:rows])
             buffers[i], spares[i] = spare[:rows], buf
 
-    def reorder(self, indices: Tensor) -> None:
-        """Keep batch rows `indices` (LongTensor (B',)), in that order: beam search picks the
-        surviving hypotheses' parents and drops finished sentences.
+    def reorder(self, rows: Tensor, sentences: Tensor, beam: int) -> None:
+        """Continue with batch rows `rows` (LongTensor (M'·beam,)), sentence-major: rows
+        [j·beam, (j+1)·beam) are the beams of sentence `sentences[j]` (LongTensor (M',), indices
+        of the sentences now in the cache, increasing). Beam search passes its survivors' parents
+        and the sentences still decoding; greedy passes the same indices twice, beam 1.
 
-        The self-attention buffers are index_selected. The memory rows move only when sentences
-        leave: while the new rows stay in equal, contiguous groups per sentence (beam search),
-        each group keeps sharing its sentence's row; otherwise every row gets its own copy."""
-        self._select(self.self_k, self._spare_k, indices)
-        self._select(self.self_v, self._spare_v, indices)
-        if indices.numel() == 0:
-            return
-        sentence = indices // self.group  # (B',) the memory row of each new row
-        runs, counts = torch.unique_consecutive(sentence, return_counts=True)
-        if bool((counts == counts[0]).all()) and runs.unique().numel() == runs.numel():
-            self.group, rows = int(counts[0]), runs
-        else:
-            self.group, rows = 1, sentence
-        memory_rows = next((kv[0].size(0) for kv in self.cross if kv is not None), None)
-        if memory_rows == rows.numel() and torch.equal(rows, torch.arange(memory_rows, device=rows.device)):
-            return  # beams moved within their sentences: the memory rows stay as they are
-        self.cross = [
-            None if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows))
-            for kv in self.cross
-        ]
+        The self-attention buffers are index_selected; the memory's keys, values and mask only
+        when sentences leave."""
+        if rows.numel() != sentences.numel() * beam:
+            raise ValueError(f"{rows.numel()} rows are not {sentences.numel()} sentences × beam {beam}")
+        self._select(self.self_k, self._spare_k, rows)
+        self._select(self.self_v, self._spare_v, rows)
+        memory_rows = self.cross[0][0].size(0) if self.cross else None
+        if memory_rows is None or sentences.numel() == memory_rows:
+            return  # the same sentences (increasing indices): their memory rows stay as they are
+        self.cross = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.cross]
         if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, rows)
+            self.memory_mask = self.memory_mask.index_select(0, sentences)

@@ -1,7 +1,8 @@
 """The `aiayn` command line: one program, one subcommand per job.
 
 Model options are derived from the `ModelConfig` dataclass fields (`--d-model 256`,
-`--positional learned`, ...), so the API, the CLI and the saved config share one definition.
+`--positional learned`, ...), and decoding options from `DecodeConfig`'s (`--beam 4`,
+`--precision int8`), so the API, the CLI and the saved config share one definition.
 User mistakes end with a one-line `aiayn: error: ...` and exit status 2, never a traceback.
 """
 
@@ -20,7 +21,19 @@ from typing import Optional, Sequence
 
 import torch
 
-from aiayn.config import PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig, preset
+from aiayn.config import (
+    DECODE_PRECISIONS,
+    DECODE_PRESETS,
+    PAPER_PARAMS_M,
+    PRECISIONS,
+    PRESETS,
+    TRAIN_OVERRIDES,
+    DecodeConfig,
+    ModelConfig,
+    TrainConfig,
+    decode_field_problem,
+    preset,
+)
 from aiayn.flops import forward_flops, training_flops
 from aiayn.store import SAMPLE_SENTENCES
 
@@ -59,6 +72,34 @@ def given_fields(args: argparse.Namespace, cls) -> dict:
     """The fields of `cls` that the command line set."""
     values = {f.name: getattr(args, f"{cls.__name__}.{f.name}") for f in dataclasses.fields(cls)}
     return {name: value for name, value in values.items() if value is not None}
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser, preset_name: str, names: Sequence[str]) -> None:
+    """`--beam`, `--alpha`, ...: the DecodeConfig fields `names`, defaults from
+    `DECODE_PRESETS[preset_name]`; `decode_config(args)` reads them back."""
+    decode = DECODE_PRESETS[preset_name]
+    hints = typing.get_type_hints(DecodeConfig)
+    for f in dataclasses.fields(DecodeConfig):
+        if f.name not in names:
+            continue
+        default = getattr(decode, f.name)
+        kwargs: dict = {"default": default, "help": f"{f.metadata['help']} (default {default})"}
+        if f.name == "precision":
+            kwargs["choices"] = DECODE_PRECISIONS
+        else:
+            kwargs["type"] = next(a for a in (*typing.get_args(hints[f.name]), hints[f.name]) if a in (int, float))
+        parser.add_argument(f"--{f.name.replace('_', '-')}", **kwargs)
+    parser.set_defaults(decode_preset=preset_name, decode_fields=tuple(names))
+
+
+def decode_config(args: argparse.Namespace) -> DecodeConfig:
+    """The DecodeConfig that the flags of `add_decode_arguments` give, checked flag by flag."""
+    values = {name: getattr(args, name) for name in args.decode_fields}
+    for name, value in values.items():
+        problem = decode_field_problem(name, value)
+        if problem:
+            raise UserError(f"--{name.replace('_', '-')} {problem}")
+    return dataclasses.replace(DECODE_PRESETS[args.decode_preset], **values)
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,9 +170,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
     trainer, store = train_run(model_config, recipe, run_dir, resume=resume)
     model, tokenizer = trainer.model.eval(), trainer.tokenizer
     test = store.texts("test")[: args.test_sentences]
-    print(f"translating {len(test):,} test verses (beam {args.beam}, α 0.6, max length = source + 50)...")
+    decode = dataclasses.replace(decode_config(args), precision=recipe.precision)
+    print(f"translating {len(test):,} test verses (beam {decode.beam}, α {decode.alpha}, "
+          f"max length = source + {decode.extra_len})...")
     start = time.perf_counter()
-    outputs = translate_ids(model, tokenizer.encode_batch([s for s, _ in test]), beam=args.beam, precision=recipe.precision)
+    outputs = translate_ids(model, tokenizer.encode_batch([s for s, _ in test]), decode)
     seconds = time.perf_counter() - start
     hypotheses = [tokenizer.decode(ids) for ids in outputs]
     references = [t for _, t in test]
@@ -315,7 +358,7 @@ def _count_lines(handle) -> int:
     return count + (last != b"\n")
 
 
-def _decode_command(args: argparse.Namespace, extra_len: int, finish=lambda line, output: output) -> None:
+def _decode_command(args: argparse.Namespace, finish=lambda line, output: output) -> None:
     """translate and parse: stream the input through the model in chunks. With --output, the
     lines go to OUTPUT.partial as each chunk is done, renamed to OUTPUT when all are; an
     interrupted run leaves OUTPUT.partial, which --resume continues."""
@@ -325,10 +368,9 @@ def _decode_command(args: argparse.Namespace, extra_len: int, finish=lambda line
     from aiayn.data import iter_lines
     from aiayn.translate import CHUNK_LINES, translate_stream
 
-    for name, value, least in (("--beam", args.beam, 1), ("--max-input-tokens", args.max_input_tokens, 1),
-                               ("--batch-tokens", args.batch_tokens, 1), ("--alpha", args.alpha, 0)):
-        if not value >= least:
-            raise UserError(f"{name} must be at least {least}, got {value}")
+    decode = decode_config(args)
+    if args.max_input_tokens < 1:
+        raise UserError(f"--max-input-tokens must be at least 1, got {args.max_input_tokens}")
     out, skip = None, 0
     if args.output:
         final = Path(args.output)
@@ -370,8 +412,7 @@ def _decode_command(args: argparse.Namespace, extra_len: int, finish=lambda line
             translate_stream(
                 model, tokenizer, iter_lines(source, name, skip), write, max_input_tokens=args.max_input_tokens,
                 finish=finish, chunk_lines=1 if interactive else CHUNK_LINES,
-                note=note, first_line=skip + 1, progress=bar, beam=args.beam, alpha=args.alpha,
-                batch_tokens=args.batch_tokens, precision=args.precision, extra_len=extra_len,
+                note=note, first_line=skip + 1, progress=bar, decode=decode,
             )
     except BaseException as error:
         if out is not None:
@@ -390,17 +431,15 @@ def _decode_command(args: argparse.Namespace, extra_len: int, finish=lambda line
 
 def cmd_translate(args: argparse.Namespace) -> None:
     """Translate one sentence a line (§6.1 settings by default); empty lines stay empty."""
-    from aiayn.translate import EXTRA_LEN
-
-    _decode_command(args, EXTRA_LEN)
+    _decode_command(args)
 
 
 def cmd_parse(args: argparse.Namespace) -> None:
     """Parse one tokenized sentence a line into a bracketed tree (§6.3). Malformed model output
     is repaired into a valid tree over the input words (see aiayn.parsing.delinearize)."""
-    from aiayn.parsing import PARSE_EXTRA_LEN, delinearize, tree_to_string
+    from aiayn.parsing import delinearize, tree_to_string
 
-    _decode_command(args, PARSE_EXTRA_LEN, lambda line, output: tree_to_string(delinearize(output, line.split())))
+    _decode_command(args, lambda line, output: tree_to_string(delinearize(output, line.split())))
 
 
 def cmd_score(args: argparse.Namespace) -> None:
@@ -450,7 +489,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
     if not args.sentence.strip():
         raise UserError("--sentence is empty")
     source = args.sentence.strip()
-    target = translate_ids(model, [tokenizer.encode(source)], beam=args.beam)[0]
+    target = translate_ids(model, [tokenizer.encode(source)], decode_config(args))[0]
     print(f"source       {source}\ntranslation  {tokenizer.decode(target)}")
     for path in attention_figures(model, tokenizer, source, target, Path(args.out), force=args.force):
         print(path)
@@ -470,8 +509,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise UserError(f"aiayn serve needs FastAPI and uvicorn ({error}): pip install 'aiayn[serve]'") from None
     from aiayn.device import check_precision
 
-    for name, least in (("max_wait_ms", 0), ("batch_tokens", 1), ("max_queue", 1), ("max_texts", 1),
-                        ("max_input_tokens", 1)):
+    decode = decode_config(args)
+    for name, least in (("max_wait_ms", 0), ("max_queue", 1), ("max_texts", 1), ("max_input_tokens", 1)):
         if getattr(args, name) < least:
             raise UserError(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(args, name)}")
     listener = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
@@ -482,13 +521,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
         listener.close()
         raise UserError(f"cannot listen on {args.host}:{args.port}: {getattr(error, 'strerror', None) or error}") from None
     model, tokenizer, device = _load_for_inference(args.run_dir, args.device)
-    check_precision(device, args.precision)
-    app = create_app(model, tokenizer, precision=args.precision, source=str(args.run_dir),
-                     max_wait_ms=args.max_wait_ms, batch_tokens=args.batch_tokens, max_queue=args.max_queue,
+    check_precision(device, decode.precision)
+    app = create_app(model, tokenizer, precision=decode.precision, source=str(args.run_dir),
+                     max_wait_ms=args.max_wait_ms, batch_tokens=decode.batch_tokens, max_queue=args.max_queue,
                      max_texts=args.max_texts, max_input_tokens=args.max_input_tokens)
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"serving {args.run_dir} ({model.num_parameters():,} parameters, {args.precision} on {device}) at "
+    print(f"serving {args.run_dir} ({model.num_parameters():,} parameters, {decode.precision} on {device}) at "
           f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json)", flush=True)
     config = uvicorn.Config(app, log_level="info" if args.access_log else "warning", access_log=args.access_log,
                             timeout_graceful_shutdown=DRAIN_SECONDS)
@@ -564,22 +603,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--force", action="store_true", help="replace existing files")
     export.set_defaults(run=cmd_corpus_export)
 
-    from aiayn.parsing import PARSE_ALPHA, PARSE_BEAM
-
-    for name, run, beam, alpha, section, what in (
-        ("translate", cmd_translate, 4, 0.6, "§6.1", "translate a file or stdin, one sentence a line"),
-        ("parse", cmd_parse, PARSE_BEAM, PARSE_ALPHA, "§6.3", "parse tokenized sentences into trees (§6.3)"),
+    every_field = [f.name for f in dataclasses.fields(DecodeConfig)]
+    for name, run, what in (
+        ("translate", cmd_translate, "translate a file or stdin, one sentence a line (§6.1 decoding)"),
+        ("parse", cmd_parse, "parse tokenized sentences into trees (§6.3 decoding)"),
     ):
         decode = sub.add_parser(name, help=what)
         decode.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, a checkpoint or an averaged model folder")
         decode.add_argument("--input", help="input file (default: stdin)")
         decode.add_argument("--output", help="output file (default: stdout)")
-        decode.add_argument("--beam", type=int, default=beam, help=f"beam size ({section}: {beam}); 1 is greedy")
-        decode.add_argument("--alpha", type=float, default=alpha, help=f"length penalty α ({section}: {alpha})")
-        decode.add_argument("--batch-tokens", type=int, default=4000, help="source tokens × beam per batch")
+        add_decode_arguments(decode, name, every_field)
         decode.add_argument("--max-input-tokens", type=int, default=1024, help="longer lines are cut (default 1024)")
         decode.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-        decode.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
         decode.add_argument("--resume", action="store_true",
                             help="continue OUTPUT.partial, left by an interrupted run, with the same input")
         decode.add_argument("--force", action="store_true", help="replace an existing --output")
@@ -596,23 +631,21 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("run_dir", metavar="RUN_DIR")
     attention.add_argument("--sentence", required=True)
     attention.add_argument("--out", default="attention", help="folder for the PNG files (default ./attention)")
-    attention.add_argument("--beam", type=int, default=4)
+    add_decode_arguments(attention, "translate", ["beam", "alpha"])
     attention.add_argument("--device", default="auto")
     attention.add_argument("--force", action="store_true", help="replace an existing --out folder")
     attention.set_defaults(run=cmd_attention)
 
-    from aiayn.serve import BATCH_TOKENS, MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS
+    from aiayn.serve import MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS
 
     serve = sub.add_parser("serve", help="serve a model over HTTP: batched POST /translate and a page with the attention")
     serve.add_argument("run_dir", metavar="RUN_OR_MODEL_DIR", help="a run folder, a checkpoint or a model folder")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     serve.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    serve.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    add_decode_arguments(serve, "translate", ["precision", "batch_tokens"])
     serve.add_argument("--max-wait-ms", type=float, default=MAX_WAIT_MS,
                        help=f"how long a request waits for others to share its batch (default {MAX_WAIT_MS:g})")
-    serve.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
-                       help=f"source tokens × beam decoded together (default {BATCH_TOKENS})")
     serve.add_argument("--max-queue", type=int, default=MAX_QUEUE,
                        help=f"texts waiting before requests get 503 (default {MAX_QUEUE})")
     serve.add_argument("--max-texts", type=int, default=MAX_TEXTS, help=f"texts in one request (default {MAX_TEXTS})")
@@ -633,7 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
     table3.add_argument("--steps", type=int, default=None, help="training steps of every row (default: the scale's)")
     table3.add_argument("--rows", nargs="+", metavar="ROW",
                         help=f"rows or groups to run (default all): {' '.join(ROWS)}, or A B C D E")
-    table3.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    table3.add_argument("--precision", default="bf16", choices=PRECISIONS)
     table3.add_argument("--seed", type=int, default=1)
     table3.add_argument("--corpus", default="bible-en-es", help="corpus (default bible-en-es)")
     table3.set_defaults(run=cmd_experiment_table3)
@@ -642,10 +675,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--minutes", type=float, default=10.0, help="training time budget (default 10)")
     demo.add_argument("--out", default="runs/demo", help="run folder (default runs/demo; reused if present)")
     demo.add_argument("--preset", default="small", choices=sorted(PRESETS), help="model preset (default small)")
-    demo.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    demo.add_argument("--precision", default="bf16", choices=PRECISIONS, help="training and decoding (default bf16)")
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--test-sentences", type=int, default=None, help="translate only the first N test verses")
-    demo.add_argument("--beam", type=int, default=4, help="beam size for the test translation (§6.1: 4)")
+    add_decode_arguments(demo, "translate", ["beam", "alpha"])
     demo.set_defaults(run=cmd_demo)
     return parser
 

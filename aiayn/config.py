@@ -2,14 +2,15 @@
 
 `ModelConfig` names every hyper-parameter as the paper does (§3, §5.4, Table 3). It is a frozen
 dataclass so that `dataclasses.replace(PRESETS["base"], vocab_size=8000)` gives a new, validated
-config; the same object is written as JSON beside every saved model.
+config; the same object is written as JSON beside every saved model. `TrainConfig` is the recipe
+of §5, `DecodeConfig` the decoding of §6.1 and §6.3 (`DECODE_PRESETS`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 ACTIVATIONS = ("relu", "gelu", "swish")
@@ -158,6 +159,44 @@ class TrainConfig:
         return _from_dict(cls, values)
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")  # training and decoding
+DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8 weights: decoding on a CPU only (aiayn.kernels)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How a trained model decodes. The defaults are §6.1's for translation ("beam search with a
+    beam size of 4 and length penalty α = 0.6 ... maximum output length to input length + 50");
+    `DECODE_PRESETS["parse"]` holds §6.3's. `aiayn.translate.translate_ids` takes one, and the
+    decoding flags of `aiayn translate`, `parse`, `demo` and `serve` are made from these fields
+    (their `help` and `least` metadata), so the two cannot drift apart."""
+
+    beam: int = field(default=4, metadata={"least": 1, "help": "beam size; 1 is greedy"})
+    alpha: float = field(default=0.6, metadata={"least": 0, "help": "length penalty α of lp(Y) = ((5 + |Y|) / 6)^α"})
+    extra_len: int = field(default=50, metadata={"least": 0, "help": "output tokens at most: source tokens + this"})
+    min_len: int = field(default=0, metadata={"least": 0, "help": "output tokens at least (EOS barred before)"})
+    max_output_len: Optional[int] = field(default=None, metadata={"least": 1, "help": "output tokens at most, whatever the source"})
+    batch_tokens: int = field(default=4000, metadata={"least": 1, "help": "source tokens × beam decoded together"})
+    precision: Literal["fp32", "bf16", "fp16", "int8"] = field(
+        default="fp32", metadata={"help": "bf16, fp16: weights cast once; int8: int8 weights, CPU only"})
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for f in dataclasses.fields(self):
+            problem = decode_field_problem(f.name, getattr(self, f.name))
+            if problem:
+                raise ValueError(f"invalid DecodeConfig: {f.name} {problem}")
+
+
+def decode_field_problem(name: str, value) -> Optional[str]:
+    """What is wrong with `value` for DecodeConfig field `name` ("must be at least 1, got 0"),
+    or None; the CLI names the flag, the dataclass the field."""
+    least = next(f for f in dataclasses.fields(DecodeConfig) if f.name == name).metadata.get("least")
+    if least is not None and value is not None and not value >= least:
+        return f"must be at least {least}, got {value}"
+    return None
+
+
 def _fits(value, hint) -> bool:
     """Whether a JSON value has the type a config field declares (an int is a valid float)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -260,6 +299,14 @@ PRESETS["small"] = ModelConfig(
 )
 
 
+DECODE_PRESETS: dict[str, DecodeConfig] = {
+    "translate": DecodeConfig(),
+    # §6.3: "We increased the maximum output length to input length + 300. We used a beam size of
+    # 21 and α = 0.3 for both WSJ only and the semi-supervised setting."
+    "parse": DecodeConfig(beam=21, alpha=0.3, extra_len=300),
+}
+
+
 def preset(name: str) -> ModelConfig:
     """The preset called `name`, with an error that lists the known names."""
     try:
@@ -268,4 +315,4 @@ def preset(name: str) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
 
 
-__all__ = ["ModelConfig", "TrainConfig", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]
+__all__ = ["ModelConfig", "TrainConfig", "DecodeConfig", "DECODE_PRESETS", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]

@@ -187,7 +187,7 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
     count = len(trainer.data.dev_text) if scale.dev_bleu_sentences is None else scale.dev_bleu_sentences
     sources = [trainer.data.dev[i][0].tolist() for i in range(min(count, len(trainer.data.dev_text)))]
     echo(f"translating {len(sources)} dev sentences (beam 4, α 0.6)...")
-    outputs = translate_ids(trainer.model, sources, beam=4, alpha=0.6, precision=precision)
+    outputs = translate_ids(trainer.model, sources, precision=precision)  # §6.1: beam 4, α = 0.6
     hypotheses = [trainer.tokenizer.decode(ids) for ids in outputs]
     score, signature = bleu(hypotheses, [reference for _, reference in trainer.data.dev_text[: len(sources)]])
     result = {

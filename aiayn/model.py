@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from aiayn.attention import MultiHeadAttention
 from aiayn.cache import KVCache
 from aiayn.config import ModelConfig
+from aiayn.kernels import Dropout, compute_dtype
 
 # --------------------------------------------------------------------------------------------
 # §3.5 Positional encoding
@@ -75,30 +76,6 @@ class PositionalEncoding(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# §5.4 Residual dropout
-
-
-class Dropout(nn.Dropout):
-    """Dropout (Srivastava et al., 2014), with P_drop = 0.1 in the paper (§5.4).
-
-    On CPU, PyTorch draws one Bernoulli variable per element, which makes dropout the largest
-    cost of a training step after the matrix products (benchmarks/). Here one 64-bit random draw
-    serves four elements, 15 uniform bits each: an element is dropped when its bits fall below
-    round(p · 2^15), so P_drop is p to within 2^-16 (0.1 becomes 0.100006). Elsewhere (GPU) it is
-    `nn.Dropout`.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0 or x.device.type != "cpu":
-            return super().forward(x)
-        n = x.numel()
-        draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()  # 63 random bits each
-        bits = draws.view(torch.int16)[:n] & 0x7FFF  # (n,) 15 uniform bits: the top bit of a draw is 0
-        keep = (bits >= round(self.p * 32768)).view(x.shape)
-        return x * keep * (1.0 / (1.0 - self.p))
-
-
-# --------------------------------------------------------------------------------------------
 # §3.4 Embeddings and softmax
 
 
@@ -145,7 +122,8 @@ class FeedForward(nn.Module):
 
 class Residual(nn.Module):
     """Post-norm LayerNorm(x + Dropout(Sublayer(x))) as §3.1 and §5.4 (the default), or pre-norm
-    x + Dropout(Sublayer(LayerNorm(x))) when `norm_first`."""
+    x + Dropout(Sublayer(LayerNorm(x))) when `norm_first`. Dropout is `nn.Dropout` with
+    P_drop = 0.1 in the paper (drawn faster on a CPU by aiayn.kernels)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -211,8 +189,9 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
     ):
         """x: (B, T, d_model); memory: (B, S, d_model); memory_mask: (B, 1, 1, S). Self-attention is
-        causal (§3.2.3). With a cache, x holds only the new positions and `index` is this layer's
-        number in it. Returns (x, (self weights, cross weights))."""
+        causal (§3.2.3). With a cache, x holds only the new positions, `index` is this layer's
+        number in it, and the memory's keys and values and its mask come from the cache.
+        Returns (x, (self weights, cross weights))."""
 
         def self_attention(y: Tensor):
             if cache is None:
@@ -223,9 +202,7 @@ class DecoderLayer(nn.Module):
         def cross_attention(y: Tensor):
             if cache is None:
                 return self.cross_attn(y, memory, memory, memory_mask, need_weights)
-            if cache.cross[index] is None:  # once per sentence: the memory does not change
-                cache.cross[index] = self.cross_attn.keys_values(memory, memory)
-            return self.cross_attn(y, mask=memory_mask, need_weights=need_weights, keys_values=cache.cross[index])
+            return self.cross_attn(y, mask=cache.memory_mask, need_weights=need_weights, keys_values=cache.cross[index])
 
         x, self_weights = self.residual_self(x, self_attention)
         cross_weights = None
@@ -351,8 +328,10 @@ class _Model(nn.Module):
 
     def _logits(self, hidden: Tensor, embed: Embeddings) -> Tensor:
         """The pre-softmax linear transformation: (B, T, d_model) -> (B, T, vocab_size)."""
-        weight = embed.weight if self.output_proj is None else self.output_proj.weight
-        return F.linear(hidden, weight, self.logits_bias)
+        if self.output_proj is None:
+            return F.linear(hidden, embed.weight, self.logits_bias)
+        logits = self.output_proj(hidden)  # a module: an int8 copy (aiayn.kernels) holds no float weight
+        return logits if self.logits_bias is None else logits + self.logits_bias
 
     def num_parameters(self) -> int:
         """Distinct trainable parameters (a tied matrix counts once)."""
@@ -404,17 +383,21 @@ class Transformer(_Model):
         return memory, mask
 
     def decode(
-        self, tgt: Tensor, memory: Optional[Tensor], memory_mask: Optional[Tensor] = None, cache: Optional[KVCache] = None
+        self,
+        tgt: Tensor,
+        memory: Optional[Tensor] = None,
+        memory_mask: Optional[Tensor] = None,
+        cache: Optional[KVCache] = None,
     ) -> Tensor:
         """tgt: (B, T) decoder input; memory: (B, S, d_model) -> logits (B, T, vocab_size).
 
         With a cache (from `init_cache`), tgt holds only the tokens not yet seen, usually one per
-        row, and the memory mask is taken from the cache.
+        row, and the memory is not needed: its keys, values and mask are in the cache.
         """
         _check_tokens("tgt", tgt, self.config.vocab_size, check_range=cache is None)
-        if cache is not None:
-            memory_mask = cache.memory_mask  # the memory itself is needed until its keys are cached
-        elif tgt.size(0) != memory.size(0):
+        if cache is None and memory is None:
+            raise ValueError("decode needs the encoder's memory, or a cache from init_cache")
+        if cache is None and tgt.size(0) != memory.size(0):
             raise ValueError(f"src and tgt batch sizes differ: {memory.size(0)} vs {tgt.size(0)}")
         hidden, _ = self.decoder(tgt, memory, memory_mask, cache)
         return self._logits(hidden, self.decoder.embed)
@@ -425,13 +408,14 @@ class Transformer(_Model):
         return self.decode(tgt, memory, mask)
 
     def init_cache(self, memory: Tensor, memory_mask: Optional[Tensor], max_len: int) -> KVCache:
-        """An empty KV cache for decoding up to `max_len` target positions against `memory`."""
+        """The decoding state for up to `max_len` target positions against `memory` (B, S, d_model):
+        the encoder-decoder keys and values of every layer, computed here once per sentence, and
+        empty self-attention buffers."""
         d_k, d_v = self.config.head_dims
-        device = memory.device.type
-        # Under autocast the keys and values are computed, and so best kept, in its precision.
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else memory.dtype
+        cross = [layer.cross_attn.keys_values(memory, memory) for layer in self.decoder.layers]  # [((B, h, S, d_k), (B, h, S, d_v))]
         return KVCache(
-            self.config.n_layers, memory.size(0), self.config.n_heads, d_k, d_v, max_len, dtype, memory.device, memory_mask
+            self.config.n_layers, memory.size(0), self.config.n_heads, d_k, d_v, max_len,
+            compute_dtype(memory), memory.device, cross, memory_mask,
         )
 
     @torch.no_grad()

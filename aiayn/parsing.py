@@ -11,7 +11,7 @@ around the model:
 * `tree_to_string`: a tree in PTB bracket format, one line, as EVALB reads it.
 * `evalb`: labelled bracket precision, recall and F1 with the conventions of EVALB's COLLINS.prm.
 * `load_treebank_pairs`: (sentence, linearized tree) string pairs for `aiayn.data.ParallelCorpus`.
-* `PARSE_BEAM`, `PARSE_ALPHA`, `PARSE_EXTRA_LEN`: the decoding settings of §6.3.
+* Its decoding settings (§6.3: beam 21, α = 0.3, input length + 300) are `aiayn.config.DECODE_PRESETS["parse"]`.
 
 `corpora/toy-treebank.mrg` beside this module is a toy treebank made for tests, NOT the Penn
 Treebank: 80 short sentences generated from a small hand-written grammar with a fixed seed
@@ -28,12 +28,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence, Union
-
-# §6.3: "We increased the maximum output length to input length + 300. We used a beam size of 21
-# and α = 0.3 for both WSJ only and the semi-supervised setting."
-PARSE_BEAM = 21
-PARSE_ALPHA = 0.3
-PARSE_EXTRA_LEN = 300
 
 WORD_PLACEHOLDER = "XX"  # Vinyals et al. replace every word (and its POS tag) by one symbol
 DEFAULT_ROOT = "S"  # the label delinearize gives a root it has to invent

@@ -1,10 +1,13 @@
-"""Decoding (§6.1): pure functions over a step function, decoupled from the model.
+"""Decoding (§6.1): beam search and greedy search over a step function, decoupled from the model.
 
-A search talks to the model through two calls:
-  step(tokens)      tokens: (B,) the last token of each live row -> log-probabilities (B, V)
-                    of the next token; the step function keeps its own KV cache.
-  reorder(indices)  indices: (B',) keep these rows, in this order (rows leave when finished).
-`ModelStep` adapts a `Transformer` to this interface.
+A search talks to the model through two calls (aiayn.translate.ModelStep adapts a Transformer):
+  step(tokens)                        tokens: (B,) the last token of each live row ->
+                                      log-probabilities (B, V) of the next token
+  reorder(rows, sentences, beam)      continue with rows `rows` (M'·beam,), sentence-major: the
+                                      beams of the sentences `sentences` (M',) among those live
+The search state stays on the device of `max_len`: no step copies scores to the host or loops
+over sentences in Python. Each step reads one number back, how many sentences are done, which
+decides whether the batch shrinks.
 """
 
 from __future__ import annotations
@@ -15,67 +18,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from aiayn.model import Transformer
-
 StepFn = Callable[[Tensor], Tensor]
-ReorderFn = Callable[[Tensor], None]
-
-
-class ModelStep:
-    """Encodes the source once and steps the decoder with a KV cache.
-
-    State: the cache (see aiayn.cache); the memory (B, S, d_model) until the first step has put
-    its keys and values there.
-    """
-
-    def __init__(self, model: Transformer, src: Tensor, max_len: int) -> None:
-        self.model = model
-        self.device = src.device
-        self.memory, mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
-        self.cache = model.init_cache(self.memory, mask, max_len)
-
-    @torch.no_grad()
-    def step(self, tokens: Tensor) -> Tensor:
-        tokens = tokens.to(self.device).unsqueeze(1)  # (B, 1)
-        logits = self.model.decode(tokens, self.memory, cache=self.cache)  # (B, 1, V)
-        self.memory = None  # the first step put its keys and values in the cache
-        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32)  # (B, V)
-
-    def reorder(self, indices: Tensor) -> None:
-        self.cache.reorder(indices.to(self.device))
-
-
-def greedy(
-    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, min_len: int = 0
-) -> list[list[int]]:
-    """Pick the most probable token at each step until EOS or `max_len` (B,) tokens; EOS is
-    barred before `min_len` tokens (fairseq's --min-len, HF's min_new_tokens).
-
-    Finished sentences leave the batch, so late steps cost only the rows still decoding.
-    Returns, per sentence, the tokens without BOS and EOS.
-    """
-    batch = max_len.numel()
-    outputs: list[list[int]] = [[] for _ in range(batch)]
-    alive = torch.arange(batch)  # sentence index of each live row
-    tokens = torch.full((batch,), bos_id, dtype=torch.long)
-    limit = max_len.clone()
-    for length in range(int(max_len.max())):
-        log_probs = step(tokens)  # (B_live, V)
-        if length < min_len:
-            log_probs[:, eos_id] = float("-inf")
-        best = log_probs.argmax(dim=-1).cpu()  # (B_live,)
-        done = (best == eos_id) | (limit <= length + 1)
-        for sentence, token in zip(alive.tolist(), best.tolist()):
-            if token != eos_id:
-                outputs[sentence].append(token)
-        if done.all():
-            break
-        if done.any():
-            keep = (~done).nonzero().squeeze(1)  # (B_live',)
-            reorder(keep)
-            alive, best, limit = alive[keep], best[keep], limit[keep]
-        tokens = best
-    return outputs
+ReorderFn = Callable[[Tensor, Tensor, int], None]
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -91,6 +35,39 @@ class Hypothesis:
     score: float  # log_prob / length_penalty
 
 
+class _Finished:
+    """The finished hypotheses of every sentence, on the device (N sentences, k = beam, L = the
+    longest output): tokens (N, k + 1, L), lengths (N, k + 1), log_probs (N, k + 1), count (N,).
+    Slot k takes the hypotheses beyond a sentence's k-th, which are never read."""
+
+    def __init__(self, sentences: int, beam: int, longest: int, device: torch.device) -> None:
+        self.beam = beam
+        self.tokens = torch.zeros(sentences, beam + 1, max(longest, 1), dtype=torch.long, device=device)
+        self.lengths = torch.zeros(sentences, beam + 1, dtype=torch.long, device=device)
+        self.log_probs = torch.full((sentences, beam + 1), float("-inf"), device=device)
+        self.count = torch.zeros(sentences, dtype=torch.long, device=device)
+
+    def add(self, alive: Tensor, ends: Tensor, log_probs: Tensor, tokens: Tensor) -> None:
+        """Sentences `alive` (B,) finish the hypotheses where `ends` (B, j) is set, with their
+        log-probabilities (B, j) and output tokens (B, j, t), in rank order."""
+        slot = self.count[alive].unsqueeze(1) + ends.cumsum(1) - 1  # (B, j)
+        slot = torch.where(ends & (slot < self.beam), slot, self.beam)
+        sentence = alive.unsqueeze(1).expand_as(slot)  # (B, j)
+        self.tokens[sentence, slot, : tokens.size(-1)] = tokens
+        self.lengths[sentence, slot] = tokens.size(-1)
+        self.log_probs[sentence, slot] = log_probs
+        self.count[alive] = (self.count[alive] + ends.sum(1)).clamp(max=self.beam)
+
+    def best(self, alpha: float) -> list[Hypothesis]:
+        """The finished hypothesis with the best score of each sentence (the first on a tie)."""
+        log_probs, lengths = self.log_probs[:, : self.beam], self.lengths[:, : self.beam]  # (N, k)
+        scores = log_probs / ((5 + lengths + 1) / 6) ** alpha  # length_penalty, the EOS counted
+        pick = scores.argmax(dim=1, keepdim=True)  # (N, 1)
+        tokens = self.tokens.gather(1, pick.unsqueeze(-1).expand(-1, -1, self.tokens.size(-1))).squeeze(1).tolist()
+        lengths, log_probs, scores = (x.gather(1, pick).squeeze(1).tolist() for x in (lengths, log_probs, scores))
+        return [Hypothesis(t[:n], lp, s) for t, n, lp, s in zip(tokens, lengths, log_probs, scores)]
+
+
 def beam_search(
     step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, beam: int = 4, alpha: float = 0.6,
     min_len: int = 0,
@@ -99,56 +76,72 @@ def beam_search(
     sets max_len = source length + 50). Returns the best finished hypothesis of each sentence.
 
     The rows are the live beams of the live sentences, flattened sentence-major: row b·k + j is
-    beam j of live sentence b. State (B = live sentences, k = beams, t = tokens so far):
+    beam j of live sentence b. State, on the device (B = live sentences, k = beams, t = tokens so
+    far, V = vocabulary):
       scores (B, k) cumulative log-probabilities; history (B, k, t) tokens; limit (B,) max_len;
-      alive (B,) the sentence each live row-group belongs to; finished: per sentence, a list.
+      alive (B,) the sentence of each live row group; finished (`_Finished`) per sentence.
     At step 0 only one beam per sentence exists (all beams would be equal), so the search starts
-    with B rows and widens to B·k after the first step. Each step takes the top 2k candidates so
-    that k of them continue even if up to k end in EOS; an EOS among the top k finishes a
-    hypothesis. A sentence leaves the batch once it has k finished hypotheses (every beam has
-    finished) or reaches max_len, where only EOS is allowed. Before `min_len` tokens EOS is barred.
+    with B rows and widens to B·k after the first step. Each step takes the top 2k candidates of
+    (B, k·V) so that k of them continue even if up to k end in EOS; an EOS among the top k
+    finishes a hypothesis. A sentence leaves the batch once it has k finished hypotheses (every
+    beam has finished) or reaches max_len, where only EOS is allowed. Before `min_len` tokens EOS
+    is barred. With beam 1 (greedy) there is nothing to rank, so a hypothesis that reaches
+    max_len finishes there, without the step that would score its EOS.
     """
     if beam < 1:
         raise ValueError(f"beam must be at least 1, got {beam}")
+    device = max_len.device
     batch = max_len.numel()
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    alive = torch.arange(batch)
+    limit_steps = set(max_len.tolist())  # steps at which some sentence may reach its limit
+    finished = _Finished(batch, beam, max(limit_steps, default=0), device)
+    alive = torch.arange(batch, device=device)
     limit = max_len.clone()
-    scores = torch.zeros(batch, 1)
-    history = torch.empty(batch, 1, 0, dtype=torch.long)
-    tokens = torch.full((batch,), bos_id, dtype=torch.long)
+    scores = torch.zeros(batch, 1, device=device)
+    history = torch.empty(batch, 1, 0, dtype=torch.long, device=device)
+    tokens = torch.full((batch,), bos_id, dtype=torch.long, device=device)
     t = 0
     while alive.numel():
         live, width = scores.shape
-        log_probs = step(tokens).float().cpu().view(live, width, -1)  # (B, k_cur, V)
+        log_probs = step(tokens).float().view(live, width, -1)  # (B, k_cur, V)
         vocab = log_probs.size(-1)
         at_limit = limit <= t  # (B,)
-        if t < min_len:
-            log_probs[~at_limit, :, eos_id] = float("-inf")
-        if at_limit.any():
-            eos_only = torch.full_like(log_probs[at_limit], float("-inf"))
-            eos_only[..., eos_id] = log_probs[at_limit][..., eos_id]
-            log_probs[at_limit] = eos_only
+        if t < min_len or t in limit_steps:
+            eos = torch.arange(vocab, device=device) == eos_id  # (V,)
+            barred = eos if t < min_len else torch.zeros_like(eos)
+            barred = torch.where(at_limit[:, None, None], ~eos, barred)  # (B, 1, V)
+            log_probs = log_probs.masked_fill(barred, float("-inf"))
         candidates = (scores.unsqueeze(-1) + log_probs).view(live, width * vocab)  # (B, k_cur·V)
         top_scores, top = candidates.topk(min(2 * beam, width * vocab), dim=1)  # (B, 2k)
         parent, token = top // vocab, top % vocab  # (B, 2k)
         is_eos = token == eos_id
-        for b, sentence in enumerate(alive.tolist()):
-            for j in is_eos[b, :beam].nonzero().flatten().tolist():
-                if len(finished[sentence]) < beam and top_scores[b, j] > float("-inf"):
-                    log_prob = float(top_scores[b, j])
-                    finished[sentence].append(
-                        Hypothesis(history[b, parent[b, j]].tolist(), log_prob, log_prob / length_penalty(t + 1, alpha))
-                    )
-        # The k best candidates that do not end in EOS continue (stable sort keeps the ranking).
+        ends = is_eos[:, :beam] & (top_scores[:, :beam] > float("-inf"))  # (B, k)
+        paths = history.gather(1, parent[:, :beam, None].expand(-1, -1, t))  # (B, k, t)
+        finished.add(alive, ends, top_scores[:, :beam], paths)
+        # The k best candidates that do not end in EOS continue (a stable sort keeps the ranking).
         pick = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :beam]  # (B, k)
-        scores, parent, token = top_scores.gather(1, pick), parent.gather(1, pick), token.gather(1, pick)
-        done = at_limit | torch.tensor([len(finished[s]) >= beam for s in alive.tolist()])
-        keep = (~done).nonzero().flatten()  # (B',)
-        rows = (keep.unsqueeze(1) * width + parent[keep]).flatten()  # (B'·k,) rows of the parents
-        if keep.numel():
-            reorder(rows)
-        history = torch.cat([history[keep.unsqueeze(1), parent[keep]], token[keep].unsqueeze(-1)], dim=-1)
-        scores, tokens, alive, limit = scores[keep], token[keep].flatten(), alive[keep], limit[keep]
+        scores, parent, token = top_scores.gather(1, pick), parent.gather(1, pick), token.gather(1, pick)  # (B, k)
+        history = torch.cat([history.gather(1, parent.unsqueeze(-1).expand(-1, -1, t)), token.unsqueeze(-1)], -1)
+        done = at_limit | (finished.count[alive] >= beam)  # (B,)
+        if beam == 1:
+            full = ~done & (limit <= t + 1)  # (B,)
+            finished.add(alive, full.unsqueeze(1), scores, history)
+            done |= full
+        n_done = int(done.sum())  # the one number read back per step
+        if n_done == live:
+            break
+        keep = (~done).nonzero().squeeze(1) if n_done else torch.arange(live, device=device)  # (B',)
+        if n_done or beam > 1:  # greedy rows never move unless sentences leave
+            reorder((keep.unsqueeze(1) * width + parent[keep]).flatten(), keep, beam)  # parents' rows (B'·k,)
+        scores, history, tokens = scores[keep], history[keep], token[keep].flatten()
+        alive, limit = alive[keep], limit[keep]
         t += 1
-    return [max(hyps, key=lambda h: h.score) for hyps in finished]
+    return finished.best(alpha)
+
+
+def greedy(
+    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, min_len: int = 0
+) -> list[list[int]]:
+    """The most probable token at each step until EOS or `max_len` (B,) tokens; EOS is barred
+    before `min_len` tokens (fairseq's --min-len, HF's min_new_tokens). It is beam search with
+    one beam. Returns, per sentence, the tokens without BOS and EOS."""
+    return [h.tokens for h in beam_search(step, reorder, bos_id, eos_id, max_len, beam=1, alpha=0.0, min_len=min_len)]

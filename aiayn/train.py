@@ -325,7 +325,7 @@ class Trainer:
         count = min(self.recipe.eval_bleu_sentences, len(self.data.dev_text))
         if self.tokenizer is not None and count:
             sources = [self.data.dev[i][0].tolist() for i in range(count)]
-            outputs = translate_ids(self.model, sources, precision=self.recipe.precision)
+            outputs = translate_ids(self.model, sources, beam=1, precision=self.recipe.precision)
             hypotheses = [self.tokenizer.decode(ids) for ids in outputs]
             record["bleu"] = bleu(hypotheses, [r for _, r in self.data.dev_text[:count]])[0]
         self.model.train()

@@ -1,67 +1,80 @@
-"""Translating many sentences: length-sorted batches through a search, results in input order;
-files streamed through in chunks, so memory stays flat and every finished chunk is written."""
+"""Translating many sentences: the model as a search's step function (`ModelStep`),
+length-sorted batches through the search, results in input order; files streamed through in
+chunks, so memory stays flat and every finished chunk is written."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from typing import Callable, Iterable, Optional, Sequence
 
 import torch
+from torch import Tensor, nn
 
-from aiayn.device import DTYPES, check_precision
+from aiayn import kernels
+from aiayn.config import DECODE_PRESETS, DecodeConfig
+from aiayn.device import check_precision
 from aiayn.model import Transformer
-from aiayn.search import ModelStep, beam_search, greedy
-
-EXTRA_LEN = 50  # §6.1: maximum output length = input length + 50
+from aiayn.search import beam_search, greedy
 
 
-def decoding_model(model: Transformer, precision: str) -> Transformer:
-    """The model to decode with: itself in fp32 or when its weights already are in `precision`;
-    otherwise a copy with the weights cast once, so that no decoding step casts activations in and
-    out of autocast's precision (an autocast step casts the input of every layer). Callers that
-    decode many times with the same weights can cast the model once themselves."""
-    dtype = DTYPES[precision]
-    if precision == "fp32" or next(model.parameters()).dtype == dtype:
-        return model
-    return copy.deepcopy(model).to(dtype).eval()
+
+class ModelStep:
+    """A Transformer as the step function of aiayn.search. It encodes the source once and fills
+    the decoding state (aiayn.cache: every layer's encoder-decoder keys and values, empty
+    self-attention buffers for `max_len` positions); each step then feeds one token per row."""
+
+    def __init__(self, model: Transformer, src: Tensor, max_len: int) -> None:
+        self.model = model
+        memory, mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
+        self.cache = model.init_cache(memory, mask, max_len)
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens: (B,) -> log-probabilities of the next token (B, V), in fp32."""
+        logits = self.model.decode(tokens.unsqueeze(1), cache=self.cache)  # (B, 1, V)
+        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32)
+
+    def reorder(self, rows: Tensor, sentences: Tensor, beam: int) -> None:
+        self.cache.reorder(rows, sentences, beam)
+
+
+def decoding_model(model: nn.Module, precision: str) -> nn.Module:
+    """The model to decode with in `precision` (aiayn.kernels.inference_copy): a copy with its
+    weights cast or quantized once, so that no step casts them again. Callers that decode many
+    times with the same weights make it once themselves."""
+    return kernels.inference_copy(model, precision)
 
 
 def translate_ids(
     model: Transformer,
     sources: Sequence[Sequence[int]],
-    beam: int = 1,
-    alpha: float = 0.6,
-    batch_tokens: int = 4000,
-    precision: str = "fp32",
-    extra_len: int = EXTRA_LEN,
-    min_len: int = 0,
-    max_output_len: Optional[int] = None,
+    decode: DecodeConfig = DECODE_PRESETS["translate"],
     progress: Optional[object] = None,
+    **changes,
 ) -> list[list[int]]:
-    """Decode each source (token ids, without EOS) and return the output ids in input order:
-    greedy when `beam` is 1, else beam search with the GNMT length penalty α (§6.1: beam 4,
-    α = 0.6). The output is at most source length + `extra_len` tokens (and at most
-    `max_output_len`, when given) and, unless the limit is shorter, at least `min_len`.
+    """Decode each source (token ids, without EOS) and return the output ids in input order, as
+    `decode` says (§6.1 by default: beam 4, α = 0.6, source length + 50); `changes` replace its
+    fields (`translate_ids(model, ids, beam=1)` is greedy). The output is at most source length +
+    `extra_len` tokens (and at most `max_output_len`, when set) and, unless the limit is
+    shorter, at least `min_len`.
 
     Sentences are sorted by length and packed up to `batch_tokens` source tokens per batch
     (times the beam), so little compute goes to padding.
     """
-    if beam < 1:
-        raise ValueError(f"beam must be at least 1, got {beam}")
-    if max_output_len is not None and max_output_len < 1:
-        raise ValueError(f"max_output_len must be at least 1, got {max_output_len}")
+    decode = dataclasses.replace(decode, **changes) if changes else decode
     config = model.config
     device = next(model.parameters()).device
-    check_precision(device, precision)
+    check_precision(device, decode.precision)
     was_training = model.training
     model.eval()
-    decoder = decoding_model(model, precision)
+    decoder = decoding_model(model, decode.precision)
+    beam = decode.beam
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[int]] = [[] for _ in sources]
     start = 0
     while start < len(order):
         end = start + 1
-        while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) * beam <= batch_tokens:
+        while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) * beam <= decode.batch_tokens:
             end += 1
         chunk = order[start:end]
         longest = max(len(sources[i]) + 1 for i in chunk)
@@ -69,17 +82,19 @@ def translate_ids(
         for row, i in enumerate(chunk):
             ids = list(sources[i]) + [config.eos_id]
             src[row, : len(ids)] = torch.tensor(ids)
-        max_len = torch.tensor([len(sources[i]) + extra_len for i in chunk])
-        if max_output_len is not None:
-            max_len = max_len.clamp(max=max_output_len)
+        max_len = torch.tensor([len(sources[i]) + decode.extra_len for i in chunk])
+        if decode.max_output_len is not None:
+            max_len = max_len.clamp(max=decode.max_output_len)
         if config.positional == "learned":  # the search may feed one position past the limit
             max_len = max_len.clamp(max=config.max_len - 1)
-        with torch.no_grad():
+        with torch.inference_mode():
             stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1)
+            max_len = max_len.to(device)  # the search keeps its state where the model is
             if beam == 1:
-                outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, min_len)
+                outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, decode.min_len)
             else:
-                hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, beam, alpha, min_len)
+                hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len,
+                                         beam, decode.alpha, decode.min_len)
                 outputs = [h.tokens for h in hypotheses]
         for i, out in zip(chunk, outputs):
             results[i] = out
@@ -121,7 +136,8 @@ def translate_stream(
     note: Callable[[str], None] = lambda _: None,
     first_line: int = 1,
     progress: Optional[object] = None,
-    **options,
+    decode: DecodeConfig = DECODE_PRESETS["translate"],
+    **changes,
 ) -> int:
     """Decode one sentence a line, `chunk_lines` lines at a time, handing each chunk's outputs to
     `write` in input order as soon as the chunk is done; returns the number of lines.
@@ -130,10 +146,11 @@ def translate_stream(
     learned-position model's `max_len` allows) is cut to fit, with a `note`. `finish(line,
     output)` turns a decoded output into the line written (the parser builds a tree there); a
     line break the model spells becomes a space, so the output keeps one line per input line.
-    `options` are those of `translate_ids`.
+    `decode` and `changes` are those of `translate_ids`.
     """
+    decode = dataclasses.replace(decode, **changes) if changes else decode
     limit = input_token_limit(model.config, max_input_tokens)
-    decoder = decoding_model(model, options.get("precision", "fp32"))  # cast once, not per chunk
+    decoder = decoding_model(model, decode.precision)  # cast once, not per chunk
     count = 0
     chunk: list[str] = []
 
@@ -148,7 +165,7 @@ def translate_stream(
                 ids = ids[:limit]
             sources.append(ids)
             where.append(offset)
-        outputs = translate_ids(decoder, sources, progress=progress, **options)
+        outputs = translate_ids(decoder, sources, decode, progress=progress)
         if progress is not None:
             progress.update(len(chunk) - len(sources))  # the empty lines
         decoded = [""] * len(chunk)

@@ -11,7 +11,8 @@ slow drifts of the machine (heat, other load) spread over all systems alike.
     peak     the matmul FLOP/s roof, fp32 and bf16, measured among the other cases
 
 Writes results/speed-DEVICE.json: every repetition, the median and range of each case, and the
-ratio of its median to aiayn's for the same task and precision (fp32 for CTranslate2's int8).
+ratio of its median to aiayn's for the same task and precision (aiayn decodes in fp32, bf16 and,
+on a CPU, int8, as CTranslate2 does).
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def make_cases(tasks: list[str], names: list[str], device: torch.device, compile
         for beam in (4, 1):
             for s in names:
                 precisions = systems.ctranslate2_precisions(device) if s == "ctranslate2" else PRECISIONS
+                if s == "aiayn" and device.type == "cpu":
+                    precisions = (*precisions, "int8")  # int8 weights: aiayn.kernels.inference_copy
                 cases += [Case("decode", s, p, beam) for p in precisions]
     return cases
 

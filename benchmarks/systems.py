@@ -258,11 +258,10 @@ class _PrefixStep:
         logits = self.model.decode(self.prefix, self.memory, self.memory_pad)[:, -1]  # (B, V)
         return torch.log_softmax(logits.float(), dim=-1)
 
-    def reorder(self, indices: Tensor) -> None:
-        indices = indices.to(self.prefix.device)
-        self.memory = self.memory.index_select(0, indices)
-        self.memory_pad = self.memory_pad.index_select(0, indices)
-        self.prefix = self.prefix.index_select(0, indices)
+    def reorder(self, rows: Tensor, sentences: Tensor, beam: int) -> None:
+        self.memory = self.memory.index_select(0, rows)
+        self.memory_pad = self.memory_pad.index_select(0, rows)
+        self.prefix = self.prefix.index_select(0, rows)
 
 
 class TorchPeer(_TorchSystem):

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.attention import MultiHeadAttention, attention_mask, local_attention, scaled_dot_product_attention
+from aiayn.attention import MultiHeadAttention, scaled_dot_product_attention
+from aiayn.kernels import attention_mask, local_attention
 
 T = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
 

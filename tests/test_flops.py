@@ -4,7 +4,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import aiayn.attention
-from aiayn.attention import attention_mask, scaled_dot_product_attention
+from aiayn.attention import scaled_dot_product_attention
+from aiayn.kernels import attention_mask
 from aiayn.config import ModelConfig
 from aiayn.flops import forward_flops, training_flops
 from aiayn.model import Transformer

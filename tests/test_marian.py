@@ -20,7 +20,8 @@ transformers = pytest.importorskip("transformers", reason="the `marian` extra (t
 from aiayn.config import ModelConfig  # noqa: E402
 from aiayn.marian import export_marian, import_marian  # noqa: E402
 from aiayn.model import Transformer  # noqa: E402
-from aiayn.search import ModelStep, beam_search, greedy  # noqa: E402
+from aiayn.search import beam_search, greedy  # noqa: E402
+from aiayn.translate import ModelStep  # noqa: E402
 from aiayn.tokenizer import MarianTokenizer, Tokenizer  # noqa: E402
 
 TEXT = [

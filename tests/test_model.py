@@ -121,23 +121,6 @@ def test_pre_norm_option():
     assert model.encoder.final_norm is not None and model.decoder.final_norm is not None
 
 
-def test_dropout_drops_at_rate_p_and_rescales():
-    """The CPU dropout draws 15 bits per element instead of a Bernoulli variable: P_drop must
-    still be p (to 2^-16), the kept values scaled by 1 / (1 - p), and the gradient the same mask."""
-    from aiayn.model import Dropout
-
-    torch.manual_seed(0)
-    drop = Dropout(0.1).train()
-    x = torch.ones(1000, 1000, requires_grad=True)
-    y = drop(x)
-    dropped = (y == 0).float().mean().item()
-    assert abs(dropped - 0.1) < 0.002  # 1M draws: the standard error is 0.0003
-    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
-    y.sum().backward()
-    torch.testing.assert_close(x.grad, y.detach())
-    assert torch.equal(drop.eval()(x), x)
-
-
 def test_dropout_sits_on_embeddings_and_every_sublayer():
     """§5.4: dropout on the sum of embeddings and positions, and on each sub-layer's output."""
     model = Transformer(dataclasses.replace(TINY, dropout=0.1))
@@ -209,25 +192,35 @@ def test_cached_decoding_equals_full_forward(changes):
     full = model(src, tgt)
     memory, mask = model.encode(src)
     cache = model.init_cache(memory, mask, max_len=10)
-    prefix = model.decode(tgt[:, :3], memory, cache=cache)  # several tokens at once, then one by one
-    steps = [prefix] + [model.decode(tgt[:, t : t + 1], memory, cache=cache) for t in range(3, 7)]
+    prefix = model.decode(tgt[:, :3], cache=cache)  # several tokens at once, then one by one
+    steps = [prefix] + [model.decode(tgt[:, t : t + 1], cache=cache) for t in range(3, 7)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     assert cache.length == 7
 
 
 @pytest.mark.numeric
 def test_cache_reorder_follows_the_rows():
+    """As a beam search of beam 2 uses it: widen each sentence to its beams, let a sentence
+    leave, move beams within sentences; every step equals the full forward of its row."""
     model = tiny()
-    src = torch.randint(4, 50, (3, 6))
-    tgt = torch.randint(4, 50, (3, 4))
+    src = tokens([[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]])
+    tgt = torch.randint(4, 50, (6, 5))
     memory, mask = model.encode(src)
     cache = model.init_cache(memory, mask, max_len=8)
-    model.decode(tgt[:, :2], memory, cache=cache)
-    order = torch.tensor([2, 2, 0])  # beams copy their parents; row 1 has left the batch
-    cache.reorder(order)
-    step = model.decode(tgt[order, 2:3], memory.index_select(0, order), cache=cache)
-    full = model(src[order], tgt[order, :3])
-    torch.testing.assert_close(step[:, 0], full[:, 2], atol=1e-5, rtol=1e-5)
+    model.decode(tgt[::2, :2], cache=cache)  # one row per sentence
+    cache.reorder(torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([0, 1, 2]), beam=2)
+    rows = torch.tensor([0, 1, 2, 3, 4, 5])  # the sentence of each row: 0 0 1 1 2 2
+    prefix = tgt[::2, :2].repeat_interleave(2, dim=0)  # (6, 2)
+    for t, (kept_rows, sentences) in enumerate([([0, 0, 4, 5], [0, 2]), ([1, 0, 3, 3], [0, 1])], start=2):
+        prefix = torch.cat([prefix, tgt[: prefix.size(0), t : t + 1]], dim=1)
+        step = model.decode(prefix[:, -1:], cache=cache)
+        full = model(src[rows // 2], prefix)
+        torch.testing.assert_close(step[:, 0], full[:, -1], atol=1e-5, rtol=1e-5)
+        kept, sentences = torch.tensor(kept_rows), torch.tensor(sentences)
+        cache.reorder(kept, sentences, beam=2)
+        rows, prefix = rows[kept], prefix[kept]
+    with pytest.raises(ValueError, match="3 rows are not 2 sentences × beam 2"):
+        cache.reorder(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), beam=2)
 
 
 @pytest.mark.numeric

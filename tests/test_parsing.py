@@ -11,9 +11,6 @@ import pytest
 from aiayn import parsing
 from aiayn.data import ParallelCorpus
 from aiayn.parsing import (
-    PARSE_ALPHA,
-    PARSE_BEAM,
-    PARSE_EXTRA_LEN,
     Leaf,
     Tree,
     delinearize,
@@ -402,4 +399,7 @@ def test_load_treebank_pairs_feeds_a_parallel_corpus(tmp_path):
 
 
 def test_decoding_settings_of_section_6_3():
-    assert (PARSE_BEAM, PARSE_ALPHA, PARSE_EXTRA_LEN) == (21, 0.3, 300)
+    from aiayn.config import DECODE_PRESETS
+
+    parse = DECODE_PRESETS["parse"]
+    assert (parse.beam, parse.alpha, parse.extra_len) == (21, 0.3, 300)

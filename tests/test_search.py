@@ -1,5 +1,6 @@
 """Search (§6.1) with scripted per-step probabilities, as fairseq's and OpenNMT's tests do, and
-against the model: beam 1 = greedy, cached = uncached, batched = one sentence at a time."""
+against the model: greedy = argmax of the full forward, cached = uncached, batched = one sentence
+at a time."""
 
 import math
 
@@ -8,7 +9,8 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
-from aiayn.search import ModelStep, beam_search, greedy, length_penalty
+from aiayn.search import beam_search, greedy, length_penalty
+from aiayn.translate import ModelStep
 
 BOS, EOS, VOCAB = 1, 2, 6
 
@@ -33,8 +35,9 @@ class Scripted:
                 probs[row, token] = p
         return probs.log()
 
-    def reorder(self, indices):
-        self.prefixes = [self.prefixes[i] for i in indices.tolist()]
+    def reorder(self, rows, sentences, beam):
+        assert rows.numel() == sentences.numel() * beam
+        self.prefixes = [self.prefixes[i] for i in rows.tolist()]
 
 
 TABLE = {
@@ -111,8 +114,8 @@ class FullStep:
         self.prefix = torch.cat([self.prefix, tokens.unsqueeze(1)], dim=1)
         return torch.log_softmax(self.model(self.src, self.prefix)[:, -1], dim=-1)
 
-    def reorder(self, indices):
-        self.src, self.prefix = self.src[indices], self.prefix[indices]
+    def reorder(self, rows, sentences, beam):
+        self.src, self.prefix = self.src[rows], self.prefix[rows]
 
 
 def random_model(seed=0):
@@ -130,15 +133,31 @@ def sources():
     return torch.tensor([r + [0] * (width - len(r)) for r in rows]), torch.tensor([len(r) for r in rows]) + 8
 
 
+@torch.no_grad()
+def argmax_of_full_forward(model, src, max_len):
+    """Greedy decoding at its plainest: per sentence, no padding, no cache, no search state."""
+    outputs = []
+    for i in range(src.size(0)):
+        source = src[i : i + 1, : int((src[i] != 0).sum())]
+        prefix = [1]
+        while len(prefix) - 1 < max_len[i]:
+            token = int(model(source, torch.tensor([prefix]))[0, -1].argmax())
+            if token == 2:
+                break
+            prefix.append(token)
+        outputs.append(prefix[1:])
+    return outputs
+
+
 @pytest.mark.numeric
-def test_beam_1_equals_greedy():
+def test_greedy_equals_the_argmax_of_the_full_forward():
     model = random_model()
     src, max_len = sources()
     s = ModelStep(model, src, int(max_len.max()) + 1)
-    expected = greedy(s.step, s.reorder, 1, 2, max_len)
-    s = ModelStep(model, src, int(max_len.max()) + 1)
-    assert [h.tokens for h in beam_search(s.step, s.reorder, 1, 2, max_len, beam=1)] == expected
+    expected = argmax_of_full_forward(model, src, max_len)
+    assert greedy(s.step, s.reorder, 1, 2, max_len) == expected
     assert any(len(e) < m for e, m in zip(expected, max_len.tolist()))  # some stop by EOS
+    assert any(len(e) == m for e, m in zip(expected, max_len.tolist()))  # some at the limit
 
 
 @pytest.mark.numeric
@@ -170,7 +189,7 @@ def test_batched_equals_one_sentence_at_a_time():
 
 def test_bad_beam():
     with pytest.raises(ValueError, match="beam must be at least 1"):
-        beam_search(lambda t: t, lambda i: None, 1, 2, torch.tensor([3]), beam=0)
+        beam_search(lambda t: t, lambda *a: None, 1, 2, torch.tensor([3]), beam=0)
 
 
 @pytest.mark.parametrize("beam", [1, 4])

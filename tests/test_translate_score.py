@@ -52,7 +52,7 @@ def test_translate_keeps_lines_in_order_with_documented_edge_cases(tmp_path, mod
     # stdin works, and greedy from the CLI is the API's greedy.
     piped = aiayn("translate", model_dir, "--beam", "1", stdin="the small cat\na red bird\n")
     model = Transformer.load(model_dir)
-    expected = translate_ids(model, [tokenizer.encode(s) for s in ("the small cat", "a red bird")])
+    expected = translate_ids(model, [tokenizer.encode(s) for s in ("the small cat", "a red bird")], beam=1)
     assert piped.stdout.split("\n") == [" ".join(tokenizer.decode(ids).splitlines()) for ids in expected] + [""]
 
 

@@ -30,12 +30,14 @@ from starlette.exceptions import HTTPException
 
 from aiayn.serve import BATCH_TOKENS, MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS
 from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
-from aiayn.translate import EXTRA_LEN, decoding_model, input_token_limit, translate_ids
+from aiayn.config import DECODE_PRESETS
+from aiayn.translate import decoding_model, input_token_limit, translate_ids
 from aiayn.visualize import pair_attention
 
 MAX_BODY_BYTES = 1 << 20
 MAX_BEAM = 16
 STATIC = Path(str(resources.files("aiayn.serve") / "static"))
+SECTION_6_1 = DECODE_PRESETS["translate"]
 
 
 class TranslateRequest(BaseModel):
@@ -43,10 +45,11 @@ class TranslateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     text: Union[str, list[str]] = Field(description="a sentence, or a list of sentences translated in order")
-    beam: int = Field(4, ge=1, le=MAX_BEAM, strict=True, description="beam size (§6.1: 4); 1 is greedy")
-    alpha: float = Field(0.6, ge=0.0, le=10.0, description="length penalty α (§6.1: 0.6)")
-    max_length: Optional[int] = Field(None, ge=1, le=1024, strict=True,
-                                      description=f"output tokens at most (default: source length + {EXTRA_LEN})")
+    beam: int = Field(SECTION_6_1.beam, ge=1, le=MAX_BEAM, strict=True,
+                      description=f"beam size (§6.1: {SECTION_6_1.beam}); 1 is greedy")
+    alpha: float = Field(SECTION_6_1.alpha, ge=0.0, le=10.0, description=f"length penalty α (§6.1: {SECTION_6_1.alpha})")
+    max_length: Optional[int] = Field(None, ge=1, le=1024, strict=True, description=(
+        f"output tokens at most (default: source length + {SECTION_6_1.extra_len})"))
     attention: bool = Field(False, strict=True,
                             description="also return the tokens and every layer's and head's attention weights")
 
@@ -197,7 +200,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
             "tokenizer": {"kind": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size},
             "precision": precision, "device": str(translator.device),
             "decoding": {name: TranslateRequest.model_fields[name].default for name in ("beam", "alpha")}
-            | {"max_length": f"source length + {EXTRA_LEN}"},
+            | {"max_length": f"source length + {SECTION_6_1.extra_len}"},
             "limits": {"max_texts": max_texts, "max_input_tokens": max_input_tokens, "max_beam": MAX_BEAM,
                        "max_queue": max_queue, "max_body_bytes": MAX_BODY_BYTES},
             "batching": {"max_wait_ms": max_wait_ms, "batch_tokens": batch_tokens},

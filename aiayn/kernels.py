@@ -1,0 +1,248 @@
+"""How the paper's math is computed fast: the one place for speed tricks.
+
+aiayn.attention and aiayn.model state the math of §3 as the paper writes it; this module decides
+how a CPU or a GPU computes it, and tests/test_kernels.py holds every choice equal to the
+reference math:
+
+- `attention_kernel` picks, once per attention call, one of three kernels with one signature
+  (queries, keys, values, key mask, causal, dropout) -> heads:
+    fused    PyTorch's `scaled_dot_product_attention` (flash / memory-efficient / math);
+    matmul   two matrix products and an fp32 softmax: bf16 training on a CPU, where the fused
+             kernel's backward is several times slower (benchmarks/);
+    local    restricted self-attention (Table 1) in blocks, O(n·r) instead of O(n²).
+  Every kernel gives a query whose keys are all masked a zero output, as the reference does.
+- `Dropout`: dropout from 15-bit random draws on a CPU, where one Bernoulli draw per element is
+  the largest cost of a training step after the matrix products.
+- `autocast_input` and `compute_dtype`: under autocast, cast an activation once, not once per
+  projection, and keep the decoder's keys and values in the precision they are computed in.
+- `inference_copy`: the model to decode with, its weights cast once to bf16/fp16 or quantized to
+  int8 (per output channel, dynamic activation scales).
+
+One switch turns every trick off: inside `with reference_math():` attention runs the reference
+`softmax(QKᵀ/√d_k)V` of aiayn.attention, dropout is `nn.Dropout` and nothing is cast.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_reference = False
+
+
+@contextmanager
+def reference_math() -> Iterator[None]:
+    """Compute everything the reference way (the paper's formulas, no kernel choice)."""
+    global _reference
+    previous, _reference = _reference, True
+    try:
+        yield
+    finally:
+        _reference = previous
+
+
+def use_reference() -> bool:
+    return _reference
+
+
+# --------------------------------------------------------------------------------------------
+# Masks
+
+
+def attention_mask(
+    mask: Optional[Tensor], causal: bool, neighborhood: Optional[int], q_len: int, k_len: int, device: torch.device
+) -> Optional[Tensor]:
+    """`mask` and'ed with the causal rule (§3.2.3: no attention to later positions) and the
+    restricted neighbourhood (Table 1: |i - j| ≤ r // 2). Query i sits at position
+    k_len - q_len + i, so with a KV cache the queries are the newest positions.
+    Returns a bool mask broadcastable to (..., q_len, k_len), or None when nothing is masked."""
+    causal = causal and q_len > 1  # a single newest query may see every key
+    if not causal and neighborhood is None:
+        return mask
+    query_pos = torch.arange(k_len - q_len, k_len, device=device).unsqueeze(1)  # (L_q, 1)
+    key_pos = torch.arange(k_len, device=device).unsqueeze(0)  # (1, L_k)
+    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)  # (L_q, L_k)
+    if causal:
+        allowed &= key_pos <= query_pos
+    if neighborhood is not None:
+        allowed &= (key_pos - query_pos).abs() <= neighborhood // 2
+    return allowed if mask is None else mask & allowed
+
+
+# --------------------------------------------------------------------------------------------
+# Attention kernels: (q (B, h, L_q, d_k), k (B, h, L_k, d_k), v (B, h, L_k, d_v), mask, causal,
+# dropout_p) -> (B, h, L_q, d_v). `mask` is bool, True = may attend, broadcastable to
+# (B, h, L_q, L_k); `causal`: the queries are the last L_q of the L_k positions, none sees a later one.
+
+Kernel = Callable[[Tensor, Tensor, Tensor, Optional[Tensor], bool, float], Tensor]
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool, dropout_p: float = 0.0) -> Tensor:
+    """PyTorch's fused kernel. A causal self-attention without another mask takes its `is_causal`
+    path, which reads no (L, L) mask."""
+    if causal and mask is None and q.size(-2) == k.size(-2):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    mask = attention_mask(mask, causal, None, q.size(-2), k.size(-2), q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool, dropout_p: float = 0.0) -> Tensor:
+    """softmax(QKᵀ / √d_k) V as two plain matrix products, the softmax in fp32 at least."""
+    scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, L_q, L_k)
+    mask = attention_mask(mask, causal, None, q.size(-2), k.size(-2), q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))  # (B, h, L_q, L_k)
+    if mask is not None:  # the softmax of an all -inf row is NaN; such a query attends to nothing
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    weights = weights.to(v.dtype)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v  # (B, h, L_q, d_v)
+
+
+def local_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    neighborhood: int,
+    key_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Restricted self-attention (§4, Table 1): position i attends only to positions j with
+    |i - j| ≤ r // 2, in O(n·r) time and memory instead of O(n²).
+
+    The n positions are cut into blocks of c = max(r // 2, 1); every key within r // 2 of a query
+    lies in the query's block or one of its two neighbours, so each block of c queries is scored
+    against 3c keys and the band is masked inside them. Equal to the dense computation with
+    `attention_mask(..., neighborhood=r)`. q, k, v: (B, h, n, d) of one sequence (self-attention);
+    key_mask: (B, 1, 1, n) bool or None. Returns (B, h, n, d_v).
+    """
+    batch, heads, n, d_k = q.shape
+    half = neighborhood // 2
+    c = max(half, 1)
+    blocks = -(-n // c)
+    extra = blocks * c - n  # padding that fills the last block
+
+    def windows(x: Tensor) -> Tensor:  # (..., n, d) -> (..., blocks, 3c, d): keys seen by each block
+        x = F.pad(x, (0, 0, c, extra + c))  # (..., (blocks + 2)·c, d)
+        return x.unfold(-2, 3 * c, c).transpose(-2, -1)
+
+    queries = F.pad(q, (0, 0, 0, extra)).view(batch, heads, blocks, c, d_k)  # (B, h, blocks, c, d_k)
+    offset = torch.arange(3 * c, device=q.device) - c  # key index relative to the block's first query
+    relative = offset.unsqueeze(0) - torch.arange(c, device=q.device).unsqueeze(1)  # (c, 3c): j - i
+    band = relative.abs() <= half
+    if causal:
+        band &= relative <= 0
+    key_pos = torch.arange(blocks, device=q.device).unsqueeze(1) * c + offset  # (blocks, 3c)
+    allowed = band & ((key_pos >= 0) & (key_pos < n)).unsqueeze(1)  # (blocks, c, 3c)
+    if key_mask is not None:
+        keys_kept = windows(key_mask.expand(batch, 1, 1, n).reshape(batch, 1, n, 1)).squeeze(-1)  # (B, 1, blocks, 3c)
+        allowed = allowed & keys_kept.unsqueeze(-2)  # (B, 1, blocks, c, 3c)
+    out = matmul_attention(queries, windows(k), windows(v), allowed, False, dropout_p)  # (B, h, blocks, c, d_v)
+    return out.reshape(batch, heads, blocks * c, -1)[:, :, :n]  # (B, h, n, d_v)
+
+
+def attention_kernel(q: Tensor, k: Tensor, mask: Optional[Tensor], neighborhood: Optional[int]) -> Optional[Kernel]:
+    """The kernel for one attention call, or None for the reference math (inside
+    `reference_math()`, or for a neighbourhood the block-wise kernel cannot take: queries that
+    are not the whole sequence, or a mask over queries).
+
+    - a neighbourhood r: `local_attention`;
+    - bf16 training on a CPU: `matmul_attention` (the fused backward is several times slower there);
+    - otherwise `fused_attention` (in inference it is the faster one on a CPU too).
+    """
+    if _reference:
+        return None
+    if neighborhood is not None:
+        key_mask_only = mask is None or (mask.dim() == 4 and mask.size(-2) == 1)
+        if q.size(-2) != k.size(-2) or not key_mask_only:
+            return None
+        return lambda q, k, v, mask, causal, dropout_p: local_attention(q, k, v, neighborhood, mask, causal, dropout_p)
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16 and torch.is_grad_enabled():
+        return matmul_attention
+    return fused_attention
+
+
+# --------------------------------------------------------------------------------------------
+# Dropout (§5.4)
+
+
+class Dropout(nn.Dropout):
+    """`nn.Dropout`, drawn faster on a CPU: one 64-bit random draw serves four elements, 15
+    uniform bits each, and an element is dropped when its bits fall below round(p · 2^15), so
+    P_drop is p to within 2^-16 (0.1 becomes 0.100006). On a GPU, and under `reference_math()`,
+    it is `nn.Dropout` itself."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0 or x.device.type != "cpu" or _reference:
+            return super().forward(x)
+        n = x.numel()
+        draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()  # 63 random bits each
+        bits = draws.view(torch.int16)[:n] & 0x7FFF  # (n,) 15 uniform bits: the top bit of a draw is 0
+        keep = (bits >= round(self.p * 32768)).view(x.shape)
+        return x * keep * (1.0 / (1.0 - self.p))
+
+
+# --------------------------------------------------------------------------------------------
+# Casts
+
+
+def autocast_input(x: Tensor) -> Tensor:
+    """x in autocast's low precision, once: autocast would otherwise cast the same activation for
+    each of W^Q, W^K and W^V, three copies instead of one (and three more in the backward)."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and not _reference:
+        return x.to(torch.get_autocast_dtype(device))
+    return x
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype that projections of x come out in: autocast's, when it is on."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+# --------------------------------------------------------------------------------------------
+# Inference weights
+
+_LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def inference_copy(model: nn.Module, precision: str) -> nn.Module:
+    """The model to decode with in `precision`: itself for fp32 or when its weights already are
+    in it; else an eval-mode copy, weights cast once (bf16, fp16: no step casts activations in and
+    out of autocast) or, for int8, every linear layer (W^Q, W^K, W^V, W^O, the feed-forward
+    network and the pre-softmax projection) with int8 weights, one scale per output row, and
+    activations quantized per call (dynamic quantization, the FBGEMM / oneDNN int8 GEMM).
+    Measured on a CPU against bf16 weights, these GEMMs are 1.4-2.1× faster at decoding's
+    shapes (benchmarks/)."""
+    if precision == "fp32" or getattr(model, "inference_precision", None) == precision:
+        return model
+    if precision in _LOW:
+        if next(model.parameters()).dtype == _LOW[precision]:
+            return model
+        return copy.deepcopy(model).to(_LOW[precision]).eval()
+    if precision != "int8":
+        raise ValueError(f"unknown precision {precision!r}")
+    if next(model.parameters()).device.type != "cpu":
+        raise ValueError("int8 decoding runs on a CPU; use bf16 or fp16 on a GPU")
+    low = copy.deepcopy(model).float().eval()
+    if getattr(low, "output_proj", "absent") is None:  # tied (§3.4): a copy of the embedding to quantize
+        embed = low.decoder.embed.weight if hasattr(low, "decoder") else low.encoder.embed.weight
+        low.output_proj = nn.Linear(embed.size(1), embed.size(0), bias=False)
+        low.output_proj.weight = nn.Parameter(embed.detach().clone())
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():  # torch 2.13 marks torch.ao as moving to torchao; the kernels are the same
+        warnings.simplefilter("ignore")
+        quantized = quantize_dynamic(low, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+    quantized.inference_precision = precision
+    return quantized

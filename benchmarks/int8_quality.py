@@ -1,0 +1,88 @@
+"""What int8 weights cost in quality: BLEU of a trained model on the built-in test books
+(bible-en-es), decoded in bf16 and in int8 (and fp32 for reference), with the share of output
+tokens that int8 and bf16 agree on, position by position, and the time each took.
+
+    .venv/bin/python benchmarks/int8_quality.py runs/demo              # beam 4, every test verse
+    .venv/bin/python benchmarks/int8_quality.py runs/demo --sentences 500 --beam 1
+
+Writes results/int8-quality-KIND.json (KIND: the CPU kind). The model is any run or model
+folder trained on bible-en-es, e.g. the one `make demo` leaves in runs/demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from aiayn.checkpoint import resolve_model_dir
+from aiayn.data import load_corpus
+from aiayn.device import cpu_kind
+from aiayn.evaluate import bleu
+from aiayn.model import Transformer
+from aiayn.tokenizer import has_tokenizer, load_tokenizer
+from aiayn.translate import decoding_model, translate_ids
+from common import RESULTS, command_line, default_threads, machine, write_results
+
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of output positions (over the longer of each pair) where both hold the same token."""
+    pairs = [(x, y) for u, v in zip(a, b) for x, y in zip(u + [None] * len(v), v + [None] * len(u))]
+    return sum(x == y for x, y in pairs) / max(len(pairs), 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", help="a run or model folder trained on bible-en-es")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--sentences", type=int, default=None, help="only the first N test verses")
+    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--out", type=Path, default=None, help="result file (default results/int8-quality-KIND.json)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    try:
+        model_dir = resolve_model_dir(args.run_dir)
+    except (OSError, ValueError) as error:
+        sys.exit(f"int8_quality: {error}")
+    model = Transformer.load(model_dir).eval()
+    tokenizer = load_tokenizer(model_dir if has_tokenizer(model_dir) else Path(args.run_dir))
+    test = load_corpus("bible-en-es").splits["test"][: args.sentences]
+    sources = tokenizer.encode_batch([s for s, _ in test])
+    references = [t for _, t in test]
+    outputs, rows = {}, []
+    for precision in PRECISIONS:
+        decoder = decoding_model(model, precision)  # made once, outside the timing, as `aiayn translate` does
+        start = time.perf_counter()
+        outputs[precision] = translate_ids(decoder, sources, beam=args.beam, precision=precision)
+        seconds = time.perf_counter() - start
+        score, signature = bleu([tokenizer.decode(ids) for ids in outputs[precision]], references)
+        rows.append({"precision": precision, "bleu": score, "seconds": seconds,
+                     "output_tokens": sum(map(len, outputs[precision]))})
+        print(f"{precision}: BLEU {score:.2f}, {seconds:.1f} s", flush=True)
+    by = {r["precision"]: r for r in rows}
+    results = {
+        "benchmark": "int8-quality",
+        "command": command_line(),
+        "machine": machine(torch.device("cpu"), args.threads),
+        "model": str(model_dir),
+        "parameters": model.num_parameters(),
+        "sentences": len(test),
+        "beam": args.beam,
+        "bleu_signature": signature,
+        "rows": rows,
+        "int8_minus_bf16_bleu": by["int8"]["bleu"] - by["bf16"]["bleu"],
+        "int8_bf16_token_agreement": agreement(outputs["int8"], outputs["bf16"]),
+        "bf16_fp32_token_agreement": agreement(outputs["bf16"], outputs["fp32"]),
+    }
+    print(f"int8 - bf16 BLEU {results['int8_minus_bf16_bleu']:+.2f}; token agreement int8/bf16 "
+          f"{results['int8_bf16_token_agreement']:.3f}, bf16/fp32 {results['bf16_fp32_token_agreement']:.3f}")
+    write_results(args.out or RESULTS / f"int8-quality-{cpu_kind()}.json", results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""aiayn.kernels: every speed trick held to the reference math of aiayn.attention and aiayn.model."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from aiayn import kernels
+from aiayn.attention import scaled_dot_product_attention
+from aiayn.config import ModelConfig
+from aiayn.kernels import attention_mask, fused_attention, local_attention, matmul_attention, reference_math
+from aiayn.model import Transformer
+from aiayn.search import greedy
+from aiayn.translate import ModelStep, decoding_model, translate_ids
+
+
+def qkv(batch=2, heads=3, q_len=5, k_len=5, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    shape = lambda length, d: (batch, heads, length, d)  # noqa: E731
+    return (torch.randn(shape(q_len, 8), generator=generator, dtype=dtype),
+            torch.randn(shape(k_len, 8), generator=generator, dtype=dtype),
+            torch.randn(shape(k_len, 6), generator=generator, dtype=dtype))
+
+
+def masks(q_len, k_len):
+    """None, key padding, a query mask, and one whose second query sees no key at all."""
+    padding = torch.ones(2, 1, 1, k_len, dtype=torch.bool)
+    padding[1, ..., k_len - 2 :] = False
+    per_query = torch.rand(2, 1, q_len, k_len, generator=torch.Generator().manual_seed(1)) > 0.3
+    per_query[..., 0] = True
+    none_seen = per_query.clone()
+    none_seen[:, :, 1] = False
+    return {"none": None, "padding": padding, "per-query": per_query, "a query sees nothing": none_seen}
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("kernel", [fused_attention, matmul_attention], ids=["fused", "matmul"])
+@pytest.mark.parametrize("mask_name", ["none", "padding", "per-query", "a query sees nothing"])
+@pytest.mark.parametrize("causal, q_len, k_len", [(False, 5, 7), (True, 6, 6), (True, 2, 6)])
+def test_kernels_equal_the_reference(kernel, mask_name, causal, q_len, k_len):
+    """Self- and cross-attention, causal with a cache (the queries are the newest positions), and
+    a query with every key masked: zero output, as the reference (not NaN)."""
+    q, k, v = qkv(q_len=q_len, k_len=k_len)
+    mask = masks(q_len, k_len)[mask_name]
+    expected, _ = scaled_dot_product_attention(q, k, v, attention_mask(mask, causal, None, q_len, k_len, q.device))
+    got = kernel(q, k, v, mask, causal, 0.0)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    if mask_name == "a query sees nothing" and not causal:
+        assert torch.equal(got[:, :, 1], torch.zeros_like(got[:, :, 1]))
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("kernel", [fused_attention, matmul_attention], ids=["fused", "matmul"])
+def test_kernels_in_bf16_stay_within_bf16_rounding_of_the_reference(kernel):
+    """bf16 keeps 8 significant bits: each product and the softmax round at 2^-8 relative, so a
+    unit-scale output lands within a few 2^-8 of the fp64 reference."""
+    q, k, v = qkv(q_len=6, k_len=6, dtype=torch.float64)
+    expected, _ = scaled_dot_product_attention(q, k, v, attention_mask(None, True, None, 6, 6, q.device))
+    got = kernel(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, True, 0.0).double()
+    torch.testing.assert_close(got, expected, rtol=0, atol=4 * 2**-8 * v.abs().max().item())
+
+
+@pytest.mark.numeric
+def test_local_kernel_gives_a_key_masked_row_zero_output():
+    q, k, v = qkv(q_len=9, k_len=9, dtype=torch.float64)
+    key_mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    key_mask[1] = False  # a sequence of padding only
+    expected, _ = scaled_dot_product_attention(q, k, v, attention_mask(key_mask, False, 4, 9, 9, q.device))
+    got = local_attention(q, k, v, 4, key_mask)
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+
+
+def test_the_kernel_is_chosen_by_device_precision_grad_and_neighbourhood():
+    q32, k32, _ = qkv()
+    q16, k16 = q32.bfloat16(), k32.bfloat16()
+    with torch.no_grad():
+        assert kernels.attention_kernel(q16, k16, None, None) is fused_attention  # inference
+    with torch.enable_grad():
+        assert kernels.attention_kernel(q16, k16, None, None) is matmul_attention  # bf16 CPU training
+        assert kernels.attention_kernel(q32, k32, None, None) is fused_attention
+        assert kernels.attention_kernel(q32, k32, None, 4) not in (None, fused_attention, matmul_attention)
+        one_query = q32[:, :, :1]
+        assert kernels.attention_kernel(one_query, k32, None, 4) is None  # a band the blocks cannot take
+        with reference_math():
+            assert kernels.attention_kernel(q32, k32, None, None) is None
+    assert not kernels.use_reference()
+
+
+TINY = ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0, max_len=64)
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("changes", [{}, {"neighborhood": 4}, {"norm_first": True}])
+def test_the_switch_turns_every_trick_off_and_changes_no_result(changes):
+    """The whole model with every kernel, and under reference_math(): the same logits and, in
+    bf16 training (the matmul kernel, one cast per activation), the same gradients within bf16."""
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(TINY, **changes))
+    src = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0]])
+    tgt = torch.tensor([[1, 14, 15, 16, 17], [1, 18, 19, 20, 0]])
+    model.eval()
+    with torch.no_grad():
+        fast = model(src, tgt)
+        with reference_math():
+            reference = model(src, tgt)
+    torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
+    model.train()
+    grads = []
+    for switch in (torch.enable_grad, reference_math):
+        model.zero_grad()
+        with switch(), torch.autocast("cpu", torch.bfloat16):
+            loss = model(src, tgt).float().logsumexp(-1).mean()
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    scale = grads[1].abs().max().item()
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0.05 * scale)
+
+
+def test_cpu_dropout_drops_at_rate_p_and_rescales():
+    """The CPU dropout draws 15 bits per element instead of a Bernoulli variable: P_drop must
+    still be p (to 2^-16), the kept values scaled by 1 / (1 - p), and the gradient the same mask."""
+    torch.manual_seed(0)
+    drop = kernels.Dropout(0.1).train()
+    x = torch.ones(1000, 1000, requires_grad=True)
+    y = drop(x)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.002  # 1M draws: the standard error is 0.0003
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach())
+    assert torch.equal(drop.eval()(x), x)
+    with reference_math():  # nn.Dropout's own draw: the same rate
+        assert abs((drop.train()(x) == 0).float().mean().item() - 0.1) < 0.002
+
+
+# --- int8 weights ------------------------------------------------------------------------------
+
+
+def sharp_model(seed=0) -> Transformer:
+    """A random model with sharper output distributions than initialisation gives (a trained
+    model's logits spread over several units, a fresh one's over a fraction of one)."""
+    torch.manual_seed(seed)
+    model = Transformer(TINY).eval()
+    with torch.no_grad():
+        model.decoder.embed.lookup.weight.mul_(6)
+    return model
+
+
+@pytest.mark.numeric
+def test_an_int8_linear_layer_is_within_its_rounding_bound():
+    """y = xWᵀ + b with W rounded to int8 per output row (step s_j = max|W_j| / 127) and x to
+    at most 8 bits per call (step s_x = range(x) / 127 where the kernel keeps 7 bits): each
+    product moves by at most |x_i|·s_j/2 + |W_ji|·s_x/2 + s_j·s_x/4, and so does the sum."""
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 48)).eval()
+    x = torch.randn(10, 64) * torch.linspace(0.1, 3.0, 64)
+    low = decoding_model(layer, "int8")
+    s_w = layer[0].weight.abs().amax(1) / 127  # (48,)
+    s_x = (x.max() - x.min()).clamp(min=0) / 127
+    bound = x.abs().sum(1, keepdim=True) * s_w / 2 + layer[0].weight.abs().sum(1) * s_x / 2 + 64 * s_w * s_x / 4
+    with torch.no_grad():
+        move = (low(x) - layer(x)).abs()  # (10, 48)
+    assert torch.all(move <= bound * 1.001), (move / bound).max()
+    assert move.max() > 0  # it did round
+
+
+@pytest.mark.numeric
+def test_int8_model_quantizes_every_linear_layer_and_keeps_decisive_tokens():
+    """Every linear layer (the projections, the feed-forward network, the tied pre-softmax
+    projection) runs in int8; where fp32's best token leads the next by more than twice the
+    largest move of that position's logits the argmax cannot change, and that is most positions."""
+    model = sharp_model()
+    low = decoding_model(model, "int8")
+    assert decoding_model(low, "int8") is low and low is not model
+    assert not any(type(m) is torch.nn.Linear for m in low.modules())
+    assert sum(type(m).__name__ == "Linear" for m in low.modules()) == 4 * 2 + 2 * 2 + 8 * 2 + 2 * 2 + 1
+    src = torch.randint(4, 50, (16, 12), generator=torch.Generator().manual_seed(3))
+    tgt = torch.cat([torch.ones(16, 1, dtype=torch.long), torch.randint(4, 50, (16, 10))], dim=1)
+    with torch.no_grad():
+        exact, quantized = model(src, tgt), low(src, tgt)  # (16, 11, V)
+    move = (quantized - exact).abs().amax(-1)  # (16, 11)
+    top2 = exact.topk(2, dim=-1).values
+    decisive = (top2[..., 0] - top2[..., 1]) > 2 * move  # (16, 11)
+    assert decisive.float().mean() > 0.5
+    assert torch.equal(quantized.argmax(-1)[decisive], exact.argmax(-1)[decisive])
+
+
+@pytest.mark.numeric
+def test_int8_decoding_agrees_with_bf16_token_by_token():
+    """Greedy and beam 4 over a fixed set: the share of output tokens that int8 and bf16 decoding
+    agree on, position by position, stays high. Both round the same fp32 model (bf16 to 8
+    significant bits, int8 to 8-bit steps); where neither rounding flips a near tie the outputs
+    are the same."""
+    model = sharp_model(1)
+    sources = torch.randint(4, 50, (24, 9), generator=torch.Generator().manual_seed(4)).tolist()
+    for beam in (1, 4):
+        bf16 = translate_ids(model, sources, beam=beam, precision="bf16", extra_len=6)
+        int8 = translate_ids(model, sources, beam=beam, precision="int8", extra_len=6)
+        pairs = [(a, b) for x, y in zip(bf16, int8) for a, b in zip(x + [None] * len(y), y + [None] * len(x))]
+        agreement = sum(a == b for a, b in pairs) / len(pairs)
+        assert agreement >= 0.8, (beam, agreement)
+
+
+def test_int8_is_for_cpus_and_the_search_is_unchanged():
+    model = sharp_model()
+    src = torch.tensor([[5, 6, 7, 2]])
+    low = decoding_model(model, "int8")
+    step = ModelStep(low, src, 8)
+    assert step.cache.self_k[0].dtype == torch.float32  # activations stay fp32 around the int8 products
+    assert len(greedy(step.step, step.reorder, 1, 2, torch.tensor([6]))[0]) <= 6
+    with pytest.raises(ValueError, match="unknown precision"):
+        decoding_model(model, "int4")
