@@ -43,7 +43,9 @@ class KVCache:
         self.length = 0
         self.self_k = [torch.zeros(batch, n_heads, max_len, d_k, dtype=dtype, device=device) for _ in range(n_layers)]
         self.self_v = [torch.zeros(batch, n_heads, max_len, d_v, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.cross = cross or []
+        # Contiguous once: as the heads' views of the projections they are strided, and every
+        # step's QKᵀ would copy them (3-5× the cost of the product itself on a CPU).
+        self.cross = [(k.contiguous(), v.contiguous()) for k, v in cross or []]
         self.memory_mask = memory_mask
         # Buffers that `reorder` writes into, then swaps with those in use.
         self._spare_k: list[Optional[Tensor]] = [None] * n_layers
@@ -65,11 +67,12 @@ class KVCache:
         """Move the write position on once every layer has appended `steps` positions."""
         self.length += steps
 
-    @staticmethod
-    def _select(buffers: list[Tensor], spares: list[Optional[Tensor]], indices: Tensor) -> None:
+    def _select(self, buffers: list[Tensor], spares: list[Optional[Tensor]], indices: Tensor) -> None:
         """buffers[i] = buffers[i].index_select(0, indices), written into spares[i], which then
-        swaps roles with the old buffer. Beam search reorders every step; a fresh allocation of
-        these megabytes each time costs more than the copy (new pages from the system)."""
+        swaps roles with the old buffer. Only the positions written so far are copied: the copy
+        is memory-bound, and a buffer holds max_len positions while a sentence has `length`.
+        Beam search reorders every step; a fresh allocation of these megabytes each time costs
+        more than the copy (new pages from the system)."""
         rows = indices.numel()
         for i, buf in enumerate(buffers):
             if buf.requires_grad:  # out= cannot record a gradient
@@ -78,7 +81,7 @@ class KVCache:
             spare = spares[i]
             if spare is None or spare.size(0) < rows:
                 spare = torch.empty((rows, *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
-            torch.index_select(buf, 0, indices, out=spare[:rows])
+            torch.index_select(buf[:, :, : self.length], 0, indices, out=spare[:rows, :, : self.length])
             buffers[i], spares[i] = spare[:rows], buf
 
     def reorder(self, rows: Tensor, sentences: Tensor, beam: int) -> None:

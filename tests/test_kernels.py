@@ -71,17 +71,20 @@ def test_local_kernel_gives_a_key_masked_row_zero_output():
     assert torch.equal(got[1], torch.zeros_like(got[1]))
 
 
-def test_the_kernel_is_chosen_by_device_precision_grad_and_neighbourhood():
-    q32, k32, _ = qkv()
+def test_the_kernel_is_chosen_by_device_precision_grad_queries_and_neighbourhood():
+    many = kernels.FEW_QUERIES + 1
+    q32, k32, _ = qkv(q_len=many, k_len=many)
     q16, k16 = q32.bfloat16(), k32.bfloat16()
+    step = q32[:, :, : kernels.FEW_QUERIES]  # a decoding step: the beams of each sentence
     with torch.no_grad():
-        assert kernels.attention_kernel(q16, k16, None, None) is fused_attention  # inference
+        assert kernels.attention_kernel(q16, k16, None, None) is fused_attention  # inference, a whole sequence
+        assert kernels.attention_kernel(step, k32, None, None) is matmul_attention
+        assert kernels.attention_kernel(step.bfloat16(), k16, None, None) is matmul_attention
     with torch.enable_grad():
         assert kernels.attention_kernel(q16, k16, None, None) is matmul_attention  # bf16 CPU training
         assert kernels.attention_kernel(q32, k32, None, None) is fused_attention
         assert kernels.attention_kernel(q32, k32, None, 4) not in (None, fused_attention, matmul_attention)
-        one_query = q32[:, :, :1]
-        assert kernels.attention_kernel(one_query, k32, None, 4) is None  # a band the blocks cannot take
+        assert kernels.attention_kernel(step, k32, None, 4) is None  # a band the blocks cannot take
         with reference_math():
             assert kernels.attention_kernel(q32, k32, None, None) is None
     assert not kernels.use_reference()
