@@ -153,9 +153,10 @@ def local_attention(
 
 # Queries per row up to which a CPU computes attention faster as two matrix products than with
 # the fused kernel: a decoding step has 1 (self-attention) or the beam size (the beams of a
-# sentence against its memory). Measured at 256 rows × 8 heads × d_k 64 on an AMD EPYC (Zen 4):
-# 1 query against 17 keys, matmul 0.75 ms vs fused 1.9 ms (fp32); 4 against 32, 0.56 vs 1.7 ms.
-# From about 32 queries on, the fused kernel is as fast or faster (128: 23 ms vs 94 ms).
+# sentence against its memory). benchmarks/decode_kernels.py, 8 heads × d_k 64, AMD EPYC
+# (Zen 4): 256 rows of 1 query against 17 keys, matmul 0.34 ms vs fused 0.71 ms in fp32 (0.71
+# vs 3.4 ms in bf16); 64 rows of 4 queries against 32 keys, 0.35 vs 1.26 ms. At 128 queries
+# against 128 keys the fused kernel is the faster one (25 ms vs 72 ms).
 FEW_QUERIES = 8
 
 
@@ -232,8 +233,9 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     out of autocast) or, for int8, every linear layer (W^Q, W^K, W^V, W^O, the feed-forward
     network and the pre-softmax projection) with int8 weights, one scale per output row, and
     activations quantized per call (dynamic quantization, the FBGEMM / oneDNN int8 GEMM).
-    Measured on a CPU against bf16 weights, these GEMMs are 1.4-2.1× faster at decoding's
-    shapes (benchmarks/)."""
+    At decoding's shapes these GEMMs are 1.2-3.3× faster than bf16 ones on an AMD EPYC (Zen 4),
+    where int8 weights with bf16 activations (weight-only) are 2-4× slower than bf16
+    (benchmarks/decode_kernels.py)."""
     if precision == "fp32" or getattr(model, "inference_precision", None) == precision:
         return model
     if precision in _LOW:

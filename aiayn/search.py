@@ -105,12 +105,13 @@ def beam_search(
         log_probs = step(tokens).float().view(live, width, -1)  # (B, k_cur, V)
         vocab = log_probs.size(-1)
         at_limit = limit <= t  # (B,)
+        candidates = scores.unsqueeze(-1) + log_probs  # (B, k_cur, V)
         if t < min_len or t in limit_steps:
             eos = torch.arange(vocab, device=device) == eos_id  # (V,)
             barred = eos if t < min_len else torch.zeros_like(eos)
             barred = torch.where(at_limit[:, None, None], ~eos, barred)  # (B, 1, V)
-            log_probs = log_probs.masked_fill(barred, float("-inf"))
-        candidates = (scores.unsqueeze(-1) + log_probs).view(live, width * vocab)  # (B, k_cur·V)
+            candidates.masked_fill_(barred, float("-inf"))  # in place: a (B, k, V) copy less per step
+        candidates = candidates.view(live, width * vocab)  # (B, k_cur·V)
         top_scores, top = candidates.topk(min(2 * beam, width * vocab), dim=1)  # (B, 2k)
         parent, token = top // vocab, top % vocab  # (B, 2k)
         is_eos = token == eos_id

@@ -2,6 +2,7 @@
 
     python benchmarks/report.py                      # results/speed-cpu.json + results/sweep-cpu.json
     python benchmarks/report.py --speed results/speed-cuda.json --sweep results/sweep-cuda.json --out docs/benchmarks-cuda.md
+    python benchmarks/report.py --speed results/speed-decode-amd-epyc.json --no-sweep --out docs/benchmarks-decode-amd-epyc.md
 
 The plots go into a folder named after the output file without its suffix (docs/benchmarks/ for
 docs/benchmarks.md), linked from the markdown by relative paths.
@@ -20,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common import RESULTS  # noqa: E402
+from common import RESULTS, command_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = {"aiayn": "aiayn", "torch": "torch.nn.Transformer", "marian": "HF MarianMTModel",
@@ -86,7 +87,21 @@ def speed_section(results: dict) -> list[str]:
               "faster; memory: > 1 is more). Memory: peak of the measuring process (see the notes below).", ""]
 
     peaks = {c["precision"]: c for c in cases if c["task"] == "peak"}
-    lines += ["### Training: target tokens/s", "",
+    if any(c["task"] == "train" for c in cases):
+        lines += training_table(cases, s)
+    if any(c["task"] == "decode" for c in cases):
+        lines += decoding_table(cases, s)
+    lines += ["", "### Matmul peak", "", "aiayn.device.matmul_peak_flops: square matrix products, measured among the other cases.", ""]
+    lines += table(["Precision", "TFLOP/s", "min–max"], [[p, *spread(c.get("tflops"))] for p, c in peaks.items()])
+    failed = [c["label"] for c in cases if c["errors"]]
+    if failed:
+        lines += ["", f"Failed repetitions (see the result file): {', '.join(failed)}."]
+    lines += ["", "### Fairness notes", "", *(f"- {note}" for note in results["fairness_notes"])]
+    return lines
+
+
+def training_table(cases: list[dict], s: dict) -> list[str]:
+    lines = ["### Training: target tokens/s", "",
               f"Adam steps on {s['rows']} pairs of {s['src_len']} + {s['tgt_len']} tokens, label smoothing "
               f"{s['label_smoothing']}; {s['train_warmup']} warm-up + {s['train_steps']} timed steps per process. "
               "TFLOP/s count the same model FLOPs for every system; the share is of the matmul peak of the same "
@@ -100,8 +115,11 @@ def speed_section(results: dict) -> list[str]:
                      spread(c.get("tflops"))[0], share, spread(c.get("peak_mib"))[0], ratio(c.get("memory_ratio"))])
     lines += table(["System", "Parameters (M)", "Precision", "tokens/s", "min–max", "vs aiayn", "TFLOP/s", "of peak",
                     "peak MiB", "memory vs aiayn"], rows)
+    return lines + [""]
 
-    lines += ["", "### Decoding: output tokens/s", "",
+
+def decoding_table(cases: list[dict], s: dict) -> list[str]:
+    lines = ["### Decoding: output tokens/s", "",
               f"{s['sentences']} sentences of {s['src_len']} source tokens, every output forced to exactly "
               f"{s['out_len']} tokens (checked); {s['decode_warmup']} warm-up + {s['decode_calls']} timed call(s) "
               "over all sentences per process.", ""]
@@ -111,13 +129,17 @@ def speed_section(results: dict) -> list[str]:
         rows.append([str(c["beam"]), system_name(c), PRECISIONS[c["precision"]], median, rng, speed_ratio(c),
                      spread(c.get("peak_mib"))[0], ratio(c.get("memory_ratio"))])
     lines += table(["Beam", "System", "Precision", "tokens/s", "min–max", "vs aiayn", "peak MiB", "memory vs aiayn"], rows)
-
-    lines += ["", "### Matmul peak", "", "aiayn.device.matmul_peak_flops: square matrix products, measured among the other cases.", ""]
-    lines += table(["Precision", "TFLOP/s", "min–max"], [[p, *spread(c.get("tflops"))] for p, c in peaks.items()])
-    failed = [c["label"] for c in cases if c["errors"]]
-    if failed:
-        lines += ["", f"Failed repetitions (see the result file): {', '.join(failed)}."]
-    lines += ["", "### Fairness notes", "", *(f"- {note}" for note in results["fairness_notes"])]
+    lines += [""]
+    for beam in sorted({c["beam"] for c in cases if c["task"] == "decode"}, reverse=True):
+        peer = next((c for c in cases if c["task"] == "decode" and c["beam"] == beam and c["system"] == "ctranslate2"
+                     and c["precision"] == "int8" and "tokens_per_s" in c), None)
+        ours = [c for c in cases if c["task"] == "decode" and c["beam"] == beam and c["system"] == "aiayn"
+                and not c.get("compile") and "tokens_per_s" in c]
+        if peer and ours:
+            best = max(ours, key=lambda c: c["tokens_per_s"]["median"])
+            lines.append(f"- {'greedy' if beam == 1 else f'beam {beam}'}: aiayn's fastest ({best['precision']}) at "
+                         f"{best['tokens_per_s']['median'] / peer['tokens_per_s']['median']:.2f}× CTranslate2 int8's "
+                         "tokens/s")
     return lines
 
 
@@ -202,10 +224,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speed", type=Path, default=RESULTS / "speed-cpu.json")
     parser.add_argument("--sweep", type=Path, default=RESULTS / "sweep-cpu.json")
+    parser.add_argument("--no-sweep", action="store_true", help="the speed section only")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     args = parser.parse_args()
 
-    loaded = {name: json.loads(path.read_text()) for name, path in (("speed", args.speed), ("sweep", args.sweep)) if path.exists()}
+    sources = (("speed", args.speed),) + ((("sweep", args.sweep),) if not args.no_sweep else ())
+    loaded = {name: json.loads(path.read_text()) for name, path in sources if path.exists()}
     if not loaded:
         parser.error(f"neither {args.speed} nor {args.sweep} exists: run benchmarks/speed.py and benchmarks/sweep.py first")
     readme = os.path.relpath(ROOT / "benchmarks" / "README.md", args.out.resolve().parent)
@@ -214,7 +238,7 @@ def main() -> None:
              f"8 heads, d_ff 2048, shared vocabulary of 8,000, random weights). Made by the commands in "
              f"[benchmarks/]({readme}):", "", "```bash"]
     lines += [results["command"] for results in loaded.values()]
-    lines += ["python benchmarks/report.py", "```", ""]
+    lines += [command_line(), "```", ""]
     if any(results["quick"] for results in loaded.values()):
         lines += ["> **Quick (smoke-test) results: tiny sizes, not measurements.**", ""]
     if "speed" in loaded:

@@ -1,0 +1,108 @@
+"""The measurements behind aiayn.kernels' choices for decoding on a CPU, at Transformer-base's
+shapes (d_model 512, 8 heads of 64, d_ff 2048, vocabulary 8,000) with 256 rows (64 sentences ×
+beam 4) and 64 rows (greedy):
+
+    linear     y = xWᵀ + b in fp32, bf16, int8 weights with dynamic int8 activations (FBGEMM /
+               oneDNN: what `--precision int8` uses) and int8 weights with bf16 activations
+               (torch._weight_int8pack_mm, weight-only)
+    attention  one decoding step's attention, the fused kernel against two matrix products:
+               self-attention (1 query per row against 17 cached positions) and the beams of a
+               sentence against its memory (4 queries against 32 source positions); and a whole
+               sequence (32 and 128 queries), where the fused kernel should win
+
+Each timing is the median of --reps interleaved repetitions of --calls calls.
+
+    .venv/bin/python benchmarks/decode_kernels.py          # about 1 minute -> results/decode-kernels-KIND.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from aiayn.device import cpu_kind
+from aiayn.kernels import fused_attention, matmul_attention
+from common import RESULTS, command_line, default_threads, machine, spread, write_results
+
+D_MODEL, HEADS, D_HEAD, D_FF, VOCAB = 512, 8, 64, 2048, 8000
+
+
+def linear_cases(rows: int) -> dict[str, Callable[[], torch.Tensor]]:
+    """name -> a call, for each weight shape of the decoder and each way of computing it."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    cases = {}
+    for out_features, in_features in ((D_MODEL, D_MODEL), (D_FF, D_MODEL), (D_MODEL, D_FF), (VOCAB, D_MODEL)):
+        layer = torch.nn.Linear(in_features, out_features).eval()
+        x = torch.randn(rows, in_features)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dynamic = quantize_dynamic(torch.nn.Sequential(layer), {torch.nn.Linear: per_channel_dynamic_qconfig},
+                                       dtype=torch.qint8)
+        w, b = layer.weight.detach(), layer.bias.detach()
+        scale = w.abs().amax(1) / 127
+        w8 = (w / scale[:, None]).round().to(torch.int8)
+        wb, bb, xb = w.bfloat16(), b.bfloat16(), x.bfloat16()
+        shape = f"{rows}x{in_features}->{out_features}"
+        cases[f"linear {shape} fp32"] = lambda x=x, w=w, b=b: F.linear(x, w, b)
+        cases[f"linear {shape} bf16"] = lambda x=xb, w=wb, b=bb: F.linear(x, w, b)
+        cases[f"linear {shape} int8 dynamic"] = lambda x=x, m=dynamic: m(x)
+        cases[f"linear {shape} int8 weight-only bf16"] = lambda x=xb, w=w8, s=scale.bfloat16(): torch._weight_int8pack_mm(x, w, s)
+    return cases
+
+
+def attention_cases() -> dict[str, Callable[[], torch.Tensor]]:
+    cases = {}
+    generator = torch.Generator().manual_seed(0)
+    shapes = {  # name: (rows, queries, keys, causal)
+        "decoding self-attention, 1 query vs 17 cached": (256, 1, 17, True),
+        "decoding cross-attention, 4 beams vs 32 source": (64, 4, 32, False),
+        "encoder self-attention, 32 vs 32": (64, 32, 32, False),
+        "encoder self-attention, 128 vs 128": (64, 128, 128, False),
+    }
+    for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for name, (rows, queries, keys, causal) in shapes.items():
+            q = torch.randn(rows, HEADS, queries, D_HEAD, generator=generator).to(dtype)
+            k = torch.randn(rows, HEADS, keys, D_HEAD, generator=generator).to(dtype)
+            v = torch.randn(rows, HEADS, keys, D_HEAD, generator=generator).to(dtype)
+            mask = None if causal else torch.ones(rows, 1, 1, keys, dtype=torch.bool)
+            for kernel in (fused_attention, matmul_attention):
+                cases[f"attention {name} {label} {kernel.__name__}"] = (
+                    lambda q=q, k=k, v=v, m=mask, c=causal, f=kernel: f(q, k, v, m, c, 0.0))
+    return cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=default_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cases = {**linear_cases(256), **linear_cases(64), **attention_cases()}
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    with torch.inference_mode():
+        for call in cases.values():  # warm-up: packing, first-touch, oneDNN primitives
+            call()
+        for _ in range(args.reps):
+            for name, call in cases.items():
+                start = time.perf_counter()
+                for _ in range(args.calls):
+                    call()
+                times[name].append((time.perf_counter() - start) / args.calls * 1e3)
+    rows = [{"case": name, "ms": spread(values)} for name, values in times.items()]
+    for row in rows:
+        print(f"{row['case']:75s} {row['ms']['median']:8.3f} ms")
+    write_results(RESULTS / f"decode-kernels-{cpu_kind()}.json", {
+        "benchmark": "decode-kernels", "command": command_line(),
+        "machine": machine(torch.device("cpu"), args.threads), "reps": args.reps, "calls": args.calls, "rows": rows,
+    })
+
+
+if __name__ == "__main__":
+    main()
