@@ -41,15 +41,42 @@ class KVCache:
     ) -> None:
         self.max_len = max_len
         self.length = 0
-        self.self_k = [torch.zeros(batch, n_heads, max_len, d_k, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.self_v = [torch.zeros(batch, n_heads, max_len, d_v, dtype=dtype, device=device) for _ in range(n_layers)]
+        # Each buffer is a view of a flat storage: (B, h, capacity, d), capacity max_len at first.
+        # `reorder` writes the survivors into the other storage with room for one more position
+        # only, so that after the next append the keys a step attends to are one contiguous block
+        # (a strided block costs bf16 matrix products a copy each step on a CPU).
+        flat = lambda d: torch.zeros(batch * n_heads * max_len * d, dtype=dtype, device=device)  # noqa: E731
+        self._stores = [[flat(d_k), None] for _ in range(n_layers)] + [[flat(d_v), None] for _ in range(n_layers)]
+        self._buffers = [store[0].view(batch, n_heads, max_len, -1) for store in self._stores]  # [k of each layer, v of each]
         # Contiguous once: as the heads' views of the projections they are strided, and every
         # step's QKᵀ would copy them (3-5× the cost of the product itself on a CPU).
-        self.cross = [(k.contiguous(), v.contiguous()) for k, v in cross or []]
+        self.cross = [(k.to(dtype).contiguous(), v.to(dtype).contiguous()) for k, v in cross or []]
         self.memory_mask = memory_mask
-        # Buffers that `reorder` writes into, then swaps with those in use.
-        self._spare_k: list[Optional[Tensor]] = [None] * n_layers
-        self._spare_v: list[Optional[Tensor]] = [None] * n_layers
+
+    @property
+    def self_k(self) -> list[Tensor]:
+        return self._buffers[: len(self._buffers) // 2]
+
+    @property
+    def self_v(self) -> list[Tensor]:
+        return self._buffers[len(self._buffers) // 2 :]
+
+    def _move(self, i: int, indices: Optional[Tensor], capacity: int) -> None:
+        """Buffer i's rows `indices` (all rows when None), positions written so far, into the
+        other storage with room for `capacity` positions; the two storages swap roles."""
+        buf, (current, spare) = self._buffers[i], self._stores[i]
+        rows = buf.size(0) if indices is None else indices.numel()
+        need = rows * buf.size(1) * capacity * buf.size(3)
+        if spare is None or spare.numel() < need or buf.requires_grad:  # a graph may hold the old one
+            room = rows * buf.size(1) * self.max_len * buf.size(3)  # enough for every later step
+            spare = torch.empty(room, dtype=buf.dtype, device=buf.device)
+        new = spare[:need].view(rows, buf.size(1), capacity, buf.size(3))
+        written = buf[:, :, : self.length]
+        if indices is None or buf.requires_grad:  # out= records no gradient
+            new[:, :, : self.length] = written if indices is None else written.index_select(0, indices)
+        else:
+            torch.index_select(written, 0, indices, out=new[:, :, : self.length])
+        self._buffers[i], self._stores[i] = new, [spare, current]
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new positions' keys/values of `layer`; return all positions written so far.
@@ -59,30 +86,17 @@ class KVCache:
         end = self.length + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; decoding needs {end}")
-        self.self_k[layer][:, :, self.length : end] = k
-        self.self_v[layer][:, :, self.length : end] = v
-        return self.self_k[layer][:, :, :end], self.self_v[layer][:, :, :end]
+        out = []
+        for i, new in ((layer, k), (layer + len(self._buffers) // 2, v)):
+            if end > self._buffers[i].size(2):  # reordered with room for one position: grow to max_len
+                self._move(i, None, self.max_len)
+            self._buffers[i][:, :, self.length : end] = new
+            out.append(self._buffers[i][:, :, :end])
+        return out[0], out[1]
 
     def advance(self, steps: int) -> None:
         """Move the write position on once every layer has appended `steps` positions."""
         self.length += steps
-
-    def _select(self, buffers: list[Tensor], spares: list[Optional[Tensor]], indices: Tensor) -> None:
-        """buffers[i] = buffers[i].index_select(0, indices), written into spares[i], which then
-        swaps roles with the old buffer. Only the positions written so far are copied: the copy
-        is memory-bound, and a buffer holds max_len positions while a sentence has `length`.
-        Beam search reorders every step; a fresh allocation of these megabytes each time costs
-        more than the copy (new pages from the system)."""
-        rows = indices.numel()
-        for i, buf in enumerate(buffers):
-            if buf.requires_grad:  # out= cannot record a gradient
-                buffers[i] = buf.index_select(0, indices)
-                continue
-            spare = spares[i]
-            if spare is None or spare.size(0) < rows:
-                spare = torch.empty((rows, *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
-            torch.index_select(buf[:, :, : self.length], 0, indices, out=spare[:rows, :, : self.length])
-            buffers[i], spares[i] = spare[:rows], buf
 
     def reorder(self, rows: Tensor, sentences: Tensor, beam: int) -> None:
         """Continue with batch rows `rows` (LongTensor (M'·beam,)), sentence-major: rows
@@ -90,12 +104,15 @@ class KVCache:
         of the sentences now in the cache, increasing). Beam search passes its survivors' parents
         and the sentences still decoding; greedy passes the same indices twice, beam 1.
 
-        The self-attention buffers are index_selected; the memory's keys, values and mask only
-        when sentences leave."""
+        The self-attention buffers are index_selected, only the positions written so far (the
+        copy is memory-bound, and a buffer holds max_len positions while a sentence has
+        `length`); the memory's keys, values and mask only when sentences leave. A fresh
+        allocation each step would cost more than the copy (new pages from the system), so two
+        storages per buffer take turns."""
         if rows.numel() != sentences.numel() * beam:
             raise ValueError(f"{rows.numel()} rows are not {sentences.numel()} sentences × beam {beam}")
-        self._select(self.self_k, self._spare_k, rows)
-        self._select(self.self_v, self._spare_v, rows)
+        for i in range(len(self._buffers)):
+            self._move(i, rows, min(self.length + 1, self.max_len))
         memory_rows = self.cross[0][0].size(0) if self.cross else None
         if memory_rows is None or sentences.numel() == memory_rows:
             return  # the same sentences (increasing indices): their memory rows stay as they are

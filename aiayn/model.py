@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from aiayn.attention import MultiHeadAttention
 from aiayn.cache import KVCache
 from aiayn.config import ModelConfig
-from aiayn.kernels import Dropout, compute_dtype
+from aiayn.kernels import Dropout, cache_dtype
 
 # --------------------------------------------------------------------------------------------
 # §3.5 Positional encoding
@@ -407,15 +407,15 @@ class Transformer(_Model):
         memory, mask = self.encode(src)
         return self.decode(tgt, memory, mask)
 
-    def init_cache(self, memory: Tensor, memory_mask: Optional[Tensor], max_len: int) -> KVCache:
+    def init_cache(self, memory: Tensor, memory_mask: Optional[Tensor], max_len: int, beam: int = 1) -> KVCache:
         """The decoding state for up to `max_len` target positions against `memory` (B, S, d_model):
         the encoder-decoder keys and values of every layer, computed here once per sentence, and
-        empty self-attention buffers."""
+        empty self-attention buffers. `beam`: the beam size of the search that will use it."""
         d_k, d_v = self.config.head_dims
         cross = [layer.cross_attn.keys_values(memory, memory) for layer in self.decoder.layers]  # [((B, h, S, d_k), (B, h, S, d_v))]
         return KVCache(
             self.config.n_layers, memory.size(0), self.config.n_heads, d_k, d_v, max_len,
-            compute_dtype(memory), memory.device, cross, memory_mask,
+            cache_dtype(self, memory, beam), memory.device, cross, memory_mask,
         )
 
     @torch.no_grad()

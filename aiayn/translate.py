@@ -21,12 +21,13 @@ from aiayn.search import beam_search, greedy
 class ModelStep:
     """A Transformer as the step function of aiayn.search. It encodes the source once and fills
     the decoding state (aiayn.cache: every layer's encoder-decoder keys and values, empty
-    self-attention buffers for `max_len` positions); each step then feeds one token per row."""
+    self-attention buffers for `max_len` positions) for a search of `beam` beams; each step then
+    feeds one token per row."""
 
-    def __init__(self, model: Transformer, src: Tensor, max_len: int) -> None:
+    def __init__(self, model: Transformer, src: Tensor, max_len: int, beam: int = 1) -> None:
         self.model = model
         memory, mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
-        self.cache = model.init_cache(memory, mask, max_len)
+        self.cache = model.init_cache(memory, mask, max_len, beam)
 
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
@@ -88,7 +89,7 @@ def translate_ids(
         if config.positional == "learned":  # the search may feed one position past the limit
             max_len = max_len.clamp(max=config.max_len - 1)
         with torch.inference_mode():
-            stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1)
+            stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1, beam)
             max_len = max_len.to(device)  # the search keeps its state where the model is
             if beam == 1:
                 outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, decode.min_len)

@@ -214,3 +214,24 @@ def test_int8_is_for_cpus_and_the_search_is_unchanged():
     assert len(greedy(step.step, step.reorder, 1, 2, torch.tensor([6]))[0]) <= 6
     with pytest.raises(ValueError, match="unknown precision"):
         decoding_model(model, "int4")
+
+
+@pytest.mark.numeric
+def test_a_beam_search_keeps_an_int8_models_cache_in_bf16_where_the_cpu_computes_bf16_fast():
+    """fp32 queries against the bf16 cache: the kernel casts them and its output back, within
+    bf16's rounding of the all-fp32 result; greedy search and reference_math() keep fp32."""
+    model = sharp_model()
+    low = decoding_model(model, "int8")
+    memory = torch.randn(2, 5, TINY.d_model)
+    fast_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # False under ONEDNN_MAX_CPU_ISA=AVX2
+    assert kernels.cache_dtype(low, memory, beam=4) == (torch.bfloat16 if fast_bf16 else torch.float32)
+    assert kernels.cache_dtype(low, memory, beam=1) == torch.float32
+    assert kernels.cache_dtype(model, memory, beam=4) == torch.float32
+    with reference_math():
+        assert kernels.cache_dtype(low, memory, beam=4) == torch.float32
+    q, k, v = qkv(q_len=4, k_len=7)
+    kernel = kernels.attention_kernel(q, k.bfloat16(), None, None)
+    got = kernel(q, k.bfloat16(), v.bfloat16(), None, False, 0.0)
+    assert got.dtype == torch.float32
+    expected, _ = scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(got, expected, rtol=0, atol=4 * 2**-8 * v.abs().max().item())
