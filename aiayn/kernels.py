@@ -9,7 +9,7 @@ reference math:
     fused    PyTorch's `scaled_dot_product_attention` (flash / memory-efficient / math);
     matmul   two matrix products and an fp32 softmax: on a CPU, for bf16 training, where the
              fused kernel's backward is several times slower (benchmarks/), and for the few
-             queries of a decoding step, where it is 1.4-3× faster than the fused one;
+             queries of a decoding step, where it is 2-5× faster than the fused one;
     local    restricted self-attention (Table 1) in blocks, O(n·r) instead of O(n²).
   Every kernel gives a query whose keys are all masked a zero output, as the reference does.
 - `Dropout`: dropout from 15-bit random draws on a CPU, where one Bernoulli draw per element is
@@ -224,8 +224,9 @@ def cache_dtype(model: nn.Module, memory: Tensor, beam: int) -> torch.dtype:
     of `memory` come out in (autocast's, when it is on), except in a beam search with an int8
     model (fp32 activations around int8 products) on a CPU with fast bf16 (AVX512-BF16, AMX).
     There the cache is kept in bf16, which halves the bytes that every step moves to reorder
-    the beams' keys and values and to attend over them: beam 4 decodes 1.1× faster on an AMD
-    EPYC (Zen 4). Greedy search reorders nothing, and there the fp32 cache is the faster one."""
+    the beams' keys and values and to attend over them, memory-bound copies that took a fifth
+    of an int8 beam search's time on an AMD EPYC (Zen 4). Greedy search reorders nothing, and
+    there the fp32 cache is the faster one."""
     device = memory.device.type
     if (not _reference and beam > 1 and getattr(model, "inference_precision", None) == "int8" and device == "cpu"
             and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
@@ -246,7 +247,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     network and the pre-softmax projection) with int8 weights, one scale per output row, and
     activations quantized per call (dynamic quantization, the FBGEMM / oneDNN int8 GEMM).
     At decoding's shapes these GEMMs are 1.2-3.3× faster than bf16 ones on an AMD EPYC (Zen 4),
-    where int8 weights with bf16 activations (weight-only) are 2-4× slower than bf16
+    where int8 weights with bf16 activations (weight-only) are 1.4-2.5× slower than bf16
     (benchmarks/decode_kernels.py)."""
     if precision == "fp32" or getattr(model, "inference_precision", None) == precision:
         return model
