@@ -83,7 +83,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser, preset_name: str, name
         if f.name not in names:
             continue
         default = getattr(decode, f.name)
-        kwargs: dict = {"default": default, "help": f"{f.metadata['help']} (default {default})"}
+        shown = "none" if default is None else default
+        kwargs: dict = {"default": default, "help": f"{f.metadata['help']} (default {shown})"}
         if f.name == "precision":
             kwargs["choices"] = DECODE_PRECISIONS
         else:

@@ -56,6 +56,15 @@ def test_translate_keeps_lines_in_order_with_documented_edge_cases(tmp_path, mod
     assert piped.stdout.split("\n") == [" ".join(tokenizer.decode(ids).splitlines()) for ids in expected] + [""]
 
 
+def test_translate_in_int8_gives_the_apis_int8_output(model_dir):
+    """`--precision int8` decodes with the int8 copy, as the API does (aiayn.kernels)."""
+    done = aiayn("translate", model_dir, "--precision", "int8", "--beam", "2", stdin="the small cat\na red bird\n")
+    assert done.returncode == 0, done.stderr
+    tokenizer, model = Tokenizer.load(model_dir), Transformer.load(model_dir)
+    expected = translate_ids(model, [tokenizer.encode(s) for s in ("the small cat", "a red bird")], beam=2, precision="int8")
+    assert done.stdout.split("\n") == [" ".join(tokenizer.decode(ids).splitlines()) for ids in expected] + [""]
+
+
 def test_translate_errors_are_one_line(tmp_path, model_dir):
     missing = aiayn("translate", tmp_path / "nowhere", stdin="x\n")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "neither a model folder" in missing.stderr
