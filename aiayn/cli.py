@@ -367,7 +367,8 @@ def _decode_command(args: argparse.Namespace, finish=lambda line, output: output
 
     from aiayn.checkpoint import refuse_to_replace
     from aiayn.data import iter_lines
-    from aiayn.translate import CHUNK_LINES, translate_stream
+    from aiayn.device import check_precision
+    from aiayn.translate import CHUNK_LINES, decoding_model, translate_stream
 
     decode = decode_config(args)
     if args.max_input_tokens < 1:
@@ -399,7 +400,9 @@ def _decode_command(args: argparse.Namespace, finish=lambda line, output: output
         written += len(lines)
 
     try:
-        model, tokenizer, _ = _load_for_inference(args.run_dir, args.device)
+        model, tokenizer, device = _load_for_inference(args.run_dir, args.device)
+        check_precision(device, decode.precision)
+        model = decoding_model(model, decode.precision)  # cast or quantized once; the fp32 weights are let go
         source, name = _open_input(args.input)
         total = None
         if source is not sys.stdin.buffer:
