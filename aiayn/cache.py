@@ -5,13 +5,14 @@ whole prefix each step repeats work: the keys and values of earlier positions do
 because masked self-attention never lets them see later tokens. The cache keeps them:
 
 - decoder self-attention: a buffer per layer, preallocated to `max_len` positions and written at
-  the current position, so a step costs one new row instead of a new prefix;
+  the current position, so a step costs one new row instead of a new prefix (after a reorder
+  a buffer has room for one more position: see `reorder`);
 - encoder-decoder attention: the keys and values of the encoder output, computed once per
   sentence by `Transformer.init_cache` and kept once per sentence: the `beam` consecutive rows
   of a sentence share them, so reordering beams within sentences copies nothing of the memory.
 
 State tensors (B = batch rows = M sentences × beam; h = heads; S = source length):
-  self_k[i]: (B, h, max_len, d_k)    self_v[i]: (B, h, max_len, d_v)
+  self_k[i]: (B, h, capacity, d_k)   self_v[i]: (B, h, capacity, d_v), length ≤ capacity ≤ max_len
   cross[i]:  ((M, h, S, d_k), (M, h, S, d_v)), or absent in a decoder-only model
   memory_mask: (M, 1, 1, S) bool, True = may attend, or None
   length: number of target positions already written (the same for every row)
@@ -41,6 +42,7 @@ class KVCache:
     ) -> None:
         self.max_len = max_len
         self.length = 0
+        self.n_layers = n_layers
         # Each buffer is a view of a flat storage: (B, h, capacity, d), capacity max_len at first.
         # `reorder` writes the survivors into the other storage with room for one more position
         # only, so that after the next append the keys a step attends to are one contiguous block
@@ -55,11 +57,11 @@ class KVCache:
 
     @property
     def self_k(self) -> list[Tensor]:
-        return self._buffers[: len(self._buffers) // 2]
+        return self._buffers[: self.n_layers]
 
     @property
     def self_v(self) -> list[Tensor]:
-        return self._buffers[len(self._buffers) // 2 :]
+        return self._buffers[self.n_layers :]
 
     def _move(self, i: int, indices: Optional[Tensor], capacity: int) -> None:
         """Buffer i's rows `indices` (all rows when None), positions written so far, into the
@@ -87,7 +89,7 @@ class KVCache:
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; decoding needs {end}")
         out = []
-        for i, new in ((layer, k), (layer + len(self._buffers) // 2, v)):
+        for i, new in ((layer, k), (self.n_layers + layer, v)):
             if end > self._buffers[i].size(2):  # reordered with room for one position: grow to max_len
                 self._move(i, None, self.max_len)
             self._buffers[i][:, :, self.length : end] = new

@@ -367,7 +367,6 @@ def _decode_command(args: argparse.Namespace, finish=lambda line, output: output
 
     from aiayn.checkpoint import refuse_to_replace
     from aiayn.data import iter_lines
-    from aiayn.device import check_precision
     from aiayn.translate import CHUNK_LINES, decoding_model, translate_stream
 
     decode = decode_config(args)
@@ -400,8 +399,7 @@ def _decode_command(args: argparse.Namespace, finish=lambda line, output: output
         written += len(lines)
 
     try:
-        model, tokenizer, device = _load_for_inference(args.run_dir, args.device)
-        check_precision(device, decode.precision)
+        model, tokenizer, _ = _load_for_inference(args.run_dir, args.device)
         model = decoding_model(model, decode.precision)  # cast or quantized once; the fp32 weights are let go
         source, name = _open_input(args.input)
         total = None
@@ -511,8 +509,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
         from aiayn.serve.app import create_app
     except ImportError as error:
         raise UserError(f"aiayn serve needs FastAPI and uvicorn ({error}): pip install 'aiayn[serve]'") from None
-    from aiayn.device import check_precision
-
     decode = decode_config(args)
     for name, least in (("max_wait_ms", 0), ("max_queue", 1), ("max_texts", 1), ("max_input_tokens", 1)):
         if getattr(args, name) < least:
@@ -525,8 +521,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         listener.close()
         raise UserError(f"cannot listen on {args.host}:{args.port}: {getattr(error, 'strerror', None) or error}") from None
     model, tokenizer, device = _load_for_inference(args.run_dir, args.device)
-    check_precision(device, decode.precision)
-    app = create_app(model, tokenizer, precision=decode.precision, source=str(args.run_dir),
+    app = create_app(  # the decoding copy it makes refuses a precision the device cannot runmodel, tokenizer, precision=decode.precision, source=str(args.run_dir),
                      max_wait_ms=args.max_wait_ms, batch_tokens=decode.batch_tokens, max_queue=args.max_queue,
                      max_texts=args.max_texts, max_input_tokens=args.max_input_tokens)
     host, port = listener.getsockname()[:2]

@@ -27,9 +27,12 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def check_precision(device: torch.device, precision: str) -> None:
-    """fp16 only on a CUDA GPU: it needs loss scaling, and CPUs lack fast fp16."""
+    """fp16 only on a CUDA GPU: it needs loss scaling, and CPUs lack fast fp16. int8 (decoding
+    only) only on a CPU: its kernels are FBGEMM's and oneDNN's."""
     if precision == "fp16" and device.type != "cuda":
         raise ValueError("fp16 needs a CUDA GPU (it needs loss scaling and CPUs lack fast fp16); use bf16 on CPU")
+    if precision == "int8" and device.type != "cpu":
+        raise ValueError("int8 decoding runs on a CPU; use bf16 or fp16 on a GPU")
 
 
 def autocast(device: torch.device, precision: str):

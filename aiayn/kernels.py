@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.device import DTYPES, check_precision
+
 _reference = False
 
 
@@ -172,18 +174,20 @@ def attention_kernel(q: Tensor, k: Tensor, mask: Optional[Tensor], neighborhood:
     """
     if _reference:
         return None
-    if q.dtype != k.dtype:  # an int8 model's fp32 queries against its bf16 cache (`cache_dtype`)
-        kernel = attention_kernel(q.to(k.dtype), k, mask, neighborhood)
-        return kernel and (lambda q, k, v, *rest: kernel(q.to(k.dtype), k, v, *rest).to(q.dtype))
+    bf16_training = k.dtype == torch.bfloat16 and torch.is_grad_enabled()
     if neighborhood is not None:
         key_mask_only = mask is None or (mask.dim() == 4 and mask.size(-2) == 1)
         if q.size(-2) != k.size(-2) or not key_mask_only:
             return None
-        return lambda q, k, v, mask, causal, dropout_p: local_attention(q, k, v, neighborhood, mask, causal, dropout_p)
-    bf16_training = q.dtype == torch.bfloat16 and torch.is_grad_enabled()
-    if q.device.type == "cpu" and (bf16_training or q.size(-2) <= FEW_QUERIES):
-        return matmul_attention
-    return fused_attention
+        kernel = lambda q, k, v, mask, causal, dropout_p: local_attention(q, k, v, neighborhood, mask, causal, dropout_p)  # noqa: E731
+    elif q.device.type == "cpu" and (bf16_training or q.size(-2) <= FEW_QUERIES):
+        kernel = matmul_attention
+    else:
+        kernel = fused_attention
+    if q.dtype == k.dtype:
+        return kernel
+    # An int8 model's fp32 queries against its bf16 cache (`cache_dtype`): computed in the cache's dtype.
+    return lambda q, k, v, *rest: kernel(q.to(k.dtype), k, v, *rest).to(q.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,8 +241,6 @@ def cache_dtype(model: nn.Module, memory: Tensor, beam: int) -> torch.dtype:
 # --------------------------------------------------------------------------------------------
 # Inference weights
 
-_LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     """The model to decode with in `precision`: itself for fp32 or when its weights already are
@@ -248,19 +250,18 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     activations quantized per call (dynamic quantization, the FBGEMM / oneDNN int8 GEMM).
     At decoding's shapes these GEMMs are 1.2-3.3× faster than bf16 ones on an AMD EPYC (Zen 4),
     where int8 weights with bf16 activations (weight-only) are 1.4-2.5× slower than bf16
-    (benchmarks/decode_kernels.py)."""
+    (benchmarks/decode_kernels.py). A precision the device cannot run is refused
+    (`aiayn.device.check_precision`)."""
+    if precision != "int8" and precision not in DTYPES:
+        raise ValueError(f"unknown precision {precision!r}")
+    weight = next(model.parameters())
+    check_precision(weight.device, precision)
     if precision == "fp32" or getattr(model, "inference_precision", None) == precision:
         return model
-    if precision in _LOW:
-        if next(model.parameters()).dtype == _LOW[precision]:
-            return model
-        return copy.deepcopy(model).to(_LOW[precision]).eval()
     if precision != "int8":
-        raise ValueError(f"unknown precision {precision!r}")
-    if next(model.parameters()).device.type != "cpu":
-        raise ValueError("int8 decoding runs on a CPU; use bf16 or fp16 on a GPU")
+        return model if weight.dtype == DTYPES[precision] else copy.deepcopy(model).to(DTYPES[precision]).eval()
     low = copy.deepcopy(model).float().eval()
-    if getattr(low, "output_proj", "absent") is None:  # tied (§3.4): a copy of the embedding to quantize
+    if hasattr(low, "output_proj") and low.output_proj is None:  # tied (§3.4): a copy of the embedding to quantize
         embed = low.decoder.embed.weight if hasattr(low, "decoder") else low.encoder.embed.weight
         low.output_proj = nn.Linear(embed.size(1), embed.size(0), bias=False)
         low.output_proj.weight = nn.Parameter(embed.detach().clone())

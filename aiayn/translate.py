@@ -8,14 +8,12 @@ import dataclasses
 from typing import Callable, Iterable, Optional, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from aiayn import kernels
 from aiayn.config import DECODE_PRESETS, DecodeConfig
-from aiayn.device import check_precision
 from aiayn.model import Transformer
 from aiayn.search import beam_search, greedy
-
 
 
 class ModelStep:
@@ -39,11 +37,9 @@ class ModelStep:
         self.cache.reorder(rows, sentences, beam)
 
 
-def decoding_model(model: nn.Module, precision: str) -> nn.Module:
-    """The model to decode with in `precision` (aiayn.kernels.inference_copy): a copy with its
-    weights cast or quantized once, so that no step casts them again. Callers that decode many
-    times with the same weights make it once themselves."""
-    return kernels.inference_copy(model, precision)
+# The model to decode with in a precision: a copy with its weights cast or quantized once, so that
+# no step casts them again. Callers that decode many times with the same weights make it once.
+decoding_model = kernels.inference_copy
 
 
 def translate_ids(
@@ -65,7 +61,6 @@ def translate_ids(
     decode = dataclasses.replace(decode, **changes) if changes else decode
     config = model.config
     device = next(model.parameters()).device
-    check_precision(device, decode.precision)
     was_training = model.training
     model.eval()
     decoder = decoding_model(model, decode.precision)

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import time
-import warnings
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from aiayn.device import cpu_kind
-from aiayn.kernels import fused_attention, matmul_attention
+from aiayn.kernels import fused_attention, inference_copy, matmul_attention
 from common import RESULTS, command_line, default_threads, machine, spread, write_results
 
 D_MODEL, HEADS, D_HEAD, D_FF, VOCAB = 512, 8, 64, 2048, 8000
@@ -34,16 +33,11 @@ D_MODEL, HEADS, D_HEAD, D_FF, VOCAB = 512, 8, 64, 2048, 8000
 
 def linear_cases(rows: int) -> dict[str, Callable[[], torch.Tensor]]:
     """name -> a call, for each weight shape of the decoder and each way of computing it."""
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
     cases = {}
     for out_features, in_features in ((D_MODEL, D_MODEL), (D_FF, D_MODEL), (D_MODEL, D_FF), (VOCAB, D_MODEL)):
         layer = torch.nn.Linear(in_features, out_features).eval()
         x = torch.randn(rows, in_features)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            dynamic = quantize_dynamic(torch.nn.Sequential(layer), {torch.nn.Linear: per_channel_dynamic_qconfig},
-                                       dtype=torch.qint8)
+        dynamic = inference_copy(torch.nn.Sequential(layer), "int8")  # what `--precision int8` runs
         w, b = layer.weight.detach(), layer.bias.detach()
         scale = w.abs().amax(1) / 127
         w8 = (w / scale[:, None]).round().to(torch.int8)

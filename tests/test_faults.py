@@ -19,6 +19,7 @@ from aiayn import translate as translate_module
 from aiayn.checkpoint import checkpoint_dirs
 from aiayn.cli import main
 from aiayn.config import ModelConfig
+from aiayn.device import check_precision
 from aiayn.marian import export_marian
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
@@ -391,6 +392,13 @@ def test_invalid_utf8_on_stdin(model_dir, capsys, monkeypatch):
                                            ("--extra-len", "-1"), ("--min-len", "-3"), ("--max-output-len", "0")])
 def test_decoding_options_out_of_range(model_dir, capsys, option, value):
     one_line_error(*cli(capsys, "translate", model_dir, option, value)[::2], option)
+
+
+def test_a_decoding_precision_the_device_cannot_run_is_one_line(model_dir, capsys):
+    one_line_error(*cli(capsys, "translate", model_dir, "--precision", "fp16")[::2], "fp16 needs a CUDA GPU")
+    # int8's kernels are CPU ones: the rule holds without a GPU to try it on.
+    with pytest.raises(ValueError, match="int8 decoding runs on a CPU"):
+        check_precision(torch.device("cuda"), "int8")
 
 
 def test_import_hf_of_a_bad_folder(tmp_path, model_dir, capsys):

@@ -28,9 +28,9 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from aiayn.config import DECODE_PRESETS
 from aiayn.serve import BATCH_TOKENS, MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS
 from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
-from aiayn.config import DECODE_PRESETS
 from aiayn.translate import decoding_model, input_token_limit, translate_ids
 from aiayn.visualize import pair_attention
 
