@@ -521,7 +521,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         listener.close()
         raise UserError(f"cannot listen on {args.host}:{args.port}: {getattr(error, 'strerror', None) or error}") from None
     model, tokenizer, device = _load_for_inference(args.run_dir, args.device)
-    app = create_app(  # the decoding copy it makes refuses a precision the device cannot runmodel, tokenizer, precision=decode.precision, source=str(args.run_dir),
+    # The decoding copy create_app makes refuses a precision the device cannot run, in one line.
+    app = create_app(model, tokenizer, precision=decode.precision, source=str(args.run_dir),
                      max_wait_ms=args.max_wait_ms, batch_tokens=decode.batch_tokens, max_queue=args.max_queue,
                      max_texts=args.max_texts, max_input_tokens=args.max_input_tokens)
     host, port = listener.getsockname()[:2]

@@ -396,6 +396,7 @@ def test_decoding_options_out_of_range(model_dir, capsys, option, value):
 
 def test_a_decoding_precision_the_device_cannot_run_is_one_line(model_dir, capsys):
     one_line_error(*cli(capsys, "translate", model_dir, "--precision", "fp16")[::2], "fp16 needs a CUDA GPU")
+    one_line_error(*cli(capsys, "serve", model_dir, "--precision", "fp16", "--port", "0")[::2], "fp16 needs a CUDA GPU")
     # int8's kernels are CPU ones: the rule holds without a GPU to try it on.
     with pytest.raises(ValueError, match="int8 decoding runs on a CPU"):
         check_precision(torch.device("cuda"), "int8")
