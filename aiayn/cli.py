@@ -24,6 +24,7 @@ import torch
 from aiayn.config import (
     DECODE_PRECISIONS,
     DECODE_PRESETS,
+    DEMO_RECIPE,
     PAPER_PARAMS_M,
     PRECISIONS,
     PRESETS,
@@ -146,12 +147,6 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(f"FLOPs per target token (sentence pairs of {length} + {length} tokens)")
     print(f"  forward          {forward / length / 1e6:,.1f} MFLOP")
     print(f"  training         {training_flops(config, length, length) / length / 1e6:,.1f} MFLOP")
-
-
-# A recipe for a 2-core CPU: the budget allows a few hundred steps, so the warm-up is short and
-# batches are small; everything else is §5's.
-DEMO_RECIPE = dict(corpus="bible-en-es", max_tokens=3000, warmup_steps=300, lr_scale=0.5, max_steps=1_000_000,
-                   save_every=200, save_minutes=2.0, log_every=25, eval_every=200, eval_bleu_sentences=100)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

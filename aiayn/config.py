@@ -299,6 +299,12 @@ PRESETS["small"] = ModelConfig(
 )
 
 
+# `aiayn demo`'s recipe, for a budget of minutes on a 2-core CPU: the budget allows a few hundred
+# steps, so the warm-up is short and batches are small; everything else is §5's.
+# benchmarks/demo_recipe.py searches these knobs for the best dev BLEU (docs/demo-recipe.md).
+DEMO_RECIPE: dict = dict(corpus="bible-en-es", max_tokens=3000, warmup_steps=300, lr_scale=0.5, max_steps=1_000_000,
+                         save_every=200, save_minutes=2.0, log_every=25, eval_every=200, eval_bleu_sentences=100)
+
 DECODE_PRESETS: dict[str, DecodeConfig] = {
     "translate": DecodeConfig(),
     # §6.3: "We increased the maximum output length to input length + 300. We used a beam size of
@@ -315,4 +321,4 @@ def preset(name: str) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
 
 
-__all__ = ["ModelConfig", "TrainConfig", "DecodeConfig", "DECODE_PRESETS", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]
+__all__ = ["ModelConfig", "TrainConfig", "DecodeConfig", "DECODE_PRESETS", "DEMO_RECIPE", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]

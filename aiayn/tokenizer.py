@@ -118,6 +118,10 @@ class Tokenizer:
         """The piece an id stands for (e.g. '▁the'), for labelling attention maps."""
         return self._sp.id_to_piece(int(id))
 
+    def piece_to_id(self, piece: str) -> int:
+        """The id of a piece (the unknown id for a piece not in the vocabulary)."""
+        return self._sp.piece_to_id(piece)
+
     @property
     def model_proto(self) -> bytes:
         """The serialized SentencePiece model, as `tokenizer.model` holds it."""

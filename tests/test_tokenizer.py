@@ -64,6 +64,12 @@ def test_decode_drops_padding_bos_and_eos(trained):
     assert tokenizer.decode([t.bos_id, *ids, t.eos_id, t.pad_id, t.pad_id]) == "the light"
 
 
+def test_piece_to_id_inverts_id_to_piece(trained):
+    tokenizer, _ = trained
+    assert all(tokenizer.piece_to_id(tokenizer.id_to_piece(i)) == i for i in range(tokenizer.vocab_size))
+    assert tokenizer.piece_to_id("no such piece") == tokenizer.unk_id
+
+
 def test_encode_batch_equals_encode(trained):
     tokenizer, _ = trained
     texts = ENGLISH + SPANISH + ["", "你好"]

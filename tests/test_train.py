@@ -96,6 +96,9 @@ def test_copy_task_reaches_near_perfect_accuracy(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(50, trainer.step + 1, 50))
     assert records[-1]["loss"] < records[0]["loss"] / 5
+    # The process's memory, for long runs (docs/robustness.md): at least the model's weights.
+    weights_mib = sum(p.numel() * p.element_size() for p in trainer.model.parameters()) / 2**20
+    assert all(r["rss_mib"] > weights_mib for r in records)
     assert (tmp_path / "run" / "loss.png").stat().st_size > 1000
     assert Transformer.load(tmp_path / "run" / "model").config == COPY_MODEL
 

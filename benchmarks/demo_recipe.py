@@ -1,0 +1,195 @@
+"""The demo recipe, searched: which values of the knobs a user of `aiayn train` may set give the
+best BLEU after `aiayn demo`'s training budget (10 minutes) on this machine.
+
+The method stays the paper's (§5: Adam with the warm-up/inverse-square-root rate, label
+smoothing, dropout; §6.1: checkpoint averaging, beam 4, α 0.6); only its numbers are searched.
+A greedy coordinate search from the current demo recipe (`aiayn.config.DEMO_RECIPE`, the `small`
+preset): each knob in turn, each of its candidate values is tried with everything else at the
+best so far, and a value is kept when it raises the dev BLEU. Every candidate is a full
+`aiayn train` in a fresh process with the demo's budget, recipe and seed. Its dev split (647
+verses) is then beam-decoded twice: with the final weights, and with the average of the last 5
+checkpoints (§6.1), which costs no training time, so averaging is judged on every run. The test
+books are decoded only for the baseline and the winner, for the figures.
+
+One run per candidate, one seed: differences smaller than the noise of a seed (not measured
+here) decide nothing; the table shows every run.
+
+    .venv/bin/python benchmarks/demo_recipe.py                 # ~12 min per candidate, resumable
+    .venv/bin/python benchmarks/demo_recipe.py --minutes 0.05 --sentences 8 --runs /tmp/s --out /tmp/s.json  # smoke test
+
+Writes results/demo-recipe-KIND.json (KIND: the CPU kind) and its table as markdown; the run
+folders go to runs/demo-recipe/ (a second call reuses finished runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from aiayn.checkpoint import average_checkpoints, checkpoint_dirs
+from aiayn.config import DEMO_RECIPE, PRESETS, DecodeConfig
+from aiayn.device import cpu_kind
+from aiayn.evaluate import bleu
+from aiayn.model import Transformer
+from aiayn.store import load_store
+from aiayn.tokenizer import Tokenizer
+from aiayn.translate import translate_ids
+from common import RESULTS, command_line, machine, write_results
+
+MINUTES = 10.0  # aiayn demo's default budget
+PRESET = "small"
+PRECISION = "bf16"  # the demo's, on both CPU kinds
+SEED = 1
+AVERAGE_LAST = 5  # §6.1 averages the last 5 checkpoints of the base model
+# Checkpoints in the search runs every 50 steps (the demo: 200), so that the last 5 span the end
+# of a 10-minute run; a save is outside the training-time budget.
+SAVE_EVERY = 50
+
+# The knobs in the order they are searched, with the values tried against the current demo
+# recipe. Vocabulary first: it changes the cost of every step (the output projection) and the
+# tokenizer every later run shares.
+KNOBS: dict[str, list] = {
+    "vocab_size": [4000],
+    "lr_scale": [1.0],
+    "dropout": [0.0],
+    "max_tokens": [2000],
+    "warmup_steps": [150],
+}
+MODEL_KNOBS = {"vocab_size", "dropout"}  # ModelConfig fields; the rest are TrainConfig's
+
+
+def baseline() -> dict:
+    """The demo recipe as it is: the start of the search."""
+    model = PRESETS[PRESET]
+    return {"vocab_size": model.vocab_size, "dropout": model.dropout,
+            **{k: DEMO_RECIPE[k] for k in KNOBS if k not in MODEL_KNOBS}}
+
+
+def name_of(values: dict) -> str:
+    """A run folder name: the knobs that differ from the baseline, or 'baseline'."""
+    changed = [f"{k}={v}" for k, v in values.items() if v != baseline()[k]]
+    return ",".join(changed) or "baseline"
+
+
+def train(values: dict, run: Path, minutes: float) -> None:
+    """`aiayn train` with the demo recipe and `values`, in a fresh process."""
+    recipe = {**DEMO_RECIPE, **{k: v for k, v in values.items() if k not in MODEL_KNOBS},
+              "save_every": SAVE_EVERY, "keep_last": AVERAGE_LAST, "minutes": minutes,
+              "precision": PRECISION, "seed": SEED}
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in recipe.items()]
+    flags += [f"--{k.replace('_', '-')}={values[k]}" for k in MODEL_KNOBS]
+    command = [sys.executable, "-m", "aiayn", "train", "--preset", PRESET, "--out", str(run), *flags]
+    print(" ".join(command[1:]), flush=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+def score(model_dir: Path, run: Path, split: str, sentences: Optional[int]) -> dict:
+    """BLEU of the split (its first `sentences`; None: all) beam-decoded as the demo does (§6.1:
+    beam 4, α 0.6; bf16)."""
+    model, tokenizer = Transformer.load(model_dir).eval(), Tokenizer.load(model_dir)
+    pairs = load_store(run / "data").texts(split)[:sentences]
+    start = time.perf_counter()
+    outputs = translate_ids(model, tokenizer.encode_batch([s for s, _ in pairs]), DecodeConfig(precision=PRECISION))
+    seconds = time.perf_counter() - start
+    value, signature = bleu([tokenizer.decode(o) for o in outputs], [t for _, t in pairs])
+    return {"bleu": round(value, 2), "sentences": len(pairs), "decode_s": round(seconds, 1), "signature": signature}
+
+
+def evaluate(run: Path, sentences: Optional[int]) -> dict:
+    """The dev BLEU with the final weights and with the last checkpoints averaged, plus the
+    run's steps, speed and memory from its log."""
+    averaged = run / f"averaged-last-{AVERAGE_LAST}"
+    if not averaged.exists():
+        average_checkpoints(checkpoint_dirs(run)[-AVERAGE_LAST:], averaged)
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+    trained = [r for r in log if r.get("split") == "train"]
+    return {
+        "steps": trained[-1]["step"], "train_s": trained[-1]["elapsed_s"],
+        "tokens_per_s_median": sorted(r["tokens_per_s"] for r in trained)[len(trained) // 2],
+        "rss_mib_last": trained[-1].get("rss_mib"),
+        "dev": {"final": score(run / "model", run, "dev", sentences), "averaged": score(averaged, run, "dev", sentences)},
+    }
+
+
+def best_of(result: dict) -> tuple[float, str]:
+    """A run's dev BLEU and which weights gave it (final or averaged)."""
+    return max((result["dev"][w]["bleu"], w) for w in ("final", "averaged"))
+
+
+def table_markdown(results: dict, winner: str, minutes: float) -> str:
+    lines = [
+        f"| run | steps in {minutes:g} min | median tok/s | dev BLEU, final weights | dev BLEU, last {AVERAGE_LAST} averaged | kept |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, result in results["runs"].items():
+        dev = result["dev"]
+        lines.append(f"| {name} | {result['steps']:,} | {result['tokens_per_s_median']:,.0f} | {dev['final']['bleu']:.2f} | "
+                     f"{dev['averaged']['bleu']:.2f} | {'**winner**' if name == winner else ('yes' if result['kept'] else '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=MINUTES, help="training time of every run (default 10, the demo's)")
+    parser.add_argument("--runs", type=Path, default=Path("runs/demo-recipe"), help="folder of the run folders")
+    parser.add_argument("--out", type=Path, help="result file (default results/demo-recipe-KIND.json)")
+    parser.add_argument("--sentences", type=int, help="score only the first N dev and test sentences (a smoke test)")
+    args = parser.parse_args()
+    if not args.minutes > 0:
+        sys.exit("--minutes must be positive")
+    out = args.out or RESULTS / f"demo-recipe-{cpu_kind()}.json"
+
+    results = {"benchmark": "demo-recipe", "command": command_line(), "machine": machine(torch.device("cpu"), torch.get_num_threads()),
+               "settings": {"preset": PRESET, "precision": PRECISION, "seed": SEED, "minutes": args.minutes,
+                            "save_every": SAVE_EVERY, "average_last": AVERAGE_LAST, "demo_recipe": DEMO_RECIPE,
+                            "knobs": KNOBS},
+               "runs": {}}
+
+    def run_once(values: dict) -> dict:
+        name = name_of(values)
+        run = args.runs / name
+        done = run / "search-result.json"
+        if not done.exists():
+            if run.exists():
+                sys.exit(f"{run} holds an unfinished run: remove it to train it again")
+            train(values, run, args.minutes)
+            done.write_text(json.dumps({"values": values, **evaluate(run, args.sentences)}, indent=1))
+        result = json.loads(done.read_text())
+        results["runs"][name] = {**result, "kept": False}
+        print(f"{name}: {result['steps']} steps, dev BLEU final {result['dev']['final']['bleu']}, "
+              f"averaged {result['dev']['averaged']['bleu']}", flush=True)
+        return result
+
+    best = baseline()
+    best_bleu = best_of(run_once(best))[0]
+    results["runs"][name_of(best)]["kept"] = True
+    for knob, candidates in KNOBS.items():
+        for value in candidates:
+            values = {**best, knob: value}
+            bleu_value = best_of(run_once(values))[0]
+            if bleu_value > best_bleu:
+                best, best_bleu = values, bleu_value
+                results["runs"][name_of(values)]["kept"] = True
+
+    winner = name_of(best)
+    weights = best_of(results["runs"][winner])[1]
+    results["winner"] = {"name": winner, "values": best, "weights": weights, "dev_bleu": best_bleu}
+    for name in dict.fromkeys(["baseline", winner]):  # test BLEU: the figures, never the choice
+        run = args.runs / name
+        model_dir = run / "model" if best_of(results["runs"][name])[1] == "final" else run / f"averaged-last-{AVERAGE_LAST}"
+        results["runs"][name]["test"] = {"weights": model_dir.name, **score(model_dir, run, "test", args.sentences)}
+        print(f"{name}: test BLEU {results['runs'][name]['test']['bleu']} ({model_dir.name})", flush=True)
+    results["table_markdown"] = table_markdown(results, winner, args.minutes)
+    print("\n" + results["table_markdown"])
+    write_results(out, results)
+
+
+if __name__ == "__main__":
+    main()

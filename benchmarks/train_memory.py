@@ -1,0 +1,128 @@
+"""The resident memory of training over its steps, with and without handing the C heap's free
+memory back to the system (aiayn.device.release_free_memory, which the trainer calls every
+aiayn.train.RELEASE_SECONDS).
+
+    .venv/bin/python benchmarks/train_memory.py --steps 400       # two demo runs, ~8 min -> docs/train-memory-KIND.png
+    .venv/bin/python benchmarks/train_memory.py --plot runs/demo --out x.png   # any run folders' logs
+
+Each run is the demo's training (`small` preset, aiayn.config.DEMO_RECIPE, bf16, seed 1) for
+--steps steps in a fresh process; the second one has the hand-back switched off. Both read the
+`rss_mib` that `aiayn train` writes into every training record of log.jsonl. Prints each run's
+first, last and largest reading and writes results/train-memory-KIND.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from aiayn.checkpoint import atomic_write
+from aiayn.device import cpu_kind
+from common import RESULTS, command_line, machine, write_results
+
+VARIANTS = {"released": "free memory handed back every 10 s (aiayn's default)", "kept": "glibc's default: never handed back"}
+
+
+def child(run: Path, steps: int, keep: bool) -> None:
+    """One demo training of `steps` steps (in this fresh process)."""
+    import aiayn.train
+    from aiayn.config import DEMO_RECIPE, PRESETS, TrainConfig
+
+    if keep:
+        aiayn.train.RELEASE_SECONDS = math.inf
+    recipe = TrainConfig(**{**DEMO_RECIPE, "max_steps": steps, "eval_every": 10**9, "save_every": 10**9},
+                         precision="bf16", seed=1)
+    aiayn.train.train_run(PRESETS["small"], recipe, run, echo=lambda *_: None)
+
+
+def readings(run: Path) -> list[tuple[int, float]]:
+    """(step, RSS MiB) of every training record of a run's log that has both."""
+    log = run / "log.jsonl"
+    if not log.is_file():
+        sys.exit(f"{log} not found: give run folders of `aiayn train` or `aiayn demo`")
+    points = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by an interruption
+        if record.get("split") == "train" and record.get("rss_mib") is not None:
+            points.append((record["step"], record["rss_mib"]))
+    if not points:
+        sys.exit(f"{log} has no rss_mib readings (written by aiayn train since this version)")
+    return points
+
+
+def plot(curves: dict[str, list[tuple[int, float]]], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for label, points in curves.items():
+        steps, mib = zip(*points)
+        axes.plot(steps, mib, label=label)
+    axes.set_xlabel("training step")
+    axes.set_ylabel("resident set (MiB)")
+    axes.set_ylim(bottom=0)
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    atomic_write(out, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    plt.close(figure)
+    print(f"wrote {out}")
+
+
+def summary(points: list[tuple[int, float]]) -> dict:
+    return {"first": {"step": points[0][0], "mib": round(points[0][1])}, "last": {"step": points[-1][0], "mib": round(points[-1][1])},
+            "largest_mib": round(max(m for _, m in points))}
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["_child"]:  # _child RUN STEPS released|kept
+        child(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "kept")
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=400, help="training steps of each run (default 400)")
+    parser.add_argument("--runs", type=Path, default=Path("runs/train-memory"), help="folder of the two run folders")
+    parser.add_argument("--plot", nargs="+", type=Path, metavar="RUN_DIR", help="only plot these runs' logs")
+    parser.add_argument("--out", type=Path, help=f"the PNG (default docs/train-memory-{cpu_kind()}.png)")
+    parser.add_argument("--force", action="store_true", help="replace the run folders of an earlier call")
+    args = parser.parse_args()
+    out = args.out or Path("docs") / f"train-memory-{cpu_kind()}.png"
+    if args.plot:
+        curves = {run.name: readings(run) for run in args.plot}
+    else:
+        if args.steps < 1:
+            sys.exit("--steps must be at least 1")
+        if args.runs.exists() and not args.force:
+            sys.exit(f"{args.runs} exists: pass --force to replace it")
+        subprocess.run(["rm", "-rf", str(args.runs)], check=True)
+        curves = {}
+        for variant, label in VARIANTS.items():
+            print(f"training {args.steps} steps: {label}...", flush=True)
+            subprocess.run([sys.executable, __file__, "_child", str(args.runs / variant), str(args.steps), variant], check=True)
+            curves[label] = readings(args.runs / variant)
+    for label, points in curves.items():
+        s = summary(points)
+        print(f"{label}: {s['first']['mib']:,} MiB at step {s['first']['step']}, {s['last']['mib']:,} MiB at step "
+              f"{s['last']['step']}, largest {s['largest_mib']:,} MiB")
+    plot(curves, out, "Resident memory of the demo's training")
+    if not args.plot:
+        write_results(RESULTS / f"train-memory-{cpu_kind()}.json", {
+            "benchmark": "train-memory", "command": command_line(), "machine": machine(torch.device("cpu"), torch.get_num_threads()),
+            "settings": {"steps": args.steps, "preset": "small", "precision": "bf16"},
+            "runs": {label: {**summary(points), "readings": points} for label, points in curves.items()},
+        })
+
+
+if __name__ == "__main__":
+    main()
