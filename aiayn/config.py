@@ -131,6 +131,9 @@ class TrainConfig:
     seed: int = 1
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16: autocast (CPU AMX, GPU); fp16: GPU
     compile: bool = False  # torch.compile the model
+    # bf16 only: the step runs on a copy of the model with bf16 weights and no autocast; the fp32
+    # model stays the master that Adam updates and checkpoints hold (aiayn.kernels.Bf16Twin)
+    bf16_weights: bool = False
     device: str = "auto"  # auto: cuda if available, else cpu
     # Fine-tune: start from this model or run folder's weights and tokenizer (e.g. an import-hf run)
     init_from: Optional[str] = None
@@ -153,6 +156,8 @@ class TrainConfig:
                 raise ValueError(f"invalid TrainConfig: {name} must be positive, got {value}")
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"invalid TrainConfig: precision must be fp32, bf16 or fp16, got {self.precision!r}")
+        if self.bf16_weights and self.precision != "bf16":
+            raise ValueError(f"invalid TrainConfig: bf16_weights needs precision bf16, got {self.precision!r}")
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":

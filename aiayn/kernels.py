@@ -17,6 +17,8 @@ reference math:
 - `autocast_input` and `cache_dtype`: under autocast, cast an activation once, not once per
   projection; keep the decoder's keys and values in the precision they are computed in (bf16
   for an int8 model on a CPU that computes bf16 fast).
+- `Bf16Twin`: bf16 training with fp32 master weights: a bf16 copy of the model runs the step, the
+  fp32 model takes Adam's update.
 - `inference_copy`: the model to decode with, its weights cast once to bf16/fp16 or quantized to
   int8 (per output channel, dynamic activation scales).
 
@@ -240,6 +242,35 @@ def cache_dtype(model: nn.Module, memory: Tensor, beam: int) -> torch.dtype:
 
 # --------------------------------------------------------------------------------------------
 # Inference weights
+
+
+class Bf16Twin:
+    """Mixed precision with fp32 master weights, for training in bf16 (`TrainConfig.bf16_weights`).
+
+    `model` is a copy of `master` whose weights and buffers are bf16. It runs the forward and
+    backward with no autocast, so no step casts a weight, and LayerNorm, dropout, residuals and
+    their gradients move half the bytes they move in fp32 (autocast keeps those in fp32). After
+    the backward its gradients become the master's (in fp32), Adam updates the fp32 master,
+    and the master's weights are rounded into the copy again: updates smaller than bf16's
+    spacing still accumulate in the master, which checkpoints, validation and decoding use."""
+
+    def __init__(self, master: nn.Module) -> None:
+        self.master = master
+        self.model = copy.deepcopy(master).to(torch.bfloat16)
+        # parameters() lists a tied weight once, in the same order in both
+        self.pairs = list(zip(master.parameters(), self.model.parameters()))
+
+    def grads_to_master(self) -> None:
+        """The copy's gradients, in fp32, as the master's; the copy's are released."""
+        for master, low in self.pairs:
+            master.grad = None if low.grad is None else low.grad.float()
+            low.grad = None
+
+    @torch.no_grad()
+    def weights_from_master(self) -> None:
+        """The master's weights, rounded to bf16, into the copy."""
+        for master, low in self.pairs:
+            low.copy_(master)
 
 
 def inference_copy(model: nn.Module, precision: str) -> nn.Module:

@@ -35,6 +35,7 @@ from aiayn.config import ModelConfig, TrainConfig
 from aiayn.data import BatchStream, collate, make_batches
 from aiayn.device import autocast, check_precision, matmul_peak_flops, release_free_memory, resident_mib, resolve_device
 from aiayn.flops import training_flops
+from aiayn.kernels import Bf16Twin
 from aiayn.loss import label_smoothed_nll
 from aiayn.model import Transformer
 from aiayn.optim import make_optimizer, noam_lr, set_lr
@@ -206,7 +207,11 @@ class Trainer:
             self._keep_log_until(0)  # the steps of an earlier start are done again
         self.stream.epoch_batches()  # cut now, so that a step's time is the step's (4.5M pairs: ~1 s)
         self.scaler = torch.amp.GradScaler("cuda") if train_config.precision == "fp16" else None
-        self.net = self.model
+        # bf16 weights: the step runs on a bf16 copy, the fp32 model stays the master (after any resume)
+        self.twin = Bf16Twin(self.model) if train_config.bf16_weights else None
+        if self.twin and self.world > 1:
+            raise ValueError("bf16_weights trains in one process: its gradients would be summed across processes in bf16")
+        self.net = self.twin.model if self.twin else self.model
         if self.world > 1:
             self.net = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
@@ -286,7 +291,8 @@ class Trainer:
             with context:
                 batch = batch.to(self.device, non_blocking=True)
                 src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
-                with autocast(self.device, self.recipe.precision):
+                # bf16 weights compute in bf16 as they are; otherwise autocast casts for fp32 weights
+                with contextlib.nullcontext() if self.twin else autocast(self.device, self.recipe.precision):
                     logits = self.net(src, tgt_in)  # (B, T, V)
                 loss, nll = label_smoothed_nll(logits, tgt_out, self.recipe.label_smoothing, self.config.pad_id)
                 # DDP averages gradients over ranks; × world makes it a sum over all tokens.
@@ -295,12 +301,16 @@ class Trainer:
             totals += torch.stack([loss.detach().float().cpu(), nll.detach().float().cpu()])
             rows = src.size(0)
             flops += rows * training_flops(self.config, batch.n_src_tokens / rows, batch.n_tgt_tokens / rows)
+        if self.twin:
+            self.twin.grads_to_master()
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.twin:
+            self.twin.weights_from_master()
         self.step += 1
         if self.world > 1:
             dist.all_reduce(totals)

@@ -22,6 +22,12 @@ from aiayn.device import cpu_kind  # noqa: F401  (one definition, for the result
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ONE_CASE = HERE / "one_case.py"
+# Peers that train, each in its own environment (benchmarks/setup_train_peers.sh), measured by
+# its harness in benchmarks/peers/: the environment's python and the harness.
+PEER_ENVS = {
+    "eole": (HERE / ".venv-eole" / "bin" / "python", HERE / "peers" / "eole_peer.py"),
+    "onmt": (HERE / ".venv-peers" / "bin" / "python", HERE / "peers" / "onmt_peer.py"),
+}
 
 
 def default_threads() -> int:
@@ -29,12 +35,14 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def run_case(args: list[str], threads: int) -> dict:
-    """Run one measurement in a fresh process (`one_case.py ARGS`) and return its JSON line, or
-    {"error": ...} so that one failure does not end a long run. Thread counts are also fixed
-    through the environment, for the OpenMP pools that torch.set_num_threads does not reach."""
+def run_case(args: list[str], threads: int, peer: Optional[str] = None) -> dict:
+    """Run one measurement in a fresh process (`one_case.py ARGS`, or a peer's harness in the
+    peer's environment) and return its JSON line, or {"error": ...} so that one failure does not
+    end a long run. Thread counts are also fixed through the environment, for the OpenMP pools
+    that torch.set_num_threads does not reach."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    proc = subprocess.run([sys.executable, str(ONE_CASE), *args], capture_output=True, text=True, env=env)
+    program = [str(path) for path in PEER_ENVS[peer]] if peer else [sys.executable, str(ONE_CASE)]
+    proc = subprocess.run([*program, *args], capture_output=True, text=True, env=env)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
         try:

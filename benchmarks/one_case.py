@@ -20,13 +20,13 @@ import torch
 
 import systems
 from aiayn.device import autocast, matmul_peak_flops, resolve_device
-from aiayn.flops import training_flops
 from common import Timer, memory_mib, peak_memory_mib
 
 
 def train(args, device: torch.device) -> dict:
     start_mib = memory_mib(device)
-    system = systems.build(args.system, device, args.precision, args.threads, compile=args.compile)
+    system = systems.build(args.system, device, args.precision, args.threads, compile=args.compile,
+                           bf16_weights=args.bf16_weights)
     batch = systems.training_batch(args.rows, system.specials, device)
     for _ in range(args.warmup):
         system.train_step(*batch)
@@ -34,10 +34,9 @@ def train(args, device: torch.device) -> dict:
         for _ in range(args.steps):
             system.train_step(*batch)
     tokens = args.rows * systems.TGT_LEN * args.steps  # target tokens, the unit of the paper's batches
-    # The same model FLOPs for every system: the shape is the same.
-    flops = args.rows * training_flops(systems.CONFIG, systems.SRC_LEN, systems.TGT_LEN) * args.steps
     return {
-        "tokens_per_s": tokens / timer.seconds, "seconds": timer.seconds, "tflops": flops / timer.seconds / 1e12,
+        "tokens_per_s": tokens / timer.seconds, "seconds": timer.seconds,
+        "tflops": systems.training_tflops(tokens / timer.seconds),  # the same model FLOPs for every system
         "peak_mib": peak_memory_mib(device), "start_mib": start_mib,
         "parameters": sum(p.numel() for p in system.model.parameters()),  # evidence of the common shape
     }
@@ -103,6 +102,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--steps", type=int, required=True, help="timed steps")
     p.add_argument("--compile", action="store_true", help="torch.compile (aiayn only)")
+    p.add_argument("--bf16-weights", action="store_true", help="bf16 weights, fp32 master (aiayn only)")
 
     p = tasks.add_parser("decode")
     p.add_argument("--system", choices=systems.SYSTEMS, required=True)

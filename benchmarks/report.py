@@ -22,10 +22,11 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from common import RESULTS, command_line  # noqa: E402
+from systems import PEER_NAMES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = {"aiayn": "aiayn", "torch": "torch.nn.Transformer", "marian": "HF MarianMTModel",
-         "ctranslate2": "CTranslate2", "matmul": "matmul"}
+         "ctranslate2": "CTranslate2", "matmul": "matmul", **PEER_NAMES}
 PRECISIONS = {"fp32": "fp32", "bf16": "bf16", "int8": "int8"}
 
 
@@ -58,7 +59,8 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def system_name(case: dict) -> str:
-    return NAMES[case["system"]] + (" (torch.compile)" if case.get("compile") else "")
+    return NAMES[case["system"]] + (" (torch.compile)" if case.get("compile") else "") + \
+        (" (bf16 weights)" if case.get("bf16_weights") else "")
 
 
 def machine_section(info: dict, settings_line: str) -> list[str]:

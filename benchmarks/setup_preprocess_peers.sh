@@ -17,19 +17,9 @@
 #   common is not allowed: use default_factory". (It would also pull torchaudio.)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(dirname "$here")"
-python="${PYTHON:-python3}"
 venv="$here/.venv-peers"
-
-test -x "$venv/bin/python" || "$python" -m venv "$venv"
-
-# PIP_CONSTRAINT as well as -c: pip hands the environment, not -c, on to the isolated build
-# environments of any source distribution, which would otherwise be free to fetch another torch.
-export PIP_CONSTRAINT="$root/constraints.txt"
-pip=("$venv/bin/python" -m pip install -q -c "$root/constraints.txt")
-"${pip[@]}" --upgrade pip
-"${pip[@]}" torch sentencepiece "OpenNMT-py==3.0.4"
-"$venv/bin/python" -m pip check
+source "$here/peer_venv.sh"
+peer_venv "$venv" sentencepiece "OpenNMT-py==3.0.4"
 "$venv/bin/python" - <<'PY'
 import warnings
 warnings.simplefilter("ignore", FutureWarning)  # onmt 3.0.4 uses torch.cuda.amp.custom_fwd

@@ -29,7 +29,7 @@ import torch
 
 import systems
 from aiayn.device import resolve_device
-from common import command_line, default_output, default_threads, machine, run_case, spread, write_results
+from common import PEER_ENVS, command_line, default_output, default_threads, machine, run_case, spread, write_results
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -57,15 +57,20 @@ class Case:
     precision: str
     beam: Optional[int] = None  # decode only
     compile: bool = False  # aiayn under torch.compile
+    bf16_weights: bool = False  # aiayn with bf16 weights and fp32 master weights (TrainConfig.bf16_weights)
 
     @property
     def label(self) -> str:
-        system = self.system + (" (compiled)" if self.compile else "")
+        system = self.system + (" (compiled)" if self.compile else "") + (" (bf16 weights)" if self.bf16_weights else "")
         beam = f" beam {self.beam}" if self.beam else ""
         return f"{self.task} {system} {self.precision}{beam}"
 
     def args(self, settings: Settings, device: torch.device, threads: int, ct2_dirs: dict[str, Path]) -> list[str]:
-        """The command line of one_case.py that measures this case."""
+        """The command line of one_case.py (or of the peer's harness) that measures this case."""
+        if self.system in PEER_ENVS:
+            return [str(a) for a in ("speed", "--precision", self.precision, "--rows", settings.rows,
+                                     "--src-len", systems.SRC_LEN, "--tgt-len", systems.TGT_LEN, "--vocab", systems.VOCAB,
+                                     "--warmup", settings.train_warmup, "--steps", settings.train_steps, "--threads", threads)]
         common = ["--device", str(device), "--threads", str(threads)]
         if self.task == "peak":
             return [*common, "peak", "--precision", self.precision]
@@ -73,6 +78,7 @@ class Case:
         if self.task == "train":
             args += ["--rows", settings.rows, "--warmup", settings.train_warmup, "--steps", settings.train_steps]
             args += ["--compile"] if self.compile else []
+            args += ["--bf16-weights"] if self.bf16_weights else []
         else:
             args += ["--beam", self.beam, "--sentences", settings.sentences,
                      "--warmup", settings.decode_warmup, "--calls", settings.decode_calls]
@@ -86,6 +92,10 @@ def make_cases(tasks: list[str], names: list[str], device: torch.device, compile
     if "train" in tasks:
         trainable = [s for s in names if s in systems.TRAINABLE]
         cases += [Case("train", s, p) for s in trainable for p in PRECISIONS]
+        cases += [Case("train", s, p) for s in names if s in PEER_ENVS for p in systems.PEER_PRECISIONS[s]
+                  if device.type == "cpu"]  # the peers' harnesses build on the CPU
+        if "aiayn" in names:
+            cases += [Case("train", "aiayn", "bf16", bf16_weights=True)]
         if compile and "aiayn" in names:
             cases += [Case("train", "aiayn", p, compile=True) for p in PRECISIONS]
     if "decode" in tasks:
@@ -122,7 +132,7 @@ def summarize(cases: list[Case], runs: list[dict]) -> list[dict]:
     for row in rows:
         if row["task"] == "peak" or "tokens_per_s" not in row:
             continue
-        aiayn = dict(task=row["task"], system="aiayn", compile=False, beam=row["beam"])
+        aiayn = dict(task=row["task"], system="aiayn", compile=False, bf16_weights=False, beam=row["beam"])
         ref = find("tokens_per_s", **aiayn, precision=row["precision"]) or find("tokens_per_s", **aiayn, precision="fp32")
         if ref:
             row["reference"] = ref["label"]
@@ -142,7 +152,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=default_threads(), help="for every system (default: all cores)")
     parser.add_argument("--reps", type=int, help=f"repetitions of every case (default {FULL.reps})")
     parser.add_argument("--tasks", nargs="+", choices=("train", "decode"), default=["train", "decode"])
-    parser.add_argument("--systems", nargs="+", choices=systems.SYSTEMS, default=list(systems.SYSTEMS))
+    parser.add_argument("--systems", nargs="+", choices=(*systems.SYSTEMS, *PEER_ENVS), default=list(systems.SYSTEMS),
+                        help="eole and onmt (training only) need `bash benchmarks/setup_train_peers.sh`")
     parser.add_argument("--compile", action="store_true", help="also train aiayn under torch.compile")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks that every case runs")
     parser.add_argument("--out", type=Path, help="result file (default results/speed-DEVICE.json)")
@@ -152,12 +163,16 @@ def main() -> None:
     missing = [needed[s] for s in args.systems if s in needed and importlib.util.find_spec(needed[s]) is None]
     if missing:
         sys.exit(f"{', '.join(missing)} not installed: run `bash benchmarks/setup.sh` and use benchmarks/.venv/bin/python")
+    absent = [str(PEER_ENVS[s][0]) for s in args.systems if s in PEER_ENVS and not PEER_ENVS[s][0].exists()]
+    if absent:
+        sys.exit(f"{', '.join(absent)} missing: run `bash benchmarks/setup_train_peers.sh`")
     device = resolve_device(args.device)
     settings = QUICK if args.quick else FULL
     if args.reps:
         settings = Settings(**{**asdict(settings), "reps": args.reps})
     cases = make_cases(args.tasks, args.systems, device, args.compile)
     runs = []
+    peer_notes: dict[str, list[str]] = {}  # what each peer's harness says differs from the common shape
     with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as scratch:
         ct2_dirs = {}
         ct2_precisions = sorted({c.precision for c in cases if c.system == "ctranslate2"})
@@ -170,7 +185,12 @@ def main() -> None:
             ct2_dirs = {p: Path(converted[systems.CT2_TYPES[p]]) for p in ct2_precisions}
         for rep in range(settings.reps):
             for case in cases:
-                result = run_case(case.args(settings, device, args.threads, ct2_dirs), args.threads)
+                peer = case.system if case.system in PEER_ENVS else None
+                result = run_case(case.args(settings, device, args.threads, ct2_dirs), args.threads, peer)
+                if peer:
+                    peer_notes[peer] = result.pop("fairness_notes", peer_notes.get(peer, []))
+                    if "tokens_per_s" in result:  # the same model FLOPs as one_case.train counts
+                        result["tflops"] = systems.training_tflops(result["tokens_per_s"])
                 runs.append({"case": asdict(case), "rep": rep, **result})
                 shown = result.get("error") or ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float))
                 print(f"[{rep + 1}/{settings.reps}] {case.label}: {shown}", flush=True)
@@ -182,7 +202,7 @@ def main() -> None:
         "machine": machine(device, args.threads),
         "settings": {**asdict(settings), "src_len": systems.SRC_LEN, "tgt_len": systems.TGT_LEN,
                      "out_len": systems.OUT_LEN, "vocab": systems.VOCAB, "label_smoothing": systems.LABEL_SMOOTHING},
-        "fairness_notes": list(systems.FAIRNESS_NOTES),
+        "fairness_notes": list(systems.FAIRNESS_NOTES) + [f"{systems.PEER_NAMES[p]}: {n}" for p, ns in peer_notes.items() for n in ns],
         "cases": summarize(cases, runs),
         "runs": runs,
     }

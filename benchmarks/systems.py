@@ -32,6 +32,8 @@ from torch import Tensor, nn
 
 from aiayn.config import PRESETS, ModelConfig
 from aiayn.device import autocast
+from aiayn.flops import training_flops
+from aiayn.kernels import Bf16Twin
 from aiayn.loss import label_smoothed_nll
 from aiayn.model import EncoderLayer, Transformer, sinusoidal_positions
 from aiayn.optim import make_optimizer, set_lr
@@ -48,6 +50,10 @@ LEARNING_RATE = 1e-4  # any positive rate: it does not change the cost of a step
 
 SYSTEMS = ("aiayn", "torch", "marian", "ctranslate2")
 TRAINABLE = ("aiayn", "torch", "marian")  # CTranslate2 is an inference engine
+# Peers measured by their own harness in their own environment (benchmarks/peers/), training
+# only, in the precisions they can train in on a CPU.
+PEER_PRECISIONS = {"eole": ("fp32", "bf16"), "onmt": ("fp32",)}  # OpenNMT-py 3.0.4 has no bf16
+PEER_NAMES = {"eole": "Eole 0.6.4", "onmt": "OpenNMT-py 3.0.4"}
 
 # What differs between the systems despite the common shape: written into every result file and
 # the report, so that no ratio is read without them.
@@ -81,6 +87,13 @@ FAIRNESS_NOTES = (
     "FBGEMM/oneDNN kernels; attention, cache and softmax in fp32); CTranslate2 runs its own int8 kernels.",
     "CTranslate2 is converted from the same Marian model (same seed); its vocabulary drops the pad "
     "row (7,999 entries) and its decoder starts from a zero embedding, as for any Marian model.",
+    "Eole 0.6.4 and OpenNMT-py 3.0.4 (training only) are measured by their harnesses in "
+    "benchmarks/peers/, each in its own environment, on the same batch shape and Transformer-base "
+    "shape built through their own configs, model builders, losses, optimizers and trainer step "
+    "(not their data pipelines). Both are pre-norm (neither offers post-norm in its decoder) and "
+    "add an 8,000-entry output bias. Eole's bf16 is its pure bf16 (bf16 weights and Adam states, "
+    "torch-optimi's Kahan-summed Adam), against aiayn's bf16 autocast with fp32 weights; "
+    "OpenNMT-py 3.0.4 cannot train in bf16. Their own notes follow below.",
     "Achieved FLOP/s count the same model FLOPs for every system (aiayn.flops.training_flops: "
     "matrix products only, backward = 2 × forward).",
     "Peak memory is the peak resident set of the whole measuring process (model, optimiser, "
@@ -117,6 +130,12 @@ def training_batch(rows: int, specials: Specials, device: torch.device, seed: in
     tgt_in = torch.cat([column(specials.start), tgt_ids], dim=1)
     tgt_out = torch.cat([tgt_ids, column(specials.eos)], dim=1)
     return src.to(device), tgt_in.to(device), tgt_out.to(device)
+
+
+def training_tflops(tokens_per_s: float) -> float:
+    """Achieved TFLOP/s of training at `tokens_per_s` target tokens/s: the model FLOPs of the
+    common shape (aiayn.flops.training_flops), the count every system is measured against."""
+    return tokens_per_s / TGT_LEN * training_flops(CONFIG, SRC_LEN, TGT_LEN) / 1e12
 
 
 def decode_sources(sentences: int, seed: int = 1) -> list[list[int]]:
@@ -172,13 +191,26 @@ class Aiayn(_TorchSystem):
 
     specials = AIAYN_SPECIALS
 
-    def __init__(self, device: torch.device, precision: str, compile: bool = False) -> None:
+    def __init__(self, device: torch.device, precision: str, compile: bool = False, bf16_weights: bool = False) -> None:
         super().__init__(Transformer(CONFIG), device, precision)
-        self.net = torch.compile(self.model) if compile else self.model
+        # bf16 weights (TrainConfig.bf16_weights): the step runs on a bf16 copy, Adam on the fp32 model
+        self.twin = Bf16Twin(self.model) if bf16_weights else None
+        net = self.twin.model if self.twin else self.model
+        self.net = torch.compile(net) if compile else net
         self.low: Optional[Transformer] = None  # the bf16 copy that decoding uses
 
     def logits(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.net(src, tgt_in)
+
+    def train_step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> None:
+        if self.twin is None:
+            return super().train_step(src, tgt_in, tgt_out)
+        self.net.train()  # as aiayn.train.Trainer._train_step with bf16_weights: no autocast
+        self.loss(self.logits(src, tgt_in), tgt_out).backward()
+        self.twin.grads_to_master()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.twin.weights_from_master()
 
     def loss(self, logits: Tensor, tgt_out: Tensor) -> Tensor:
         loss, _ = label_smoothed_nll(logits, tgt_out, LABEL_SMOOTHING, CONFIG.pad_id)  # summed
@@ -418,12 +450,13 @@ class CTranslate2:
         return [[self.ids[token] for token in r.hypotheses[0]] for r in results]
 
 
-def build(system: str, device: torch.device, precision: str, threads: int, ct2_dir: Optional[Path] = None, compile: bool = False):
+def build(system: str, device: torch.device, precision: str, threads: int, ct2_dir: Optional[Path] = None,
+          compile: bool = False, bf16_weights: bool = False):
     """The named system; callers seed torch first so that weights are the same every run."""
     if system == "aiayn":
-        return Aiayn(device, precision, compile)
-    if compile:
-        raise ValueError("--compile applies to aiayn only")
+        return Aiayn(device, precision, compile, bf16_weights)
+    if compile or bf16_weights:
+        raise ValueError("--compile and --bf16-weights apply to aiayn only")
     if system == "torch":
         return TorchPeer(device, precision)
     if system == "marian":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +106,7 @@ def main() -> None:
             sys.exit("--steps must be at least 1")
         if args.runs.exists() and not args.force:
             sys.exit(f"{args.runs} exists: pass --force to replace it")
-        subprocess.run(["rm", "-rf", str(args.runs)], check=True)
+        shutil.rmtree(args.runs, ignore_errors=True)
         curves = {}
         for variant, label in VARIANTS.items():
             print(f"training {args.steps} steps: {label}...", flush=True)

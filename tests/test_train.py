@@ -103,6 +103,29 @@ def test_copy_task_reaches_near_perfect_accuracy(tmp_path):
     assert Transformer.load(tmp_path / "run" / "model").config == COPY_MODEL
 
 
+def test_bf16_weights_train_a_bf16_copy_and_keep_fp32_weights_in_checkpoints_and_on_resume(tmp_path):
+    """TrainConfig.bf16_weights: the step runs on the bf16 copy, Adam on the fp32 master, which
+    the checkpoints hold; a resumed run rebuilds the copy from the restored master."""
+    recipe = TrainConfig(max_tokens=256, warmup_steps=10, max_steps=6, save_every=3, log_every=3, eval_every=10_000,
+                         precision="bf16", bf16_weights=True, seed=0)
+    trainer = Trainer(COPY_MODEL, recipe, tmp_path / "run", TrainData(copy_pairs(200, 0)), echo=lambda _: None)
+    start = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.fit()
+    assert trainer.net is trainer.twin.model
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert any(not torch.equal(p, s) for p, s in zip(trainer.model.parameters(), start))
+    assert all(torch.equal(low, master.bfloat16()) for master, low in trainer.twin.pairs)
+    saved = Transformer.load(tmp_path / "run" / "model")
+    assert all(p.dtype == torch.float32 and torch.equal(p, q) for p, q in zip(saved.parameters(), trainer.model.parameters()))
+    resumed = Trainer(COPY_MODEL, dataclasses.replace(recipe, max_steps=9), tmp_path / "run",
+                      TrainData(copy_pairs(200, 0)), resume=True, echo=lambda _: None)
+    assert resumed.step == 6
+    assert all(torch.equal(low, master.bfloat16()) for master, low in resumed.twin.pairs)
+    assert all(torch.equal(p, q) for p, q in zip(resumed.model.parameters(), trainer.model.parameters()))
+    with pytest.raises(ValueError, match="bf16_weights needs precision bf16"):
+        TrainConfig(bf16_weights=True)
+
+
 # --- The command line: resume after SIGKILL, DDP, averaging -------------------------------
 
 WORDS = "the a small big red blue cat dog bird fish sees likes eats finds near under over with".split()

@@ -1,0 +1,386 @@
+"""Eole 0.6.4 (OpenNMT's successor) as a peer in aiayn's benchmarks.
+
+Run with the interpreter of ``benchmarks/.venv-eole`` (made by benchmarks/setup_train_peers.sh).
+Standalone: it imports only the standard library, torch and eole, never aiayn.
+Three subcommands, each printing exactly one JSON line as the last line of stdout (Eole's own
+logs go to stderr); a user error or an unsupported case exits non-zero with one line on stderr.
+
+``speed``
+    Training throughput of Transformer-base on one synthetic, padding-free batch. The model is
+    built by Eole itself: a ``TrainConfig`` (Eole's pydantic config classes) is validated, the
+    shared vocabulary is read by Eole's ``build_vocab``, the model by
+    ``get_model_class(config.model).for_training`` (Eole's builder and weight init), the optimizer
+    by ``Optimizer.from_config`` (Eole's wrapper: noam schedule, AMP scaler or none), and the loss
+    and trainer by ``build_trainer`` (Eole's ``LossCompute`` with label smoothing inside its
+    ``Trainer``). Every step goes through ``Trainer._accum_batches`` (Eole's token normalisation)
+    and ``Trainer._train_step`` (zero_grad, forward under Eole's autocast choice, loss, backward,
+    gradient sync no-op, ``Optimizer.step``). Not exercised: Eole's data pipeline (corpus reading,
+    transforms, bucketing, padding/tensorify), ``Trainer.train``'s reporting, validation and
+    checkpointing around the step. The batch is hand-made in the format of Eole's ``tensorify``:
+    ``tgt`` is BOS + tokens + EOS (``tgt_len + 1`` ids, the model feeds ``tgt[:, :-1]`` to the
+    decoder and the loss scores ``tgt[:, 1:]``).
+
+    Unsupported cases: none on this CPU; Eole trains in fp32 and in (pure) bf16.
+
+``train``
+    Writes Eole's own YAML config and runs Eole's training CLI (``eole train -config``) as a child
+    for a wall-clock budget, then reports the last complete checkpoint. All of Eole's training
+    loop runs: its data pipeline, Trainer.train, reporting and checkpointing.
+
+``translate``
+    Decodes with Eole's own inference engine (``InferenceEnginePY``, the one behind
+    ``eole predict``): beam search with GNMT length penalty.
+
+Fairness notes (also in ``FAIRNESS_NOTES``, printed in every result):
+"""
+
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import UserError, main, measure_speed, run_for, set_threads, status_mib, thread_env
+
+FAIRNESS_NOTES = [
+    (
+        "pre-norm: Eole's decoder layer is pre-norm only (its encoder alone has a post-norm "
+        "style), so both stacks use Eole's default pre-norm with a final layer norm"
+    ),
+    (
+        "biases on the attention (q/k/v/output) and feed-forward projections are switched on "
+        "(Eole's default has none) to match the paper's layers; the tied output projection keeps "
+        "Eole's generator bias (one parameter per vocabulary entry)"
+    ),
+    "weights are initialised by Eole with xavier_uniform (its default is uniform +-0.1)",
+    "loss is normalised per target token (Eole's default normalises per sentence)",
+    "no gradient clipping (max_grad_norm 0; Eole's default clips at 5)",
+    (
+        "sinusoidal positions are SinusoidalInterleaved (sin/cos on even/odd dims, as in the "
+        "paper); embeddings are scaled by sqrt(d_model) by Eole"
+    ),
+    (
+        "bf16 is Eole's 'pure' bf16 (compute_dtype bf16, use_amp false): weights, activations and "
+        "Adam states in bf16, with torch-optimi's Adam (Kahan-summed updates) instead of "
+        "torch.optim; compute_dtype bf16 with Eole's default use_amp true would be torch AMP "
+        "(fp32 weights, bf16 autocast, GradScaler) instead"
+    ),
+    (
+        "train: Eole reads the corpus with its own dynamic iterator (no transforms, no length "
+        "filter, num_workers 0 so no loader processes compete for the CPU threads); dev.* is "
+        "not used (no validation during training)"
+    ),
+    (
+        "train: a token batch is Eole's: sentences x the longest of (source, BOS + target + EOS) "
+        "in the batch, padding included, up to max-tokens"
+    ),
+    (
+        "train and translate: Eole's data pipeline gives the encoder the source without EOS "
+        "(its encoder-decoder format); the speed batch ends every source with EOS as asked"
+    ),
+    (
+        "train: stopped by SIGTERM once the time budget is spent; Eole saves nothing on a stop, "
+        "so the last checkpoint it completed is used"
+    ),
+    (
+        "translate: Eole's only relative length limit is ratio * padded batch source length + 5, "
+        "so the ratio is switched off and max_length = longest source in the file + extra_len "
+        "holds for every sentence"
+    ),
+]
+__doc__ += "".join(f"\n- {note}" for note in FAIRNESS_NOTES) + "\n"
+
+# The specials that head vocab.txt, in id order, and the ids they must keep.
+SPECIALS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+
+
+def _config_dict(*, vocab_path, vocab_size, layers, d_model, heads, d_ff, dropout, label_smoothing,
+                 precision, learning_rate, warmup_steps, seed):
+    """Eole's config (the shape of its YAML) for the common Transformer shape.
+
+    learning_rate with decay_method noam gives lr = learning_rate * d_model^-0.5 *
+    min(step^-0.5, step * warmup^-1.5): Eole's noam_decay is exactly that factor, taken with
+    model.hidden_size, and its Optimizer multiplies it by learning_rate, counting steps from 1.
+    """
+    return {
+        "seed": seed,
+        "src_vocab": str(vocab_path),
+        "share_vocab": True,
+        # the whole vocabulary, ids as in the file: no frequency cap, no padding of its size
+        "src_vocab_size": vocab_size,
+        "tgt_vocab_size": vocab_size,
+        "vocab_size_multiple": 1,
+        **SPECIALS,
+        "model": {
+            "architecture": "transformer",
+            "layers": layers,
+            "hidden_size": d_model,
+            "heads": heads,
+            "transformer_ff": d_ff,
+            "mlp_activation_fn": "relu",
+            "add_qkvbias": True,
+            # implied by add_qkvbias at model level, but Eole 0.6.4 does not pass that on to the
+            # encoder, whose checkpoint then lacks the bias its reloaded config asks for
+            "add_final_linear_bias": True,
+            "add_ffnbias": True,
+            "share_embeddings": True,
+            "share_decoder_embeddings": True,
+            "embeddings": {
+                "word_vec_size": d_model,
+                "position_encoding_type": "SinusoidalInterleaved",
+            },
+        },
+        "training": {
+            "compute_dtype": precision,
+            # use_amp false is Eole's "pure" bf16 (bf16 weights, torch-optimi's Adam). It is set
+            # for bf16 only: with use_amp false Eole swaps in torch-optimi for fp32 too, where its
+            # default (use_amp true, no effect on fp32 compute) keeps torch.optim.Adam.
+            "use_amp": precision != "bf16",
+            "param_init_method": "xavier_uniform",
+            "optim": "adam",
+            "adam_beta1": 0.9,
+            "adam_beta2": 0.98,
+            "adam_eps": 1e-9,
+            "learning_rate": learning_rate,
+            "decay_method": "noam",
+            "warmup_steps": warmup_steps,
+            "max_grad_norm": 0,
+            "label_smoothing": label_smoothing,
+            "dropout": [dropout],
+            "attention_dropout": [0.0],
+            "normalization": "tokens",
+            "accum_count": [1],
+            "world_size": 1,
+            "gpu_ranks": [],
+            "num_workers": 0,
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# speed
+
+
+def cmd_speed(args):
+    """Time `steps` optimizer steps of Transformer-base through Eole's Trainer on one batch."""
+    set_threads(args.threads)
+    start_mib = status_mib("VmRSS")
+    import torch
+    from eole.config.run import TrainConfig
+    from eole.inputters.inputter import build_vocab
+    from eole.models.model import get_model_class
+    from eole.trainer import build_trainer
+    from eole.transforms import get_specials, get_transforms_cls
+    from eole.utils import Statistics
+    from eole.utils.misc import set_random_seed
+    from eole.utils.optimizers import Optimizer
+
+    if args.vocab <= 5 or min(args.src_len, args.tgt_len) < 2 or min(args.rows, args.steps) < 1:
+        raise UserError("need --vocab > 5, --src-len and --tgt-len >= 2, --rows and --steps >= 1")
+    with tempfile.TemporaryDirectory() as tmp:
+        # Eole reads its vocabulary from a file; this one has the specials at ids 0..3.
+        vocab_path = Path(tmp, "vocab.txt")
+        pieces = list(SPECIALS.values()) + [f"w{i}" for i in range(len(SPECIALS), args.vocab)]
+        vocab_path.write_text("".join(f"{p}\t1\n" for p in pieces))
+        config = TrainConfig(
+            data={},
+            **_config_dict(
+                vocab_path=vocab_path, vocab_size=args.vocab, layers=6, d_model=512, heads=8,
+                d_ff=2048, dropout=0.1, label_smoothing=0.1, precision=args.precision,
+                # the paper's schedule; the rate does not change the time of a step
+                learning_rate=1.0, warmup_steps=4000, seed=args.seed,
+            ),
+        )
+        config._validate_data_config()  # as train_single does: derives the transform list
+        set_random_seed(config.seed, False)
+        specials = get_specials(config, get_transforms_cls(config._all_transform))
+        vocabs = build_vocab(config, specials)
+    model = get_model_class(config.model).for_training(
+        config.model, vocabs, config.training, device_id=-1  # -1: the CPU
+    )
+    optim = Optimizer.from_config(model, config)
+    trainer = build_trainer(config, -1, model, vocabs, optim, model_saver=None)
+
+    ids = {name: vocabs["src"][token] for name, token in SPECIALS.items()}
+    assert ids == {"pad_token": 0, "bos_token": 1, "eos_token": 2, "unk_token": 3}, ids
+    gen = torch.Generator().manual_seed(args.seed)
+    src_body = torch.randint(4, args.vocab - 1, (args.rows, args.src_len - 1), generator=gen)
+    tgt_body = torch.randint(4, args.vocab - 1, (args.rows, args.tgt_len - 1), generator=gen)
+
+    def column(token):
+        return torch.full((args.rows, 1), ids[token])
+
+    batch = {
+        "src": torch.cat([src_body, column("eos_token")], 1),
+        "srclen": torch.full((args.rows,), args.src_len),
+        "tgt": torch.cat([column("bos_token"), tgt_body, column("eos_token")], 1),
+        "tgtlen": torch.full((args.rows,), args.tgt_len + 1),
+        "prefix_len": None,
+        "images": None,
+        "cid": ["speed"] * args.rows,
+        "cid_line_number": list(range(args.rows)),
+    }
+
+    def one_step():
+        # The iterator yields (batch, bucket_idx) like Eole's DynamicDatasetIter.
+        for batches, normalization in trainer._accum_batches(iter([(batch, 0)])):
+            trainer._train_step(
+                batches, normalization, Statistics(), Statistics(), step=optim.training_step
+            )
+
+    weights = "/".join(sorted({str(p.dtype) for p in model.parameters()}))
+    adam = type(optim._optimizer)
+    return measure_speed(args, one_step, model, start_mib, (
+        f"compute_dtype {args.precision}, use_amp {str(config.training.use_amp).lower()}: "
+        f"weights {weights}, optimizer {adam.__module__}.{adam.__name__}, "
+        f"autocast {'on' if optim.amp else 'off'}"
+    ))
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+
+
+def _last_checkpoint(model_dir):
+    """(step, path) of the newest complete step_N checkpoint Eole wrote, or (None, None).
+
+    Eole's saver writes config.json last, so a step_N with a readable config.json is complete;
+    one cut short by the stop has none and is skipped.
+    """
+    steps = []
+    for path in Path(model_dir).glob("step_*"):
+        match = re.fullmatch(r"step_(\d+)", path.name)
+        if match and (path / "model.00.safetensors").is_file():
+            try:
+                json.loads((path / "config.json").read_text())
+            except (OSError, ValueError):
+                continue
+            steps.append((int(match.group(1)), path))
+    return max(steps) if steps else (None, None)
+
+
+def _write_eole_vocab(vocab_txt, dest):
+    """Copy vocab.txt into Eole's vocab format (token<TAB>count) and return its size.
+
+    The counts are equal, so Eole keeps the file's order and every piece keeps its id.
+    """
+    pieces = Path(vocab_txt).read_text(encoding="utf-8").splitlines()
+    if pieces[: len(SPECIALS)] != list(SPECIALS.values()):
+        raise UserError(f"{vocab_txt} must start with the specials {' '.join(SPECIALS.values())}")
+    Path(dest).write_text("".join(f"{p}\t1\n" for p in pieces), encoding="utf-8")
+    return len(pieces)
+
+
+def cmd_train(args):
+    """Run `eole train` on DIR for `minutes` of wall clock and report its last checkpoint."""
+    data, out = Path(args.data).resolve(), Path(args.out).resolve()
+    for name in ("train.src", "train.tgt", "vocab.txt"):
+        if not (data / name).is_file():
+            raise UserError(f"{data / name} not found")
+    if args.d_model % args.heads:
+        raise UserError("--d-model must be a multiple of --heads")
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = out / "model"
+    if model_dir.exists() and any(model_dir.iterdir()):
+        raise UserError(f"{model_dir} is not empty; give a fresh --out")
+    vocab_size = _write_eole_vocab(data / "vocab.txt", out / "vocab.eole")
+    config = _config_dict(
+        vocab_path=out / "vocab.eole", vocab_size=vocab_size, layers=args.layers,
+        d_model=args.d_model, heads=args.heads, d_ff=args.d_ff, dropout=args.dropout,
+        label_smoothing=args.label_smoothing, precision=args.precision,
+        learning_rate=args.lr_scale, warmup_steps=args.warmup_steps, seed=args.seed,
+    )
+    config["data"] = {
+        "corpus_1": {"path_src": str(data / "train.src"), "path_tgt": str(data / "train.tgt")}
+    }
+    config["training"].update({
+        "model_path": str(model_dir),
+        "batch_type": "tokens",
+        "batch_size": args.max_tokens,
+        "save_checkpoint_steps": args.save_every,
+        "keep_checkpoint": args.keep_last,
+        "train_steps": 10_000_000,  # stopped by the clock, never by the step count
+        "valid_steps": 10_000_000,  # no valid corpus is given; this only quiets the step report
+    })
+    config["report_every"] = 10  # "Step N/..." lines: the step reached even after the last save
+    config_path = out / "eole.yaml"
+    # JSON is YAML: no yaml dependency is needed to write Eole's config file.
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+    # Eole's CLI, installed next to this interpreter. It has no thread option: torch sizes its
+    # intra-op pool from OMP_NUM_THREADS, which the child inherits.
+    eole_cli = Path(sys.executable).parent / "eole"
+    log_path = out / "train.log"
+    _, wall_s = run_for([str(eole_cli), "train", "-config", str(config_path)], args.minutes, log_path,
+                        thread_env(args.threads))
+    step, checkpoint = _last_checkpoint(model_dir)
+    if checkpoint is None:
+        log_lines = log_path.read_text(errors="replace").strip().splitlines() or ["(empty log)"]
+        # the exception line says more than the traceback's last line (often a help URL)
+        errors = [line for line in log_lines if re.match(r"\w[\w.]*(Error|Exception)\b", line)]
+        raise UserError(f"eole saved no checkpoint in {wall_s:.0f} s; log {log_path}: {(errors or log_lines)[-1].strip()}")
+    reached = [int(s) for s in re.findall(r"Step (\d+)/", log_path.read_text(errors="replace"))]
+    return {
+        "steps": step,
+        "last_logged_step": max(reached, default=step),
+        "checkpoint": str(checkpoint),
+        "wall_s": wall_s,
+        "config": str(config_path),
+        "log": str(log_path),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# translate
+
+
+def cmd_translate(args):
+    """Beam-search FILE with Eole's inference engine and write one line of pieces per input."""
+    set_threads(args.threads)
+    from eole.config.run import PredictConfig
+    from eole.inference_engine import InferenceEnginePY
+    from eole.utils.logging import init_logger
+    from eole.utils.misc import set_random_seed
+
+    model = Path(args.model)
+    if not (model / "config.json").is_file():
+        raise UserError(f"{model} is not an Eole checkpoint directory (no config.json)")
+    lines = Path(args.src).read_text(encoding="utf-8").splitlines()
+    if not lines:
+        raise UserError(f"{args.src} is empty")
+    init_logger()
+    config = PredictConfig(
+        model_path=str(model),
+        src=str(args.src),
+        output=str(args.out),
+        world_size=1,
+        gpu_ranks=[],
+        compute_dtype=args.precision,
+        beam_size=args.beam,
+        length_penalty="wu",
+        alpha=args.alpha,
+        max_length_ratio=0,
+        max_length=max(len(line.split()) for line in lines) + args.extra_len,
+        batch_type="tokens",
+        batch_size=args.batch_tokens,
+        seed=1,
+    )
+    set_random_seed(config.seed, False)
+    engine = InferenceEnginePY(config)  # loads the checkpoint: not part of the timing
+    started = time.perf_counter()
+    engine.infer_file()
+    seconds = time.perf_counter() - started
+    engine.terminate()
+    written = len(Path(args.out).read_text(encoding="utf-8").splitlines())
+    if written != len(lines):
+        raise UserError(f"eole wrote {written} lines for {len(lines)} inputs")
+    return {"seconds": seconds, "sentences": len(lines), "max_length": config.max_length}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+if __name__ == "__main__":
+    main("eole_peer", __doc__.split("\n")[0], {"speed": cmd_speed, "train": cmd_train, "translate": cmd_translate},
+         FAIRNESS_NOTES)

@@ -1,0 +1,155 @@
+"""What the peers' harnesses share: their command line, their one-JSON-line output, the stop of a
+training child after a wall-clock budget, and the process's memory readings.
+
+Standard library only: each harness runs in its peer's own environment, where aiayn is not
+installed (benchmarks/setup_train_peers.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+
+class UserError(Exception):
+    """A bad argument or an unsupported case: one line on stderr and exit status `code`."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def status_mib(field: str) -> float:
+    """A memory field of /proc/self/status (VmRSS: now, VmHWM: peak) in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024  # reported in kB
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def thread_env(threads: int, **extra: str) -> dict:
+    """The environment with OpenMP and MKL held to `threads` (torch sizes its pool from it)."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), **extra)
+
+
+def set_threads(threads: int) -> None:
+    """Run this process on `threads` threads: the environment first, read as torch loads."""
+    os.environ.update(thread_env(threads))
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def measure_speed(args: argparse.Namespace, step: Callable[[], None], model, start_mib: float, precision_mode: str) -> dict:
+    """`speed`'s result: `args.steps` training steps timed after `args.warmup` untimed ones, in
+    target tokens/s (`args.rows` pairs of `args.tgt_len` target tokens per step), with the
+    process's memory and the model's parameter count."""
+    for _ in range(args.warmup):
+        step()
+    begin = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    seconds = time.perf_counter() - begin
+    return {
+        "tokens_per_s": args.rows * args.tgt_len * args.steps / seconds,
+        "seconds": seconds,
+        "peak_mib": status_mib("VmHWM"),
+        "start_mib": start_mib,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "precision_mode": precision_mode,
+        "norm": "pre",  # neither peer offers post-norm in its decoder
+    }
+
+
+def run_for(command: list[str], minutes: float, log: Path, env: dict, grace_s: float = 30) -> tuple[bool, float]:
+    """Run a training `command` (output into `log`) until it exits or `minutes` of wall clock have
+    passed since its launch; then SIGTERM its process group, and SIGKILL after `grace_s`.
+    Returns (whether it exited by itself, wall seconds). The child has a session of its own, so
+    that the stop reaches every process it started; a Ctrl-C here stops it too.
+
+    SIGTERM rather than SIGINT: a child of a background job inherits SIGINT ignored, and neither
+    peer saves anything when stopped, so a gentler stop would gain nothing."""
+    with open(log, "w", encoding="utf-8") as handle:
+        begin = time.monotonic()
+        child = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+        def stop() -> None:
+            os.killpg(child.pid, signal.SIGTERM)
+            try:
+                child.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+
+        try:
+            child.wait(timeout=minutes * 60)
+            finished = True
+        except subprocess.TimeoutExpired:
+            finished = False
+            stop()
+        except BaseException:
+            stop()
+            raise
+        return finished, time.monotonic() - begin
+
+
+def parse_args(description: str, argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The command line every harness takes (speed, train, translate)."""
+    parser = argparse.ArgumentParser(description=description)
+    sub = parser.add_subparsers(dest="command", required=True)
+    precision = {"choices": ("fp32", "bf16"), "default": "fp32"}
+
+    speed = sub.add_parser("speed", help="training throughput of Transformer-base on one batch")
+    speed.add_argument("--precision", **precision)
+    for name, default in (("rows", 64), ("src-len", 32), ("tgt-len", 32), ("vocab", 8000), ("warmup", 2),
+                          ("steps", 5), ("seed", 0)):
+        speed.add_argument(f"--{name}", type=int, default=default)
+    speed.add_argument("--threads", type=int, required=True)
+
+    train = sub.add_parser("train", help="the peer's training CLI on pre-tokenized data for a time budget")
+    train.add_argument("--data", type=Path, required=True, help="train.src, train.tgt (pieces), vocab.txt")
+    train.add_argument("--out", type=Path, required=True)
+    train.add_argument("--minutes", type=float, required=True, help="wall clock from the child's launch")
+    train.add_argument("--threads", type=int, required=True)
+    train.add_argument("--precision", **precision)
+    for name, kind, default in (("layers", int, 3), ("d-model", int, 256), ("heads", int, 4), ("d-ff", int, 1024),
+                                ("dropout", float, 0.1), ("label-smoothing", float, 0.1), ("max-tokens", int, 3000),
+                                ("warmup-steps", int, 300), ("lr-scale", float, 0.5), ("seed", int, 1),
+                                ("save-every", int, 50), ("keep-last", int, 5)):
+        train.add_argument(f"--{name}", type=kind, default=default)
+
+    translate = sub.add_parser("translate", help="beam search with the peer's own decoder")
+    translate.add_argument("--model", type=Path, required=True, help="a checkpoint that `train` reported")
+    translate.add_argument("--src", type=Path, required=True, help="one sentence of pieces per line")
+    translate.add_argument("--out", type=Path, required=True)
+    translate.add_argument("--beam", type=int, default=4)
+    translate.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty (§6.1: 0.6)")
+    translate.add_argument("--extra-len", type=int, default=50, help="output limit: source length + this")
+    translate.add_argument("--threads", type=int, required=True)
+    translate.add_argument("--batch-tokens", type=int, default=4096)
+    translate.add_argument("--precision", **precision)
+
+    args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
+    return args
+
+
+def main(name: str, description: str, commands: dict[str, Callable[[argparse.Namespace], dict]],
+         fairness_notes: list[str]) -> None:
+    """Run the subcommand; print its result (with the fairness notes) as one JSON line on
+    stdout, or a user error as one line on stderr with its exit status."""
+    args = parse_args(description)
+    try:
+        result = commands[args.command](args)
+    except UserError as error:
+        print(f"{name} {args.command}: {error}", file=sys.stderr)
+        sys.exit(error.code)
+    print(json.dumps({**result, "fairness_notes": fairness_notes}), flush=True)

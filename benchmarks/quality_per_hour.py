@@ -1,0 +1,173 @@
+"""Quality per CPU-hour: aiayn, Eole 0.6.4 and OpenNMT-py 3.0.4 trained one after the other for
+the same wall-clock budget on bible-en-es, then each beam-decodes the test books.
+
+Every system trains the same model (aiayn's `small` preset: 3 + 3 layers, d_model 256, 4 heads,
+d_ff 1024, with `aiayn demo`'s model changes) with the same recipe (`aiayn.config.DEMO_RECIPE`:
+tokens per batch, warm-up, learning-rate scale, label smoothing, dropout, seed), written in each
+peer's own config by its harness (benchmarks/peers/). All share one SentencePiece vocabulary: the
+one aiayn's run trains at its start; the peers get the corpus already cut into its pieces, and
+their outputs are joined back with it. Each training process is stopped by SIGTERM once the
+budget of wall-clock time since its launch is spent, and its last periodic checkpoint (every 50
+steps) is what is decoded; no system validates during the budget. aiayn trains in bf16 (the demo's precision); each peer in
+bf16 where it can train in bf16 on a CPU, else fp32 (its harness says which).
+
+The test books (1,021 verses of Acts and Philemon) are decoded with beam 4 and α 0.6, outputs
+limited to source length + 50 (§6.1), and scored with sacreBLEU against the original text.
+
+    .venv/bin/python benchmarks/quality_per_hour.py                 # 3 × 20 min + decoding, ~70 min
+    .venv/bin/python benchmarks/quality_per_hour.py --minutes 0.3   # smoke test (numbers mean nothing)
+
+Needs the peers' environments: `bash benchmarks/setup_train_peers.sh`. Writes
+results/quality-per-hour-KIND.json (KIND: the CPU kind); the run folders go to
+runs/quality-per-hour/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from aiayn.checkpoint import checkpoint_dirs
+from aiayn.config import DEMO_RECIPE, DecodeConfig
+from aiayn.device import cpu_kind
+from aiayn.evaluate import bleu
+from aiayn.model import Transformer
+from aiayn.store import load_store
+from aiayn.tokenizer import Tokenizer
+from aiayn.translate import translate_ids
+from common import PEER_ENVS, RESULTS, command_line, default_threads, machine, write_results
+from peers.harness import run_for, thread_env
+
+# Each peer's fastest training precision on a CPU (see its harness's docstring).
+PEER_PRECISION = {"eole": "bf16", "onmt": "fp32"}
+SYSTEMS = ("aiayn", *PEER_ENVS)
+DECODE = DecodeConfig()  # §6.1: beam 4, α 0.6, source length + 50
+NO_VALIDATION = 10**9  # eval_every: no system validates inside the budget
+SAVE_EVERY, KEEP_LAST = 50, 5  # every system's checkpoints
+AIAYN_PRECISION = "bf16"
+
+
+def train_aiayn(run: Path, minutes: float, threads: int) -> dict:
+    """`aiayn train` with the demo's recipe, stopped as the peers are. aiayn saves a checkpoint
+    when stopped; the peers save none, so aiayn is judged, as they are, on its last periodic
+    checkpoint."""
+    recipe = {**DEMO_RECIPE, "eval_every": NO_VALIDATION, "precision": AIAYN_PRECISION, "seed": 1,
+              "save_every": SAVE_EVERY, "keep_last": KEEP_LAST}
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in recipe.items()]
+    command = [sys.executable, "-m", "aiayn", "train", "--preset", "small", "--out", str(run), *flags]
+    log = run.parent / "aiayn-train.log"
+    _, wall = run_for(command, minutes, log, thread_env(threads))
+    periodic = [c for c in checkpoint_dirs(run) if int(c.name.split("_")[1]) % SAVE_EVERY == 0]
+    if not periodic:
+        sys.exit(f"aiayn saved no checkpoint in {minutes:g} min: see {log}")
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+    return {"steps": max(r["step"] for r in records if r.get("split") == "train"), "wall_s": round(wall, 1),
+            "checkpoint": str(periodic[-1]), "precision": AIAYN_PRECISION}
+
+
+def write_pieces(aiayn_run: Path, data: Path) -> Tokenizer:
+    """The corpus as aiayn's tokenizer cuts it, one sentence of space-separated pieces per line,
+    and its vocabulary in id order: what the peers train on."""
+    tokenizer = Tokenizer.load(aiayn_run / "model")
+    store = load_store(aiayn_run / "data")
+    data.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "dev", "test"):
+        pairs = store.texts(split)
+        for side, texts in (("src", [s for s, _ in pairs]), ("tgt", [t for _, t in pairs])):
+            lines = (" ".join(tokenizer.id_to_piece(i) for i in ids) for ids in tokenizer.encode_batch(texts))
+            (data / f"{split}.{side}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    (data / "vocab.txt").write_text("\n".join(pieces) + "\n", encoding="utf-8")
+    return tokenizer
+
+
+def peer(name: str, args: list[str], threads: int) -> dict:
+    """One harness call in the peer's own environment; its last stdout line is JSON."""
+    python, script = PEER_ENVS[name]
+    if not python.exists():
+        sys.exit(f"{python} missing: run `bash benchmarks/setup_train_peers.sh`")
+    proc = subprocess.run([str(python), str(script), *args, "--threads", str(threads)],
+                          capture_output=True, text=True, env=thread_env(threads))
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        sys.exit(f"{name} {args[0]} failed: " + "\n".join(proc.stderr.strip().splitlines()[-6:]))
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=20.0, help="wall-clock training budget of each system (default 20)")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--runs", type=Path, default=Path("runs/quality-per-hour"), help="folder of the run folders")
+    parser.add_argument("--threads", type=int, default=default_threads(), help="for every system (default: all cores)")
+    parser.add_argument("--out", type=Path, help="result file (default results/quality-per-hour-KIND.json)")
+    parser.add_argument("--force", action="store_true", help="replace the run folders of an earlier call")
+    args = parser.parse_args()
+    if not args.minutes > 0:
+        sys.exit("--minutes must be positive")
+    if "aiayn" not in args.systems:
+        sys.exit("aiayn must be among --systems: its run trains the shared vocabulary")
+    if args.runs.exists() and not args.force:
+        sys.exit(f"{args.runs} exists: pass --force to replace it")
+    if args.runs.exists():
+        shutil.rmtree(args.runs)
+    args.runs.mkdir(parents=True)
+    torch.set_num_threads(args.threads)
+
+    aiayn_run = args.runs / "aiayn"
+    print(f"aiayn: training for {args.minutes:g} min...", flush=True)
+    trained = {"aiayn": train_aiayn(aiayn_run, args.minutes, args.threads)}
+    model_config = json.loads((aiayn_run / "model_config.json").read_text())
+    data = args.runs / "pieces"
+    tokenizer = write_pieces(aiayn_run, data)
+    shape = ["--layers", model_config["n_layers"], "--d-model", model_config["d_model"], "--heads", model_config["n_heads"],
+             "--d-ff", model_config["d_ff"], "--dropout", model_config["dropout"]]
+    recipe = ["--label-smoothing", 0.1, "--max-tokens", DEMO_RECIPE["max_tokens"], "--warmup-steps", DEMO_RECIPE["warmup_steps"],
+              "--lr-scale", DEMO_RECIPE["lr_scale"], "--seed", 1, "--save-every", SAVE_EVERY, "--keep-last", KEEP_LAST]
+    for name in PEER_ENVS:
+        if name in args.systems:
+            print(f"{name}: training for {args.minutes:g} min...", flush=True)
+            trained[name] = peer(name, ["train", "--data", str(data), "--out", str(args.runs / name), "--minutes", str(args.minutes),
+                                        "--precision", PEER_PRECISION[name], *map(str, shape + recipe)], args.threads)
+            trained[name]["precision"] = PEER_PRECISION[name]
+
+    test = load_store(aiayn_run / "data").texts("test")
+    references = [t for _, t in test]
+    rows = {}
+    for name in trained:
+        print(f"{name}: decoding {len(test):,} test verses...", flush=True)
+        if name == "aiayn":
+            model = Transformer.load(trained["aiayn"]["checkpoint"]).eval()
+            start = time.perf_counter()
+            outputs = translate_ids(model, tokenizer.encode_batch([s for s, _ in test]), DECODE, precision=AIAYN_PRECISION)
+            decoded = {"seconds": time.perf_counter() - start, "precision": AIAYN_PRECISION}
+            hypotheses = [tokenizer.decode(o) for o in outputs]
+        else:
+            out = args.runs / name / "test.hyp"
+            decoded = peer(name, ["translate", "--model", trained[name]["checkpoint"], "--src", str(data / "test.src"),
+                                  "--out", str(out), "--beam", str(DECODE.beam), "--alpha", str(DECODE.alpha),
+                                  "--extra-len", str(DECODE.extra_len)], args.threads)
+            hypotheses = [tokenizer.decode([tokenizer.piece_to_id(p) for p in line.split()])
+                          for line in out.read_text(encoding="utf-8").splitlines()]
+        score, signature = bleu(hypotheses, references)
+        rows[name] = {**trained[name], "test_bleu": round(score, 2), "decode_s": round(decoded["seconds"], 1),
+                      "decode": decoded, "signature": signature}
+        print(f"{name}: {rows[name]['steps']:,} steps, test BLEU {score:.2f}, decoding {decoded['seconds']:.0f} s", flush=True)
+
+    write_results(args.out or RESULTS / f"quality-per-hour-{cpu_kind()}.json", {
+        "benchmark": "quality-per-hour", "command": command_line(), "machine": machine(torch.device("cpu"), args.threads),
+        "settings": {"minutes": args.minutes, "model": model_config, "recipe": DEMO_RECIPE, "decode": DECODE.__dict__,
+                     "test_sentences": len(test)},
+        "systems": rows,
+    })
+
+
+if __name__ == "__main__":
+    main()
