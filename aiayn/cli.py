@@ -24,6 +24,7 @@ import torch
 from aiayn.config import (
     DECODE_PRECISIONS,
     DECODE_PRESETS,
+    DEMO_AVERAGE_LAST,
     DEMO_RECIPE,
     PAPER_PARAMS_M,
     PRECISIONS,
@@ -33,6 +34,7 @@ from aiayn.config import (
     ModelConfig,
     TrainConfig,
     decode_field_problem,
+    demo_model,
     preset,
 )
 from aiayn.flops import forward_flops, training_flops
@@ -149,11 +151,14 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(f"  training         {training_flops(config, length, length) / length / 1e6:,.1f} MFLOP")
 
 
+AVERAGED = "averaged"  # the demo's averaged model, in its run folder
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     """The main job on the built-in default: train the `small` preset on bible-en-es for a time
-    budget, translate the held-out test books with beam search (§6.1), score them and draw the
-    attention of one verse. Run again, it resumes the run in --out until the budget is spent,
-    then only translates."""
+    budget, average the last checkpoints and translate the held-out test books with beam search
+    (§6.1), score them and draw the attention of one verse. Run again, it resumes the run in
+    --out until the budget is spent, then only averages and translates."""
     from aiayn.evaluate import bleu, paper_bleu
     from aiayn.train import MODEL_CONFIG, load_run_configs, train_run
     from aiayn.translate import translate_ids
@@ -162,9 +167,17 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_dir = Path(args.out)
     recipe = TrainConfig(**DEMO_RECIPE, minutes=args.minutes, precision=args.precision, seed=args.seed)
     resume = (run_dir / MODEL_CONFIG).is_file()
-    model_config = load_run_configs(run_dir)[0] if resume else PRESETS[args.preset]
+    model_config = load_run_configs(run_dir)[0] if resume else demo_model(args.preset)
     trainer, store = train_run(model_config, recipe, run_dir, resume=resume)
     model, tokenizer = trainer.model.eval(), trainer.tokenizer
+    if DEMO_AVERAGE_LAST:  # §6.1: the mean of the last checkpoints translates
+        from aiayn.checkpoint import average_checkpoints, checkpoint_dirs
+
+        chosen = checkpoint_dirs(run_dir)[-DEMO_AVERAGE_LAST:]
+        average_checkpoints(chosen, run_dir / AVERAGED, force=True)  # made anew from this run's checkpoints
+        model = type(model).load(run_dir / AVERAGED).eval()
+        print(f"averaged the last {len(chosen)} checkpoints ({chosen[0].name} ... {chosen[-1].name}) into "
+              f"{run_dir / AVERAGED}")
     test = store.texts("test")[: args.test_sentences]
     decode = dataclasses.replace(decode_config(args), precision=recipe.precision)
     print(f"translating {len(test):,} test verses (beam {decode.beam}, α {decode.alpha}, "

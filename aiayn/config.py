@@ -304,11 +304,23 @@ PRESETS["small"] = ModelConfig(
 )
 
 
-# `aiayn demo`'s recipe, for a budget of minutes on a 2-core CPU: the budget allows a few hundred
-# steps, so the warm-up is short and batches are small; everything else is §5's.
-# benchmarks/demo_recipe.py searches these knobs for the best dev BLEU (docs/demo-recipe.md).
-DEMO_RECIPE: dict = dict(corpus="bible-en-es", max_tokens=3000, warmup_steps=300, lr_scale=0.5, max_steps=1_000_000,
-                         save_every=200, save_minutes=2.0, log_every=25, eval_every=200, eval_bleu_sentences=100)
+# `aiayn demo`'s recipe, for a budget of minutes on a 2-core CPU: the budget allows a thousand
+# steps or so, so the warm-up is short and batches are small; everything else is §5's. Its knobs
+# are the winners of benchmarks/demo_recipe.py, a search for the best dev BLEU after 10 minutes
+# (docs/demo-recipe.md). Checkpoints every 50 steps, so that the last 5, which the demo averages
+# (§6.1), span the end of the run.
+DEMO_RECIPE: dict = dict(corpus="bible-en-es", max_tokens=2000, warmup_steps=300, lr_scale=0.5, max_steps=1_000_000,
+                         save_every=50, save_minutes=2.0, keep_last=5, log_every=25, eval_every=200,
+                         eval_bleu_sentences=100)
+DEMO_AVERAGE_LAST = 5  # checkpoints the demo averages before it translates (§6.1)
+# The search's model knobs, applied to the demo's preset: a smaller vocabulary (cheaper output
+# projection, more steps in the budget) and no dropout (ten minutes are about three epochs).
+DEMO_MODEL_CHANGES: dict = dict(vocab_size=4000, dropout=0.0)
+
+
+def demo_model(preset_name: str = "small") -> ModelConfig:
+    """The model `aiayn demo` trains: the preset with the search's changes."""
+    return dataclasses.replace(preset(preset_name), **DEMO_MODEL_CHANGES)
 
 DECODE_PRESETS: dict[str, DecodeConfig] = {
     "translate": DecodeConfig(),
@@ -326,4 +338,4 @@ def preset(name: str) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
 
 
-__all__ = ["ModelConfig", "TrainConfig", "DecodeConfig", "DECODE_PRESETS", "DEMO_RECIPE", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]
+__all__ = ["ModelConfig", "TrainConfig", "DecodeConfig", "DECODE_PRESETS", "DEMO_AVERAGE_LAST", "DEMO_MODEL_CHANGES", "DEMO_RECIPE", "demo_model", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]

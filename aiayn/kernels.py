@@ -261,10 +261,12 @@ class Bf16Twin:
         self.pairs = list(zip(master.parameters(), self.model.parameters()))
 
     def grads_to_master(self) -> None:
-        """The copy's gradients, in fp32, as the master's; the copy's are released."""
+        """The copy's gradients, in fp32, added to the master's (accumulated batches sum in fp32);
+        the copy's are released."""
         for master, low in self.pairs:
-            master.grad = None if low.grad is None else low.grad.float()
-            low.grad = None
+            if low.grad is not None:
+                master.grad = low.grad.float() if master.grad is None else master.grad.add_(low.grad)
+                low.grad = None
 
     @torch.no_grad()
     def weights_from_master(self) -> None:

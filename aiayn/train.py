@@ -43,7 +43,7 @@ from aiayn.store import EncodedPairs, Store, as_encoded, load_store, preprocess,
 
 LOG = "log.jsonl"
 # Seconds between hand-backs of the C heap's free memory (aiayn.device.release_free_memory): each
-# costs about 40 ms on the demo, so 0.4% of the time; between two, the heap grows by some 150 MB.
+# costs about 40 ms on the demo, 0.4% of its time.
 RELEASE_SECONDS = 10.0
 PLOT = "loss.png"
 MODEL_CONFIG = "model_config.json"
@@ -298,11 +298,11 @@ class Trainer:
                 # DDP averages gradients over ranks; × world makes it a sum over all tokens.
                 scaled = loss * (self.world / n_tokens)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            if self.twin:  # summed in the fp32 master, batch by batch
+                self.twin.grads_to_master()
             totals += torch.stack([loss.detach().float().cpu(), nll.detach().float().cpu()])
             rows = src.size(0)
             flops += rows * training_flops(self.config, batch.n_src_tokens / rows, batch.n_tgt_tokens / rows)
-        if self.twin:
-            self.twin.grads_to_master()
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()

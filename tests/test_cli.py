@@ -55,6 +55,7 @@ def test_demo_trains_translates_and_scores(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "corpus bible-en-es" in done.stdout and "test BLEU" in done.stdout and "nrefs:1" in done.stdout
     assert "source     " in done.stdout and "reference  " in done.stdout
+    assert "averaged the last" in done.stdout and (tmp_path / "demo" / "averaged" / "model.safetensors").is_file()
     again = subprocess.run(argv, capture_output=True, text=True, timeout=300)  # reuses the run
     assert again.returncode == 0 and "resumed from" in again.stdout
 
