@@ -96,9 +96,9 @@ def release_free_memory() -> None:
     and logits of sizes the last step did not use. glibc serves blocks up to 32 MB from its
     heaps once it has seen such a block freed (its mmap threshold rises), and memory freed in
     the middle of a heap stays in the process: the resident set of the `small` demo grew from
-    1.4 to 3.3 GB in its first 400 steps. A trim hands the free pages back (docs/robustness.md)
-    at about 40 ms on the demo, so the trainer calls it every `RELEASE_SECONDS`. Elsewhere (no
-    glibc) it does nothing."""
+    1.4 to 3.3 GB in its first 400 steps. A trim hands the free pages back (docs/robustness.md),
+    but it walks the whole heap, so the trainer calls it every `RELEASE_SECONDS`, not every
+    step. Elsewhere (no glibc) it does nothing."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

@@ -42,8 +42,8 @@ from aiayn.optim import make_optimizer, noam_lr, set_lr
 from aiayn.store import EncodedPairs, Store, as_encoded, load_store, preprocess, text_digest, tokenizer_digest, within_length
 
 LOG = "log.jsonl"
-# Seconds between hand-backs of the C heap's free memory (aiayn.device.release_free_memory): each
-# costs about 40 ms on the demo, 0.4% of its time.
+# Seconds between hand-backs of the C heap's free memory (aiayn.device.release_free_memory): a
+# trim walks the whole heap, too slow for every step.
 RELEASE_SECONDS = 10.0
 PLOT = "loss.png"
 MODEL_CONFIG = "model_config.json"

@@ -35,12 +35,13 @@ from typing import Optional
 import torch
 
 from aiayn.checkpoint import atomic_write, average_checkpoints, checkpoint_dirs
-from aiayn.config import DEMO_RECIPE, DecodeConfig
+from aiayn.config import DEMO_AVERAGE_LAST, DEMO_RECIPE, DecodeConfig
 from aiayn.device import cpu_kind
 from aiayn.evaluate import bleu
 from aiayn.model import Transformer
 from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
+from aiayn.train import LOG, read_log
 from aiayn.translate import translate_ids
 from common import RESULTS, command_line, machine, write_results
 
@@ -48,10 +49,7 @@ MINUTES = 10.0  # aiayn demo's default budget
 PRESET = "small"
 PRECISION = "bf16"  # the demo's, on both CPU kinds
 SEED = 1
-AVERAGE_LAST = 5  # §6.1 averages the last 5 checkpoints of the base model
-# Checkpoints in the search runs every 50 steps (the demo: 200), so that the last 5 span the end
-# of a 10-minute run; a save is outside the training-time budget.
-SAVE_EVERY = 50
+AVERAGE_LAST = DEMO_AVERAGE_LAST  # §6.1; checkpoints every DEMO_RECIPE["save_every"] steps
 
 # The knobs in the order they are searched, with the values tried against the current demo
 # recipe. Vocabulary first: it changes the cost of every step (the output projection) and the
@@ -87,7 +85,7 @@ def train(values: dict, run: Path, minutes: float) -> None:
     """`aiayn train` with the demo's recipe, `values` in place of its searched knobs, in a fresh
     process."""
     recipe = {**DEMO_RECIPE, **{k: v for k, v in values.items() if k not in MODEL_KNOBS},
-              "save_every": SAVE_EVERY, "keep_last": AVERAGE_LAST, "minutes": minutes,
+              "minutes": minutes,
               "precision": PRECISION, "seed": SEED}
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in recipe.items()]
     flags += [f"--{k.replace('_', '-')}={values[k]}" for k in MODEL_KNOBS]
@@ -114,8 +112,7 @@ def evaluate(run: Path, sentences: Optional[int]) -> dict:
     averaged = run / f"averaged-last-{AVERAGE_LAST}"
     if not averaged.exists():
         average_checkpoints(checkpoint_dirs(run)[-AVERAGE_LAST:], averaged)
-    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
-    trained = [r for r in log if r.get("split") == "train"]
+    trained = [r for r in read_log(run / LOG) if r.get("split") == "train"]
     return {
         "steps": trained[-1]["step"], "train_s": trained[-1]["elapsed_s"],
         "tokens_per_s_median": sorted(r["tokens_per_s"] for r in trained)[len(trained) // 2],
@@ -182,7 +179,7 @@ def main() -> None:
 
     results = {"benchmark": "demo-recipe", "command": command_line(), "machine": machine(torch.device("cpu"), torch.get_num_threads()),
                "settings": {"preset": PRESET, "precision": PRECISION, "seed": SEED, "minutes": args.minutes,
-                            "save_every": SAVE_EVERY, "average_last": AVERAGE_LAST, "demo_recipe": DEMO_RECIPE,
+                            "save_every": DEMO_RECIPE["save_every"], "average_last": AVERAGE_LAST, "demo_recipe": DEMO_RECIPE,
                             "knobs": KNOBS},
                "runs": {}}
 

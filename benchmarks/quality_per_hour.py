@@ -44,6 +44,7 @@ from aiayn.evaluate import bleu
 from aiayn.model import Transformer
 from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
+from aiayn.train import LOG, read_log
 from aiayn.translate import translate_ids
 from common import PEER_ENVS, RESULTS, command_line, default_threads, machine, write_results
 from peers.harness import run_for, thread_env
@@ -53,7 +54,7 @@ PEER_PRECISION = {"eole": "bf16", "onmt": "fp32"}
 SYSTEMS = ("aiayn", *PEER_ENVS)
 DECODE = DecodeConfig()  # §6.1: beam 4, α 0.6, source length + 50
 NO_VALIDATION = 10**9  # eval_every: no system validates inside the budget
-SAVE_EVERY, KEEP_LAST = 50, 5  # every system's checkpoints
+SAVE_EVERY, KEEP_LAST = DEMO_RECIPE["save_every"], DEMO_RECIPE["keep_last"]  # every system's checkpoints, as the demo's
 AIAYN_PRECISION = "bf16"
 
 
@@ -61,8 +62,7 @@ def train_aiayn(run: Path, minutes: float, threads: int) -> dict:
     """`aiayn train` with the demo's recipe, stopped as the peers are. aiayn saves a checkpoint
     when stopped; the peers save none, so aiayn is judged, as they are, on its last periodic
     checkpoint."""
-    recipe = {**DEMO_RECIPE, "eval_every": NO_VALIDATION, "precision": AIAYN_PRECISION, "seed": 1,
-              "save_every": SAVE_EVERY, "keep_last": KEEP_LAST}
+    recipe = {**DEMO_RECIPE, "eval_every": NO_VALIDATION, "precision": AIAYN_PRECISION, "seed": 1}
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in recipe.items()]
     flags += [f"--{k.replace('_', '-')}={v}" for k, v in DEMO_MODEL_CHANGES.items()]  # the demo's model
     command = [sys.executable, "-m", "aiayn", "train", "--preset", "small", "--out", str(run), *flags]
@@ -71,8 +71,7 @@ def train_aiayn(run: Path, minutes: float, threads: int) -> dict:
     periodic = [c for c in checkpoint_dirs(run) if int(c.name.split("_")[1]) % SAVE_EVERY == 0]
     if not periodic:
         sys.exit(f"aiayn saved no checkpoint in {minutes:g} min: see {log}")
-    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
-    return {"steps": max(r["step"] for r in records if r.get("split") == "train"), "wall_s": round(wall, 1),
+    return {"steps": max(r["step"] for r in read_log(run / LOG) if r.get("split") == "train"), "wall_s": round(wall, 1),
             "checkpoint": str(periodic[-1]), "precision": AIAYN_PRECISION}
 
 

@@ -2,7 +2,7 @@
 memory back to the system (aiayn.device.release_free_memory, which the trainer calls every
 aiayn.train.RELEASE_SECONDS).
 
-    .venv/bin/python benchmarks/train_memory.py --steps 400       # two demo runs, ~8 min -> docs/train-memory-KIND.png
+    .venv/bin/python benchmarks/train_memory.py --steps 400       # two demo runs, ~10 min -> docs/train-memory-KIND.png
     .venv/bin/python benchmarks/train_memory.py --plot runs/demo --out x.png   # any run folders' logs
 
 Each run is the demo's training (aiayn.config.demo_model and DEMO_RECIPE, bf16, seed 1) for
@@ -14,7 +14,6 @@ first, last and largest reading and writes results/train-memory-KIND.json.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ import torch
 
 from aiayn.checkpoint import atomic_write
 from aiayn.device import cpu_kind
+from aiayn.train import LOG, read_log
 from common import RESULTS, command_line, machine, write_results
 
 VARIANTS = {"released": "free memory handed back every 10 s (aiayn's default)", "kept": "glibc's default: never handed back"}
@@ -44,17 +44,10 @@ def child(run: Path, steps: int, keep: bool) -> None:
 
 def readings(run: Path) -> list[tuple[int, float]]:
     """(step, RSS MiB) of every training record of a run's log that has both."""
-    log = run / "log.jsonl"
+    log = run / LOG
     if not log.is_file():
         sys.exit(f"{log} not found: give run folders of `aiayn train` or `aiayn demo`")
-    points = []
-    for line in log.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by an interruption
-        if record.get("split") == "train" and record.get("rss_mib") is not None:
-            points.append((record["step"], record["rss_mib"]))
+    points = [(r["step"], r["rss_mib"]) for r in read_log(log) if r.get("split") == "train" and r.get("rss_mib") is not None]
     if not points:
         sys.exit(f"{log} has no rss_mib readings (written by aiayn train since this version)")
     return points
