@@ -25,18 +25,22 @@ from aiayn.config import (
     DECODE_PRECISIONS,
     DECODE_PRESETS,
     DEMO_AVERAGE_LAST,
-    DEMO_RECIPE,
+    DEMO_RECIPE_NAME,
     PAPER_PARAMS_M,
     PRECISIONS,
     PRESETS,
+    RECIPES,
     TRAIN_OVERRIDES,
     DecodeConfig,
     ModelConfig,
     TrainConfig,
     decode_field_problem,
     demo_model,
+    demo_training,
     preset,
+    recipe,
 )
+from aiayn.device import cpu_kind, matmul_peak_flops
 from aiayn.flops import forward_flops, training_flops
 from aiayn.store import SAMPLE_SENTENCES
 
@@ -165,10 +169,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from aiayn.visualize import attention_figures
 
     run_dir = Path(args.out)
-    recipe = TrainConfig(**DEMO_RECIPE, minutes=args.minutes, precision=args.precision, seed=args.seed)
     resume = (run_dir / MODEL_CONFIG).is_file()
-    model_config = load_run_configs(run_dir)[0] if resume else demo_model(args.preset)
-    trainer, store = train_run(model_config, recipe, run_dir, resume=resume)
+    if resume:  # the run goes on as it began: its model and recipe, a new budget
+        model_config, training = load_run_configs(run_dir)
+        training = dataclasses.replace(training, minutes=args.minutes)
+    else:
+        model_config = demo_model(args.preset, args.recipe)
+        training = demo_training(args.recipe, minutes=args.minutes, precision=args.precision, seed=args.seed)
+        print(f"recipe {args.recipe}: {recipe(args.recipe).about}")
+    trainer, store = train_run(model_config, training, run_dir, resume=resume)
     model, tokenizer = trainer.model.eval(), trainer.tokenizer
     if DEMO_AVERAGE_LAST:  # §6.1: the mean of the last checkpoints translates
         from aiayn.checkpoint import average_checkpoints, checkpoint_dirs
@@ -179,7 +188,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         print(f"averaged the last {len(chosen)} checkpoints ({chosen[0].name} ... {chosen[-1].name}) into "
               f"{run_dir / AVERAGED}")
     test = store.texts("test")[: args.test_sentences]
-    decode = dataclasses.replace(decode_config(args), precision=recipe.precision)
+    decode = dataclasses.replace(decode_config(args), precision=training.precision)
     print(f"translating {len(test):,} test verses (beam {decode.beam}, α {decode.alpha}, "
           f"max length = source + {decode.extra_len})...")
     start = time.perf_counter()
@@ -190,6 +199,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
     score, signature = bleu(hypotheses, references)
     print(f"test BLEU {score:.1f} ({signature}); paper protocol {paper_bleu(hypotheses, references, 'es'):.1f}; "
           f"{len(test) / seconds:.1f} sentences/s")
+    # What the figure depends on: the steps the budget bought on this machine (the peak was
+    # measured by the training itself, and is cached).
+    peak = matmul_peak_flops(trainer.device, training.precision)
+    print(f"machine: {cpu_kind()}, {torch.get_num_threads()} threads, {training.precision} matmul peak "
+          f"{peak / 1e12:.2f} TFLOP/s; {trainer.step:,} steps")
     samples = list(range(0, len(test), max(1, len(test) // 4)))[:4]
     for i in samples:
         print(f"\n  source     {test[i][0]}\n  reference  {test[i][1]}\n  aiayn      {hypotheses[i]}")
@@ -220,22 +234,24 @@ def _train_configs(args: argparse.Namespace, run_dir: Path) -> tuple[ModelConfig
             raise UserError("give --corpus or --data, not both")
         manifest = load_store(train_overrides["data"]).manifest
         train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
-    if args.resume and (run_dir / MODEL_CONFIG).exists():
-        model_config, recipe = load_run_configs(run_dir)
-        if recipe.data and "corpus" in train_overrides and "data" not in train_overrides:
-            raise UserError(f"this run reads --data {recipe.data}; drop --corpus, or give another --data")
+    if args.resume and (run_dir / MODEL_CONFIG).exists():  # the run's configs hold its recipe
+        model_config, training = load_run_configs(run_dir)
+        if training.data and "corpus" in train_overrides and "data" not in train_overrides:
+            raise UserError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
         if dataclasses.replace(model_config, **model_overrides) != model_config:
             raise UserError(f"a resumed run keeps its model; drop the model options (see {run_dir / MODEL_CONFIG})")
-        return model_config, dataclasses.replace(recipe, **train_overrides)
-    recipe = {**TRAIN_OVERRIDES.get(args.preset, {}), **train_overrides}
+        return model_config, dataclasses.replace(training, **train_overrides)
+    chosen = recipe(args.recipe)  # a new run: the recipe's changes under the options given explicitly
+    model_overrides = {**chosen.model, **model_overrides}
+    training = {**TRAIN_OVERRIDES.get(args.preset, {}), **chosen.train, **train_overrides}
     if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
         from aiayn.checkpoint import read_config, resolve_model_dir
 
         _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))
-        return dataclasses.replace(model_config, **model_overrides), TrainConfig(**recipe)
+        return dataclasses.replace(model_config, **given_fields(args, ModelConfig)), TrainConfig(**training)
     if "data" in train_overrides and "vocab_size" not in model_overrides:
         model_overrides["vocab_size"] = manifest["vocab_size"]  # a new model takes the data's vocabulary
-    return dataclasses.replace(preset(args.preset), **model_overrides), TrainConfig(**recipe)
+    return dataclasses.replace(preset(args.preset), **model_overrides), TrainConfig(**training)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -563,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(train)
     train.add_argument("--out", required=True, help="the run folder: checkpoints, log.jsonl, loss.png, model/")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument("--recipe", default="paper", choices=sorted(RECIPES),
+                       help="paper: §3.1 and §5 as written; fast: pre-norm, learns more per step (a deviation; "
+                            "see the README) (default paper)")
     add_dataclass_arguments(train, TrainConfig, "training options (§5)")
     train.set_defaults(run=cmd_train)
 
@@ -684,6 +703,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="run folder (default runs/demo; reused if present)")
     demo.add_argument("--preset", default="small", choices=sorted(PRESETS), help="model preset (default small)")
     demo.add_argument("--precision", default="bf16", choices=PRECISIONS, help="training and decoding (default bf16)")
+    demo.add_argument("--recipe", default=DEMO_RECIPE_NAME, choices=sorted(RECIPES),
+                      help=f"a new run's recipe: fast (pre-norm) or paper (§3.1's post-norm) (default {DEMO_RECIPE_NAME})")
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--test-sentences", type=int, default=None, help="translate only the first N test verses")
     add_decode_arguments(demo, "translate", ["beam", "alpha"])

@@ -181,6 +181,11 @@ class DecodeConfig:
     extra_len: int = field(default=50, metadata={"least": 0, "help": "output tokens at most: source tokens + this"})
     min_len: int = field(default=0, metadata={"least": 0, "help": "output tokens at least (EOS barred before)"})
     max_output_len: Optional[int] = field(default=None, metadata={"least": 1, "help": "output tokens at most, whatever the source"})
+    # Guards against outputs that loop, as fairseq, HF and CTranslate2 offer; off is §6.1's search.
+    no_repeat_ngram_size: int = field(default=0, metadata={
+        "least": 0, "help": "no n-gram of this many tokens twice in an output (fairseq's); 0: off"})
+    repetition_penalty: float = field(default=1.0, metadata={
+        "least": 1, "help": "log-probabilities of tokens already output × this (CTRL's, as HF's); 1: off"})
     batch_tokens: int = field(default=4000, metadata={"least": 1, "help": "source tokens × beam decoded together"})
     precision: Literal["fp32", "bf16", "fp16", "int8"] = field(
         default="fp32", metadata={"help": "bf16, fp16: weights cast once; int8: int8 weights, CPU only"})
@@ -313,14 +318,55 @@ DEMO_RECIPE: dict = dict(corpus="bible-en-es", max_tokens=2000, warmup_steps=300
                          save_every=50, save_minutes=2.0, keep_last=5, log_every=25, eval_every=200,
                          eval_bleu_sentences=100)
 DEMO_AVERAGE_LAST = 5  # checkpoints the demo averages before it translates (§6.1)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A named way to train: changes to a preset's model (`model`, ModelConfig fields) and to the
+    training config (`train`, TrainConfig fields), applied under any option given explicitly.
+    "paper" is §3.1 and §5 as written; any other recipe deviates from the paper, and `about`
+    says where."""
+
+    model: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+    about: str = ""
+
+
+# Measured by benchmarks/learning_curve.py (docs/learning-curve-amd-epyc.md): at equal steps the
+# paper's post-norm model learns about half as much as the same model in pre-norm form, and its
+# translations loop in the first thousands of steps.
+RECIPES: dict[str, Recipe] = {
+    "paper": Recipe(about="§3.1 and §5 as written: post-norm residual blocks LayerNorm(x + Sublayer(x))"),
+    "fast": Recipe(
+        model={"norm_first": True},
+        about="pre-norm residual blocks x + Sublayer(LayerNorm(x)) and a final LayerNorm on each stack "
+              "(not the paper's §3.1): learns about twice as much per step on a small corpus"),
+}
+
+
+def recipe(name: str) -> Recipe:
+    """The recipe called `name`, with an error that lists the known names."""
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}") from None
 # The search's model knobs, applied to the demo's preset: a smaller vocabulary (cheaper output
 # projection, more steps in the budget) and no dropout (ten minutes are about three epochs).
 DEMO_MODEL_CHANGES: dict = dict(vocab_size=4000, dropout=0.0)
 
 
-def demo_model(preset_name: str = "small") -> ModelConfig:
-    """The model `aiayn demo` trains: the preset with the search's changes."""
-    return dataclasses.replace(preset(preset_name), **DEMO_MODEL_CHANGES)
+DEMO_RECIPE_NAME = "fast"  # the recipe `aiayn demo` trains with unless told otherwise
+
+
+def demo_model(preset_name: str = "small", recipe_name: str = DEMO_RECIPE_NAME) -> ModelConfig:
+    """The model `aiayn demo` trains: the preset with the search's changes and the recipe's."""
+    return dataclasses.replace(preset(preset_name), **DEMO_MODEL_CHANGES, **recipe(recipe_name).model)
+
+
+def demo_training(recipe_name: str = DEMO_RECIPE_NAME, **changes) -> TrainConfig:
+    """The training config `aiayn demo` uses: DEMO_RECIPE with the recipe's changes, then `changes`."""
+    return TrainConfig(**{**DEMO_RECIPE, **recipe(recipe_name).train, **changes})
+
 
 DECODE_PRESETS: dict[str, DecodeConfig] = {
     "translate": DecodeConfig(),
@@ -338,4 +384,4 @@ def preset(name: str) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
 
 
-__all__ = ["ModelConfig", "TrainConfig", "DecodeConfig", "DECODE_PRESETS", "DEMO_AVERAGE_LAST", "DEMO_MODEL_CHANGES", "DEMO_RECIPE", "demo_model", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]
+__all__ = ["ModelConfig", "TrainConfig", "DecodeConfig", "DECODE_PRESETS", "DEMO_AVERAGE_LAST", "DEMO_MODEL_CHANGES", "DEMO_RECIPE", "DEMO_RECIPE_NAME", "demo_model", "demo_training", "Recipe", "RECIPES", "recipe", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]

@@ -19,6 +19,35 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, s
     return score.score, str(metric.get_signature())
 
 
+def length_ratio(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """Hypothesis length over reference length, in sacreBLEU's 13a tokens summed over the corpus
+    (the ratio behind BLEU's brevity penalty): far above 1, outputs run on; below 1, they stop short."""
+    from sacrebleu.metrics import BLEU
+
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    score = BLEU().corpus_score(list(hypotheses), [list(references)])
+    return score.sys_len / max(score.ref_len, 1)
+
+
+def repetition_rate(hypotheses: Sequence[str], n: int = 4) -> float:
+    """The share of the outputs' word n-grams that repeat an n-gram seen earlier in the same
+    sentence: 0 for text that never repeats itself, near 1 for a decoder that loops ("the land of
+    the land of the land of ..."). Counted over the corpus, on whitespace-split words."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    total = repeated = 0
+    for hypothesis in hypotheses:
+        words = hypothesis.split()
+        seen: set[tuple[str, ...]] = set()
+        for i in range(len(words) - n + 1):
+            gram = tuple(words[i : i + n])
+            repeated += gram in seen
+            seen.add(gram)
+            total += 1
+    return repeated / total if total else 0.0
+
+
 def split_compounds(tokenized: str) -> str:
     """The paper's compound splitting (tensor2tensor's get_ende_bleu.sh): a hyphen between two
     non-space characters becomes a token of its own, "a-b" -> "a ##AT##-##AT## b"."""

@@ -68,9 +68,36 @@ class _Finished:
         return [Hypothesis(t[:n], lp, s) for t, n, lp, s in zip(tokens, lengths, log_probs, scores)]
 
 
+def repeat_bans(history: Tensor, n: int) -> Tensor:
+    """Which next tokens would repeat an n-gram already in each row's output (fairseq's
+    --no-repeat-ngram-size): history (R, t) -> (R, t - n + 1) bool `match` and token ids `follow`;
+    token follow[r, j] is banned in row r where match[r, j]. A row's n-gram j is banned when its
+    first n - 1 tokens equal the row's last n - 1 tokens."""
+    grams = history.unfold(1, n, 1)  # (R, t - n + 1, n)
+    match = (grams[:, :, : n - 1] == history[:, history.size(1) - n + 1 :].unsqueeze(1)).all(-1)  # (R, t - n + 1)
+    return match, grams[:, :, n - 1]
+
+
+def _guard(log_probs: Tensor, history: Tensor, no_repeat_ngram: int, repetition_penalty: float) -> None:
+    """The decoding guards, in place on log_probs (R, V) for rows whose outputs so far are history
+    (R, t). Repetition penalty (CTRL, Keskar et al. 2019, as HF and CTranslate2 apply it): the
+    log-probability of a token the row has already produced is multiplied by the penalty (it is
+    ≤ 0, so the token gets less likely). No-repeat n-gram: a token that would complete an n-gram
+    the row already holds gets -inf. Neither ever touches EOS, which no output holds."""
+    if history.size(1) == 0:
+        return
+    if repetition_penalty != 1.0:
+        seen = log_probs.gather(1, history)  # (R, t)
+        log_probs.scatter_(1, history, torch.where(seen < 0, seen * repetition_penalty, seen / repetition_penalty))
+    if no_repeat_ngram and history.size(1) >= no_repeat_ngram:
+        match, follow = repeat_bans(history, no_repeat_ngram)  # (R, t - n + 1)
+        hits = torch.zeros_like(log_probs, dtype=torch.int32).scatter_add_(1, follow, match.int())  # (R, V)
+        log_probs.masked_fill_(hits > 0, float("-inf"))
+
+
 def beam_search(
     step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, beam: int = 4, alpha: float = 0.6,
-    min_len: int = 0,
+    min_len: int = 0, no_repeat_ngram: int = 0, repetition_penalty: float = 1.0,
 ) -> list[Hypothesis]:
     """Beam search with the paper's settings as defaults (§6.1: beam 4, α = 0.6, the caller
     sets max_len = source length + 50). Returns the best finished hypothesis of each sentence.
@@ -87,6 +114,10 @@ def beam_search(
     beam has finished) or reaches max_len, where only EOS is allowed. Before `min_len` tokens EOS
     is barred. With beam 1 (greedy) there is nothing to rank, so a hypothesis that reaches
     max_len finishes there, without the step that would score its EOS.
+
+    `no_repeat_ngram` (n > 0) and `repetition_penalty` (> 1) are the guards of fairseq, HF and
+    CTranslate2 against outputs that loop; both are off by default, which is §6.1's search. A
+    hypothesis' score is then the sum of the guarded log-probabilities.
     """
     if beam < 1:
         raise ValueError(f"beam must be at least 1, got {beam}")
@@ -102,7 +133,10 @@ def beam_search(
     t = 0
     while alive.numel():
         live, width = scores.shape
-        log_probs = step(tokens).float().view(live, width, -1)  # (B, k_cur, V)
+        log_probs = step(tokens).float()  # (B·k_cur, V)
+        if no_repeat_ngram or repetition_penalty != 1.0:
+            _guard(log_probs, history.reshape(live * width, t), no_repeat_ngram, repetition_penalty)
+        log_probs = log_probs.view(live, width, -1)  # (B, k_cur, V)
         vocab = log_probs.size(-1)
         at_limit = limit <= t  # (B,)
         candidates = scores.unsqueeze(-1) + log_probs  # (B, k_cur, V)
@@ -140,9 +174,11 @@ def beam_search(
 
 
 def greedy(
-    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, min_len: int = 0
+    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, min_len: int = 0, **guards
 ) -> list[list[int]]:
     """The most probable token at each step until EOS or `max_len` (B,) tokens; EOS is barred
     before `min_len` tokens (fairseq's --min-len, HF's min_new_tokens). It is beam search with
-    one beam. Returns, per sentence, the tokens without BOS and EOS."""
-    return [h.tokens for h in beam_search(step, reorder, bos_id, eos_id, max_len, beam=1, alpha=0.0, min_len=min_len)]
+    one beam (`guards`: its no_repeat_ngram and repetition_penalty). Returns, per sentence, the
+    tokens without BOS and EOS."""
+    return [h.tokens for h in beam_search(step, reorder, bos_id, eos_id, max_len, beam=1, alpha=0.0, min_len=min_len,
+                                          **guards)]

@@ -86,11 +86,13 @@ def translate_ids(
         with torch.inference_mode():
             stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1, beam)
             max_len = max_len.to(device)  # the search keeps its state where the model is
+            guards = dict(no_repeat_ngram=decode.no_repeat_ngram_size, repetition_penalty=decode.repetition_penalty)
             if beam == 1:
-                outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, decode.min_len)
+                outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, decode.min_len,
+                                 **guards)
             else:
                 hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len,
-                                         beam, decode.alpha, decode.min_len)
+                                         beam, decode.alpha, decode.min_len, **guards)
                 outputs = [h.tokens for h in hypotheses]
         for i, out in zip(chunk, outputs):
             results[i] = out

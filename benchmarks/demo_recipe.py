@@ -12,6 +12,10 @@ verses) is then beam-decoded twice: with the final weights, and with the average
 checkpoints (§6.1), which costs no training time, so averaging is judged on every run. The test
 books are decoded only for the baseline and the winner, for the figures.
 
+Every run is the paper's post-norm model (`aiayn train`'s default `--recipe paper`), as the demo
+was when the search ran; the demo now trains its winner with the `fast` recipe (pre-norm), whose
+reasons are in docs/learning-curve-amd-epyc.md.
+
 One run per candidate, one seed: differences smaller than the noise of a seed (not measured
 here) decide nothing; the table shows every run.
 

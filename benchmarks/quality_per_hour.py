@@ -2,7 +2,8 @@
 the same wall-clock budget on bible-en-es, then each beam-decodes the test books.
 
 Every system trains the same model (aiayn's `small` preset: 3 + 3 layers, d_model 256, 4 heads,
-d_ff 1024, with `aiayn demo`'s model changes) with the same recipe (`aiayn.config.DEMO_RECIPE`:
+d_ff 1024, with `aiayn demo`'s model changes; pre-norm, as the demo's `fast` recipe and both
+peers have it) with the same recipe (`aiayn.config.DEMO_RECIPE`:
 tokens per batch, warm-up, learning-rate scale, label smoothing, dropout, seed), written in each
 peer's own config by its harness (benchmarks/peers/). All share one SentencePiece vocabulary: the
 one aiayn's run trains at its start; the peers get the corpus already cut into its pieces, and
@@ -38,7 +39,7 @@ from pathlib import Path
 import torch
 
 from aiayn.checkpoint import checkpoint_dirs
-from aiayn.config import DEMO_MODEL_CHANGES, DEMO_RECIPE, DecodeConfig
+from aiayn.config import DEMO_MODEL_CHANGES, DEMO_RECIPE, DEMO_RECIPE_NAME, DecodeConfig
 from aiayn.device import cpu_kind
 from aiayn.evaluate import bleu
 from aiayn.model import Transformer
@@ -59,13 +60,14 @@ AIAYN_PRECISION = "bf16"
 
 
 def train_aiayn(run: Path, minutes: float, threads: int) -> dict:
-    """`aiayn train` with the demo's recipe, stopped as the peers are. aiayn saves a checkpoint
+    """`aiayn train` with the demo's recipe (its named recipe, `fast`, included), stopped as the peers are. aiayn saves a checkpoint
     when stopped; the peers save none, so aiayn is judged, as they are, on its last periodic
     checkpoint."""
     recipe = {**DEMO_RECIPE, "eval_every": NO_VALIDATION, "precision": AIAYN_PRECISION, "seed": 1}
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in recipe.items()]
     flags += [f"--{k.replace('_', '-')}={v}" for k, v in DEMO_MODEL_CHANGES.items()]  # the demo's model
-    command = [sys.executable, "-m", "aiayn", "train", "--preset", "small", "--out", str(run), *flags]
+    command = [sys.executable, "-m", "aiayn", "train", "--preset", "small", "--recipe", DEMO_RECIPE_NAME, "--out", str(run),
+               *flags]
     log = run.parent / "aiayn-train.log"
     _, wall = run_for(command, minutes, log, thread_env(threads))
     periodic = [c for c in checkpoint_dirs(run) if int(c.name.split("_")[1]) % SAVE_EVERY == 0]
@@ -75,12 +77,12 @@ def train_aiayn(run: Path, minutes: float, threads: int) -> dict:
             "checkpoint": str(periodic[-1]), "precision": AIAYN_PRECISION}
 
 
-def write_pieces(aiayn_run: Path, data: Path) -> Tokenizer:
-    """The corpus exactly as aiayn's run encoded it (its data store: the same pairs, the same
-    pieces), one sentence of space-separated pieces per line, and the vocabulary in id order:
-    what the peers train on."""
-    tokenizer = Tokenizer.load(aiayn_run / "model")
-    store = load_store(aiayn_run / "data")
+def write_pieces(store_dir: Path, data: Path) -> Tokenizer:
+    """The corpus exactly as aiayn encoded it (a data store and its tokenizer: the same pairs,
+    the same pieces), one sentence of space-separated pieces per line, and the vocabulary in id
+    order: what the peers train on."""
+    tokenizer = Tokenizer.load(store_dir)
+    store = load_store(store_dir)
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     data.mkdir(parents=True, exist_ok=True)
     for split in ("train", "dev", "test"):
@@ -131,7 +133,7 @@ def main() -> None:
     trained = {"aiayn": train_aiayn(aiayn_run, args.minutes, args.threads)}
     model_config = json.loads((aiayn_run / "model_config.json").read_text())
     data = args.runs / "pieces"
-    tokenizer = write_pieces(aiayn_run, data)
+    tokenizer = write_pieces(aiayn_run / "data", data)
     shape = ["--layers", model_config["n_layers"], "--d-model", model_config["d_model"], "--heads", model_config["n_heads"],
              "--d-ff", model_config["d_ff"], "--dropout", model_config["dropout"]]
     recipe = ["--label-smoothing", 0.1, "--max-tokens", DEMO_RECIPE["max_tokens"], "--warmup-steps", DEMO_RECIPE["warmup_steps"],

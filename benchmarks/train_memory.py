@@ -5,7 +5,7 @@ aiayn.train.RELEASE_SECONDS).
     .venv/bin/python benchmarks/train_memory.py --steps 400       # two demo runs, ~10 min -> docs/train-memory-KIND.png
     .venv/bin/python benchmarks/train_memory.py --plot runs/demo --out x.png   # any run folders' logs
 
-Each run is the demo's training (aiayn.config.demo_model and DEMO_RECIPE, bf16, seed 1) for
+Each run is the demo's training (aiayn.config.demo_model and demo_training, bf16, seed 1) for
 --steps steps in a fresh process; the second one has the hand-back switched off. Both read the
 `rss_mib` that `aiayn train` writes into every training record of log.jsonl. Prints each run's
 first, last and largest reading and writes results/train-memory-KIND.json.
@@ -33,12 +33,11 @@ VARIANTS = {"released": "free memory handed back every 10 s (aiayn's default)", 
 def child(run: Path, steps: int, keep: bool) -> None:
     """One demo training of `steps` steps (in this fresh process)."""
     import aiayn.train
-    from aiayn.config import DEMO_RECIPE, TrainConfig, demo_model
+    from aiayn.config import demo_model, demo_training
 
     if keep:
         aiayn.train.RELEASE_SECONDS = math.inf
-    recipe = TrainConfig(**{**DEMO_RECIPE, "max_steps": steps, "eval_every": 10**9, "save_every": 10**9},
-                         precision="bf16", seed=1)
+    recipe = demo_training(max_steps=steps, eval_every=10**9, save_every=10**9, precision="bf16", seed=1)
     aiayn.train.train_run(demo_model(), recipe, run, echo=lambda *_: None)
 
 

@@ -206,3 +206,51 @@ def test_min_len_bars_eos_until_reached(beam):
     else:
         forced = [h.tokens for h in beam_search(s.step, s.reorder, 1, 2, max_len, beam=beam, min_len=100)]
     assert [len(f) for f in forced] == max_len.tolist()
+
+
+# --- Guards against looping outputs (off by default: §6.1's search) ----------------------------
+
+
+def repeated_ngrams(tokens, n):
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) - len(set(grams))
+
+
+def test_repeat_bans_equal_the_plain_rule():
+    """Token x is banned after history h exactly when h + [x] ends in an n-gram h already holds."""
+    from aiayn.search import repeat_bans
+
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 2, 3):
+        history = torch.randint(3, 6, (8, 9), generator=gen)  # few distinct tokens: many repeats
+        match, follow = repeat_bans(history, n)
+        for row in range(8):
+            h = history[row].tolist()
+            banned = {int(f) for f, m in zip(follow[row], match[row]) if m}
+            plain = {x for x in range(6) if repeated_ngrams(h + [x], n) > repeated_ngrams(h, n)}
+            assert banned == plain
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_no_repeat_ngram_leaves_no_repeated_ngram(beam):
+    model = random_model(3)
+    with torch.no_grad():  # EOS all but impossible: unguarded outputs run to max_len and repeat
+        model.decoder.embed.lookup.weight[2].mul_(-1)
+    src, max_len = sources()
+    s = ModelStep(model, src, int(max_len.max()) + 1)
+    free = [h.tokens for h in beam_search(s.step, s.reorder, 1, 2, max_len, beam=beam)]
+    assert any(repeated_ngrams(f, 2) for f in free)
+    s = ModelStep(model, src, int(max_len.max()) + 1)
+    guarded = [h.tokens for h in beam_search(s.step, s.reorder, 1, 2, max_len, beam=beam, no_repeat_ngram=2)]
+    assert not any(repeated_ngrams(g, 2) for g in guarded)
+
+
+def test_repetition_penalty_scales_the_log_probability_of_tokens_already_output():
+    table = {(): {3: 0.5, 4: 0.4, EOS: 0.1}, (3,): {3: 0.5, 5: 0.3, EOS: 0.2}, (3, 5): {EOS: 1.0}, (3, 3): {EOS: 1.0}}
+    s = Scripted(table)
+    assert greedy(s.step, s.reorder, BOS, EOS, torch.tensor([10])) == [[3, 3]]
+    # penalty 2: log 0.5 · 2 = log 0.25 < log 0.3, so 5 follows 3; the score sums what was chosen
+    s = Scripted(table)
+    best = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=1, alpha=0.0, repetition_penalty=2.0)[0]
+    assert best.tokens == [3, 5]
+    assert best.log_prob == pytest.approx(math.log(0.5 * 0.3 * 1.0), abs=1e-6)

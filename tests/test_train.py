@@ -275,3 +275,24 @@ def test_average_is_the_mean_of_the_last_checkpoints(tmp_path, corpus_tsv):
     for name, value in mean.items():
         torch.testing.assert_close(value, (last_two[0][name] + last_two[1][name]) / 2)
     assert (tmp_path / "avg" / "tokenizer.model").exists()
+
+
+def test_a_recipe_changes_what_no_option_sets_and_a_resumed_run_keeps_its_own(tmp_path, corpus_tsv):
+    """--recipe fast trains the pre-norm model; an explicit option wins over the recipe; --resume
+    reads the run's configs, whatever --recipe says."""
+    run = tmp_path / "fast"
+    done = subprocess.run(train_argv(corpus_tsv, run, "--max-steps", "2", "--recipe", "fast"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run / "model_config.json").read_text())["norm_first"] is True
+    again = subprocess.run(train_argv(corpus_tsv, run, "--max-steps", "3", "--resume"), capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run / "model_config.json").read_text())["norm_first"] is True and max(losses(run)) == 3
+    explicit = subprocess.run(train_argv(corpus_tsv, tmp_path / "post", "--max-steps", "1", "--recipe", "fast",
+                                         "--norm-first", "false"), capture_output=True, text=True, timeout=300)
+    assert explicit.returncode == 0, explicit.stderr
+    assert json.loads((tmp_path / "post" / "model_config.json").read_text())["norm_first"] is False
+    paper = subprocess.run(train_argv(corpus_tsv, tmp_path / "paper", "--max-steps", "1"), capture_output=True,
+                           text=True, timeout=300)
+    assert paper.returncode == 0 and json.loads((tmp_path / "paper" / "model_config.json").read_text())["norm_first"] is False

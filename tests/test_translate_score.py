@@ -65,6 +65,35 @@ def test_translate_in_int8_gives_the_apis_int8_output(model_dir):
     assert done.stdout.split("\n") == [" ".join(tokenizer.decode(ids).splitlines()) for ids in expected] + [""]
 
 
+def test_translate_guards_from_the_cli_equal_the_apis(model_dir):
+    """--no-repeat-ngram-size and --repetition-penalty reach the search as the API's fields do."""
+    done = aiayn("translate", model_dir, "--beam", "2", "--no-repeat-ngram-size", "2", "--repetition-penalty", "1.5",
+                 stdin="the small cat\na red bird\n")
+    assert done.returncode == 0, done.stderr
+    tokenizer, model = Tokenizer.load(model_dir), Transformer.load(model_dir)
+    expected = translate_ids(model, [tokenizer.encode(s) for s in ("the small cat", "a red bird")], beam=2,
+                             no_repeat_ngram_size=2, repetition_penalty=1.5)
+    assert done.stdout.split("\n") == [" ".join(tokenizer.decode(ids).splitlines()) for ids in expected] + [""]
+    for ids in expected:
+        bigrams = list(zip(ids, ids[1:]))
+        assert len(bigrams) == len(set(bigrams))
+    bad = aiayn("translate", model_dir, "--repetition-penalty", "0.5", stdin="x\n")
+    assert bad.returncode == 2 and "--repetition-penalty must be at least 1" in bad.stderr
+
+
+def test_length_ratio_and_repetition_rate():
+    from aiayn.evaluate import length_ratio, repetition_rate
+
+    assert length_ratio(["a b c d"], ["a b"]) == 2.0 and length_ratio(["a"], ["a b c d"]) == 0.25
+    # "x y x y x y": 4-grams (x y x y), (y x y x), (x y x y): one of three repeats
+    assert repetition_rate(["x y x y x y"], 4) == pytest.approx(1 / 3)
+    assert repetition_rate(["the cat sat on the mat"], 4) == 0.0
+    assert repetition_rate(["a b", "x y x y x y"], 4) == pytest.approx(1 / 3)  # a sentence too short has no 4-gram
+    assert repetition_rate(["a a a"], 1) == pytest.approx(2 / 3) and repetition_rate([], 4) == 0.0
+    with pytest.raises(ValueError, match="n must be at least 1"):
+        repetition_rate(["a"], 0)
+
+
 def test_translate_errors_are_one_line(tmp_path, model_dir):
     missing = aiayn("translate", tmp_path / "nowhere", stdin="x\n")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "neither a model folder" in missing.stderr

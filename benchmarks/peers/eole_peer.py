@@ -307,7 +307,8 @@ def cmd_train(args):
         # one pass over a corpus the size of bible-en-es: Eole's default (262,144) fills its
         # buffers by cycling such a corpus for over 90 s before its first step
         "bucket_size": 32768,
-        "train_steps": 10_000_000,  # stopped by the clock, never by the step count
+        # stopped by the clock, or at --max-steps for a comparison at equal steps
+        "train_steps": args.max_steps or 10_000_000,
         "valid_steps": 10_000_000,  # no valid corpus is given; this only quiets the step report
     })
     config["report_every"] = 10  # "Step N/..." lines: the step reached even after the last save

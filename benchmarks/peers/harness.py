@@ -117,6 +117,7 @@ def parse_args(description: str, argv: Optional[list[str]] = None) -> argparse.N
     train.add_argument("--data", type=Path, required=True, help="train.src, train.tgt (pieces), vocab.txt")
     train.add_argument("--out", type=Path, required=True)
     train.add_argument("--minutes", type=float, required=True, help="wall clock from the child's launch")
+    train.add_argument("--max-steps", type=int, help="stop after this many optimizer steps, if the clock has not stopped it")
     train.add_argument("--threads", type=int, required=True)
     train.add_argument("--precision", **precision)
     for name, kind, default in (("layers", int, 3), ("d-model", int, 256), ("heads", int, 4), ("d-ff", int, 1024),

@@ -286,7 +286,8 @@ def train_config(args: argparse.Namespace, vocab: Path, vocab_size: int) -> dict
         "save_model": str(args.out.resolve() / "model"),
         "save_checkpoint_steps": args.save_every,
         "keep_checkpoint": args.keep_last,
-        "train_steps": 10_000_000,  # stopped by the clock instead
+        # stopped by the clock, or at --max-steps for a comparison at equal steps
+        "train_steps": args.max_steps or 10_000_000,
         "valid_steps": 10_000_000,
         "batch_type": "tokens",
         "batch_size": args.max_tokens,
