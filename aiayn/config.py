@@ -309,17 +309,6 @@ PRESETS["small"] = ModelConfig(
 )
 
 
-# `aiayn demo`'s recipe, for a budget of minutes on a 2-core CPU: the budget allows a thousand
-# steps or so, so the warm-up is short and batches are small; everything else is §5's. Its knobs
-# are the winners of benchmarks/demo_recipe.py, a search for the best dev BLEU after 10 minutes
-# (docs/demo-recipe.md). Checkpoints every 50 steps, so that the last 5, which the demo averages
-# (§6.1), span the end of the run.
-DEMO_RECIPE: dict = dict(corpus="bible-en-es", max_tokens=2000, warmup_steps=300, lr_scale=0.5, max_steps=1_000_000,
-                         save_every=50, save_minutes=2.0, keep_last=5, log_every=25, eval_every=200,
-                         eval_bleu_sentences=100)
-DEMO_AVERAGE_LAST = 5  # checkpoints the demo averages before it translates (§6.1)
-
-
 @dataclass(frozen=True)
 class Recipe:
     """A named way to train: changes to a preset's model (`model`, ModelConfig fields) and to the
@@ -350,6 +339,19 @@ def recipe(name: str) -> Recipe:
         return RECIPES[name]
     except KeyError:
         raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}") from None
+
+
+# `aiayn demo`'s recipe, for a budget of minutes on a 2-core CPU: the budget allows a thousand
+# steps or so, so the warm-up is short and batches are small; everything else is §5's. Its knobs
+# are the winners of benchmarks/demo_recipe.py, a search for the best dev BLEU after 10 minutes
+# (docs/demo-recipe-amd-epyc.md). Checkpoints every 50 steps, so that the last 5, which the demo
+# averages (§6.1), span the end of the run.
+DEMO_RECIPE: dict = dict(corpus="bible-en-es", max_tokens=2000, warmup_steps=300, lr_scale=0.5, max_steps=1_000_000,
+                         save_every=50, save_minutes=2.0, keep_last=5, log_every=25, eval_every=200,
+                         eval_bleu_sentences=100)
+DEMO_AVERAGE_LAST = 5  # checkpoints the demo averages before it translates (§6.1)
+
+
 # The search's model knobs, applied to the demo's preset: a smaller vocabulary (cheaper output
 # projection, more steps in the budget) and no dropout (ten minutes are about three epochs).
 DEMO_MODEL_CHANGES: dict = dict(vocab_size=4000, dropout=0.0)

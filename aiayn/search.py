@@ -68,7 +68,7 @@ class _Finished:
         return [Hypothesis(t[:n], lp, s) for t, n, lp, s in zip(tokens, lengths, log_probs, scores)]
 
 
-def repeat_bans(history: Tensor, n: int) -> Tensor:
+def repeat_bans(history: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """Which next tokens would repeat an n-gram already in each row's output (fairseq's
     --no-repeat-ngram-size): history (R, t) -> (R, t - n + 1) bool `match` and token ids `follow`;
     token follow[r, j] is banned in row r where match[r, j]. A row's n-gram j is banned when its
