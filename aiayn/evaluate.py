@@ -7,26 +7,27 @@ import re
 from typing import Sequence
 
 
-def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
-    """Corpus BLEU of detokenized text with sacreBLEU's defaults (13a tokenization, exp
-    smoothing). Returns (score, signature); the signature says exactly how it was computed."""
+def _corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]):
+    """sacreBLEU's corpus score with its defaults (13a tokenization, exp smoothing), and the metric."""
     from sacrebleu.metrics import BLEU
 
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     metric = BLEU()
-    score = metric.corpus_score(list(hypotheses), [list(references)])
+    return metric.corpus_score(list(hypotheses), [list(references)]), metric
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+    """Corpus BLEU of detokenized text with sacreBLEU's defaults (13a tokenization, exp
+    smoothing). Returns (score, signature); the signature says exactly how it was computed."""
+    score, metric = _corpus_bleu(hypotheses, references)
     return score.score, str(metric.get_signature())
 
 
 def length_ratio(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     """Hypothesis length over reference length, in sacreBLEU's 13a tokens summed over the corpus
     (the ratio behind BLEU's brevity penalty): far above 1, outputs run on; below 1, they stop short."""
-    from sacrebleu.metrics import BLEU
-
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    score = BLEU().corpus_score(list(hypotheses), [list(references)])
+    score, _ = _corpus_bleu(hypotheses, references)
     return score.sys_len / max(score.ref_len, 1)
 
 

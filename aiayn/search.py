@@ -87,8 +87,7 @@ def _guard(log_probs: Tensor, history: Tensor, no_repeat_ngram: int, repetition_
     if history.size(1) == 0:
         return
     if repetition_penalty != 1.0:
-        seen = log_probs.gather(1, history)  # (R, t)
-        log_probs.scatter_(1, history, torch.where(seen < 0, seen * repetition_penalty, seen / repetition_penalty))
+        log_probs.scatter_(1, history, log_probs.gather(1, history) * repetition_penalty)  # (R, t) values
     if no_repeat_ngram and history.size(1) >= no_repeat_ngram:
         match, follow = repeat_bans(history, no_repeat_ngram)  # (R, t - n + 1)
         hits = torch.zeros_like(log_probs, dtype=torch.int32).scatter_add_(1, follow, match.int())  # (R, V)

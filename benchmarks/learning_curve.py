@@ -45,7 +45,7 @@ from typing import Optional
 import torch
 
 from aiayn.checkpoint import checkpoint_dirs
-from aiayn.config import DEMO_MODEL_CHANGES, DEMO_RECIPE, DecodeConfig, TrainConfig, preset
+from aiayn.config import DEMO_MODEL_CHANGES, DEMO_RECIPE, DecodeConfig, TrainConfig, demo_model
 from aiayn.device import cpu_kind
 from aiayn.evaluate import bleu, length_ratio, repetition_rate
 from aiayn.model import Transformer
@@ -117,7 +117,7 @@ def train_eole(run: Path, pieces: Path, steps: int, every: int, threads: int, pr
                minutes: Optional[float]) -> None:
     if (run / "trained.json").exists():
         return
-    model = dataclasses.replace(preset(PRESET), **DEMO_MODEL_CHANGES)
+    model = demo_model(PRESET, "paper")  # the shape; Eole's layers are pre-norm whatever the recipe
     flags = {"layers": model.n_layers, "d-model": model.d_model, "heads": model.n_heads, "d-ff": model.d_ff,
              "dropout": model.dropout, "label-smoothing": DEMO_TRAINING.label_smoothing,
              "max-tokens": DEMO_TRAINING.max_tokens, "warmup-steps": DEMO_TRAINING.warmup_steps,
