@@ -44,6 +44,7 @@ class ModelConfig:
     # Restricted self-attention (§4, Table 1): attend only within r // 2 positions; None = all.
     neighborhood: Optional[int] = None
     share_embeddings: bool = True  # one matrix for source and target embeddings (§3.4)
+    scale_embedding: bool = True  # multiply the embeddings by √d_model (§3.4); Marian configs may say false
     tie_output: bool = True  # the pre-softmax projection is the target embedding (§3.4)
     final_logits_bias: bool = False  # a fixed bias added to the logits (imported Marian models)
     pad_id: int = 0
@@ -118,6 +119,7 @@ class TrainConfig:
     accumulate: int = 1  # batches per optimiser step: reaches the paper's batch on fewer devices
     warmup_steps: int = 4000  # §5.3
     lr_scale: float = 1.0  # multiplies the §5.3 learning rate
+    adam_eps: float = 1e-9  # Adam's ε (§5.3); fairseq's and Eole's default is 1e-8
     label_smoothing: float = 0.1  # ε_ls, §5.4
     max_steps: int = 100_000  # the base model's 100K steps (§5.2)
     minutes: Optional[float] = None  # stop after this much training time, whichever comes first
@@ -150,7 +152,7 @@ class TrainConfig:
             raise ValueError(f"invalid TrainConfig: eval_bleu_sentences must be 0 or more, got {self.eval_bleu_sentences!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"invalid TrainConfig: label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        for name in ("minutes", "save_minutes", "lr_scale"):
+        for name in ("minutes", "save_minutes", "lr_scale", "adam_eps"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"invalid TrainConfig: {name} must be positive, got {value}")

@@ -1,7 +1,7 @@
 """Marian (OPUS-MT) models in and out: the HF `MarianMTModel` folder format.
 
 Marian's model is the paper's Transformer (post-norm, sinusoidal positions, shared and tied
-embeddings scaled by √d_model) with five differences, each a `ModelConfig` option here: the sines
+embeddings, scaled by √d_model unless its `scale_embedding` is false) with five differences, each a `ModelConfig` option here: the sines
 and cosines of §3.5 laid out as [sin | cos] rather than interleaved (`positional=
 "sinusoidal_concat"`), often a swish FFN (`activation`), an untrained bias on the logits
 (`final_logits_bias`), decoding that starts from the pad token (`bos_id = pad_id`), LayerNorm
@@ -75,7 +75,6 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
     require(hf["encoder_layers"] == hf["decoder_layers"], "encoder and decoder depths differ (aiayn has one N)")
     require(hf["encoder_ffn_dim"] == hf["decoder_ffn_dim"], "encoder and decoder d_ff differ")
     require(hf["encoder_attention_heads"] == hf["decoder_attention_heads"], "encoder and decoder head counts differ")
-    require(hf.get("scale_embedding", False), "scale_embedding is false (aiayn scales by √d_model, §3.4)")
     require(not hf.get("normalize_before", False), "pre-norm Marian models are not handled")
     activation = HF_ACTIVATIONS.get(hf.get("activation_function", "gelu"))
     require(activation is not None, f"activation {hf.get('activation_function')!r}")
@@ -96,6 +95,7 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
         positional="sinusoidal_concat",
         max_len=hf.get("max_position_embeddings", 512),
         share_embeddings=share,
+        scale_embedding=hf.get("scale_embedding", False),  # MarianConfig's default
         tie_output=hf.get("tie_word_embeddings", True),
         final_logits_bias=True,
         pad_id=pad,
@@ -216,7 +216,7 @@ def marian_config(config: ModelConfig) -> dict:
         "attention_dropout": config.attention_dropout,
         "activation_dropout": 0.0,
         "max_position_embeddings": config.max_len,
-        "scale_embedding": True,
+        "scale_embedding": config.scale_embedding,
         "share_encoder_decoder_embeddings": config.share_embeddings,
         "tie_word_embeddings": config.tie_output,
         "pad_token_id": config.pad_id,

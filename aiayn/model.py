@@ -80,12 +80,13 @@ class PositionalEncoding(nn.Module):
 
 
 class Embeddings(nn.Module):
-    """Learned token embeddings multiplied by √d_model (§3.4). The same matrix can serve as the
-    source embedding, the target embedding and the pre-softmax projection."""
+    """Learned token embeddings multiplied by √d_model (§3.4; by 1 where `scale_embedding` is off,
+    as some Marian models have it). The same matrix can serve as the source embedding, the target
+    embedding and the pre-softmax projection."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.scale = math.sqrt(config.d_model)
+        self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.lookup = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
 
     @property

@@ -188,7 +188,7 @@ class Trainer:
 
         torch.manual_seed(train_config.seed)
         self.model = Transformer(model_config).to(self.device)
-        self.optimizer = make_optimizer(self.model)
+        self.optimizer = make_optimizer(self.model, eps=train_config.adam_eps)
         c = model_config
         self.stream = BatchStream(
             data.train, train_config.max_tokens, train_config.seed, c.pad_id, c.bos_id, c.eos_id,

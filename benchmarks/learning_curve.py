@@ -65,6 +65,11 @@ DEMO_TRAINING = TrainConfig(**DEMO_RECIPE)  # the recipe every system trains wit
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "paper": ({}, {}),
     "pre-norm": ({"norm_first": True}, {}),
+    "xavier-embeddings": ({}, {}),  # the initial weights of XAVIER_EMBEDDINGS
+    "pre-norm,xavier-embeddings": ({"norm_first": True}, {}),
+    "adam-eps-1e-8": ({}, {"adam_eps": 1e-8}),  # fairseq's and Eole's default ε
+    "no-embedding-scale": ({"scale_embedding": False}, {}),
+    "fp32": ({}, {"precision": "fp32"}),
     "no-label-smoothing": ({}, {"label_smoothing": 0.0}),
     "warmup-150": ({}, {"warmup_steps": 150}),
     "lr-x2": ({}, {"lr_scale": 1.0}),
@@ -74,6 +79,14 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "batch-4000": ({}, {"max_tokens": 4000}),
     "pre-norm,fp32": ({"norm_first": True}, {"precision": "fp32"}),
 }
+# Variants that start from Eole's initialisation of the shared embedding matrix, xavier_uniform
+# (U(±√(6 / (V + d_model))), std 0.022 here), instead of aiayn's N(0, d_model^-0.5) (std 0.0625).
+XAVIER_EMBEDDINGS = {"xavier-embeddings", "pre-norm,xavier-embeddings"}
+
+# Eole runs: name -> flags of its harness's `train`. "eole" is the paper's layers as the peer
+# has them (pre-norm, biases everywhere, a trained bias on its tied output layer); the ablation
+# drops that output bias, which aiayn's tied output layer does not have.
+EOLE_VARIANTS: dict[str, list[str]] = {"eole": [], "eole,no-output-bias": ["--no-output-bias"]}
 
 
 def prepare_data(runs: Path) -> Path:
@@ -86,10 +99,30 @@ def prepare_data(runs: Path) -> Path:
     return data
 
 
+def initial_weights(name: str, run: Path, data: Path) -> Optional[Path]:
+    """For a variant of XAVIER_EMBEDDINGS, a model folder with the weights `aiayn train` would
+    draw (same seed), its embeddings then drawn as Eole draws them (the pad row stays zero), which
+    the run starts from (`--init-from`, with the data's tokenizer); None for the others."""
+    if name not in XAVIER_EMBEDDINGS:
+        return None
+    folder = run.parent / f"{name}.init"
+    if not (folder / "tokenizer.model").exists():
+        torch.manual_seed(SEED)
+        model = Transformer(dataclasses.replace(demo_model(PRESET, "paper"), **VARIANTS[name][0]))
+        embedding = model.encoder.embed.lookup
+        with torch.no_grad():
+            torch.nn.init.xavier_uniform_(embedding.weight)
+            embedding.weight[model.config.pad_id] = 0
+        model.save(folder)
+        Tokenizer.load(data).save(folder)
+    return folder
+
+
 def train_command(name: str, run: Path, data: Path, steps: int, every: int) -> list[str]:
     model_changes, recipe_changes = VARIANTS[name]
     recipe = {**DEMO_RECIPE, "corpus": None, "data": str(data), "max_steps": steps, "save_every": every, "save_minutes": None,
-              "keep_last": steps // every + 1, "eval_every": 10**9, "precision": PRECISION, "seed": SEED, **recipe_changes}
+              "keep_last": steps // every + 1, "eval_every": 10**9, "precision": PRECISION, "seed": SEED,
+              "init_from": initial_weights(name, run, data), **recipe_changes}
     model = {**DEMO_MODEL_CHANGES, **model_changes}
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**recipe, **model}.items() if v is not None]
     return [sys.executable, "-m", "aiayn", "train", "--preset", PRESET, "--out", str(run), *flags]
@@ -113,7 +146,7 @@ def train_aiayn(name: str, run: Path, data: Path, steps: int, every: int, thread
     (run / "launched.json").write_text(json.dumps({"launched": started}))
 
 
-def train_eole(run: Path, pieces: Path, steps: int, every: int, threads: int, precision: str,
+def train_eole(name: str, run: Path, pieces: Path, steps: int, every: int, threads: int, precision: str,
                minutes: Optional[float]) -> None:
     if (run / "trained.json").exists():
         return
@@ -125,13 +158,13 @@ def train_eole(run: Path, pieces: Path, steps: int, every: int, threads: int, pr
              "max-steps": steps, "precision": precision, "minutes": minutes or 10**4}
     started = time.time()
     result = peer("eole", ["train", "--data", str(pieces), "--out", str(run),
-                           *[str(x) for k, v in flags.items() for x in (f"--{k}", v)]], threads)
+                           *[str(x) for k, v in flags.items() for x in (f"--{k}", v)], *EOLE_VARIANTS[name]], threads)
     (run / "trained.json").write_text(json.dumps({**result, "launched": started}))
 
 
 def checkpoints(system: str, run: Path) -> list[tuple[int, Path]]:
     """(step, folder) of every checkpoint of a run, in step order."""
-    if system == "eole":
+    if system in EOLE_VARIANTS:
         found = [(int(p.name.split("_")[1]), p) for p in (run / "model").glob("step_*") if (p / "config.json").is_file()]
     else:
         found = [(int(p.name.split("_")[1]), p) for p in checkpoint_dirs(run)]
@@ -154,8 +187,8 @@ def score_checkpoint(system: str, checkpoint: Path, runs: Path, sentences: int, 
     test = load_store(runs / "data").texts("test")[:sentences]
     references = [t for _, t in test]
     start = time.perf_counter()
-    if system == "eole":
-        source, out = runs / "scores" / f"eole-{checkpoint.name}.src", runs / "scores" / f"eole-{checkpoint.name}.hyp"
+    if system in EOLE_VARIANTS:
+        source, out = runs / "scores" / f"{system}-{checkpoint.name}.src", runs / "scores" / f"{system}-{checkpoint.name}.hyp"
         source.parent.mkdir(parents=True, exist_ok=True)
         lines = (runs / "pieces" / "test.src").read_text(encoding="utf-8").splitlines()[: len(test)]
         source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -195,8 +228,8 @@ def score_checkpoints(system: str, runs: Path, every: int, sentences: int, threa
 
 def seconds_since_launch(system: str, run: Path, checkpoint: Path) -> float:
     """Wall clock from the run's launch to its checkpoint's last file (Eole writes config.json last)."""
-    launched = json.loads((run / ("trained.json" if system == "eole" else "launched.json")).read_text())["launched"]
-    written = (checkpoint / "config.json").stat().st_mtime if system == "eole" else max(
+    launched = json.loads((run / ("trained.json" if system in EOLE_VARIANTS else "launched.json")).read_text())["launched"]
+    written = (checkpoint / "config.json").stat().st_mtime if system in EOLE_VARIANTS else max(
         p.stat().st_mtime for p in checkpoint.iterdir())
     return round(written - launched, 1)
 
@@ -248,6 +281,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["paper", "pre-norm"])
     parser.add_argument("--eole", action="store_true", help="train and score Eole 0.6.4 too (benchmarks/setup_train_peers.sh)")
+    parser.add_argument("--eole-variants", nargs="+", choices=[v for v in EOLE_VARIANTS if v != "eole"], default=[],
+                        help="Eole under one change each (EOLE_VARIANTS), trained and scored too")
     parser.add_argument("--steps", type=int, default=1200, help="training steps of every run (default 1200)")
     parser.add_argument("--minutes", type=float,
                         help="instead of --steps: stop every run this long after its launch (wall clock), as at equal time")
@@ -279,21 +314,22 @@ def main() -> None:
     runs = args.runs
     runs.mkdir(parents=True, exist_ok=True)
     data = prepare_data(runs)
-    if args.eole and not (runs / "pieces" / "vocab.txt").exists():
+    eoles = (["eole"] if args.eole else []) + args.eole_variants
+    if eoles and not (runs / "pieces" / "vocab.txt").exists():
         write_pieces(data, runs / "pieces")
-    systems = variants + (["eole"] if args.eole else [])
+    systems = variants + eoles
 
     def train_and_score(system: str) -> None:
-        if system == "eole":
-            train_eole(runs / "eole", runs / "pieces", steps, args.every, args.threads, args.eole_precision, args.minutes)
+        if system in EOLE_VARIANTS:
+            train_eole(system, runs / system, runs / "pieces", steps, args.every, args.threads, args.eole_precision, args.minutes)
         else:
             train_aiayn(system, runs / system, data, steps, args.every, args.threads, args.minutes)
         score_run(system, runs, args.every, args.sentences, args.threads)
 
     # The runs that still train go first, Eole's (the slowest) ahead, so that scoring fills the slots they leave.
-    trained = lambda system: (runs / system / ("trained.json" if system == "eole" else "launched.json")).exists()  # noqa: E731
+    trained = lambda system: (runs / system / ("trained.json" if system in EOLE_VARIANTS else "launched.json")).exists()  # noqa: E731
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        for job in [pool.submit(train_and_score, s) for s in sorted(systems, key=lambda s: (trained(s), s != "eole"))]:
+        for job in [pool.submit(train_and_score, s) for s in sorted(systems, key=lambda s: (trained(s), s not in EOLE_VARIANTS))]:
             job.result()
 
     found = {system: checkpoints(system, runs / system) for system in systems}
@@ -311,7 +347,8 @@ def main() -> None:
         "benchmark": "learning-curve", "command": command_line(), "machine": machine(torch.device("cpu"), args.threads),
         "settings": {"steps": None if args.minutes else args.steps, "minutes": args.minutes, "every": args.every, "sentences": args.sentences, "jobs": args.jobs,
                      "preset": PRESET, "model_changes": DEMO_MODEL_CHANGES, "recipe": DEMO_RECIPE, "precision": PRECISION,
-                     "eole_precision": args.eole_precision if args.eole else None, "decode": DECODE.__dict__, "variants": {v: VARIANTS[v] for v in variants}},
+                     "eole_precision": args.eole_precision if eoles else None, "decode": DECODE.__dict__, "variants": {v: VARIANTS[v] for v in variants},
+                     "eole_variants": {v: EOLE_VARIANTS[v] for v in eoles}},
         "systems": rows, "table_markdown": table, "pivot_markdown": pivot,
     })
 

@@ -213,16 +213,32 @@ def test_cli_import_translate_export(hf_dir, tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("aiayn: error:") and len(bad.stderr.splitlines()) == 1
 
 
+def copy_with_config(hf_dir, folder, **change):
+    """The HF folder `hf_dir` copied to `folder` with its config.json changed."""
+    folder.mkdir()
+    for name in ("source.spm", "target.spm", "vocab.json", "model.safetensors"):
+        (folder / name).write_bytes((hf_dir / name).read_bytes())
+    (folder / "config.json").write_text(json.dumps({**json.loads((hf_dir / "config.json").read_text()), **change}))
+    return folder
+
+
+def test_unscaled_embeddings_import_equal_hf(hf_dir, tmp_path):
+    """MarianConfig's default, scale_embedding false, skips §3.4's √d_model: the logits follow HF's."""
+    folder = copy_with_config(hf_dir, tmp_path / "unscaled", scale_embedding=False)
+    model = Transformer.load(import_marian(folder, tmp_path / "out", echo=lambda _: None)).eval()
+    assert not model.config.scale_embedding and ModelConfig().scale_embedding
+    src, pad = sources(model.config.vocab_size, 0)
+    tgt = torch.cat([torch.full((3, 1), pad), torch.randint(3, pad, (3, 6))], dim=1)
+    with torch.no_grad():
+        expected = hf_model(folder)(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=tgt).logits
+        scaled = hf_model(hf_dir)(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=tgt).logits
+    torch.testing.assert_close(model(src, tgt), expected, atol=1e-4, rtol=1e-4)
+    assert (expected - scaled).abs().max() > 0.1  # the switch changes the model
+
+
 def test_unsupported_marian_options_are_refused(hf_dir, tmp_path):
-    config = json.loads((hf_dir / "config.json").read_text())
-    for change, message in (({"decoder_layers": 1}, "depths differ"), ({"scale_embedding": False}, "scale_embedding")):
-        folder = tmp_path / next(iter(change))
-        folder.mkdir()
-        for name in ("source.spm", "target.spm", "vocab.json", "model.safetensors"):
-            (folder / name).write_bytes((hf_dir / name).read_bytes())
-        (folder / "config.json").write_text(json.dumps({**config, **change}))
-        with pytest.raises(ValueError, match=message):
-            import_marian(folder, tmp_path / "out", echo=lambda _: None)
+    with pytest.raises(ValueError, match="depths differ"):
+        import_marian(copy_with_config(hf_dir, tmp_path / "depths", decoder_layers=1), tmp_path / "out", echo=lambda _: None)
     with pytest.raises(ValueError, match="no learned positions"):
         export_marian_config = dataclasses.replace(ModelConfig(vocab_size=300), positional="learned")
         from aiayn.marian import marian_config

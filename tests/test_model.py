@@ -84,6 +84,8 @@ def test_embeddings_scaled_and_shared_with_softmax():
     torch.testing.assert_close(model.decode(ids, memory, mask), hidden @ model.encoder.embed.weight.T)
     names = {n for n, _ in model.named_parameters()}
     assert not any("output_proj" in n for n in names)
+    unscaled = tiny(scale_embedding=False)  # Marian's switch: the lookup alone
+    torch.testing.assert_close(unscaled.encoder.embed(ids), unscaled.encoder.embed.lookup.weight[ids])
 
 
 def test_untied_options_add_exactly_their_matrices():

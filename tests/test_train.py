@@ -126,6 +126,14 @@ def test_bf16_weights_train_a_bf16_copy_and_keep_fp32_weights_in_checkpoints_and
         TrainConfig(bf16_weights=True)
 
 
+def test_adam_eps_reaches_the_optimizer(tmp_path):
+    recipe = TrainConfig(max_tokens=256, max_steps=1, adam_eps=1e-8)
+    trainer = Trainer(COPY_MODEL, recipe, tmp_path / "run", TrainData(copy_pairs(50, 0)), echo=lambda _: None)
+    assert [g["eps"] for g in trainer.optimizer.param_groups] == [1e-8] and TrainConfig().adam_eps == 1e-9  # §5.3
+    with pytest.raises(ValueError, match="adam_eps must be positive"):
+        TrainConfig(adam_eps=0.0)
+
+
 # --- The command line: resume after SIGKILL, DDP, averaging -------------------------------
 
 WORDS = "the a small big red blue cat dog bird fish sees likes eats finds near under over with".split()

@@ -295,6 +295,8 @@ def cmd_train(args):
         label_smoothing=args.label_smoothing, precision=args.precision,
         learning_rate=args.lr_scale, warmup_steps=args.warmup_steps, seed=args.seed,
     )
+    if args.no_output_bias:  # an ablation (benchmarks/learning_curve.py): aiayn's tied output layer has no bias
+        config["model"]["generator_bias"] = False
     config["data"] = {
         "corpus_1": {"path_src": str(data / "train.src"), "path_tgt": str(data / "train.tgt")}
     }

@@ -125,6 +125,8 @@ def parse_args(description: str, argv: Optional[list[str]] = None) -> argparse.N
                                 ("warmup-steps", int, 300), ("lr-scale", float, 0.5), ("seed", int, 1),
                                 ("save-every", int, 50), ("keep-last", int, 5)):
         train.add_argument(f"--{name}", type=kind, default=default)
+    train.add_argument("--no-output-bias", action="store_true",
+                       help="Eole only, an ablation: no bias on the output layer (Eole's generator has one)")
 
     translate = sub.add_parser("translate", help="beam search with the peer's own decoder")
     translate.add_argument("--model", type=Path, required=True, help="a checkpoint that `train` reported")

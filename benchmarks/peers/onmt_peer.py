@@ -308,6 +308,8 @@ def cmd_train(args: argparse.Namespace) -> dict:
     """Runs `onmt_train` for `minutes` of wall clock, then stops it."""
     if args.precision == "bf16":
         raise UserError(BF16_UNSUPPORTED, code=2)
+    if args.no_output_bias:
+        raise UserError("--no-output-bias is an ablation of Eole's harness only", code=2)
     for name in ("train.src", "train.tgt"):
         if not (args.data / name).is_file():
             raise UserError(f"{args.data / name} not found")
