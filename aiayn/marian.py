@@ -1,11 +1,12 @@
 """Marian (OPUS-MT) models in and out: the HF `MarianMTModel` folder format.
 
 Marian's model is the paper's Transformer (post-norm, sinusoidal positions, shared and tied
-embeddings, scaled by √d_model unless its `scale_embedding` is false) with five differences, each a `ModelConfig` option here: the sines
-and cosines of §3.5 laid out as [sin | cos] rather than interleaved (`positional=
+embeddings scaled by √d_model) with differences that are each a `ModelConfig` option here: the
+sines and cosines of §3.5 laid out as [sin | cos] rather than interleaved (`positional=
 "sinusoidal_concat"`), often a swish FFN (`activation`), an untrained bias on the logits
 (`final_logits_bias`), decoding that starts from the pad token (`bos_id = pad_id`), LayerNorm
-eps 1e-5 (`layer_norm_eps`); and a SentencePiece model per language (`MarianTokenizer`).
+eps 1e-5 (`layer_norm_eps`), embeddings left unscaled where its config says `scale_embedding:
+false` (`scale_embedding`); and a SentencePiece model per language (`MarianTokenizer`).
 
 Both directions only read and write JSON, safetensors and SentencePiece files: `transformers` is
 not needed here (the tests use it to check the results). A `pytorch_model.bin` is read with
