@@ -6,22 +6,25 @@ trains the demo's model (the `small` preset with `aiayn.config.DEMO_MODEL_CHANGE
 layers, d_model 256, 4 heads, d_ff 1024, vocabulary 4,000, dropout 0) on bible-en-es with the
 demo's recipe (`DEMO_RECIPE`: 2,000-token batches, warm-up 300, lr scale 0.5, label smoothing
 0.1), bf16, seed 1, for `--steps` steps (or `--minutes` of wall clock from its launch), and
-keeps a checkpoint every `--every` steps. A variant changes one knob of that baseline
-(`VARIANTS`; "paper" is the post-norm model of §3.1); `eole` is Eole trained by its harness
-(benchmarks/peers/eole_peer.py) on the same pieces, with the same shape and recipe in its own
-config (pre-norm: the only form of its decoder), in fp32 by default (Eole's bf16 is pure bf16,
-its weights included).
+keeps a checkpoint every `--save-every` steps (default `--every`). A variant changes one knob of
+that baseline (`VARIANTS`; "paper" is the post-norm model of §3.1); `eole` is Eole trained by its
+harness (benchmarks/peers/eole_peer.py) on the same pieces, with the same shape and recipe in its
+own config (pre-norm: the only form of its decoder), in fp32 by default (Eole's bf16 is pure bf16,
+its weights included), and `--eole-variants` Eole under one change (`EOLE_VARIANTS`).
 
 Every checkpoint then decodes the first `--sentences` test verses with beam 4 and α 0.6 (§6.1,
 source length + 50; aiayn in bf16, Eole in its own decoder) and is scored by sacreBLEU, by the
 hypothesis/reference length ratio and by the repetition rate (the share of output 4-grams that
-repeat one earlier in the same sentence: looping outputs score high). A checkpoint's time is the
+repeat one earlier in the same sentence: looping outputs score high); with `--average N`, so is
+the average of the N checkpoints that end at each scored step (§6.1, what the demo translates
+with; Eole's are averaged here, it has no tool for it). A checkpoint's time is the
 wall clock from its run's launch to the checkpoint's file, so that the curves compare at equal
 time as well; runs are trained `--jobs` at a time with `--threads` threads each (one core each,
 side by side, by default), so times compare only within one call.
 
     .venv/bin/python benchmarks/learning_curve.py --variants paper pre-norm --eole   # ~20 min per pair of runs
     .venv/bin/python benchmarks/learning_curve.py --variants pre-norm --eole --minutes 40 --every 250 --runs runs/curve-40min
+    .venv/bin/python benchmarks/learning_curve.py --variants pre-norm --eole --minutes 40 --every 250 --save-every 50 --average 5 --runs runs/curve-40min-avg
     .venv/bin/python benchmarks/learning_curve.py --guards paper 800   # the decoding guards on a looping checkpoint
     .venv/bin/python benchmarks/learning_curve.py --steps 40 --every 20 --sentences 10 --runs /tmp/c --out /tmp/c.json  # smoke test
 
@@ -44,7 +47,9 @@ from typing import Optional
 
 import torch
 
-from aiayn.checkpoint import checkpoint_dirs
+from safetensors.torch import load_file, save_file
+
+from aiayn.checkpoint import average_checkpoints, checkpoint_dirs
 from aiayn.config import DEMO_MODEL_CHANGES, DEMO_RECIPE, DecodeConfig, TrainConfig, demo_model
 from aiayn.device import cpu_kind
 from aiayn.evaluate import bleu, length_ratio, repetition_rate
@@ -207,23 +212,60 @@ def score_checkpoint(system: str, checkpoint: Path, runs: Path, sentences: int, 
             "sentences": len(test), "signature": signature, "sample": hypotheses[:3]}
 
 
-def score_run(system: str, runs: Path, every: int, sentences: int, threads: int) -> None:
+def score_run(system: str, runs: Path, every: int, sentences: int, threads: int, average: int) -> None:
     """Score the run's checkpoints at multiples of `every` in a fresh process of `threads`
     threads, each to runs/scores/SYSTEM-STEP.json (one already there is kept)."""
     subprocess.run([sys.executable, __file__, "--score-run", system, "--runs", str(runs), "--every", str(every),
-                    "--sentences", str(sentences), "--threads", str(threads)], check=True, env=thread_env(threads))
+                    "--sentences", str(sentences), "--threads", str(threads), "--average", str(average)],
+                   check=True, env=thread_env(threads))
 
 
-def score_checkpoints(system: str, runs: Path, every: int, sentences: int, threads: int) -> None:
-    for step, checkpoint in checkpoints(system, runs / system):
-        out = runs / "scores" / f"{system}-{step:08d}.json"
-        if step % every or out.exists():
+def average_eole(folders: list[Path], out: Path) -> None:
+    """§6.1's average for Eole checkpoints (Eole 0.6.4 has no averaging tool): the mean of their
+    weights, summed in float64, in a folder Eole's translate reads (its config and vocabulary)."""
+    total: dict[str, torch.Tensor] = {}
+    for folder in folders:
+        for name, tensor in load_file(str(folder / "model.00.safetensors")).items():
+            total[name] = total.get(name, 0) + tensor.double()
+    dtypes = {name: tensor.dtype for name, tensor in load_file(str(folders[-1] / "model.00.safetensors")).items()}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({name: (t / len(folders)).to(dtypes[name]).contiguous() for name, t in total.items()},
+              str(out / "model.00.safetensors"))
+    for name in ("config.json", "vocab.json"):
+        (out / name).write_bytes((folders[-1] / name).read_bytes())
+
+
+def scores_file(runs: Path, system: str, step: int, average: int) -> Path:
+    """Where the scores of a checkpoint (average 1) or of the average of the `average` checkpoints
+    that end at `step` are kept."""
+    return runs / "scores" / (f"{system}-{step:08d}.json" if average == 1 else f"{system}-avg{average}-{step:08d}.json")
+
+
+def score_checkpoints(system: str, runs: Path, every: int, sentences: int, threads: int, average: int) -> None:
+    """Every checkpoint at a multiple of `every`, and with `average` > 1 also the mean of the
+    `average` checkpoints that end there (§6.1, as the demo translates with), scored."""
+    found = checkpoints(system, runs / system)
+    for index, (step, checkpoint) in enumerate(found):
+        if step % every:
             continue
-        result = score_checkpoint(system, checkpoint, runs, sentences, threads)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
-        print(f"{system} step {step}: test BLEU {result['bleu']}, length ratio {result['length_ratio']}, "
-              f"repeated 4-grams {result['repetition_4gram']:.1%}", flush=True)
+        for n in sorted({1, average}):
+            out = scores_file(runs, system, step, n)
+            if out.exists() or index + 1 < n:
+                continue
+            if n == 1:
+                result = score_checkpoint(system, checkpoint, runs, sentences, threads)
+            else:
+                folders = [folder for _, folder in found[index + 1 - n: index + 1]]
+                averaged = runs / "scores" / f"{system}-averaged"
+                if system in EOLE_VARIANTS:
+                    average_eole(folders, averaged)
+                else:
+                    average_checkpoints(folders, averaged, force=True)
+                result = score_checkpoint(system, averaged, runs, sentences, threads)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1))
+            print(f"{system} step {step}{f' (average of {n})' if n > 1 else ''}: test BLEU {result['bleu']}, "
+                  f"length ratio {result['length_ratio']}, repeated 4-grams {result['repetition_4gram']:.1%}", flush=True)
 
 
 def seconds_since_launch(system: str, run: Path, checkpoint: Path) -> float:
@@ -287,6 +329,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float,
                         help="instead of --steps: stop every run this long after its launch (wall clock), as at equal time")
     parser.add_argument("--every", type=int, default=200, help="steps between the checkpoints scored (default 200)")
+    parser.add_argument("--save-every", type=int, help="steps between the checkpoints kept (default: --every)")
+    parser.add_argument("--average", type=int, default=1,
+                        help="also score the average of the last N checkpoints at each scored step (§6.1; default 1: none)")
     parser.add_argument("--sentences", type=int, default=500, help="test verses decoded per checkpoint (default 500)")
     parser.add_argument("--jobs", type=int, default=2, help="runs trained (and checkpoints scored) at once (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="threads of each job (default 1)")
@@ -302,11 +347,12 @@ def main() -> None:
         return score_guards(args.runs, args.guards[0], int(args.guards[1]), args.sentences, args.threads, args.out)
     if args.score_run:
         torch.set_num_threads(args.threads)
-        return score_checkpoints(args.score_run, args.runs, args.every, args.sentences, args.threads)
-    if min(args.steps, args.every, args.sentences, args.jobs, args.threads) < 1:
-        sys.exit("--steps, --every, --sentences, --jobs and --threads must be positive")
-    if args.minutes is None and args.steps % args.every:
-        sys.exit("--steps must be a multiple of --every")
+        return score_checkpoints(args.score_run, args.runs, args.every, args.sentences, args.threads, args.average)
+    save_every = args.save_every or args.every
+    if min(args.steps, args.every, save_every, args.average, args.sentences, args.jobs, args.threads) < 1:
+        sys.exit("--steps, --every, --save-every, --average, --sentences, --jobs and --threads must be positive")
+    if args.minutes is None and args.steps % args.every or args.every % save_every:
+        sys.exit("--steps must be a multiple of --every, and --every of --save-every")
     if args.minutes is not None and not args.minutes > 0:
         sys.exit("--minutes must be positive")
     steps = 10**6 if args.minutes else args.steps  # a time budget: the clock stops the runs
@@ -321,10 +367,10 @@ def main() -> None:
 
     def train_and_score(system: str) -> None:
         if system in EOLE_VARIANTS:
-            train_eole(system, runs / system, runs / "pieces", steps, args.every, args.threads, args.eole_precision, args.minutes)
+            train_eole(system, runs / system, runs / "pieces", steps, save_every, args.threads, args.eole_precision, args.minutes)
         else:
-            train_aiayn(system, runs / system, data, steps, args.every, args.threads, args.minutes)
-        score_run(system, runs, args.every, args.sentences, args.threads)
+            train_aiayn(system, runs / system, data, steps, save_every, args.threads, args.minutes)
+        score_run(system, runs, args.every, args.sentences, args.threads, args.average)
 
     # The runs that still train go first, Eole's (the slowest) ahead, so that scoring fills the slots they leave.
     trained = lambda system: (runs / system / ("trained.json" if system in EOLE_VARIANTS else "launched.json")).exists()  # noqa: E731
@@ -335,17 +381,20 @@ def main() -> None:
     found = {system: checkpoints(system, runs / system) for system in systems}
     rows = {}
     for system in systems:
-        rows[system] = []
-        for step, path in found[system]:
-            scores = runs / "scores" / f"{system}-{step:08d}.json"
-            if scores.exists():
-                rows[system].append({"step": step, "seconds": seconds_since_launch(system, runs / system, path),
-                                     **json.loads(scores.read_text())})
+        for n in sorted({1, args.average}):
+            name = system if n == 1 else f"{system}, average of {n}"
+            rows[name] = []
+            for step, path in found[system]:
+                scores = scores_file(runs, system, step, n)
+                if scores.exists():
+                    rows[name].append({"step": step, "seconds": seconds_since_launch(system, runs / system, path),
+                                       **json.loads(scores.read_text())})
     table, pivot = table_markdown(rows), pivot_markdown(rows)
     print("\n" + table + "\ntest BLEU · hyp/ref length · repeated 4-grams, at equal steps:\n\n" + pivot)
     write_results(args.out or RESULTS / f"learning-curve-{cpu_kind()}.json", {
         "benchmark": "learning-curve", "command": command_line(), "machine": machine(torch.device("cpu"), args.threads),
-        "settings": {"steps": None if args.minutes else args.steps, "minutes": args.minutes, "every": args.every, "sentences": args.sentences, "jobs": args.jobs,
+        "settings": {"steps": None if args.minutes else args.steps, "minutes": args.minutes, "every": args.every,
+                     "save_every": save_every, "average": args.average, "sentences": args.sentences, "jobs": args.jobs,
                      "preset": PRESET, "model_changes": DEMO_MODEL_CHANGES, "recipe": DEMO_RECIPE, "precision": PRECISION,
                      "eole_precision": args.eole_precision if eoles else None, "decode": DECODE.__dict__, "variants": {v: VARIANTS[v] for v in variants},
                      "eole_variants": {v: EOLE_VARIANTS[v] for v in eoles}},
