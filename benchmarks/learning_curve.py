@@ -212,12 +212,12 @@ def score_checkpoint(system: str, checkpoint: Path, runs: Path, sentences: int, 
             "sentences": len(test), "signature": signature, "sample": hypotheses[:3]}
 
 
-def score_run(system: str, runs: Path, every: int, sentences: int, threads: int, average: int) -> None:
-    """Score the run's checkpoints at multiples of `every` in a fresh process of `threads`
-    threads, each to runs/scores/SYSTEM-STEP.json (one already there is kept)."""
+def score_run(system: str, runs: Path, every: int, sentences: int, threads: int, average: int, extra: list[int]) -> None:
+    """Score the run's checkpoints at multiples of `every` and at the `extra` steps in a fresh
+    process of `threads` threads, each to runs/scores/SYSTEM-STEP.json (one already there is kept)."""
     subprocess.run([sys.executable, __file__, "--score-run", system, "--runs", str(runs), "--every", str(every),
-                    "--sentences", str(sentences), "--threads", str(threads), "--average", str(average)],
-                   check=True, env=thread_env(threads))
+                    "--sentences", str(sentences), "--threads", str(threads), "--average", str(average),
+                    "--also-score", *map(str, extra)], check=True, env=thread_env(threads))
 
 
 def average_eole(folders: list[Path], out: Path) -> None:
@@ -241,12 +241,13 @@ def scores_file(runs: Path, system: str, step: int, average: int) -> Path:
     return runs / "scores" / (f"{system}-{step:08d}.json" if average == 1 else f"{system}-avg{average}-{step:08d}.json")
 
 
-def score_checkpoints(system: str, runs: Path, every: int, sentences: int, threads: int, average: int) -> None:
-    """Every checkpoint at a multiple of `every`, and with `average` > 1 also the mean of the
+def score_checkpoints(system: str, runs: Path, every: int, sentences: int, threads: int, average: int,
+                      extra: list[int]) -> None:
+    """Every checkpoint at a multiple of `every` or in `extra`, and with `average` > 1 also the mean of the
     `average` checkpoints that end there (§6.1, as the demo translates with), scored."""
     found = checkpoints(system, runs / system)
     for index, (step, checkpoint) in enumerate(found):
-        if step % every:
+        if step % every and step not in extra:
             continue
         for n in sorted({1, average}):
             out = scores_file(runs, system, step, n)
@@ -332,6 +333,8 @@ def main() -> None:
     parser.add_argument("--save-every", type=int, help="steps between the checkpoints kept (default: --every)")
     parser.add_argument("--average", type=int, default=1,
                         help="also score the average of the last N checkpoints at each scored step (§6.1; default 1: none)")
+    parser.add_argument("--also-score", type=int, nargs="*", default=[], metavar="STEP",
+                        help="score the checkpoints of these steps too (where a curve crosses another, say)")
     parser.add_argument("--sentences", type=int, default=500, help="test verses decoded per checkpoint (default 500)")
     parser.add_argument("--jobs", type=int, default=2, help="runs trained (and checkpoints scored) at once (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="threads of each job (default 1)")
@@ -347,7 +350,8 @@ def main() -> None:
         return score_guards(args.runs, args.guards[0], int(args.guards[1]), args.sentences, args.threads, args.out)
     if args.score_run:
         torch.set_num_threads(args.threads)
-        return score_checkpoints(args.score_run, args.runs, args.every, args.sentences, args.threads, args.average)
+        return score_checkpoints(args.score_run, args.runs, args.every, args.sentences, args.threads, args.average,
+                                 args.also_score)
     save_every = args.save_every or args.every
     if min(args.steps, args.every, save_every, args.average, args.sentences, args.jobs, args.threads) < 1:
         sys.exit("--steps, --every, --save-every, --average, --sentences, --jobs and --threads must be positive")
@@ -370,7 +374,7 @@ def main() -> None:
             train_eole(system, runs / system, runs / "pieces", steps, save_every, args.threads, args.eole_precision, args.minutes)
         else:
             train_aiayn(system, runs / system, data, steps, save_every, args.threads, args.minutes)
-        score_run(system, runs, args.every, args.sentences, args.threads, args.average)
+        score_run(system, runs, args.every, args.sentences, args.threads, args.average, args.also_score)
 
     # The runs that still train go first, Eole's (the slowest) ahead, so that scoring fills the slots they leave.
     trained = lambda system: (runs / system / ("trained.json" if system in EOLE_VARIANTS else "launched.json")).exists()  # noqa: E731
