@@ -81,6 +81,8 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "lr-x0.5": ({}, {"lr_scale": 0.25}),
     "pre-norm,lr-x2": ({"norm_first": True}, {"lr_scale": 1.0}),
     "pre-norm,lr-x4": ({"norm_first": True}, {"lr_scale": 2.0}),
+    "pre-norm,lr-x0.7": ({"norm_first": True}, {"lr_scale": 0.35}),
+    "pre-norm,lr-x1.4": ({"norm_first": True}, {"lr_scale": 0.7}),
     "batch-4000": ({}, {"max_tokens": 4000}),
     "pre-norm,fp32": ({"norm_first": True}, {"precision": "fp32"}),
 }
