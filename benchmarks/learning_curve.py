@@ -74,7 +74,6 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "pre-norm,xavier-embeddings": ({"norm_first": True}, {}),
     "adam-eps-1e-8": ({}, {"adam_eps": 1e-8}),  # fairseq's and Eole's default ε
     "no-embedding-scale": ({"scale_embedding": False}, {}),
-    "fp32": ({}, {"precision": "fp32"}),
     "no-label-smoothing": ({}, {"label_smoothing": 0.0}),
     "warmup-150": ({}, {"warmup_steps": 150}),
     "lr-x2": ({}, {"lr_scale": 1.0}),
@@ -125,17 +124,17 @@ def initial_weights(name: str, run: Path, data: Path) -> Optional[Path]:
     return folder
 
 
-def train_command(name: str, run: Path, data: Path, steps: int, every: int) -> list[str]:
+def train_command(name: str, run: Path, data: Path, steps: int, save_every: int) -> list[str]:
     model_changes, recipe_changes = VARIANTS[name]
-    recipe = {**DEMO_RECIPE, "corpus": None, "data": str(data), "max_steps": steps, "save_every": every, "save_minutes": None,
-              "keep_last": steps // every + 1, "eval_every": 10**9, "precision": PRECISION, "seed": SEED,
+    recipe = {**DEMO_RECIPE, "corpus": None, "data": str(data), "max_steps": steps, "save_every": save_every, "save_minutes": None,
+              "keep_last": steps // save_every + 1, "eval_every": 10**9, "precision": PRECISION, "seed": SEED,
               "init_from": initial_weights(name, run, data), **recipe_changes}
     model = {**DEMO_MODEL_CHANGES, **model_changes}
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**recipe, **model}.items() if v is not None]
     return [sys.executable, "-m", "aiayn", "train", "--preset", PRESET, "--out", str(run), *flags]
 
 
-def train_aiayn(name: str, run: Path, data: Path, steps: int, every: int, threads: int, minutes: Optional[float]) -> None:
+def train_aiayn(name: str, run: Path, data: Path, steps: int, save_every: int, threads: int, minutes: Optional[float]) -> None:
     """`aiayn train` of one variant, for `steps` steps or, with `minutes`, stopped by SIGTERM that
     long after its launch (as the peers' harnesses stop theirs)."""
     if (run / "launched.json").exists():
@@ -144,7 +143,7 @@ def train_aiayn(name: str, run: Path, data: Path, steps: int, every: int, thread
         sys.exit(f"{run} holds an unfinished run: remove it to train it again")
     run.mkdir(parents=True)
     started = time.time()
-    command = train_command(name, run, data, steps, every)
+    command = train_command(name, run, data, steps, save_every)
     if minutes:
         run_for(command, minutes, run.parent / f"{name}.log", thread_env(threads))
     else:
@@ -153,7 +152,7 @@ def train_aiayn(name: str, run: Path, data: Path, steps: int, every: int, thread
     (run / "launched.json").write_text(json.dumps({"launched": started}))
 
 
-def train_eole(name: str, run: Path, pieces: Path, steps: int, every: int, threads: int, precision: str,
+def train_eole(name: str, run: Path, pieces: Path, steps: int, save_every: int, threads: int, precision: str,
                minutes: Optional[float]) -> None:
     if (run / "trained.json").exists():
         return
@@ -161,7 +160,7 @@ def train_eole(name: str, run: Path, pieces: Path, steps: int, every: int, threa
     flags = {"layers": model.n_layers, "d-model": model.d_model, "heads": model.n_heads, "d-ff": model.d_ff,
              "dropout": model.dropout, "label-smoothing": DEMO_TRAINING.label_smoothing,
              "max-tokens": DEMO_TRAINING.max_tokens, "warmup-steps": DEMO_TRAINING.warmup_steps,
-             "lr-scale": DEMO_TRAINING.lr_scale, "seed": SEED, "save-every": every, "keep-last": steps // every + 1,
+             "lr-scale": DEMO_TRAINING.lr_scale, "seed": SEED, "save-every": save_every, "keep-last": steps // save_every + 1,
              "max-steps": steps, "precision": precision, "minutes": minutes or 10**4}
     started = time.time()
     result = peer("eole", ["train", "--data", str(pieces), "--out", str(run),
@@ -226,10 +225,10 @@ def average_eole(folders: list[Path], out: Path) -> None:
     """§6.1's average for Eole checkpoints (Eole 0.6.4 has no averaging tool): the mean of their
     weights, summed in float64, in a folder Eole's translate reads (its config and vocabulary)."""
     total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
     for folder in folders:
         for name, tensor in load_file(str(folder / "model.00.safetensors")).items():
-            total[name] = total.get(name, 0) + tensor.double()
-    dtypes = {name: tensor.dtype for name, tensor in load_file(str(folders[-1] / "model.00.safetensors")).items()}
+            total[name], dtypes[name] = total.get(name, 0) + tensor.double(), tensor.dtype
     out.mkdir(parents=True, exist_ok=True)
     save_file({name: (t / len(folders)).to(dtypes[name]).contiguous() for name, t in total.items()},
               str(out / "model.00.safetensors"))
