@@ -17,13 +17,17 @@ reference math:
 - `autocast_input` and `cache_dtype`: under autocast, cast an activation once, not once per
   projection; keep the decoder's keys and values in the precision they are computed in (bf16
   for an int8 model on a CPU that computes bf16 fast).
+- `log_softmax_stats`: the per-token statistics the loss of §5.4 needs, -log p(y) and Σ_k log p(k),
+  computed over a few rows at a time, so that no (tokens × vocabulary) fp32 tensor is ever built:
+  one such tensor is 32 MB at the demo's shape and 3.7 GB at the paper's (25,000 tokens × 37,000).
 - `Bf16Twin`: bf16 training with fp32 master weights: a bf16 copy of the model runs the step, the
   fp32 model takes Adam's update.
 - `inference_copy`: the model to decode with, its weights cast once to bf16/fp16 or quantized to
   int8 (per output channel, dynamic activation scales).
 
 One switch turns every trick off: inside `with reference_math():` attention runs the reference
-`softmax(QKᵀ/√d_k)V` of aiayn.attention, dropout is `nn.Dropout` and nothing is cast.
+`softmax(QKᵀ/√d_k)V` of aiayn.attention, dropout is `nn.Dropout`, the loss is autograd through
+`log_softmax` (aiayn.loss) and nothing is cast.
 """
 
 from __future__ import annotations
@@ -210,6 +214,77 @@ class Dropout(nn.Dropout):
         bits = draws.view(torch.int16)[:n] & 0x7FFF  # (n,) 15 uniform bits: the top bit of a draw is 0
         keep = (bits >= round(self.p * 32768)).view(x.shape)
         return x * keep * (1.0 / (1.0 - self.p))
+
+
+# --------------------------------------------------------------------------------------------
+# The loss's log-softmax (§5.4)
+
+# Rows of logits per chunk: an fp32 chunk of about 1 MB stays in a CPU core's L2 cache through
+# the passes over it; a GPU takes bigger chunks, to launch fewer kernels.
+CHUNK_ELEMENTS = {"cpu": 1 << 18}
+GPU_CHUNK_ELEMENTS = 1 << 24
+
+
+def _chunks(n_rows: int, n_cols: int, device: torch.device) -> Iterator[slice]:
+    rows = max(1, CHUNK_ELEMENTS.get(device.type, GPU_CHUNK_ELEMENTS) // n_cols)
+    return (slice(start, min(start + rows, n_rows)) for start in range(0, n_rows, rows))
+
+
+class _LogSoftmaxStats(torch.autograd.Function):
+    """(N, V) logits z and (N,) targets y -> nll = -log p(y) and total = Σ_k log p(k), each (N,),
+    for p = softmax(z), in fp32 (or the logits' dtype, if wider), a chunk of rows at a time.
+
+    The gradients are written out: ∂nll/∂z = p - onehot(y) and ∂total/∂z = 1 - V·p, so for
+    incoming (N,) gradients g_nll and g_total, ∂/∂z = a·p + b - g_nll·onehot(y) with a = g_nll -
+    V·g_total and b = g_total. The forward keeps p in the logits' dtype (half the bytes of the
+    fp32 log-probabilities autograd would keep, for bf16 logits) and p(y) in fp32, so that the
+    reference token's gradient, a difference of two numbers near 1 when the model is confident,
+    is computed from the unrounded p(y)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+        n, vocab = logits.shape
+        compute = torch.promote_types(logits.dtype, torch.float32)
+        probs = torch.empty_like(logits)  # (N, V) p, in the logits' dtype
+        nll = torch.empty(n, dtype=compute, device=logits.device)  # (N,)
+        total = torch.empty(n, dtype=compute, device=logits.device)  # (N,)
+        p_target = torch.empty(n, dtype=compute, device=logits.device)  # (N,)
+        for rows in _chunks(n, vocab, logits.device):
+            # z - max(z), then exp once: log p = (z - max) - log s, with s = Σ exp(z - max)
+            shifted = logits[rows].to(compute, copy=True)  # (c, V)
+            shifted -= shifted.amax(dim=1, keepdim=True)
+            picked = shifted.gather(1, target[rows].unsqueeze(1)).squeeze(1)  # (c,)
+            total_shifted = shifted.sum(dim=1)  # (c,)
+            exp = shifted.exp_()  # (c, V)
+            sums = exp.sum(dim=1, keepdim=True)  # (c, 1)
+            log_sums = sums.squeeze(1).log()  # (c,)
+            nll[rows] = log_sums - picked
+            total[rows] = total_shifted - vocab * log_sums
+            p_target[rows] = (picked - log_sums).exp()
+            probs[rows] = exp.div_(sums)
+        ctx.save_for_backward(probs, p_target, target)
+        ctx.set_materialize_grads(False)  # training back-propagates the loss, not the nll as well
+        return nll, total
+
+    @staticmethod
+    def backward(ctx, grad_nll: Optional[Tensor], grad_total: Optional[Tensor]):
+        probs, p_target, target = ctx.saved_tensors
+        n, vocab = probs.shape
+        g_nll = torch.zeros_like(p_target) if grad_nll is None else grad_nll  # (N,)
+        g_total = torch.zeros_like(p_target) if grad_total is None else grad_total  # (N,)
+        a, b = g_nll - vocab * g_total, g_total  # (N,)
+        grad = torch.empty_like(probs)  # (N, V)
+        for rows in _chunks(n, vocab, probs.device):
+            grad[rows] = torch.addcmul(b[rows].unsqueeze(1), probs[rows].to(a.dtype), a[rows].unsqueeze(1))
+        at_target = a * p_target + b - g_nll  # (N,)
+        grad.scatter_(1, target.unsqueeze(1), at_target.unsqueeze(1).to(grad.dtype))
+        return grad, None
+
+
+def log_softmax_stats(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """-log p(y) and Σ_k log p(k) per row of (N, V) `logits` for (N,) `target`, p = softmax(logits),
+    in fp32 whatever the logits' precision, by the chunked kernel above."""
+    return _LogSoftmaxStats.apply(logits, target)
 
 
 # --------------------------------------------------------------------------------------------

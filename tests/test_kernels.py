@@ -8,6 +8,7 @@ import torch
 from aiayn import kernels
 from aiayn.attention import scaled_dot_product_attention
 from aiayn.config import ModelConfig
+from aiayn.loss import label_smoothed_nll
 from aiayn.kernels import attention_mask, fused_attention, local_attention, matmul_attention, reference_math
 from aiayn.model import Transformer
 from aiayn.search import greedy
@@ -282,3 +283,57 @@ def test_bf16_weights_keep_updates_below_bf16_spacing_in_the_fp32_master():
         if before.abs().min() > 1e-2:  # LayerNorm gains: 1e-6 is far below their bf16 spacing
             assert torch.equal(low, before.bfloat16())
     assert sum(pushed) > len(pushed) // 2
+
+
+def loss_and_gradient(logits, target, epsilon, weights=(0.7, 0.3)):
+    """The loss, the nll and the gradient of weights·(loss, nll) with respect to the logits."""
+    logits = logits.detach().requires_grad_()
+    loss, nll = label_smoothed_nll(logits, target, epsilon, pad_id=0)
+    (weights[0] * loss + weights[1] * nll).backward()
+    return loss.detach(), nll.detach(), logits.grad
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("weights", [(0.7, 0.3), (1.0, 0.0), (0.0, 1.0)], ids=["both", "loss", "nll"])
+def test_chunked_loss_equals_autograd_through_log_softmax(monkeypatch, epsilon, weights):
+    """The chunked log-softmax kernel, over chunks of 3 rows (the last one short), in fp64: the
+    loss, the nll and the gradient of the reference (autograd through log_softmax)."""
+    monkeypatch.setitem(kernels.CHUNK_ELEMENTS, "cpu", 3 * 11)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 5, 11, dtype=torch.float64, generator=generator) * 4
+    target = torch.randint(1, 11, (4, 5), generator=generator)
+    target[0, 2:] = 0  # padding
+    ours = loss_and_gradient(logits, target, epsilon, weights)
+    with reference_math():
+        reference = loss_and_gradient(logits, target, epsilon, weights)
+    for got, expected in zip(ours, reference):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert ours[2][0, 2:].abs().max() == 0  # padding gets no gradient
+
+
+@pytest.mark.numeric
+def test_chunked_loss_in_bf16_stays_within_the_rounding_of_its_saved_probabilities(monkeypatch):
+    """bf16 logits: the kernel keeps p in bf16 (relative error u = 2^-8) and rounds its gradient
+    a·p + b once more, so each element is within u·(|a|·p + |∂|) of the exact gradient ∂, plus
+    fp32's rounding. The reference token's gradient comes from the fp32 p(y): within u·|∂|."""
+    monkeypatch.setitem(kernels.CHUNK_ELEMENTS, "cpu", 7 * 300)
+    generator = torch.Generator().manual_seed(1)
+    logits = (torch.randn(40, 300, generator=generator) * 5).bfloat16()
+    # confident rows: p(y) between 0.8 and 0.97, a gradient that is a difference of two numbers near 1
+    logits[:8] = (torch.randn(8, 300, generator=generator) * 0.5).bfloat16()
+    logits[:8, 7] = 7.5 + 0.25 * torch.arange(8)
+    target = torch.randint(1, 300, (40,), generator=generator)
+    target[:8] = 7
+    scale, epsilon = 1 / 37, 0.1  # the loss only, divided by a token count, as training does
+    loss, nll, grad = loss_and_gradient(logits, target, epsilon, weights=(scale, 0.0))
+    exact_loss, exact_nll, exact = loss_and_gradient(logits.double(), target, epsilon, weights=(scale, 0.0))
+    assert grad.dtype == torch.bfloat16
+    u, fp32_slack = 2.0**-8, 2.0**-20 * scale
+    p = torch.softmax(logits.double(), dim=-1)
+    bound = u * (scale * p + exact.abs()) + fp32_slack  # a = the loss's weight (see kernels._LogSoftmaxStats)
+    assert ((grad.double() - exact).abs() <= bound).all()
+    rows = torch.arange(40)
+    assert ((grad.double() - exact)[rows, target].abs() <= u * exact[rows, target].abs() + fp32_slack).all()
+    torch.testing.assert_close(loss.double(), exact_loss, rtol=1e-5, atol=0)  # fp32 accumulation
+    torch.testing.assert_close(nll.double(), exact_nll, rtol=1e-5, atol=0)
