@@ -8,12 +8,14 @@ Nothing is ever unpickled.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable, Iterable, Iterator, Union
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -40,7 +42,9 @@ def _usual_mode(path: Union[str, Path], directory: bool = False) -> None:
 
 
 def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> None:
-    """Call `write(tmp_path)`, fsync, then rename tmp_path to `path` (atomic on POSIX)."""
+    """Call `write(tmp_path)`, fsync, then rename tmp_path to `path` (atomic on POSIX). A write
+    that fails (a full disk, a file size limit) leaves nothing behind and is an OSError that
+    names `path`, whichever library wrote (safetensors reports its own error type)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -51,19 +55,92 @@ def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> None:
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(error, (OSError, SafetensorError)):
+            raise OSError(f"cannot write {path}: {' '.join(str(error).split())}") from None
         raise
 
 
-def refuse_to_replace(path: Union[str, Path], force: bool) -> None:
+def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Union[str, Path]] = ()) -> None:
     """The one rule for outputs: writing `path` may replace something (a file, or a folder that
-    is not empty) only with `force`. Commands call it before their work, so that the refusal
-    comes before minutes of decoding rather than after."""
+    is not empty) only with `force`, and never what the command reads: an output that is one of
+    its `inputs`, holds one or lies inside one is refused, `force` or not, since replacing it
+    would delete the input (symbolic links and `..` resolved). Commands call it before their
+    work, so that the refusal comes before minutes of decoding rather than after."""
     path = Path(path)
+    out = path.resolve()
+    for source in inputs:
+        read = Path(source).resolve()
+        if out == read:
+            raise ValueError(f"{path} is an input of this command ({source}); choose another output")
+        if out in read.parents:
+            raise ValueError(f"{path} holds {source}, an input of this command; choose another output")
+        if read in out.parents:
+            raise ValueError(f"{path} lies inside {source}, an input of this command; choose another output")
     if not force and path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(f"{path} already exists; pass --force to replace it")
+
+
+LOCK = ".lock"  # a run folder's writer lock (see `run_lock`)
+_held: set[Path] = set()  # the lock files this process holds: `aiayn demo` locks its folder, then trains in it
+
+
+@contextmanager
+def writer_lock(lock_file: Union[str, Path], what: Union[str, Path], remove: bool = False) -> Iterator[None]:
+    """One writer at a time for `what` (a run folder, an output folder): an exclusive `flock` on
+    `lock_file` while the block runs, with the holder's PID written in it. The kernel lets a
+    flock go when its process ends, however it ends (SIGKILL included), so no lock outlives its
+    writer and none needs cleaning up. A second writer is refused at once, in one line naming
+    the holder. Taking a lock this process holds already is a no-op. With `remove` the file is
+    deleted on release (while still locked, so that a writer waiting on the old file notices it
+    is gone and takes a new one rather than sharing a lock no one else sees)."""
+    lock_file = Path(lock_file).resolve()
+    if lock_file in _held:
+        yield
+        return
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        handle = open(lock_file, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise ValueError(f"{what} is being written by another process (PID {holder}); "
+                             "wait for it to end or choose another folder") from None
+        try:
+            if os.stat(lock_file).st_ino == os.fstat(handle.fileno()).st_ino:
+                break  # the file is still the one at that path: the lock is ours
+        except FileNotFoundError:
+            pass  # its holder removed it as we opened it
+        handle.close()
+    with handle:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        _held.add(lock_file)
+        try:
+            yield
+        finally:
+            _held.discard(lock_file)
+            if remove:
+                lock_file.unlink(missing_ok=True)
+
+
+def run_lock(run_dir: Union[str, Path]) -> AbstractContextManager:
+    """The writer lock of a run folder (train, experiment, demo): RUN_DIR/.lock, which stays."""
+    return writer_lock(Path(run_dir) / LOCK, run_dir)
+
+
+def output_lock(out: Union[str, Path]) -> AbstractContextManager:
+    """The writer lock of an output folder that is built elsewhere and renamed into place
+    (`atomic_dir`, as `average` writes): a hidden `.NAME.lock` beside it, removed when done."""
+    out = Path(out)
+    return writer_lock(out.parent / f".{out.name}.lock", out, remove=True)
 
 
 def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: bool = False) -> None:
@@ -85,8 +162,10 @@ def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: boo
             shutil.rmtree(old)
         else:
             os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, OSError):  # name the folder being written, not its hidden stand-in
+            raise OSError(str(error).replace(str(tmp), str(path))) from None
         raise
 
 
@@ -159,12 +238,35 @@ def load_model(cls, directory: Union[str, Path], device: Union[str, torch.device
     weights = directory / WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"no {WEIGHTS} in {directory}")
-    try:
-        model = cls(config)
-    except (RuntimeError, MemoryError) as error:  # a size no machine holds: "vocab_size": 10**15
-        raise ValueError(f"cannot build the model {directory / CONFIG} describes: {' '.join(str(error).split())[:200]}") from None
+    model = build_model(cls, config, directory / CONFIG)
     load_weights(model, weights, device)
     return model.to(device)
+
+
+def build_model(cls, config, source: Union[str, Path]) -> torch.nn.Module:
+    """`cls(config)`, once its size is known to fit: the model is first built on the meta device
+    (shapes, no memory), and one whose weights would not fit in the memory available now (a
+    config from `source` with "vocab_size": 10**12) is refused in one line rather than
+    allocated until the system kills the process."""
+    from aiayn.device import available_bytes
+
+    def refuse(error: BaseException) -> ValueError:
+        return ValueError(f"cannot build the model {source} describes: {' '.join(str(error).split())[:200]}")
+
+    try:
+        with torch.device("meta"):
+            shapes = cls(config)
+    except (RuntimeError, MemoryError) as error:
+        raise refuse(error) from None
+    needed = sum(t.numel() * t.element_size() for t in (*shapes.parameters(), *shapes.buffers()))
+    available = available_bytes()
+    if available is not None and needed > available:
+        raise ValueError(f"the model {source} describes needs {needed / 2**30:,.1f} GiB for its weights alone; "
+                         f"{available / 2**30:,.1f} GiB of memory are available")
+    try:
+        return cls(config)
+    except (RuntimeError, MemoryError) as error:
+        raise refuse(error) from None
 
 
 def load_weights(model: torch.nn.Module, weights: Union[str, Path], device: Union[str, torch.device] = "cpu") -> None:
@@ -261,17 +363,16 @@ def save_checkpoint(
         _usual_mode(tmp, directory=True)
         save_model(model, tmp)
         tensors, groups = _flatten_optimizer(optimizer.state_dict())
-        tensors["rng.torch"] = torch.get_rng_state()
-        if torch.cuda.is_available():
-            tensors["rng.cuda"] = torch.cuda.get_rng_state()
         atomic_write(tmp / OPTIMIZER, lambda path: save_file({k: v.contiguous() for k, v in tensors.items()}, path))
         write_json(tmp / TRAINER, {**trainer_state, "step": step, "param_groups": groups})
         copy_tokenizer(run_dir, tmp)
         if final.exists():  # a resumed run reached this step again; the new one replaces it
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, OSError):  # name the checkpoint being written, not its hidden stand-in
+            raise OSError(str(error).replace(str(tmp), str(final))) from None
         raise
     for old in checkpoint_dirs(run_dir)[:-keep_last]:
         shutil.rmtree(old)
@@ -279,20 +380,18 @@ def save_checkpoint(
 
 
 def load_checkpoint(directory: Union[str, Path], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Restore model weights, optimiser state and the RNG in place; return the trainer state."""
+    """Restore model weights and optimiser state in place; return the trainer state. (No random
+    generator state: training seeds each step, see aiayn.train.step_seed.)"""
     directory = Path(directory)
     load_weights(model, directory / WEIGHTS, next(model.parameters()).device)
     try:
         tensors = load_file(str(directory / OPTIMIZER))
         trainer_state = json.loads((directory / TRAINER).read_text(encoding="utf-8"))
-        rng = tensors.pop("rng.torch")
+        for old_rng in ("rng.torch", "rng.cuda"):  # the one generator state that checkpoints before 2026-11 hold
+            tensors.pop(old_rng, None)
         optimizer.load_state_dict(_unflatten_optimizer(tensors, trainer_state.pop("param_groups")))
     except (SafetensorError, OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"cannot read the optimiser state of {directory}: {error}") from None
-    torch.set_rng_state(rng)
-    cuda_rng = tensors.pop("rng.cuda", None)
-    if cuda_rng is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(cuda_rng)
     return trainer_state
 
 

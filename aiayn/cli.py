@@ -163,12 +163,19 @@ def cmd_demo(args: argparse.Namespace) -> None:
     budget, average the last checkpoints and translate the held-out test books with beam search
     (§6.1), score them and draw the attention of one verse. Run again, it resumes the run in
     --out until the budget is spent, then only averages and translates."""
+    from aiayn.checkpoint import run_lock
+
+    run_dir = Path(args.out)
+    with run_lock(run_dir):  # held from the training to the last attention map
+        _demo(args, run_dir)
+
+
+def _demo(args: argparse.Namespace, run_dir: Path) -> None:
     from aiayn.evaluate import bleu, paper_bleu
     from aiayn.train import MODEL_CONFIG, load_run_configs, train_run
     from aiayn.translate import translate_ids
     from aiayn.visualize import attention_figures
 
-    run_dir = Path(args.out)
     resume = (run_dir / MODEL_CONFIG).is_file()
     if resume:  # the run goes on as it began: its model and recipe, a new budget
         model_config, training = load_run_configs(run_dir)
@@ -269,13 +276,26 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     from aiayn.data import stream_corpus
     from aiayn.store import preprocess
 
+    if args.verify is not None:
+        from aiayn.store import load_store
+
+        store = load_store(args.verify, verify=True)
+        files = store.manifest.get("digests")
+        if not files:
+            raise UserError(f"{args.verify} was written before aiayn recorded digests; nothing to verify it against")
+        size = sum((Path(args.verify) / name).stat().st_size for name in files)
+        print(f"{args.verify}: all {len(files)} files match their SHA-256 ({size / 2**20:,.1f} MiB read)")
+        return
+    if args.corpus is None or args.out is None:
+        raise UserError("give --corpus and --out (or --verify DATA_DIR)")
     if args.vocab_size is not None and args.tokenizer is not None:
         raise UserError("--tokenizer fixes the vocabulary; drop --vocab-size")
     for name in ("workers", "sample_sentences", "max_sentence_tokens", "vocab_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-    refuse_to_replace(args.out, args.force)
+    read = [spec for spec in (args.corpus, args.tokenizer) if spec is not None and Path(spec).exists()]
+    refuse_to_replace(args.out, args.force, inputs=read)
     vocab_size = args.vocab_size or PRESETS["base"].vocab_size
     if args.tokenizer is not None:
         from aiayn.tokenizer import has_tokenizer, load_tokenizer
@@ -291,18 +311,19 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
 
 def cmd_average(args: argparse.Namespace) -> None:
     """§6.1: average the weights of the last N checkpoints of a run."""
-    from aiayn.checkpoint import average_checkpoints, checkpoint_dirs, refuse_to_replace
+    from aiayn.checkpoint import average_checkpoints, checkpoint_dirs, output_lock, refuse_to_replace
 
     found = checkpoint_dirs(args.run_dir)
     if not found:
         raise UserError(f"no checkpoints in {args.run_dir}")
     if args.last < 1:
         raise UserError("--last must be at least 1")
-    refuse_to_replace(args.out, args.force)
     chosen = found[-args.last :]
+    refuse_to_replace(args.out, args.force, inputs=chosen)
     if len(chosen) < args.last:
         print(f"note: {args.run_dir} keeps {len(found)} checkpoints; averaging those")
-    average_checkpoints(chosen, args.out, force=args.force)
+    with output_lock(args.out):
+        average_checkpoints(chosen, args.out, force=args.force)
     print(f"averaged {', '.join(p.name for p in chosen)} into {args.out}")
 
 
@@ -324,7 +345,8 @@ def cmd_corpus_export(args: argparse.Namespace) -> None:
     """Write one split of a corpus as two plain-text files."""
     from aiayn.data import export_split, load_corpus
 
-    for path in export_split(load_corpus(args.name, args.src_lang, args.tgt_lang), args.split, args.out, args.force):
+    read = [args.name] if Path(args.name).exists() else []
+    for path in export_split(load_corpus(args.name, args.src_lang, args.tgt_lang), args.split, args.out, args.force, read):
         print(path)
 
 
@@ -342,6 +364,20 @@ def _load_for_inference(path: str, device_name: str):
     if tokenizer.vocab_size != model.config.vocab_size:
         raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}")
     return model, tokenizer, device
+
+
+def _file_digest(path: str) -> str:
+    """The SHA-256 of a file, read in 1 MiB blocks (a missing file: the one-line error of --input)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except FileNotFoundError:
+        raise UserError(f"no such file: {path}") from None
+    return digest.hexdigest()
 
 
 def _open_input(path: Optional[str]):
@@ -389,7 +425,7 @@ def _decode_command(args: argparse.Namespace, finish=lambda line, output: output
     interrupted run leaves OUTPUT.partial, which --resume continues."""
     from tqdm.auto import tqdm
 
-    from aiayn.checkpoint import refuse_to_replace
+    from aiayn.checkpoint import read_json, refuse_to_replace, write_json
     from aiayn.data import iter_lines
     from aiayn.translate import CHUNK_LINES, decoding_model, translate_stream
 
@@ -400,15 +436,23 @@ def _decode_command(args: argparse.Namespace, finish=lambda line, output: output
     if args.output:
         final = Path(args.output)
         partial = final.with_name(final.name + ".partial")
+        record = final.with_name(final.name + ".partial.json")  # which input the partial lines translate
+        digest = None if args.input in (None, "-") else _file_digest(args.input)
         if args.resume and partial.exists():
+            kept = read_json(record) if record.exists() else {}
+            if digest is not None and kept.get("input_sha256") not in (None, digest):
+                raise UserError(f"{partial} translates another input than {args.input} (its digest differs); "
+                                "--resume needs the same input, --force starts over")
             skip = _complete_lines(partial)
         elif args.resume and final.exists():
             raise UserError(f"{final} is complete: nothing to resume (--force translates again)")
         elif not args.force and partial.exists():
             raise UserError(f"{partial} holds an interrupted translation; pass --resume to continue it "
                             "or --force to start over")
-        refuse_to_replace(final, args.force or args.resume)
+        refuse_to_replace(final, args.force or args.resume, inputs=[] if args.input in (None, "-") else [args.input])
         out = open(partial, "ab" if skip else "wb")  # an unwritable --output fails here, before decoding
+        if not skip:
+            write_json(record, {"input": args.input or "-", "input_sha256": digest})
     written = skip
 
     def write(lines: list[str]) -> None:
@@ -445,6 +489,7 @@ def _decode_command(args: argparse.Namespace, finish=lambda line, output: output
             out.close()
             if not written:
                 partial.unlink(missing_ok=True)
+                record.unlink(missing_ok=True)
             elif written > skip or isinstance(error, KeyboardInterrupt):
                 print(f"aiayn: note: {written} finished lines are in {partial}; rerun with --resume to continue",
                       file=sys.stderr)
@@ -453,6 +498,7 @@ def _decode_command(args: argparse.Namespace, finish=lambda line, output: output
         os.fsync(out.fileno())
         out.close()
         os.replace(partial, final)
+        record.unlink(missing_ok=True)
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
@@ -506,16 +552,29 @@ def cmd_score(args: argparse.Namespace) -> None:
 
 def cmd_attention(args: argparse.Namespace) -> None:
     """Heatmaps of every layer's and head's attention for one sentence (Figures 3-5)."""
-    from aiayn.checkpoint import refuse_to_replace
+    from aiayn.checkpoint import refuse_to_replace, resolve_model_dir
     from aiayn.translate import translate_ids
     from aiayn.visualize import attention_figures
 
-    refuse_to_replace(args.out, args.force)
     model, tokenizer, _ = _load_for_inference(args.run_dir, args.device)
+    refuse_to_replace(args.out, args.force, inputs=[resolve_model_dir(args.run_dir)])
     if not args.sentence.strip():
         raise UserError("--sentence is empty")
+    if args.max_tokens < 1:
+        raise UserError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     source = args.sentence.strip()
-    target = translate_ids(model, [tokenizer.encode(source)], decode_config(args))[0]
+    ids = tokenizer.encode(source)
+
+    def check_length(tokens: int, side: str) -> None:
+        # A map has a row per query and a column per key: the figures grow with the square of the
+        # length (400 tokens took 385 s and 5.6 GB), and past a hundred or so are unreadable.
+        if tokens > args.max_tokens:
+            raise UserError(f"the {side} has {tokens} tokens, over --max-tokens {args.max_tokens}: each map is "
+                            f"{tokens} × {tokens} cells; give a shorter sentence or raise --max-tokens")
+
+    check_length(len(ids), "sentence")
+    target = translate_ids(model, [ids], decode_config(args))[0]
+    check_length(len(target), "translation")
     print(f"source       {source}\ntranslation  {tokenizer.decode(target)}")
     for path in attention_figures(model, tokenizer, source, target, Path(args.out), force=args.force):
         print(path)
@@ -523,20 +582,30 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """Serve a model over HTTP (aiayn.serve): POST /translate batches concurrent requests; the page
-    at / draws the attention. SIGTERM finishes the requests in flight, then exits 0."""
+    at / draws the attention. SIGTERM or Ctrl-C stops taking requests, decodes the queue for
+    --drain-seconds, answers what is left 503, then exits (0 on SIGTERM)."""
+    import asyncio
+    import ipaddress
     import socket
 
     try:
         import uvicorn
 
-        from aiayn.serve import DRAIN_SECONDS
-        from aiayn.serve.app import create_app
+        from aiayn.serve import MAX_WAIT_MS_LIMIT
+        from aiayn.serve.app import LOOPBACK_NAMES, create_app
+        from aiayn.serve.connections import guarded_protocol
     except ImportError as error:
         raise UserError(f"aiayn serve needs FastAPI and uvicorn ({error}): pip install 'aiayn[serve]'") from None
     decode = decode_config(args)
-    for name, least in (("max_wait_ms", 0), ("max_queue", 1), ("max_texts", 1), ("max_input_tokens", 1)):
+    if not 0 <= args.max_wait_ms <= MAX_WAIT_MS_LIMIT:  # nan and inf fail too
+        raise UserError(f"--max-wait-ms must be between 0 and {MAX_WAIT_MS_LIMIT:g}, got {args.max_wait_ms}")
+    for name, least in (("max_queue", 1), ("max_texts", 1), ("max_input_tokens", 1), ("max_connections", 1)):
         if getattr(args, name) < least:
             raise UserError(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(args, name)}")
+    for name, most in (("max_batch_mib", 1 << 20), ("max_attention_mib", 1 << 20), ("read_timeout", 3600),
+                       ("drain_seconds", 3600)):
+        if not 0 < getattr(args, name) <= most:  # nan and inf fail too
+            raise UserError(f"--{name.replace('_', '-')} must be above 0 and at most {most:,}, got {getattr(args, name)}")
     listener = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:  # before the model loads: a port in use is a one-line error, not a log after seconds of loading
@@ -545,17 +614,40 @@ def cmd_serve(args: argparse.Namespace) -> None:
         listener.close()
         raise UserError(f"cannot listen on {args.host}:{args.port}: {getattr(error, 'strerror', None) or error}") from None
     model, tokenizer, device = _load_for_inference(args.run_dir, args.device)
+    # On a loopback address only loopback names are answered (no DNS rebinding); a server on
+    # another address is meant to be reached by names this process cannot know.
+    address = listener.getsockname()[0]
+    allowed = (LOOPBACK_NAMES | {address if ":" not in address else f"[{address}]"}
+               if ipaddress.ip_address(address).is_loopback else None)
     # The decoding copy create_app makes refuses a precision the device cannot run, in one line.
     app = create_app(model, tokenizer, precision=decode.precision, source=str(args.run_dir),
                      max_wait_ms=args.max_wait_ms, batch_tokens=decode.batch_tokens, max_queue=args.max_queue,
-                     max_texts=args.max_texts, max_input_tokens=args.max_input_tokens)
+                     max_texts=args.max_texts, max_input_tokens=args.max_input_tokens, allowed_hosts=allowed,
+                     max_batch_mib=args.max_batch_mib, max_attention_mib=args.max_attention_mib)
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {args.run_dir} ({model.num_parameters():,} parameters, {decode.precision} on {device}) at "
           f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json)", flush=True)
+    # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
+    # little later, only ever cancels the one batch being decoded then.
     config = uvicorn.Config(app, log_level="info" if args.access_log else "warning", access_log=args.access_log,
-                            timeout_graceful_shutdown=DRAIN_SECONDS)
-    server = uvicorn.Server(config)
+                            http=guarded_protocol(args.read_timeout, args.max_connections),
+                            timeout_graceful_shutdown=args.drain_seconds + 10)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # A signal handler: it only schedules the drain, on the event loop, which takes locks.
+            if not self.should_exit and self.started:
+                loop.call_soon_threadsafe(app.state.drain, args.drain_seconds)
+            super().handle_exit(sig, frame)
+
+        async def startup(self, sockets=None) -> None:
+            nonlocal loop
+            loop = asyncio.get_running_loop()
+            await super().startup(sockets)
+
+    loop = None
+    server = Server(config)
     # uvicorn catches SIGTERM, drains, then raises the signal again for the handler it found:
     # a no-op here, so that a requested stop exits 0 rather than as an interruption.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
@@ -586,8 +678,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(run=cmd_train)
 
     pre = sub.add_parser("preprocess", help="encode a corpus once into a memory-mapped folder for train --data")
-    pre.add_argument("--corpus", required=True, help="a built-in name, a folder, a .tsv or .parquet file (as train --corpus)")
-    pre.add_argument("--out", required=True, help="the DATA_DIR to write")
+    pre.add_argument("--corpus", help="a built-in name, a folder, a .tsv or .parquet file (as train --corpus)")
+    pre.add_argument("--out", help="the DATA_DIR to write")
+    pre.add_argument("--verify", metavar="DATA_DIR",
+                     help="instead: check every byte of DATA_DIR against the SHA-256 its manifest records")
     pre.add_argument("--src-lang", help="source language (a folder's file suffix, a Parquet translation key)")
     pre.add_argument("--tgt-lang", help="target language")
     pre.add_argument("--vocab-size", type=int, help=f"shared BPE vocabulary (default {PRESETS['base'].vocab_size:,}, §5.1)")
@@ -654,16 +748,23 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--parse", action="store_true", help="score bracketed trees (F1, EVALB conventions)")
     score.set_defaults(run=cmd_score)
 
+    from aiayn.visualize import ATTENTION_MAX_TOKENS
+
     attention = sub.add_parser("attention", help="attention heatmaps of one sentence (Figures 3-5)")
     attention.add_argument("run_dir", metavar="RUN_DIR")
     attention.add_argument("--sentence", required=True)
     attention.add_argument("--out", default="attention", help="folder for the PNG files (default ./attention)")
     add_decode_arguments(attention, "translate", ["beam", "alpha"])
     attention.add_argument("--device", default="auto")
+    attention.add_argument("--max-tokens", type=int, default=ATTENTION_MAX_TOKENS,
+                           help=f"refuse a sentence or translation longer than this (default {ATTENTION_MAX_TOKENS})")
     attention.add_argument("--force", action="store_true", help="replace an existing --out folder")
     attention.set_defaults(run=cmd_attention)
 
-    from aiayn.serve import MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS
+    from aiayn.serve import (
+        DRAIN_SECONDS, MAX_ATTENTION_MIB, MAX_BATCH_MIB, MAX_CONNECTIONS, MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS,
+        MAX_WAIT_MS, READ_TIMEOUT,
+    )
 
     serve = sub.add_parser("serve", help="serve a model over HTTP: batched POST /translate and a page with the attention")
     serve.add_argument("run_dir", metavar="RUN_OR_MODEL_DIR", help="a run folder, a checkpoint or a model folder")
@@ -678,6 +779,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-texts", type=int, default=MAX_TEXTS, help=f"texts in one request (default {MAX_TEXTS})")
     serve.add_argument("--max-input-tokens", type=int, default=MAX_INPUT_TOKENS,
                        help=f"tokens in one text (default {MAX_INPUT_TOKENS})")
+    serve.add_argument("--max-batch-mib", type=float, default=MAX_BATCH_MIB,
+                       help=f"decoding state of one batch: beam search's keys, values and logits (default {MAX_BATCH_MIB})")
+    serve.add_argument("--max-attention-mib", type=float, default=MAX_ATTENTION_MIB,
+                       help=f"attention maps of one answer (default {MAX_ATTENTION_MIB})")
+    serve.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
+                       help=f"open connections; over it idle ones are closed, else 503 (default {MAX_CONNECTIONS})")
+    serve.add_argument("--read-timeout", type=float, default=READ_TIMEOUT,
+                       help=f"seconds a request may take to arrive whole, else 408 (default {READ_TIMEOUT:g})")
+    serve.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
+                       help=f"on SIGTERM or Ctrl-C, decode the queue for this long, then answer the rest 503 "
+                            f"(default {DRAIN_SECONDS:g})")
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.set_defaults(run=cmd_serve)
 

@@ -435,6 +435,10 @@ def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional
     for lang in (src_lang, tgt_lang):
         if lang not in train_languages:
             raise ValueError(f"{name} has no {lang!r} side; its languages are {', '.join(train_languages)}")
+        for split, kind in types.items():
+            found = str(kind.field(lang).type)
+            if found not in ("string", "large_string"):
+                raise ValueError(f"the {lang!r} values of the {split} split of {name} are {found}, not text")
 
     def pairs(read) -> Iterator[Pair]:
         # Array by array (row by row, WMT14 en-de's 4.5M rows would take minutes).
@@ -447,16 +451,16 @@ def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional
 
 
 def export_split(
-    corpus: ParallelCorpus, split: str, out_dir: Union[str, Path], force: bool = False
+    corpus: ParallelCorpus, split: str, out_dir: Union[str, Path], force: bool = False, inputs: Sequence = ()
 ) -> tuple[Path, Path]:
     """Write `{split}.{src_lang}` and `{split}.{tgt_lang}`, one sentence per line, into `out_dir`,
     so that any tool can score against the references. Existing files are replaced only with
-    `force`."""
+    `force`, and never the corpus's own `inputs` (see `refuse_to_replace`)."""
     if split not in corpus.splits:
         raise ValueError(f"corpus {corpus.name} has no {split!r} split (it has {', '.join(corpus.splits)})")
     paths = [Path(out_dir) / f"{split}.{lang}" for lang in (corpus.src_lang, corpus.tgt_lang)]
     for path in paths:
-        refuse_to_replace(path, force)
+        refuse_to_replace(path, force, inputs)
     for side, path in enumerate(paths):
         text = "".join(pair[side] + "\n" for pair in corpus.splits[split])
         atomic_write(path, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))

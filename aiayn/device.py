@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 import platform
 import time
 from pathlib import Path
@@ -78,6 +79,21 @@ def resident_mib() -> Optional[float]:
     except OSError:
         pass
     return None
+
+
+def available_bytes() -> Optional[int]:
+    """The memory the system can give this process now (MemAvailable, Linux), else its physical
+    memory, or None where neither is known."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from aiayn.checkpoint import atomic_write, read_json, write_json
+from aiayn.checkpoint import LOCK, atomic_write, read_json, run_lock, write_json
 from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig
 
 EXPERIMENT = "experiment.json"
@@ -141,7 +141,7 @@ def _check_out(out: Path, settings: dict) -> None:
             first = changed[0]
             raise ValueError(f"{out} holds an experiment with {first}={kept.get(first)!r}, not {settings.get(first)!r}; "
                              f"continue it with its settings or choose another --out")
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(p.name != LOCK for p in out.iterdir()):  # its lock: a start that failed
         raise ValueError(f"{out} exists and is not a Table 3 experiment folder; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     write_json(path, settings)
@@ -224,6 +224,13 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
     check_precision(resolve_device("auto"), precision)
     out = Path(out)
     _check_out(out, _settings(scale_name, scale, precision, seed, corpus))
+    with run_lock(out):
+        return _run_rows(out, chosen, scale, scale_name, precision, seed, corpus, echo)
+
+
+def _run_rows(out: Path, chosen: list[str], scale: Scale, scale_name: str, precision: str, seed: int, corpus: str,
+              echo: Callable[[str], None]) -> dict[str, dict]:
+    """`run_table3`'s work, under the experiment folder's lock."""
     _prepare_data(out, corpus, scale, echo)
     done = read_results(out)
     todo = [row for row in chosen if row not in done]

@@ -23,10 +23,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aiayn.checkpoint import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
+from aiayn.checkpoint import atomic_dir, atomic_write, build_model, read_json, refuse_to_replace, write_json
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
-from aiayn.tokenizer import MarianTokenizer, Tokenizer, has_tokenizer, load_tokenizer
+from aiayn.tokenizer import MarianTokenizer, Tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
 
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 HF_LAYER_NORM_EPS = 1e-5  # torch's default, which Marian's nn.LayerNorm layers keep
@@ -136,7 +136,7 @@ def import_marian(
     written whole and atomically; an existing one only with `force`, and then replaced whole.
     Returns the model folder."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
-    refuse_to_replace(out_dir, force)
+    refuse_to_replace(out_dir, force, inputs=[hf_dir])
     try:
         hf = read_json(hf_dir / "config.json")
     except FileNotFoundError:
@@ -168,7 +168,7 @@ def import_marian(
         state["output_proj.weight"] = get("lm_head.weight")
     state["logits_bias"] = get("final_logits_bias").reshape(-1) if "final_logits_bias" in weights else torch.zeros(config.vocab_size)
 
-    model = Transformer(config)
+    model = build_model(Transformer, config, hf_dir / "config.json")
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     tied = {"decoder.embed.lookup.weight"} if config.share_embeddings else set()
     if set(missing) - tied or unexpected:
@@ -267,11 +267,12 @@ def export_marian(
     from aiayn.checkpoint import resolve_model_dir
 
     model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
-    refuse_to_replace(out_dir, force)
+    tokenizer_dir = model_dir if has_tokenizer(model_dir) else Path(model_path)
+    refuse_to_replace(out_dir, force, inputs=[model_dir, *tokenizer_files(tokenizer_dir)])
     model = Transformer.load(model_dir)
     config = model.config
     hf = marian_config(config)
-    tokenizer = load_tokenizer(model_dir if has_tokenizer(model_dir) else model_path)
+    tokenizer = load_tokenizer(tokenizer_dir)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if config.positional == "sinusoidal":
         state = _permute_residual_stream(state, _concat_order(config.d_model))

@@ -12,7 +12,7 @@ lists of ids, 4.5M pairs take ~20 GB in each process; here they are encoded once
 
 plus `tokenizer.model`, `dev.SRC`/`dev.TGT` and `test.SRC`/`test.TGT` (the text of those splits,
 for BLEU and for `aiayn translate`), and `manifest.json` (the corpus, the tokenizer's SHA-256,
-counts of pairs and tokens, what was left out and why, the size of every file). This is the
+counts of pairs and tokens, what was left out and why, the size and SHA-256 of every file). This is the
 layout of fairseq's and Megatron-LM's indexed datasets: the index is small, the ids are paged in
 on demand and shared through the page cache by every rank of a torchrun job, so a process's
 memory does not grow with the corpus. Batches are cut from the lengths alone (aiayn.data).
@@ -97,6 +97,60 @@ def within_length(lengths: np.ndarray, max_sentence_tokens: int) -> np.ndarray:
     return np.flatnonzero((lengths.max(axis=1) + 1) <= max_sentence_tokens)
 
 
+# `load_store` checks the ids file (hundreds of MB at WMT14's size) by a digest of this many blocks
+# of this size spread over it, and every other file in full; `aiayn preprocess --verify` checks
+# every byte.
+SAMPLED_BLOCKS, BLOCK_BYTES = 64, 1 << 16
+
+
+def file_sha256(path: Union[str, Path]) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def sampled_sha256(path: Union[str, Path]) -> str:
+    """SHA-256 over SAMPLED_BLOCKS blocks of BLOCK_BYTES spread evenly over the file, first and
+    last included (the whole file when it is no larger): a shifted or rewritten file changes it,
+    at the cost of reading 4 MiB."""
+    size = Path(path).stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        if size <= SAMPLED_BLOCKS * BLOCK_BYTES:
+            digest.update(handle.read())
+        else:
+            for k in range(SAMPLED_BLOCKS):
+                handle.seek(k * (size - BLOCK_BYTES) // (SAMPLED_BLOCKS - 1))
+                digest.update(handle.read(BLOCK_BYTES))
+    return digest.hexdigest()
+
+
+def _digests(folder: Path, names) -> dict[str, dict[str, str]]:
+    """What `preprocess` records of each file: its SHA-256, and for the ids files the sampled one."""
+    return {name: {"sha256": file_sha256(folder / name),
+                   **({"sampled_sha256": sampled_sha256(folder / name)} if name.endswith(".bin") else {})}
+            for name in sorted(names)}
+
+
+_checked: set = set()  # folders (with their files' mtimes) this process checked: a start opens its data 4 times
+
+
+def _check_digests(folder: Path, manifest: dict, full: bool) -> None:
+    """Each file against the digest its manifest records: in full, but for the ids files, which
+    only `full` reads whole. A manifest written before digests were recorded has none to check."""
+    names = [MANIFEST, *manifest.get("digests", {})]
+    stats = [os.stat(folder / name) for name in names]
+    key = (folder.resolve(), full, tuple((st.st_mtime_ns, st.st_ino) for st in stats))
+    if key in _checked:
+        return
+    for name, recorded in manifest.get("digests", {}).items():
+        quick = name.endswith(".bin") and not full
+        found = sampled_sha256(folder / name) if quick else file_sha256(folder / name)
+        if found != recorded["sampled_sha256" if quick else "sha256"]:
+            raise ValueError(f"{folder / name} has changed since aiayn preprocess wrote it (its SHA-256 is not the one "
+                             f"{MANIFEST} records); run aiayn preprocess again")
+    _checked.add(key)
+
+
 def tokenizer_digest(folder: Union[str, Path]) -> str:
     """SHA-256 over the tokenizer files a folder holds (`tokenizer.model`, or Marian's three)."""
     digest = hashlib.sha256()
@@ -151,10 +205,11 @@ def _expected_files(manifest: dict) -> dict[str, int]:
     return files
 
 
-def load_store(folder: Union[str, Path]) -> Store:
+def load_store(folder: Union[str, Path], verify: bool = False) -> Store:
     """Open a DATA_DIR made by `preprocess`. A folder that is not one, is of another format, or
-    whose files do not match its manifest (cut short, replaced, from another tokenizer) is a
-    ValueError that says which file and what to do."""
+    whose files do not match its manifest (cut short, replaced, edited, from another tokenizer)
+    is a ValueError that says which file and what to do. The ids are checked by a sample of
+    their blocks, unless `verify` (every byte, `aiayn preprocess --verify`)."""
     folder = Path(folder)
     path = folder / MANIFEST
     if not folder.is_dir():
@@ -182,6 +237,7 @@ def load_store(folder: Union[str, Path]) -> Store:
     if tokenizer_digest(folder) != manifest["tokenizer_sha256"]:
         raise ValueError(f"the tokenizer in {folder} is not the one its ids were made with "
                          f"({MANIFEST} records another SHA-256); run aiayn preprocess again")
+    _check_digests(folder, manifest, full=verify)
     store = Store(folder, manifest)
     for name in store.splits:
         _check_index(store, name)
@@ -285,6 +341,7 @@ def preprocess(
             "sample_sentences": None if tokenizer_from is not None else sample_sentences,
             "max_sentence_tokens": max_sentence_tokens,
             "splits": splits,
+            "digests": _digests(tmp, {name for info in splits.values() for name in info["files"]}),
             "seconds": round(time.monotonic() - started, 1),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }

@@ -250,6 +250,14 @@ def has_tokenizer(directory: Union[str, Path]) -> bool:
     return (Path(directory) / MODEL_FILE).is_file() or MarianTokenizer.is_in(directory)
 
 
+def tokenizer_files(directory: Union[str, Path]) -> list[Path]:
+    """The files of the tokenizer a folder holds (see `has_tokenizer`); none if it holds none."""
+    directory = Path(directory)
+    if MarianTokenizer.is_in(directory):
+        return [directory / name for name in (SOURCE_SPM, TARGET_SPM, VOCAB_JSON)]
+    return [directory / MODEL_FILE] if (directory / MODEL_FILE).is_file() else []
+
+
 def load_tokenizer(path: Union[str, Path]) -> Union[Tokenizer, MarianTokenizer]:
     """The tokenizer a model or run folder holds: `tokenizer.model`, or Marian's three files."""
     if Path(path).is_dir() and MarianTokenizer.is_in(path):

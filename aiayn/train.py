@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from aiayn.checkpoint import (
     CHECKPOINTS, TOKENIZER_FILES, atomic_dir, atomic_write, checkpoint_dirs, copy_tokenizer, load_checkpoint,
-    read_json, remove_litter, resolve_model_dir, save_checkpoint, save_model, write_json,
+    read_json, remove_litter, resolve_model_dir, run_lock, save_checkpoint, save_model, write_json,
 )
 from aiayn.config import ModelConfig, TrainConfig
 from aiayn.data import BatchStream, collate, make_batches
@@ -100,9 +101,33 @@ def init_distributed() -> tuple[int, int]:
     if world == 1:
         return 0, 1
     if not dist.is_initialized():
+        _stop_with_launcher()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     return dist.get_rank(), world
+
+
+def _stop_with_launcher() -> None:
+    """A worker whose torchrun is killed (even by SIGKILL, which torchrun cannot pass on) gets
+    SIGTERM, and stops as it does on any SIGTERM: after the step, with a checkpoint. Without
+    this the workers would train on, unseen, into a folder the user thinks is free. Linux only
+    (prctl PR_SET_PDEATHSIG); elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the launcher was gone before the request took hold
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of the random draws (dropout) of one step on one rank, drawn afresh each step as
+    fairseq does: a resumed run, on any number of processes, draws what an uninterrupted one
+    would have drawn, with no generator state to save per rank, and no two ranks draw the same
+    dropout masks."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1, np.uint64)[0])
 
 
 def load_run_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
@@ -282,6 +307,7 @@ class Trainer:
         n_tokens, stops = local.tolist()
         self.stopping = stops > 0
         set_lr(self.optimizer, noam_lr(self.step + 1, self.config.d_model, self.recipe.warmup_steps, self.recipe.lr_scale))
+        torch.manual_seed(step_seed(self.recipe.seed, self.rank, self.step))
         totals = torch.zeros(2)
         flops = 0.0
         for i, batch in enumerate(batches):
@@ -598,17 +624,18 @@ def train_run(
 ) -> tuple[Trainer, Store]:
     """Everything `aiayn train` does: preprocess the corpus (or open --data), train. Returns
     the trainer (its model holds the last weights) and the data store."""
-    check_run_dir(run_dir, resume)
     check_settings(model_config, recipe)
     rank, _ = init_distributed()
     echo = echo if rank == 0 else (lambda *_: None)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer, data, store = prepare_data(model_config, recipe, run_dir, echo)
-    trainer = Trainer(model_config, recipe, run_dir, data, tokenizer, resume=resume, echo=echo)
-    echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
-         f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}")
-    last = trainer.fit()
-    echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
-         + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")
-         + f"; model in {run_dir / FINAL}")
+    # Rank 0 writes the run folder, and holds its lock until the run ends.
+    with run_lock(run_dir) if rank == 0 else contextlib.nullcontext():
+        check_run_dir(run_dir, resume)
+        tokenizer, data, store = prepare_data(model_config, recipe, run_dir, echo)
+        trainer = Trainer(model_config, recipe, run_dir, data, tokenizer, resume=resume, echo=echo)
+        echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
+             f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}")
+        last = trainer.fit()
+        echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
+             + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")
+             + f"; model in {run_dir / FINAL}")
     return trainer, store

@@ -12,6 +12,10 @@ from torch import Tensor
 
 from aiayn.checkpoint import atomic_dir
 
+# The longest sentence (and translation) `aiayn attention` draws by default: each head's map has
+# a row and a column per token, so the figures grow with the square of the length.
+ATTENTION_MAX_TOKENS = 100
+
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
 
 

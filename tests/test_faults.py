@@ -6,6 +6,7 @@ Each test holds one row of the table in docs/robustness.md.
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,9 +135,153 @@ def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_
     assert (tmp_path / "out" / "test.en").read_text() == "mine\n" and not (tmp_path / "out" / "test.es").exists()
     assert cli(capsys, *argv, "--force")[0] == 0 and (tmp_path / "out" / "test.en").read_text() != "mine\n"
     argv = ["attention", model_dir, "--sentence", "the cat", "--beam", "1", "--out", tmp_path / "maps"]
+    long = ["attention", model_dir, "--sentence", " ".join(SENTENCES[:40]), "--out", tmp_path / "long"]
+    one_line_error(*cli(capsys, *long)[::2], "over --max-tokens 100", "shorter sentence")
+    assert not (tmp_path / "long").exists()
     assert cli(capsys, *argv)[0] == 0
     one_line_error(*cli(capsys, *argv)[::2], "already exists", "--force")
     assert cli(capsys, *argv, "--force")[0] == 0
+
+
+def tree_of(folder: Path) -> dict:
+    """Every file under `folder` with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_force_never_replaces_an_input(tmp_path, model_dir, corpus_tsv, capsys):
+    """An output that is an input, holds one or lies inside one is refused in one line, with
+    --force as without, and every input is left as it was."""
+    run = tmp_path / "run"
+    assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--save-every", "1"))[0] == 0
+    before = tree_of(run)
+    newest = sorted((run / "checkpoints").iterdir())[-1]
+    for out, says in [(run, "holds"), (tmp_path, "holds"), (newest, "is an input"), (newest / "x", "lies inside")]:
+        one_line_error(*cli(capsys, "average", run, "--last", "2", "--out", out, "--force")[::2], says, "choose another output")
+    assert cli(capsys, "average", run, "--last", "2", "--out", run / "averaged")[0] == 0  # the README's own example
+    shutil.rmtree(run / "averaged")
+    one_line_error(*cli(capsys, "export-hf", run, run, "--force")[::2], "holds")
+    assert tree_of(run) == before
+    model = shutil.copytree(model_dir, tmp_path / "wrap" / "model")  # a copy: a failing test deletes only its own
+    one_line_error(*cli(capsys, "export-hf", model, model / ".." / "model", "--force")[::2], "is an input")
+    one_line_error(*cli(capsys, "attention", model, "--sentence", "the cat", "--out", model.parent, "--force")[::2], "holds")
+    assert tree_of(model) == tree_of(model_dir)
+    export_marian(model_dir, tmp_path / "hf", echo=lambda _: None)
+    hf = tree_of(tmp_path / "hf")
+    one_line_error(*cli(capsys, "import-hf", tmp_path / "hf", tmp_path / "hf", "--force")[::2], "is an input")
+    (tmp_path / "link").symlink_to(tmp_path / "hf")
+    one_line_error(*cli(capsys, "import-hf", tmp_path / "hf", tmp_path / "link", "--force")[::2], "is an input")
+    assert tree_of(tmp_path / "hf") == hf
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.tsv").write_bytes(corpus_tsv.read_bytes())
+    one_line_error(*cli(capsys, "preprocess", "--corpus", corpus, "--out", corpus, "--force")[::2], "is an input")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", corpus, "--out", corpus / "data", "--force")[::2], "lies inside")
+    assert [p.name for p in corpus.iterdir()] == ["train.tsv"]
+    text = tmp_path / "in.txt"
+    text.write_text("the cat\n")
+    one_line_error(*cli(capsys, "translate", model_dir, "--input", text, "--output", text, "--force")[::2], "is an input")
+    assert text.read_text() == "the cat\n"
+
+
+def hold_lock(path: Path, lock: str = "run_lock") -> subprocess.Popen:
+    """Another process that holds the writer lock of `path` until it is killed."""
+    code = (f"import sys, time; from aiayn.checkpoint import {lock}; held = {lock}(sys.argv[1]); held.__enter__(); "
+            "print('held', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_one_writer_per_run_folder_and_output(tmp_path, corpus_tsv, capsys):
+    """train, train --resume, demo, experiment and average refuse a folder another process
+    writes, in one line naming its PID; once the holder is killed (-9) the folder is free."""
+    run, experiment, averaged = tmp_path / "run", tmp_path / "table3", tmp_path / "avg"
+    assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--save-every", "1"))[0] == 0
+    holders = [hold_lock(run), hold_lock(experiment), hold_lock(averaged, "output_lock")]
+    before = tree_of(run)  # the lock file now names the holder
+    try:
+        for argv, holder in ((train_argv(corpus_tsv, run, "--max-steps", "4", "--resume"), holders[0]),
+                             (["demo", "--out", run, "--minutes", "0.05"], holders[0]),
+                             (["experiment", "table3", "--scale", "tiny", "--out", experiment], holders[1]),
+                             (["average", run, "--last", "2", "--out", averaged], holders[2])):
+            one_line_error(*cli(capsys, *argv)[::2], "is being written by another process", f"PID {holder.pid}")
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    assert tree_of(run) == before
+    assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "3", "--resume"))[0] == 0
+    assert log_steps(run)[-1] == 3
+    assert cli(capsys, "average", run, "--last", "2", "--out", averaged)[0] == 0
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (/proc/PID/stat's fourth field)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def torchrun(argv: list, **kwargs) -> subprocess.Popen:
+    """`aiayn ARGV` under torchrun, 2 gloo workers of one thread each, in a process group of its own."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                             "127.0.0.1", "--master-port", str(port), "-m", "aiayn", *map(str, argv)],
+                            start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, **kwargs)
+
+
+def test_workers_of_a_killed_torchrun_stop_with_a_checkpoint_and_resume_exactly(tmp_path, corpus_tsv):
+    """SIGKILL to torchrun, which cannot pass it on: its workers get SIGTERM from the kernel
+    (PR_SET_PDEATHSIG), stop after the same step with a checkpoint and let the folder go; a
+    resume under torchrun then logs, step for step, the losses of an uninterrupted run (dropout
+    on: every rank's random draws must be the ones it would have made)."""
+    steps = 40
+    argv = lambda run, *extra: train_argv(corpus_tsv, run, "--max-steps", steps, "--save-every", 10**5,  # noqa: E731
+                                          "--dropout", "0.1", *extra)
+    straight = torchrun(argv(tmp_path / "straight"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert straight.wait(timeout=300) == 0, straight.stderr.read()[-3000:]
+    run = tmp_path / "run"
+    launcher = torchrun(argv(run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not ((run / "log.jsonl").exists() and len(log_steps(run)) >= 2):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the workers did not start training"
+            time.sleep(0.02)
+        workers = children_of(launcher.pid)
+        launcher.kill()
+        launcher.wait()
+        assert len(workers) == 2
+        deadline = time.monotonic() + 120
+        while any(running(pid) for pid in workers):
+            assert time.monotonic() < deadline, "the workers of a killed torchrun went on"
+            time.sleep(0.2)
+    finally:
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)  # whatever is left of the group, if the test failed
+        except ProcessLookupError:
+            pass
+    stopped = log_steps(run)[-1]
+    assert stopped < steps and checkpoint_dirs(run)[-1].name == f"step_{stopped:08d}"
+    resumed = torchrun(argv(run, "--resume"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
+    assert losses(run) == losses(tmp_path / "straight") and len(losses(run)) == steps
 
 
 # --- 2. a tokenizer left by a failed start ----------------------------------------------------
@@ -213,11 +358,19 @@ def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_pa
         handle.write(b"half a li")  # a kill in the middle of a write
     one_line_error(*cli(capsys, *argv, "--output", out)[::2], "interrupted translation", "--resume")
     (tmp_path / "short.txt").write_text("the cat\n", encoding="utf-8")
-    code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "short.txt", "--output", out, "--resume")
-    one_line_error(code, err, "holds 6 lines but", "has 1", "same input")
+    short = ["translate", model_dir, "--input", tmp_path / "short.txt", "--output", out, "--resume"]
+    one_line_error(*cli(capsys, *short)[::2], "translates another input", "--force starts over")
+    record = tmp_path / "out.txt.partial.json"
+    record.rename(tmp_path / "kept.json")  # a partial from before inputs were recorded: the line count still tells
+    one_line_error(*cli(capsys, *short)[::2], "holds 6 lines but", "has 1", "same input")
+    (tmp_path / "kept.json").rename(record)
+    (tmp_path / "other.txt").write_text("\n".join(reversed(lines)) + "\n", encoding="utf-8")  # as long, not the same
+    code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "other.txt", "--output", out, "--resume")
+    one_line_error(code, err, "translates another input", "--force starts over")
     monkeypatch.setattr(translate_module, "translate_ids", real)
     assert cli(capsys, *argv, "--output", out, "--resume")[0] == 0
     assert out.read_text(encoding="utf-8") == straight and not (tmp_path / "out.txt.partial").exists()
+    assert not (tmp_path / "out.txt.partial.json").exists()
     one_line_error(*cli(capsys, *argv, "--output", out)[::2], "already exists", "--force")
     one_line_error(*cli(capsys, *argv, "--output", out, "--resume")[::2], "is complete")
     assert cli(capsys, *argv, "--output", out, "--force")[0] == 0
@@ -293,6 +446,31 @@ def test_a_signal_saves_a_checkpoint_and_resume_is_exact(tmp_path, corpus_tsv, s
     assert again.returncode == 0, again.stderr
     assert log_steps(run) == list(range(1, STEPS + 1))  # no step logged twice
     assert losses(run) == losses(straight_run)  # bit for bit
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
+def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing_half_written(tmp_path, corpus_tsv, capsys):
+    """A file size limit of 4 KB (prlimit --fsize: writes past it fail with EFBIG, as on a full
+    disk) while train writes a checkpoint, average its folder, export-hf its weights."""
+    run, data = tmp_path / "run", tmp_path / "data"
+    assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--save-every", "1"))[0] == 0
+    assert cli(capsys, "preprocess", "--corpus", corpus_tsv, "--out", data, "--vocab-size", "300")[0] == 0
+
+    def limited(*argv):
+        return subprocess.run(["prlimit", "--fsize=4096", sys.executable, "-m", "aiayn", *map(str, argv)],
+                              capture_output=True, text=True, timeout=300)
+
+    train = train_argv(corpus_tsv, tmp_path / "run2", "--max-steps", "2")
+    train[train.index("--corpus"):train.index("--corpus") + 2] = ["--data", str(data)]
+    cases = [(["average", run, "--last", "2", "--out", tmp_path / "avg"], tmp_path / "avg"),
+             (["export-hf", run, tmp_path / "hf"], tmp_path / "hf"),
+             (train, tmp_path / "run2")]
+    for argv, out in cases:
+        done = limited(*argv)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
+        assert done.stderr.startswith(f"aiayn: error: cannot write {out}"), done.stderr
+        assert not (out / "model.safetensors").exists() and not (out / "checkpoints").exists()
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".step_")]
 
 
 def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once(tmp_path, corpus_tsv):
@@ -408,6 +586,11 @@ def test_import_hf_of_a_bad_folder(tmp_path, model_dir, capsys):
     config = (hf / "config.json").read_text()
     (hf / "config.json").write_text('{"model_type": "marian"}')
     one_line_error(*cli(capsys, "import-hf", hf, tmp_path / "a")[::2], "config.json lacks d_model")
+    for absurd in ({"d_model": 10**6, "encoder_ffn_dim": 10**6, "decoder_ffn_dim": 10**6}, {"vocab_size": 10**12}):
+        (hf / "config.json").write_text(json.dumps({**json.loads(config), **absurd}))
+        start = time.monotonic()
+        one_line_error(*cli(capsys, "import-hf", hf, tmp_path / "a")[::2], "GiB for its weights alone", "available")
+        assert time.monotonic() - start < 60 and not (tmp_path / "a").exists()  # refused, not allocated
     (hf / "config.json").write_text(config)
 
     class Payload:  # what a malicious pickle would run on load

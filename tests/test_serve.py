@@ -5,6 +5,7 @@ import asyncio
 import http.client
 import importlib.util
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,8 @@ import pytest
 
 from aiayn.model import Transformer
 from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
+from aiayn.serve import MAX_BATCH_MIB
+from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.process import ServerProcess, free_port
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import translate_ids, translate_texts
@@ -64,7 +67,7 @@ def test_concurrent_requests_share_a_batch_and_get_their_own_results():
 
 def test_budget_and_options_split_batches():
     decoder = FakeDecoder()
-    batcher = Batcher(decoder, max_wait_ms=200, batch_tokens=40)  # cost = (2 + 1) tokens × beam
+    batcher = Batcher(decoder, max_wait_ms=200, budget=40)  # cost = (2 + 1) tokens × beam
 
     async def main():
         greedy = [batcher.submit([[1, 1]], Options(beam=1)) for _ in range(3)]
@@ -143,6 +146,55 @@ def test_close_finishes_the_queue_then_refuses():
     assert run(main()) == [["4:0"], ["4:1"], ["4:2"]]
 
 
+def test_a_large_request_goes_in_budget_sized_batches_and_a_later_one_waits_for_one_batch_at_most():
+    """20 texts of cost 12 over a budget of 48: five batches of 4. A request that arrives while
+    the first is decoded goes into the second, ahead of the large request's rest."""
+    gate = threading.Event()
+    decoder = FakeDecoder(gate)
+    batcher = Batcher(decoder, max_wait_ms=0, budget=48)  # cost = (2 + 1) tokens × beam 4
+
+    async def main():
+        large = asyncio.ensure_future(batcher.submit([[1, i] for i in range(20)], Options()))
+        while batcher.queued_texts != 16:  # the first 4 are taken: the decoder waits on the gate
+            await asyncio.sleep(0.01)
+        small = asyncio.ensure_future(batcher.submit([[9, 9]], Options()))
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await large, await small
+
+    large, small = run(main())
+    batcher.close()
+    assert large == [f"4:{1 + i}" for i in range(20)] and small == ["4:18"]  # each its own, in order
+    sizes = [len(sources) for sources, _ in decoder.batches]
+    assert all(3 * 4 * size <= 48 for size in sizes) and sum(sizes) == 21
+    assert decoder.batches[1][0][0] == [9, 9]  # the second batch, not the sixth
+
+
+def test_expire_answers_the_waiting_requests_without_decoding_them():
+    gate = threading.Event()
+    decoder = FakeDecoder(gate)
+    batcher = Batcher(decoder, max_wait_ms=0, budget=12)  # one text a batch
+
+    async def main():
+        first = asyncio.ensure_future(batcher.submit([[1, 1]], Options()))
+        while batcher.queued_texts or not batcher.stats.requests:
+            await asyncio.sleep(0.01)
+        later = asyncio.ensure_future(batcher.submit([[2, 2], [3, 3]], Options()))
+        await asyncio.sleep(0.05)
+        batcher.drain()
+        with pytest.raises(Closed):
+            await batcher.submit([[4, 4]], Options())
+        assert batcher.expire("stopping") == 1 and batcher.queued_texts == 0
+        gate.set()
+        with pytest.raises(Closed, match="stopping"):
+            await later
+        return await first
+
+    assert run(main()) == ["4:2"]  # the batch being decoded finishes
+    batcher.close()
+    assert [sources for sources, _ in decoder.batches] == [[[1, 1]]]
+
+
 # ---------------------------------------------------------------------------------------------
 # The server, over HTTP.
 
@@ -202,6 +254,9 @@ def test_health_info_and_the_openapi_schema(server, model_dir):
     assert info["model"]["d_model"] == model.config.d_model and info["precision"] == "fp32"
     assert info["tokenizer"]["vocab_size"] == model.config.vocab_size
     assert info["limits"]["max_input_tokens"] == 60
+    assert info["source"] == model_dir.name  # the folder's name, not the server's path to it
+    for host in ("localhost", "[::1]:8000", "127.0.0.1"):
+        assert request(server, "GET", "/health", headers={"Host": host})[0] == 200
     status, schema, _ = request(server, "GET", "/openapi.json")
     assert status == 200 and {"/translate", "/health", "/info"} <= set(schema["paths"])
 
@@ -256,6 +311,8 @@ def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_di
     ({"text": "a", "temperature": 1}, None, 422, "temperature: Extra inputs are not permitted"),
     ({"text": "a", "max_length": 0}, None, 422, "max_length"),
     (b"x" * ((1 << 20) + 1), {"Content-Type": "application/json"}, 413, "over 1,048,576 bytes"),
+    ({"text": ["a", "b\ud800c"]}, None, 422, "text 2 is not valid Unicode (it holds a lone surrogate)"),
+    ({"text": "a"}, {"Host": "evil.example:8000"}, 421, "not to Host 'evil.example'"),  # DNS rebinding
 ])
 def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(server, body, headers, status, fragment):
     got, answer, _ = request(server, "POST", "/translate", body, headers)
@@ -288,6 +345,17 @@ def test_a_failing_batch_is_a_json_500_and_the_next_request_succeeds(model_dir):
         status, body, _ = request(port, "POST", "/translate", {"text": "the cat"})
         assert status == 500 and body == {"error": "decoding failed: RuntimeError: out of memory"}
         assert request(port, "POST", "/translate", {"text": "the cat"})[0] == 200
+
+        def dies(sources, options):  # not an Exception: the decoding thread itself ends
+            raise SystemExit("gone")
+
+        batcher.decode = dies
+        status, body, headers = request(port, "POST", "/translate", {"text": "the cat"}, timeout=30)
+        assert status == 503 and "the decoder has stopped (SystemExit)" in body["error"] and "retry-after" in headers
+        status, body, _ = request(port, "GET", "/health")
+        assert status == 503 and body["status"] == "failed" and "SystemExit: gone" in body["error"]
+        status, body, _ = request(port, "POST", "/translate", {"text": "the cat"}, timeout=30)
+        assert status == 503 and "restart the server" in body["error"]  # at once, not a hang
     finally:
         server.should_exit = True
         thread.join(60)
@@ -296,7 +364,7 @@ def test_a_failing_batch_is_a_json_500_and_the_next_request_succeeds(model_dir):
 
 def test_a_chunked_body_is_refused_unread(server):
     with socket.create_connection(("127.0.0.1", server), timeout=30) as raw:
-        raw.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        raw.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                     b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"tex\r\n")  # and it could go on for ever
         response = http.client.HTTPResponse(raw)
         response.begin()
@@ -337,6 +405,55 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_translation(server
     assert after["batches"] - before["batches"] < 16  # some were decoded together
 
 
+def _fuzzed_request(rng) -> tuple[str, str, bytes, dict]:
+    """(method, path, body, headers) of one request a careless or hostile client might send."""
+    def value(depth=0):
+        kinds = ["int", "big", "float", "str", "bool", "none"] + (["list", "dict"] if depth < 2 else [])
+        kind = rng.choice(kinds)
+        if kind == "list":
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        if kind == "dict":
+            return {rng.choice(["text", "beam", "x"]): value(depth + 1) for _ in range(rng.randint(0, 3))}
+        return {"int": lambda: rng.randint(-3, 40), "big": lambda: rng.choice([2**63, -2**70, 10**400]),
+                "float": lambda: rng.choice([0.5, -1.0, 1e308, 1e-320]),
+                "str": lambda: "".join(chr(rng.choice([rng.randint(32, 126), rng.randint(0, 0x2FFF), 0x85, 0x2028, 0]))
+                                       for _ in range(rng.randint(0, 12))),
+                "bool": lambda: rng.random() < 0.5, "none": lambda: None}[kind]()
+
+    fields = {"text": rng.choice([value(), "the cat", ["a red bird", value()]]),
+              "beam": rng.choice([4, value()]), "alpha": rng.choice([0.6, value()]),
+              "max_length": rng.choice([None, rng.randint(1, 60), value()]), "attention": rng.choice([False, value()])}
+    body = {k: v for k, v in fields.items() if rng.random() < 0.8}
+    if rng.random() < 0.2:
+        body[rng.choice(["temperature", "Text", ""])] = value()
+    raw = json.dumps(body).encode()
+    raw = rng.choice([raw, raw, raw[: rng.randint(0, len(raw))], raw.replace(b"the", b"\\ud800"),
+                      bytes(rng.randint(0, 255) for _ in range(rng.randint(0, 40)))])
+    headers = {"Content-Type": rng.choice(["application/json", "text/plain", "application/x-www-form-urlencoded"])}
+    if rng.random() < 0.1:
+        headers["Host"] = rng.choice(["evil.example", "127.0.0.1.evil.example", "[::2]", ""])
+    method, path = rng.choice([("POST", "/translate")] * 6 + [("GET", "/translate"), ("POST", "/health"),
+                                                             ("PUT", "/info"), ("POST", "/%2e%2e/etc/passwd")])
+    return method, path, raw, headers
+
+
+def test_fuzzed_requests_get_json_answers_and_never_a_500(server):
+    """300 requests of random shape, types, bytes, headers and paths (derandomized): each gets a
+    JSON answer with a status a client can act on; the server serves on."""
+    import random
+
+    rng = random.Random(0)
+    seen = {}
+    for _ in range(300):
+        method, path, raw, headers = _fuzzed_request(rng)
+        status, answer, _ = request(server, method, path, raw, headers, timeout=60)
+        seen[status] = seen.get(status, 0) + 1
+        assert status in (200, 400, 404, 405, 413, 421, 422), (status, answer, raw[:200])
+        assert isinstance(answer, dict) and (("translations" in answer) if status == 200 else ("error" in answer))
+    assert seen.get(200) and seen.get(422) and seen.get(400)  # the shapes reached every kind of answer
+    assert health(server)["status"] == "ok"
+
+
 def _slow_request(texts: int = 64) -> dict:
     """A request that keeps the decoder busy for a while: many texts, a wide beam."""
     return {"text": [f"{s} and {s}" for s in SENTENCES] * (texts // len(SENTENCES)), "beam": 16}
@@ -346,11 +463,12 @@ def test_a_full_queue_gets_503_and_a_client_that_leaves_is_dropped(server):
     before = health(server)
     with ThreadPoolExecutor(2) as pool:
         busy = pool.submit(request, server, "POST", "/translate", _slow_request())
-        wait_for(lambda: health(server)["requests"] > before["requests"], "the slow request arrives")
+        wait_for(lambda: (now := health(server))["requests"] > before["requests"] and not now["queued_texts"],
+                 "the slow request is being decoded")
         # The decoder works on the first request; this one waits in the queue, then its client leaves.
         leaving = socket.create_connection(("127.0.0.1", server))
         payload = json.dumps({"text": ["the cat"] * 60}).encode()
-        leaving.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        leaving.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                         b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
         wait_for(lambda: health(server)["queued_texts"] == 60, "the second request waits in the queue")
         status, body, headers = request(server, "POST", "/translate", {"text": ["a"] * 11})  # 60 + 11 > 70
@@ -379,6 +497,145 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
         request(port, "GET", "/health", timeout=5)
 
 
+def _memory(pid: int) -> tuple[int, int]:
+    """(resident set, its peak since the last reset) of a process, in bytes."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return tuple(int(fields[name].split()[0]) * 1024 for name in ("VmRSS", "VmHWM"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/PID/clear_refs")
+def test_a_request_is_held_to_the_memory_limits_it_is_checked_against(model_dir):
+    """The costs of aiayn.serve.cost, against the server's measured peak resident set: the
+    largest request with attention under --max-attention-mib is answered within its estimate
+    (decoding state and maps); one more text, or a beam whose decoding state is over
+    --max-batch-mib, is refused with a 413 that names the limit."""
+    limit = 40
+    process = ServerProcess(model_dir, "--max-attention-mib", str(limit), "--max-input-tokens", "250")
+    try:
+        config, tokenizer = Transformer.load(model_dir).config, Tokenizer.load(model_dir)
+        text = " ".join(SENTENCES)
+        source = len(tokenizer.encode(text))
+        output = output_limit(source, 50, None)
+        texts = limit * MIB // attention_bytes(config, source, output)
+        assert texts >= 2
+        body = {"text": [text] * texts, "attention": True, "beam": 1}
+        request(process.port, "POST", "/translate", {"text": "a b", "attention": True})  # first-use allocations
+        before, _ = _memory(process.pid)
+        Path(f"/proc/{process.pid}/clear_refs").write_text("5")  # the peak starts again from now
+        status, answer, _ = request(process.port, "POST", "/translate", body)
+        assert status == 200 and len(answer["details"]) == texts
+        estimate = texts * (attention_bytes(config, source, output) + decoding_bytes(config, "fp32", source, output, 1))
+        grown = _memory(process.pid)[1] - before
+        assert grown <= estimate, (grown / MIB, estimate / MIB)
+        status, answer, _ = request(process.port, "POST", "/translate", {**body, "text": [text] * (texts + 1)})
+        assert status == 413 and f"the limit is {limit} MiB (max_attention_mib)" in answer["error"]
+        beam = 16
+        while decoding_bytes(config, "fp32", source, output, beam) <= MAX_BATCH_MIB * MIB:
+            beam *= 2
+        assert beam > 16 and request(process.port, "POST", "/translate", {"text": text, "beam": 16})[0] == 200
+    finally:
+        process.stop()
+    # A server whose batch budget the same text at beam 16 is over.
+    needed = decoding_bytes(config, "fp32", source, output, 16) / MIB
+    with ServerProcess(model_dir, "--max-batch-mib", f"{needed / 2:.3f}", "--max-input-tokens", "250") as small:
+        status, answer, _ = request(small.port, "POST", "/translate", {"text": ["a", text], "beam": 16})
+        assert status == 413 and answer["error"].startswith("text 2 needs") and "(max_batch_mib)" in answer["error"]
+
+
+def test_sigterm_under_load_stops_within_the_drain_deadline(model_dir):
+    """Eight large requests queued, SIGTERM: no new request is taken, what fits in the 2 s
+    deadline is answered, the rest get a JSON 503 with Retry-After (their texts not decoded),
+    the process exits 0 within the deadline and a few seconds, and logs no traceback."""
+    drain = 2.0
+    process = ServerProcess(model_dir, "--drain-seconds", str(drain), "--max-queue", "1000", "--max-batch-mib", "8")
+    port = process.port
+    with ThreadPoolExecutor(8) as pool:
+        calls = [pool.submit(request, port, "POST", "/translate", _slow_request()) for _ in range(8)]
+        wait_for(lambda: health(port)["requests"] == 8, "the requests arrive")
+        stopped = time.monotonic()
+        process.process.send_signal(signal.SIGTERM)
+        code = process.process.wait(60)
+        took = time.monotonic() - stopped
+        answers = [call.result() for call in calls]
+    out, err = process._read(process._out), process._read(process._err)
+    assert code == 0 and took < drain + 10, (took, err)
+    assert "Traceback" not in err and "CancelledError" not in err, err
+    done = [body for status, body, _ in answers if status == 200]
+    refused = [(body, headers) for status, body, headers in answers if status == 503]
+    assert len(done) + len(refused) == 8 and refused, [a[:2] for a in answers]
+    assert all("stopped before decoding" in body["error"] and headers["retry-after"] for body, headers in refused)
+    decoded = int(out.split(" texts in ")[0].rsplit(" ", 1)[1])  # "stopped: N requests, M texts in K batches"
+    batch = 8 * MIB // max(decoding_bytes(Transformer.load(model_dir).config, "fp32", len(s), len(s) + 51, 16)
+                           for s in Tokenizer.load(model_dir).encode_batch(_slow_request()["text"]))
+    # Requests are finished one after the other: besides those answered, only the one under way at
+    # the deadline was decoded in part, and the batch being decoded then finished.
+    assert decoded <= 64 * (len(done) + 1) + batch
+
+
+def _answer(connection: socket.socket) -> bytes:
+    """Whatever the server sends on a connection until it closes it."""
+    data = b""
+    while chunk := connection.recv(65536):
+        data += chunk
+    return data
+
+
+def test_slow_and_idle_connections_cannot_starve_the_server(model_dir):
+    """100 connections that send half a request and then nothing, against a cap of 20 and a
+    read deadline of 3 s: each new connection closes the oldest idle one (503, saying why),
+    /health answers throughout, and those left get a 408 at their deadline."""
+    timeout = 3.0
+    with ServerProcess(model_dir, "--max-connections", "20", "--read-timeout", str(timeout)) as server:
+        held = []
+        try:
+            for _ in range(100):
+                connection = socket.create_connection(("127.0.0.1", server.port), timeout=timeout + 10)
+                connection.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n")
+                held.append(connection)
+            last = time.monotonic()
+            assert request(server.port, "GET", "/health", timeout=10)[0] == 200
+            answers = [_answer(connection) for connection in held]
+            waited = time.monotonic() - last
+        finally:
+            for connection in held:
+                connection.close()
+        assert request(server.port, "GET", "/health", timeout=10)[0] == 200
+    evicted = [a for a in answers if a.startswith(b"HTTP/1.1 503") and b"too many connections" in a]
+    late = [a for a in answers if a.startswith(b"HTTP/1.1 408") and b"did not arrive whole within 3 s" in a]
+    assert len(evicted) >= 80 and len(evicted) + len(late) == 100 and late
+    assert all(b"application/json" in a for a in answers) and waited < timeout + 5
+
+
+def test_connections_over_the_cap_that_are_all_busy_get_503(model_dir):
+    import uvicorn
+
+    from aiayn.serve.app import create_app
+    from aiayn.serve.connections import guarded_protocol
+
+    app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir))
+    batcher, real, gate = app.state.batcher, app.state.batcher.decode, threading.Event()
+    batcher.decode = lambda sources, options: gate.wait(60) and real(sources, options)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical", http=guarded_protocol(10, 2)))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, "uvicorn starts")
+        with ThreadPoolExecutor(2) as pool:
+            busy = [pool.submit(request, port, "POST", "/translate", {"text": "the cat"}) for _ in range(2)]
+            wait_for(lambda: batcher.stats.requests == 2, "both requests are read")
+            status, body, headers = request(port, "GET", "/health")
+            assert status == 503 and "answering 2 connections" in body["error"] and headers["retry-after"] == "1"
+            gate.set()
+            assert [call.result()[0] for call in busy] == [200, 200]
+        assert request(port, "GET", "/health")[0] == 200
+    finally:
+        gate.set()
+        server.should_exit = True
+        thread.join(60)
+        batcher.close()
+
+
 def test_serve_refuses_a_port_in_use_and_bad_settings_in_one_line(model_dir):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -388,9 +645,16 @@ def test_serve_refuses_a_port_in_use_and_bad_settings_in_one_line(model_dir):
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith(f"aiayn: error: cannot listen on 127.0.0.1:{port}")
     assert done.stderr.count("\n") == 1
-    done = subprocess.run([sys.executable, "-m", "aiayn", "serve", str(model_dir), "--max-queue", "0"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--max-queue must be at least 1" in done.stderr
+    for option, value, says in (("--max-queue", "0", "--max-queue must be at least 1"),
+                                ("--max-wait-ms", "inf", "--max-wait-ms must be between 0 and 10000, got inf"),
+                                ("--max-wait-ms", "nan", "got nan"),
+                                ("--drain-seconds", "nan", "--drain-seconds must be above 0 and at most 3,600, got nan"),
+                                ("--read-timeout", "0", "--read-timeout must be above 0"),
+                                ("--max-batch-mib", "inf", "--max-batch-mib must be above 0"),
+                                ("--max-connections", "0", "--max-connections must be at least 1")):
+        done = subprocess.run([sys.executable, "-m", "aiayn", "serve", str(model_dir), option, value],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and says in done.stderr and done.stderr.count("\n") == 1, done.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,3 +683,8 @@ def test_the_page_translates_and_draws_the_attention_in_chromium(server, tmp_pat
     assert seen["colors"] > 8  # a heatmap of many weights, not a blank canvas
     assert all(url.startswith(f"http://127.0.0.1:{server}/") for url in seen["requests"])  # nothing from a CDN
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A line of a character Python's strip removes and JS's trim keeps (NEL): the server's rule
+    # decides, the line gets an empty translation, and the next line's attention is drawn.
+    seen = tools.drive_page(f"http://127.0.0.1:{server}/", "\x85\nthe small cat", shot, chromium)
+    assert seen["translations"] == ["", " ".join(expected["translations"][0].split())]
+    assert seen["drawn"][0].startswith("cross:") and seen["colors"] > 8

@@ -142,6 +142,55 @@ def test_bad_data_folders_get_one_line_errors(tmp_path, data_dir, capsys):
     one_line_error(*cli(capsys, "preprocess", "--corpus", "bible-en-es", "--out", data_dir)[::2], "already exists", "--force")
 
 
+def test_a_file_changed_in_place_is_noticed(tmp_path, data_dir, capsys, monkeypatch):
+    """Edits that keep every size: an offset or a length changed, the ids rolled by 7 positions.
+    train --data refuses them in one line; preprocess --verify reads every byte."""
+    from aiayn import store as stores
+
+    def changed(name, change):
+        folder = tmp_path / name
+        shutil.copytree(data_dir, folder)
+        change(folder)
+        return folder
+
+    def bump(folder, file, index):
+        array = np.load(folder / file, mmap_mode="r+")
+        array[index] += 1
+        array.flush()
+
+    def roll_ids(folder):
+        ids = np.fromfile(folder / "train.bin", dtype=load_store(data_dir).dtype)
+        np.roll(ids, 7).tofile(folder / "train.bin")
+
+    cases = [(changed("offsets", lambda f: bump(f, "train.idx.npy", 5)), "train.idx.npy has changed"),
+             (changed("lengths", lambda f: bump(f, "train.len.npy", (3, 1))), "train.len.npy has changed"),
+             (changed("rolled", roll_ids), "train.bin has changed")]
+    for folder, fragment in cases:
+        argv = ["train", "--data", folder, "--out", tmp_path / "run", "--preset", "tiny", "--max-steps", "1"]
+        one_line_error(*cli(capsys, *argv)[::2], fragment, "run aiayn preprocess again")
+        one_line_error(*cli(capsys, "preprocess", "--verify", folder)[::2], fragment)
+    code, out, _ = cli(capsys, "preprocess", "--verify", data_dir)
+    assert code == 0 and "files match their SHA-256" in out
+    # One id changed between the sampled blocks: the quick check at a start misses it, --verify does not.
+    monkeypatch.setattr(stores, "SAMPLED_BLOCKS", 2)
+    monkeypatch.setattr(stores, "BLOCK_BYTES", 16)
+    folder = changed("one-id", lambda f: None)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name, recorded in manifest["digests"].items():  # as preprocess would have recorded them
+        if name.endswith(".bin"):
+            recorded["sampled_sha256"] = stores.sampled_sha256(folder / name)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with open(folder / "train.bin", "r+b") as handle:
+        handle.seek((folder / "train.bin").stat().st_size // 2)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 1]))
+    load_store(folder)
+    with pytest.raises(ValueError, match="train.bin has changed"):
+        load_store(folder, verify=True)
+    one_line_error(*cli(capsys, "preprocess")[::2], "give --corpus and --out")
+
+
 def test_a_resumed_run_refuses_data_of_another_tokenizer(tmp_path, data_dir, corpus_dir, capsys):
     run = tmp_path / "run"
     common = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--max-tokens", "300", "--log-every", "1",
@@ -204,6 +253,13 @@ def test_wmt14_parquet_files_load_in_either_direction_and_disagreeing_splits_are
     (folder / "test-00000-of-00001.parquet").write_bytes(b"PAR1 not really")
     one_line_error(*cli(capsys, "preprocess", "--corpus", folder, "--src-lang", "en", "--out", tmp_path / "d")[::2],
                    "cannot be read as Parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"translation": {"de": 7, "en": "seven"}}, {"translation": {"de": 8, "en": "eight"}}]
+    pq.write_table(pa.Table.from_pylist(rows), folder / "test-00000-of-00001.parquet")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", folder, "--src-lang", "en", "--out", tmp_path / "d")[::2],
+                   "'de' values of the test split", "int64, not text")
 
 
 def test_the_wmt14_recipe_runs_end_to_end_on_a_small_file(tmp_path):

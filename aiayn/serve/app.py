@@ -7,10 +7,12 @@
     GET  /            the page: translate, then a heatmap of any layer's and head's attention
     GET  /openapi.json
 
-Every error is JSON, {"error": "one line"}: 400 invalid JSON, 411 a body without a Content-Length,
-413 a body over 1 MiB, 422 a field
-of the wrong type or out of range (beam 0, too many texts, a text over the token limit), 500 a
-batch whose decoding failed, 503 a full queue or a server shutting down (with Retry-After).
+Every error is JSON, {"error": "one line"}: 400 invalid JSON, 408 a request not sent whole in
+time, 411 a body without a Content-Length, 413 a body over 1 MiB or a request whose decoding
+state or attention maps would be over the server's memory limits (aiayn.serve.cost), 421 a Host
+that is not this server's, 422 a field of the wrong type or out of range (beam 0, too many
+texts, a text over the token limit), 500 a batch whose decoding failed, 503 a full queue, too
+many connections or a server shutting down (with Retry-After).
 """
 
 from __future__ import annotations
@@ -29,8 +31,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from aiayn.config import DECODE_PRESETS
-from aiayn.serve import BATCH_TOKENS, MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS
+from starlette.requests import ClientDisconnect
+
+from aiayn.serve import (
+    BATCH_TOKENS, MAX_ATTENTION_MIB, MAX_BATCH_MIB, MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS,
+)
 from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
+from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.translate import decoding_model, input_token_limit, translate_ids
 from aiayn.visualize import pair_attention
 
@@ -127,6 +134,29 @@ class BodyLimit:
         await self.app(scope, receive, send)
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+class HostCheck:
+    """Answer only requests whose Host header names this server (421 otherwise). A server on a
+    loopback address is then out of reach of DNS rebinding: a page from evil.example whose name
+    has been pointed at 127.0.0.1 sends Host: evil.example. `allowed` None: any Host."""
+
+    def __init__(self, app, allowed: Optional[frozenset] = LOOPBACK_NAMES) -> None:
+        self.app, self.allowed = app, allowed
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and self.allowed is not None:
+            host = dict(scope["headers"]).get(b"host")
+            if host is not None:  # HTTP/1.0 may send none; a browser always does
+                name = host.decode("latin-1").lower()
+                name = name.rsplit(":", 1)[0] if not name.endswith("]") else name  # drop a port
+                if name not in self.allowed:
+                    message = f"this server answers to {', '.join(sorted(self.allowed))}, not to Host {name!r}"
+                    return await _error(421, message)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 async def _disconnected(request: Request) -> None:
     """Return when the client closes its connection (the body has been read, so the next ASGI
     message is the disconnect)."""
@@ -136,13 +166,29 @@ async def _disconnected(request: Request) -> None:
 
 def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", max_wait_ms: float = MAX_WAIT_MS,
                batch_tokens: int = BATCH_TOKENS, max_queue: int = MAX_QUEUE, max_texts: int = MAX_TEXTS,
-               max_input_tokens: int = MAX_INPUT_TOKENS) -> FastAPI:
+               max_input_tokens: int = MAX_INPUT_TOKENS, allowed_hosts: Optional[frozenset] = LOOPBACK_NAMES,
+               max_batch_mib: float = MAX_BATCH_MIB, max_attention_mib: float = MAX_ATTENTION_MIB) -> FastAPI:
     """The ASGI app serving `model`; its batcher's thread starts now and stops, after finishing
-    the queued requests, when the server shuts down."""
+    the queued requests, when the server shuts down. `allowed_hosts`: the Host names it answers
+    to (None: any, for a server meant to be reached by other names). `max_batch_mib` bounds the
+    decoding state of one batch and `max_attention_mib` the attention maps of one answer
+    (aiayn.serve.cost). `app.state.drain(seconds)`, called on the event loop, begins a stop."""
     translator = Translator(model, tokenizer, precision, batch_tokens)
-    batcher = Batcher(translator.decode, max_wait_ms, batch_tokens, max_queue)
     config = translator.model.config
+    extra_len = SECTION_6_1.extra_len
+
+    def text_bytes(source, options: Options) -> int:
+        return decoding_bytes(config, precision, len(source),
+                              output_limit(len(source), extra_len, options.max_output_len), options.beam)
+
+    batcher = Batcher(translator.decode, max_wait_ms, int(max_batch_mib * MIB), max_queue, cost=text_bytes)
     max_input_tokens = input_token_limit(config, max_input_tokens)
+
+    def drain(seconds: float) -> None:
+        """Refuse new requests; decode what is queued for `seconds`, then answer the rest 503."""
+        batcher.drain()
+        asyncio.get_running_loop().call_later(
+            seconds, batcher.expire, f"the server stopped before decoding this request ({seconds:g} s drain); retry")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -153,7 +199,9 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
                   description="Translation with the Transformer of 'Attention Is All You Need'. "
                               "Concurrent requests are decoded together in length-sorted batches.")
     app.state.batcher = batcher
+    app.state.drain = drain
     app.add_middleware(BodyLimit)
+    app.add_middleware(HostCheck, allowed=allowed_hosts)  # added last, so it runs first
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.exception_handler(RequestValidationError)
@@ -181,6 +229,10 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     async def closed(request: Request, error: Closed) -> JSONResponse:
         return _error(503, str(error), {"Retry-After": "5"})
 
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, error: ClientDisconnect) -> Response:  # its connection was closed: no one reads this
+        return Response(status_code=499)
+
     @app.exception_handler(Exception)
     async def failed(request: Request, error: Exception) -> JSONResponse:  # uvicorn logs the traceback
         return _error(500, f"decoding failed: {type(error).__name__}: {' '.join(str(error).split())}")
@@ -190,19 +242,25 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
         return FileResponse(STATIC / "index.html")
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "queued_texts": batcher.queued_texts, **batcher.stats.as_dict()}
+    async def health():
+        figures = {"queued_texts": batcher.queued_texts, **batcher.stats.as_dict()}
+        if batcher.failure is not None:  # the decoding thread died: translations would never come
+            return JSONResponse({"status": "failed", "error": f"the decoder has stopped ({batcher.failure})", **figures},
+                                status_code=503)
+        return {"status": "ok", **figures}
 
     @app.get("/info")
     async def info() -> dict:
         return {
-            "model": config.to_dict(), "parameters": translator.model.num_parameters(), "source": source,
+            # The folder's name, not its path: the server's file system is nobody's business.
+            "model": config.to_dict(), "parameters": translator.model.num_parameters(), "source": Path(source).name,
             "tokenizer": {"kind": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size},
             "precision": precision, "device": str(translator.device),
             "decoding": {name: TranslateRequest.model_fields[name].default for name in ("beam", "alpha")}
             | {"max_length": f"source length + {SECTION_6_1.extra_len}"},
             "limits": {"max_texts": max_texts, "max_input_tokens": max_input_tokens, "max_beam": MAX_BEAM,
-                       "max_queue": max_queue, "max_body_bytes": MAX_BODY_BYTES},
+                       "max_queue": max_queue, "max_body_bytes": MAX_BODY_BYTES,
+                       "max_batch_mib": max_batch_mib, "max_attention_mib": max_attention_mib},
             "batching": {"max_wait_ms": max_wait_ms, "batch_tokens": batch_tokens},
         }
 
@@ -215,15 +273,34 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
             raise HTTPException(422, "text: give at least one text")
         if len(texts) > max_texts:
             raise HTTPException(422, f"text: {len(texts)} texts in one request; the limit is {max_texts}")
+        for number, text in enumerate(texts, start=1):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # JSON's "\ud800" escape: a lone surrogate, no character at all
+                raise HTTPException(422, f"text {number} is not valid Unicode (it holds a lone surrogate)") from None
         sources = tokenizer.encode_batch([text.strip() for text in texts])
         for number, ids in enumerate(sources, start=1):
             if len(ids) > max_input_tokens:
                 raise HTTPException(422, f"text {number} has {len(ids)} tokens; the limit is {max_input_tokens}")
         given = [i for i, text in enumerate(texts) if text.strip()]  # an empty text is translated as empty
+        options = Options(body.beam, body.alpha, body.max_length, body.attention)
+        maps = 0
+        for i in given:
+            source = len(sources[i])
+            output = output_limit(source, extra_len, body.max_length)
+            if (needed := text_bytes(sources[i], options)) > max_batch_mib * MIB:
+                raise HTTPException(413, f"text {i + 1} needs {needed / MIB:,.0f} MiB of decoding state (beam {body.beam} × "
+                                         f"({source + 1} source + {output} output tokens)); the limit is "
+                                         f"{max_batch_mib:g} MiB (max_batch_mib): lower beam or max_length")
+            if body.attention:
+                maps += attention_bytes(config, source, output)
+        if maps > max_attention_mib * MIB:
+            raise HTTPException(413, f"the attention maps of these texts take up to {maps / MIB:,.0f} MiB (layers × heads "
+                                     f"× (S² + T² + T·S) weights); the limit is {max_attention_mib:g} MiB "
+                                     "(max_attention_mib): send fewer or shorter texts")
         results = [EMPTY] * len(texts)
         if given:
-            decoding = asyncio.ensure_future(batcher.submit([sources[i] for i in given],
-                                                            Options(body.beam, body.alpha, body.max_length, body.attention)))
+            decoding = asyncio.ensure_future(batcher.submit([sources[i] for i in given], options))
             gone = asyncio.ensure_future(_disconnected(request))
             try:
                 await asyncio.wait({decoding, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -237,6 +314,8 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
         response = {"translations": [r["translation"] for r in results]}
         if body.attention:
             response["details"] = [r["details"] for r in results]
-        return response
+        # Sent as it is: the response model documents it, and validating millions of attention
+        # weights again would double what the answer holds in memory.
+        return JSONResponse(response)
 
     return app

@@ -71,9 +71,12 @@ function draw() {
 }
 
 function showAttention() {
-  const first = details[0];
-  $("attention-section").hidden = false;
-  fillSelect($("sentence"), details.map((d, i) => [i, `${i + 1}`]));
+  // A text the server found blank (its rule, Python's str.strip, is the only one) has no attention.
+  const drawable = details.map((d, i) => [d, i]).filter(([d]) => d.target_tokens.length);
+  $("attention-section").hidden = !drawable.length;
+  if (!drawable.length) return;
+  const first = drawable[0][0];
+  fillSelect($("sentence"), drawable.map(([, i]) => [i, `${i + 1}`]));
   const layers = first.attention.cross.length, heads = first.attention.cross[0].length;
   fillSelect($("layer"), [...Array(layers).keys()].map((i) => [i, `${i + 1}`]));
   fillSelect($("head"), [["mean", "mean"], ...[...Array(heads).keys()].map((i) => [i, `${i + 1}`])]);
@@ -82,7 +85,9 @@ function showAttention() {
 }
 
 async function translate() {
-  const texts = $("source").value.split("\n").map((t) => t.trim()).filter((t) => t);
+  // Only empty lines are dropped here: whether a line is blank is the server's call, so that the
+  // page and the API agree on lines of invisible characters (JS trim and Python strip do not).
+  const texts = $("source").value.split("\n").filter((t) => t !== "");
   if (!texts.length) {
     setStatus("Type a sentence first.", true);
     return;
