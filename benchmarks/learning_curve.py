@@ -83,6 +83,8 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "pre-norm,lr-x0.7": ({"norm_first": True}, {"lr_scale": 0.35}),
     "pre-norm,lr-x1.4": ({"norm_first": True}, {"lr_scale": 0.7}),
     "batch-4000": ({}, {"max_tokens": 4000}),
+    "pre-norm,warmup-150": ({"norm_first": True}, {"warmup_steps": 150}),
+    "pre-norm,no-label-smoothing": ({"norm_first": True}, {"label_smoothing": 0.0}),
     "pre-norm,fp32": ({"norm_first": True}, {"precision": "fp32"}),
 }
 # Variants that start from Eole's initialisation of the shared embedding matrix, xavier_uniform
