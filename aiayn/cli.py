@@ -367,17 +367,13 @@ def _load_for_inference(path: str, device_name: str):
 
 
 def _file_digest(path: str) -> str:
-    """The SHA-256 of a file, read in 1 MiB blocks (a missing file: the one-line error of --input)."""
-    import hashlib
+    """The SHA-256 of --input (a missing file: the one-line error of --input)."""
+    from aiayn.store import file_sha256
 
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        return file_sha256(path)
     except FileNotFoundError:
         raise UserError(f"no such file: {path}") from None
-    return digest.hexdigest()
 
 
 def _open_input(path: Optional[str]):

@@ -23,9 +23,9 @@ CACHE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 4}
 # Logits, their log-softmax and the beam's scores over the vocabulary: three fp32 rows a hypothesis.
 LOGIT_ROWS = 3
 # One attention weight in an answer: a Python float in a nested list (24 + 8 bytes), its JSON text
-# ("0.123," as str, then as bytes: 2 × 6), the float64 it was rounded in (8). The server's peak
-# resident set grew by 60 bytes a weight when answering maps of 4M weights (tests/test_serve.py
-# measures it); counted at 80.
+# ("0.123," as str, then as bytes: 2 × 6), the float64 it was rounded in (8): about 56, counted
+# at 80 for the allocator's own overhead. tests/test_serve.py holds the server's measured peak
+# resident set under this estimate.
 ATTENTION_VALUE_BYTES = 80
 MIB = 1 << 20
 
