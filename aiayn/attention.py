@@ -169,8 +169,7 @@ class MultiHeadAttention(nn.Module):
             # aiayn.cache): stack their queries as g·L_q positions of that row; no row sees another.
             if causal or self.neighborhood is not None or batch != group * kv_rows:
                 raise ValueError(f"{batch} query rows cannot share {kv_rows} rows of keys and values")
-            q = q.reshape(kv_rows, group, self.n_heads, row_len, -1).transpose(1, 2)  # (B / g, h, g, L_q, d_k)
-            q = q.reshape(kv_rows, self.n_heads, group * row_len, -1)  # (B / g, h, g·L_q, d_k)
+            q = kernels.fold_queries(q, kv_rows)  # (B / g, h, g·L_q, d_k)
         dropout_p = self.dropout if self.training else 0.0
         q_len, k_len = q.size(-2), k.size(-2)
         scores_shape = _check_qkv(q, k, v)
@@ -183,10 +182,7 @@ class MultiHeadAttention(nn.Module):
         else:
             heads, weights = kernel(q, k, v, mask, causal, dropout_p), None  # (B, h, L_q, d_v)
         if group > 1:  # back to one row per query row
-            unfold = lambda x: x.reshape(kv_rows, self.n_heads, group, row_len, -1).transpose(1, 2).reshape(  # noqa: E731
-                batch, self.n_heads, row_len, -1
-            )
-            heads = unfold(heads)  # (B, h, L_q, d_v)
-            weights = None if weights is None else unfold(weights)  # (B, h, L_q, L_k)
+            heads = kernels.unfold_queries(heads, batch)  # (B, h, L_q, d_v)
+            weights = None if weights is None else kernels.unfold_queries(weights, batch)  # (B, h, L_q, L_k)
         concat = heads.transpose(1, 2).reshape(batch, row_len, self.n_heads * self.d_v)  # (B, L_q, h·d_v)
         return self.w_o(concat), weights  # (B, L_q, d_model)

@@ -3,7 +3,11 @@
 `ModelConfig` names every hyper-parameter as the paper does (§3, §5.4, Table 3). It is a frozen
 dataclass so that `dataclasses.replace(PRESETS["base"], vocab_size=8000)` gives a new, validated
 config; the same object is written as JSON beside every saved model. `TrainConfig` is the recipe
-of §5, `DecodeConfig` the decoding of §6.1 and §6.3 (`DECODE_PRESETS`).
+of §5, `DecodeConfig` the decoding of §6.1 and §6.3 (`DECODE_PRESETS`). The `...Options` classes
+are the commands' own settings, from which aiayn.cli makes every flag.
+
+Length: this is the one home of the package's defaults (a test holds it so), so it holds every
+configuration class and preset; split, the defaults would again live in several places.
 """
 
 from __future__ import annotations
@@ -111,7 +115,7 @@ class TrainConfig:
     """The training recipe of §5. Defaults are the paper's; a 2-core CPU wants smaller batches
     (`max_tokens`) and a shorter warm-up, which the demo sets."""
 
-    corpus: str = "bible-en-es"  # a built-in corpus name or a path (see aiayn.data.load_corpus)
+    corpus: str = "bible-en-es"  # a built-in corpus name or a path (see aiayn.corpora.load_corpus)
     data: Optional[str] = None  # instead of corpus: a DATA_DIR made by `aiayn preprocess` (aiayn.store)
     src_lang: Optional[str] = None  # for a folder of aligned files: the suffixes of its two sides
     tgt_lang: Optional[str] = None
@@ -377,6 +381,9 @@ DECODE_PRESETS: dict[str, DecodeConfig] = {
     # §6.3: "We increased the maximum output length to input length + 300. We used a beam size of
     # 21 and α = 0.3 for both WSJ only and the semi-supervised setting."
     "parse": DecodeConfig(beam=21, alpha=0.3, extra_len=300),
+    # The dev BLEU logged during training: greedy, so that validation stays a small part of a step
+    # budget (beam search is for the final test).
+    "validate": DecodeConfig(beam=1),
 }
 
 
@@ -386,6 +393,212 @@ def preset(name: str) -> ModelConfig:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# The options of the commands: each `aiayn` subcommand's flags are made from one of these
+# (aiayn.cli), so a default is written once, here. `help` says what a field does; `positional`
+# makes it an argument rather than a --flag; `least`/`most` bound a number (checked by
+# `check_options`, which the CLI calls: nan and inf fail too).
+
+
+def _option(default=dataclasses.MISSING, help: str = "", **metadata):
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+MAX_INPUT_TOKENS = 1024  # `aiayn translate`: a longer line is cut to this many tokens
+MAX_OUTPUT_LEN = 1024  # the longest output a request to `aiayn serve` may ask for
+MAX_WAIT_MS_LIMIT = 10_000.0  # the most a server's max_wait_ms may be: a lone request waits that long at worst
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileDecodeOptions:
+    """`aiayn translate` and `aiayn parse`: one sentence a line, streamed through a model."""
+
+    run_dir: str = _option(help="a run folder, a checkpoint or an averaged model folder", positional=True)
+    input: Optional[str] = _option(None, "input file (default: stdin)")
+    output: Optional[str] = _option(None, "output file (default: stdout)")
+    max_input_tokens: int = _option(MAX_INPUT_TOKENS, "longer lines are cut", least=1)
+    device: str = _option("auto", "auto, cpu, cuda, cuda:N")
+    resume: bool = _option(False, "continue OUTPUT.partial, left by an interrupted run, with the same input")
+    force: bool = _option(False, "replace an existing --output")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessOptions:
+    """`aiayn preprocess`: a corpus encoded once into a memory-mapped DATA_DIR (aiayn.store)."""
+
+    corpus: Optional[str] = _option(None, "a built-in name, a folder, a .tsv or .parquet file (as train --corpus)")
+    out: Optional[str] = _option(None, "the DATA_DIR to write")
+    verify: Optional[str] = _option(None, "instead: check every byte of DATA_DIR against the SHA-256 its manifest records",
+                                    metavar="DATA_DIR")
+    src_lang: Optional[str] = _option(None, "source language (a folder's file suffix, a Parquet translation key)")
+    tgt_lang: Optional[str] = _option(None, "target language")
+    vocab_size: Optional[int] = _option(None, f"shared BPE vocabulary (default {ModelConfig.vocab_size:,}, §5.1)", least=1)
+    tokenizer: Optional[str] = _option(None, "use this model or run folder's tokenizer instead of training one (fine-tuning)")
+    # SentencePiece learns its merges from a random sample of this many sentences (source and
+    # target together), so the time and memory of that step stop growing with the corpus: ~2/9
+    # of WMT14 en-de's 9M sentences, ~3% of en-fr's 72M.
+    sample_sentences: int = _option(2_000_000, "sentences the tokenizer learns from, drawn at random", least=1)
+    max_sentence_tokens: int = _option(TrainConfig.max_sentence_tokens, "leave out training pairs longer than this", least=1)
+    workers: Optional[int] = _option(None, "encoding threads (default: every core)", least=1)
+    force: bool = _option(False, "replace an existing --out, whole")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AverageOptions:
+    """`aiayn average`: §6.1's mean of a run's last checkpoints."""
+
+    run_dir: str = _option(help="the run folder", positional=True)
+    last: int = _option(5, "how many (5 for base, 20 for big)", least=1)
+    out: str = _option(help="the model folder to write")
+    force: bool = _option(False, "replace an existing --out")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionOptions:
+    """`aiayn attention`: Figures 3-5 for one sentence."""
+
+    run_dir: str = _option(help="a run folder, a checkpoint or a model folder", positional=True)
+    sentence: str = _option(help="the sentence to translate and draw")
+    out: str = _option("attention", "folder for the PNG files")
+    device: str = _option("auto", "auto, cpu, cuda, cuda:N")
+    # Each head's map has a row and a column per token, so the figures grow with the square of the
+    # length (400 tokens took 385 s and 5.6 GB), and past a hundred or so are unreadable.
+    max_tokens: int = _option(100, "refuse a sentence or translation longer than this", least=1)
+    force: bool = _option(False, "replace an existing --out folder")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions:
+    """`aiayn demo`: train on bible-en-es for a time budget, translate the test books, score."""
+
+    minutes: float = _option(10.0, "training time budget", least=0)
+    out: str = _option("runs/demo", "run folder (reused if present)")
+    preset: str = _option("small", "model preset", choices=lambda: sorted(PRESETS))
+    precision: Literal["fp32", "bf16", "fp16"] = _option("bf16", "training and decoding")
+    recipe: str = _option("fast", "a new run's recipe: fast (pre-norm) or paper (§3.1's post-norm)",
+                          choices=lambda: sorted(RECIPES))
+    seed: int = _option(1, "random seed")
+    test_sentences: Optional[int] = _option(None, "translate only the first N test verses", least=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeOptions:
+    """`aiayn serve`: the HTTP server (aiayn.serve) and the limits that keep it standing."""
+
+    run_dir: str = _option(help="a run folder, a checkpoint or a model folder", positional=True, metavar="RUN_OR_MODEL_DIR")
+    host: str = _option("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
+    port: int = _option(8080, "port (0 picks a free one)", least=0, most=65535)
+    device: str = _option("auto", "auto, cpu, cuda, cuda:N")
+    # How long the decoding thread, once woken by a request, waits for others to join it. Under
+    # load the queue fills while a batch decodes, so this only costs a lone request milliseconds.
+    max_wait_ms: float = _option(5.0, "how long a request waits for others to share its batch", least=0,
+                                 most=MAX_WAIT_MS_LIMIT)
+    max_queue: int = _option(256, "texts waiting before requests get 503", least=1)
+    max_texts: int = _option(64, "texts in one request", least=1)
+    # Keeps a request's decoding time and attention maps bounded.
+    max_input_tokens: int = _option(256, "tokens in one text", least=1)
+    # What one request may hold in memory (aiayn.serve.cost): 256 MiB together, for any model.
+    max_batch_mib: float = _option(128.0, "decoding state of one batch: beam search's keys, values and logits",
+                                   above=0, most=1 << 20)
+    max_attention_mib: float = _option(128.0, "attention maps of one answer", above=0, most=1 << 20)
+    max_connections: int = _option(256, "open connections; over it idle ones are closed, else 503", least=1)
+    # A request must arrive whole within this many seconds of its first byte, or of its
+    # connection's opening; a slower one gets 408 and its connection is closed.
+    read_timeout: float = _option(10.0, "seconds a request may take to arrive whole, else 408", above=0, most=3600)
+    drain_seconds: float = _option(30.0, "on SIGTERM or Ctrl-C, decode the queue for this long, then answer the rest 503",
+                                   above=0, most=3600)
+    access_log: bool = _option(False, "log every request")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InfoOptions:
+    """`aiayn info`: a preset's configuration, parameters and FLOPs per token."""
+
+    preset: str = _option("base", "model preset: base, big, a Table 3 row (A1 ... E), tiny, small, parse")
+    length: int = _option(32, "sentence length for the FLOPs count", least=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    """`aiayn train`: where the run goes and what it starts from (with ModelConfig's and
+    TrainConfig's fields as overrides)."""
+
+    preset: str = _option("base", "model preset: base, big, a Table 3 row (A1 ... E), tiny, small, parse")
+    out: str = _option(help="the run folder: checkpoints, log.jsonl, loss.png, model/")
+    resume: bool = _option(False, "continue the run in --out from its last checkpoint")
+    recipe: str = _option("paper", "paper: §3.1 and §5 as written; fast: pre-norm, learns more per step "
+                          "(a deviation; see the README)", choices=lambda: sorted(RECIPES))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvertOptions:
+    """`aiayn import-hf` and `export-hf`: a model from one format into another."""
+
+    source: str = _option(help="the folder to read", positional=True, metavar="IN_DIR")
+    out: str = _option(help="the folder to write", positional=True, metavar="OUT")
+    force: bool = _option(False, "replace an existing OUT, whole")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorpusExportOptions:
+    """`aiayn corpus export`: one split of a corpus as two plain-text files."""
+
+    name: str = _option(help="a built-in corpus name or a path", positional=True)
+    split: str = _option("test", "train, dev or test")
+    out: str = _option(help="folder for SPLIT.SRC and SPLIT.TGT")
+    src_lang: Optional[str] = _option(None, "source suffix, for a folder of aligned files")
+    tgt_lang: Optional[str] = _option(None, "target suffix, for a folder of aligned files")
+    force: bool = _option(False, "replace existing files")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreOptions:
+    """`aiayn score`: BLEU of hypotheses against references, or EVALB F1 of trees."""
+
+    ref: str = _option(help="reference file, one sentence a line")
+    hyp: Optional[str] = _option(None, "hypothesis file (default: stdin)")
+    lang: str = _option("en", "target language for the paper protocol's Moses tokenizer")
+    parse: bool = _option(False, "score bracketed trees (F1, EVALB conventions)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Table3Options:
+    """`aiayn experiment table3`: Table 3 in miniature (aiayn.experiment)."""
+
+    out: str = _option(help="experiment folder (continued when it holds this experiment)")
+    scale: str = _option("small", "miniature size: tiny, small, ... (small: about two hours on a 2-core CPU)")
+    steps: Optional[int] = _option(None, "training steps of every row (default: the scale's)", least=1)
+    rows: Optional[list[str]] = _option(None, "rows or groups to run (default all), e.g. base A1 C", nargs="+")
+    precision: Literal["fp32", "bf16", "fp16"] = _option("bf16", "training precision")
+    seed: int = _option(1, "random seed")
+    corpus: str = _option("bible-en-es", "corpus")
+
+
+SERVE = ServeOptions(run_dir="")  # the server's defaults, for code that runs it without the CLI
+
+
+def check_options(options) -> None:
+    """A one-line ValueError naming the first field out of its bounds (`least`, `above`,
+    `most` metadata); nan and inf fail too."""
+    for f in dataclasses.fields(options):
+        value, meta = getattr(options, f.name), f.metadata
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        least, above, most = meta.get("least"), meta.get("above"), meta.get("most")
+        low_ok = (least is None or value >= least) and (above is None or value > above)
+        if low_ok and (most is None or value <= most):
+            continue
+        flag = f"--{f.name.replace('_', '-')}"
+        if least is not None and most is not None:
+            raise ValueError(f"{flag} must be between {least:g} and {most:g}, got {value}")
+        if above is not None and most is not None:
+            raise ValueError(f"{flag} must be above {above:g} and at most {most:,}, got {value}")
+        if least is not None:
+            raise ValueError(f"{flag} must be at least {least}, got {value}")
+        raise ValueError(f"{flag} must be above {above}, got {value}" if above is not None
+                         else f"{flag} must be at most {most:,}, got {value}")
 
 
 __all__ = ["ModelConfig", "TrainConfig", "DecodeConfig", "DECODE_PRESETS", "DEMO_AVERAGE_LAST", "DEMO_MODEL_CHANGES", "DEMO_RECIPE", "DEMO_RECIPE_NAME", "demo_model", "demo_training", "Recipe", "RECIPES", "recipe", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]

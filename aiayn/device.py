@@ -7,11 +7,14 @@ import ctypes
 import functools
 import os
 import platform
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -132,3 +135,28 @@ def cpu_kind() -> str:
     if "AuthenticAMD" in text:
         return "amd-epyc"
     return platform.machine() or "unknown"
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world size), joining the process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if not dist.is_initialized():
+        _stop_with_launcher()
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    return dist.get_rank(), world
+
+
+def _stop_with_launcher() -> None:
+    """A worker whose torchrun is killed (even by SIGKILL, which torchrun cannot pass on) gets
+    SIGTERM, and stops as it does on any SIGTERM: after the step, with a checkpoint. Without
+    this the workers would train on, unseen, into a folder the user thinks is free. Linux only
+    (prctl PR_SET_PDEATHSIG); elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the launcher was gone before the request took hold
+        os.kill(os.getpid(), signal.SIGTERM)

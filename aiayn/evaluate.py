@@ -4,7 +4,9 @@ paper's own protocol (tokenized BLEU with compound splitting), to compare with T
 from __future__ import annotations
 
 import re
-from typing import Sequence
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 
 def _corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]):
@@ -78,3 +80,85 @@ def paper_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str =
     prepare = lambda text: split_compounds(tokenizer.tokenize(text, escape=False, return_str=True))  # noqa: E731
     metric = BLEU(tokenize="none", smooth_method="none", force=True)
     return metric.corpus_score([prepare(h) for h in hypotheses], [[prepare(r) for r in references]]).score
+
+
+@dataclass
+class Score:
+    """What `score` measures of a translator on a test set."""
+
+    bleu: float  # sacreBLEU
+    signature: str  # how sacreBLEU computed it
+    length_ratio: float  # hypothesis over reference length (13a tokens)
+    repetition: float  # share of the outputs' word 4-grams that repeat within their sentence
+    seconds: float  # decoding time
+    paper_bleu: Optional[float] = None  # Table 2's protocol, when the target language is given
+    hypotheses: list[str] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict:
+        return {"bleu": round(self.bleu, 2), "signature": self.signature, "length_ratio": round(self.length_ratio, 3),
+                "repetition_4gram": round(self.repetition, 3), "decode_s": round(self.seconds, 1),
+                **({"paper_bleu": round(self.paper_bleu, 2)} if self.paper_bleu is not None else {})}
+
+
+def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = None, **changes) -> Score:
+    """Translate the sources of `pairs` ((source, reference) strings) with `translator`
+    (aiayn.translate.Translator; `changes` replace its decoding settings for this call) and score
+    the outputs against the references: sacreBLEU, the length ratio, the repetition rate and the
+    decoding time, and with the target language `lang` the paper's BLEU. The one "translate a
+    split and score it" of the package: training's dev BLEU, the demo, Table 3 and the
+    benchmarks all call it."""
+    start = time.perf_counter()
+    hypotheses = translator.translate([s for s, _ in pairs], **changes)
+    return score_hypotheses(hypotheses, [r for _, r in pairs], time.perf_counter() - start, lang)
+
+
+def score_hypotheses(hypotheses: Sequence[str], references: Sequence[str], seconds: float = 0.0,
+                     lang: Optional[str] = None) -> Score:
+    """`score`'s measures of outputs made elsewhere (a peer system's, in the benchmarks)."""
+    value, signature = bleu(hypotheses, references)
+    return Score(value, signature, length_ratio(hypotheses, references), repetition_rate(hypotheses), seconds,
+                 paper_bleu(hypotheses, references, lang) if lang else None, list(hypotheses))
+
+
+def _read_lines(path: Optional[str]) -> list[str]:
+    """Every line of a small file (or stdin for none), split as `wc -l` counts."""
+    from aiayn.corpora import iter_lines
+    from aiayn.translate import open_input
+
+    handle, name = open_input(path)
+    with handle:
+        return list(iter_lines(handle, name))
+
+
+def score_files(options, echo=print) -> None:
+    """`aiayn score`: sacreBLEU with its signature and the paper's BLEU of a hypothesis file
+    against a reference file; with `parse`, EVALB's bracket scores of trees."""
+    if options.parse:
+        from aiayn.parsing import evalb, read_trees
+
+        if options.hyp is None:
+            raise ValueError("--parse needs --hyp (a file of bracketed trees)")
+        gold, test = (read_trees("\n".join(_read_lines(path))) for path in (options.ref, options.hyp))
+        if len(gold) != len(test):
+            raise ValueError(f"{len(test)} test trees but {len(gold)} gold trees")
+        if not gold:
+            raise ValueError(f"{options.ref} holds no trees: nothing to score")
+        result = evalb(gold, test)
+        echo(f"bracketing precision {result['precision']:.2f}  recall {result['recall']:.2f}  "
+             f"F1 {result['f1']:.2f}  complete match {result['complete_match']:.2f}  "
+             f"({len(gold)} sentences; EVALB with COLLINS.prm conventions)")
+        return
+    try:  # before reading and scoring, not after
+        check_moses_language(options.lang)
+    except ValueError as error:
+        raise ValueError(f"--lang {options.lang}: {error}") from None
+    references = _read_lines(options.ref)
+    hypotheses = _read_lines(options.hyp)
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypothesis lines but {len(references)} reference lines")
+    if not references:
+        raise ValueError(f"{options.ref} is empty: no sentences to score")
+    value, signature = bleu(hypotheses, references)
+    echo(f"sacreBLEU       {value:.2f}  {signature}")
+    echo(f"paper protocol  {paper_bleu(hypotheses, references, options.lang):.2f}  "
+         f"(Moses tokenizer -l {options.lang}, compounds split, multi-bleu: as Table 2; not comparable with sacreBLEU)")

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from aiayn.checkpoint import LOCK, atomic_write, read_json, run_lock, write_json
-from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig
+from aiayn.config import BASE, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig
+from aiayn.files import atomic_write, read_json, write_json
+from aiayn.run import LOCK, RunDir
 
 EXPERIMENT = "experiment.json"
 RESULT = "result.json"
@@ -149,7 +150,7 @@ def _check_out(out: Path, settings: dict) -> None:
 
 def _prepare_data(out: Path, corpus: str, scale: Scale, echo: Callable[[str], None]) -> None:
     """One preprocessed copy of the corpus for every row, so all rows see the same pieces."""
-    from aiayn.data import stream_corpus
+    from aiayn.corpora import stream_corpus
     from aiayn.store import load_store, preprocess
 
     folder = out / DATA
@@ -166,12 +167,12 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
     import torch
 
     from aiayn.device import cpu_kind
-    from aiayn.evaluate import bleu
-    from aiayn.train import LOG, MODEL_CONFIG, read_log, train_run
-    from aiayn.translate import translate_ids
+    from aiayn.evaluate import score
+    from aiayn.train import train_run
+    from aiayn.translate import Translator
 
     config, overrides = miniature(row, scale)
-    run_dir = out / row
+    run = RunDir(out / row)
     recipe = TrainConfig(
         corpus=corpus, data=str(out / DATA), max_tokens=scale.max_tokens, warmup_steps=scale.warmup_steps,
         lr_scale=scale.lr_scale, max_steps=scale.steps, save_every=max(1, scale.steps // 4), keep_last=1,
@@ -179,25 +180,24 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
         seed=seed + 1 if row == REPEAT else seed, precision=precision, **overrides,
     )
     start = time.perf_counter()
-    trainer, _ = train_run(config, recipe, run_dir, resume=(run_dir / MODEL_CONFIG).exists(), echo=echo)
+    trainer, _ = train_run(config, recipe, run, resume=run.has_configs(), echo=echo)
     # fit() validates its last step when eval_every divides the steps; a row resumed after its
     # training ended has no such record yet.
-    logged = [r for r in read_log(run_dir / LOG, echo) if r["split"] == "dev" and r["step"] == trainer.step]
+    logged = [r for r in run.read_log(echo) if r["split"] == "dev" and r["step"] == trainer.step]
     dev = logged[-1] if logged else trainer.validate()
     count = len(trainer.data.dev_text) if scale.dev_bleu_sentences is None else scale.dev_bleu_sentences
-    sources = [trainer.data.dev[i][0].tolist() for i in range(min(count, len(trainer.data.dev_text)))]
-    echo(f"translating {len(sources)} dev sentences (beam 4, α 0.6)...")
-    outputs = translate_ids(trainer.model, sources, precision=precision)  # §6.1: beam 4, α = 0.6
-    hypotheses = [trainer.tokenizer.decode(ids) for ids in outputs]
-    score, signature = bleu(hypotheses, [reference for _, reference in trainer.data.dev_text[: len(sources)]])
+    pairs = trainer.data.dev_text[:count]
+    echo(f"translating {len(pairs)} dev sentences (beam 4, α 0.6)...")
+    decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision)  # §6.1: beam 4, α = 0.6
+    dev_bleu = score(Translator(trainer.model, trainer.tokenizer, decode), pairs)
     result = {
         "row": row, "config": config.to_dict(), "label_smoothing": recipe.label_smoothing, "steps": trainer.step,
-        "dev_ppl": dev["ppl"], "dev_bleu": score, "bleu_signature": signature, "dev_sentences": len(sources),
+        "dev_ppl": dev["ppl"], "dev_bleu": dev_bleu.bleu, "bleu_signature": dev_bleu.signature, "dev_sentences": len(pairs),
         "params": trainer.model.num_parameters(), "seconds": round(time.perf_counter() - start, 1),
         "machine": {"cpu_kind": cpu_kind(), "device": str(trainer.device), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},
     }
-    write_json(run_dir / RESULT, result)
+    write_json(run.path / RESULT, result)
     return result
 
 
@@ -224,7 +224,7 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
     check_precision(resolve_device("auto"), precision)
     out = Path(out)
     _check_out(out, _settings(scale_name, scale, precision, seed, corpus))
-    with run_lock(out):
+    with RunDir(out).lock():
         return _run_rows(out, chosen, scale, scale_name, precision, seed, corpus, echo)
 
 

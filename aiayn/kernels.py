@@ -20,6 +20,8 @@ reference math:
 - `log_softmax_stats`: the per-token statistics the loss of §5.4 needs, -log p(y) and Σ_k log p(k),
   computed over a few rows at a time, so that no (tokens × vocabulary) fp32 tensor is ever built:
   one such tensor is 32 MB at the demo's shape and 3.7 GB at the paper's (25,000 tokens × 37,000).
+- `fold_queries`: the beams of a sentence attend to its one copy of the encoder-decoder keys and
+  values as g·L_q queries of one row, not g rows of copies.
 - `Bf16Twin`: bf16 training with fp32 master weights: a bf16 copy of the model runs the step, the
   fp32 model takes Adam's update.
 - `inference_copy`: the model to decode with, its weights cast once to bf16/fp16 or quantized to
@@ -198,6 +200,26 @@ def attention_kernel(q: Tensor, k: Tensor, mask: Optional[Tensor], neighborhood:
 
 # --------------------------------------------------------------------------------------------
 # Dropout (§5.4)
+
+
+def fold_queries(q: Tensor, kv_rows: int) -> Tensor:
+    """Queries (B, h, L_q, d) whose B = g·kv_rows rows come in groups of g consecutive rows that
+    share one row of keys and values (the beams of a sentence share its encoder-decoder keys and
+    values, aiayn.cache) -> (B / g, h, g·L_q, d): the g rows' queries as positions of their one
+    row, so one product per sentence reads its keys once rather than g times. No query sees
+    another's: the keys are the same for all of them, and attention is per query."""
+    batch, heads, length, width = q.shape
+    group = batch // kv_rows
+    q = q.reshape(kv_rows, group, heads, length, width).transpose(1, 2)  # (B / g, h, g, L_q, d)
+    return q.reshape(kv_rows, heads, group * length, width)  # (B / g, h, g·L_q, d)
+
+
+def unfold_queries(x: Tensor, batch: int) -> Tensor:
+    """`fold_queries` undone on its output: (B / g, h, g·L_q, d) -> (B, h, L_q, d)."""
+    kv_rows, heads, folded, width = x.shape
+    group = batch // kv_rows
+    x = x.reshape(kv_rows, heads, group, folded // group, width).transpose(1, 2)  # (B / g, g, h, L_q, d)
+    return x.reshape(batch, heads, folded // group, width)  # (B, h, L_q, d)
 
 
 class Dropout(nn.Dropout):

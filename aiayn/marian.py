@@ -23,9 +23,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aiayn.checkpoint import atomic_dir, atomic_write, build_model, read_json, refuse_to_replace, write_json
+from aiayn.checkpoint import build_model
+from aiayn.files import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
+from aiayn.run import RunDir, resolve_model_dir
 from aiayn.tokenizer import MarianTokenizer, Tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
 
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
@@ -175,11 +177,10 @@ def import_marian(
         raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
 
     def build(folder: Path) -> None:
-        model.save(folder / "model")
-        tokenizer.save(folder / "model")
+        RunDir(folder).save_final(model, tokenizer)
 
     atomic_dir(out_dir, build, force)
-    model_dir = out_dir / "model"
+    model_dir = RunDir(out_dir).final
     echo(f"imported {hf_dir} -> {model_dir}: {config.n_layers}+{config.n_layers} layers, d_model {config.d_model}, "
          f"{config.activation}, vocabulary {config.vocab_size}, {model.num_parameters():,} parameters")
     return model_dir
@@ -264,8 +265,6 @@ def export_marian(
     """Write an HF Marian folder (config, safetensors weights, SentencePiece models, vocab.json)
     from an aiayn model or run folder, atomically; an existing `out_dir` only with `force`.
     Returns `out_dir`."""
-    from aiayn.checkpoint import resolve_model_dir
-
     model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
     tokenizer_dir = model_dir if has_tokenizer(model_dir) else Path(model_path)
     refuse_to_replace(out_dir, force, inputs=[model_dir, *tokenizer_files(tokenizer_dir)])

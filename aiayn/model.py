@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from aiayn.attention import MultiHeadAttention
 from aiayn.cache import KVCache
+from aiayn.checkpoint import load_model, save_model
 from aiayn.config import ModelConfig
 from aiayn.kernels import Dropout, cache_dtype
 
@@ -304,14 +305,10 @@ class _Model(nn.Module):
     config: ModelConfig
 
     def save(self, directory: Union[str, Path]) -> None:
-        from aiayn.checkpoint import save_model
-
         save_model(self, directory)
 
     @classmethod
     def load(cls, directory: Union[str, Path], device: Union[str, torch.device] = "cpu"):
-        from aiayn.checkpoint import load_model
-
         return load_model(cls, directory, device)
 
     def _output_projection(self) -> Optional[nn.Linear]:

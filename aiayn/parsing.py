@@ -10,7 +10,7 @@ around the model:
   `delinearize` turns any model output into a tree, repairing malformed output by a fixed rule.
 * `tree_to_string`: a tree in PTB bracket format, one line, as EVALB reads it.
 * `evalb`: labelled bracket precision, recall and F1 with the conventions of EVALB's COLLINS.prm.
-* `load_treebank_pairs`: (sentence, linearized tree) string pairs for `aiayn.data.ParallelCorpus`.
+* `load_treebank_pairs`: (sentence, linearized tree) string pairs for `aiayn.corpora.ParallelCorpus`.
 * Its decoding settings (§6.3: beam 21, α = 0.3, input length + 300) are `aiayn.config.DECODE_PRESETS["parse"]`.
 
 `corpora/toy-treebank.mrg` beside this module is a toy treebank made for tests, NOT the Penn
@@ -356,7 +356,7 @@ def _brackets(tree: Tree, kept: list[bool]) -> Counter:
 
 
 def load_treebank_pairs(path: Union[str, Path]) -> list[tuple[str, str]]:
-    """(source, target) pairs of a bracketed treebank file for `aiayn.data.ParallelCorpus`: the
+    """(source, target) pairs of a bracketed treebank file for `aiayn.corpora.ParallelCorpus`: the
     words joined by spaces, and the linearized tree (see `linearize`) joined by spaces."""
     path = Path(path)
     if not path.is_file():

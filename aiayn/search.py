@@ -18,8 +18,13 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from aiayn.config import DECODE_PRESETS
+
 StepFn = Callable[[Tensor], Tensor]
 ReorderFn = Callable[[Tensor, Tensor, int], None]
+
+
+SECTION_6_1 = DECODE_PRESETS["translate"]  # beam 4, α 0.6
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -95,7 +100,8 @@ def _guard(log_probs: Tensor, history: Tensor, no_repeat_ngram: int, repetition_
 
 
 def beam_search(
-    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, beam: int = 4, alpha: float = 0.6,
+    step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, beam: int = SECTION_6_1.beam,
+    alpha: float = SECTION_6_1.alpha,
     min_len: int = 0, no_repeat_ngram: int = 0, repetition_penalty: float = 1.0,
 ) -> list[Hypothesis]:
     """Beam search with the paper's settings as defaults (§6.1: beam 4, α = 0.6, the caller
@@ -117,6 +123,9 @@ def beam_search(
     `no_repeat_ngram` (n > 0) and `repetition_penalty` (> 1) are the guards of fairseq, HF and
     CTranslate2 against outputs that loop; both are off by default, which is §6.1's search. A
     hypothesis' score is then the sum of the guarded log-probabilities.
+
+    Length: one step of the search reads top to bottom here, as the state above describes it;
+    cut into functions, that state would pass through each of them.
     """
     if beam < 1:
         raise ValueError(f"beam must be at least 1, got {beam}")

@@ -15,7 +15,7 @@ for BLEU and for `aiayn translate`), and `manifest.json` (the corpus, the tokeni
 counts of pairs and tokens, what was left out and why, the size and SHA-256 of every file). This is the
 layout of fairseq's and Megatron-LM's indexed datasets: the index is small, the ids are paged in
 on demand and shared through the page cache by every rank of a torchrun job, so a process's
-memory does not grow with the corpus. Batches are cut from the lengths alone (aiayn.data).
+memory does not grow with the corpus. Batches are cut from the lengths alone (aiayn.batching).
 
 The folder is built under a hidden temporary name and renamed when complete, so a kill at any
 moment leaves either no DATA_DIR or a complete one; `load_store` checks the files against the
@@ -38,74 +38,21 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from aiayn.checkpoint import TOKENIZER_FILES, atomic_dir, copy_tokenizer, read_json, write_json
+from aiayn.batching import EncodedPairs, within_length
+from aiayn.config import ModelConfig, PreprocessOptions
+from aiayn.files import atomic_dir, file_sha256, read_json, write_json
+from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer
 
 FORMAT = 1  # bumped whenever the layout changes; a folder of another format is refused
 MANIFEST = "manifest.json"
 TEXT_SPLITS = ("dev", "test")  # their text is kept too: dev BLEU during training, test for scoring
-# SentencePiece learns its merges from a random sample of this many sentences (source and target
-# together), so the time and memory of that step stop growing with the corpus: ~2/9 of WMT14
-# en-de's 9M sentences, ~3% of en-fr's 72M.
-SAMPLE_SENTENCES = 2_000_000
-
-
-class EncodedPairs:
-    """Token ids of sentence pairs: one flat id array, where pair i starts (`offsets`) and the
-    (source, target) lengths of each pair (`lengths`, (N, 2), no BOS/EOS). The arrays are in
-    memory (`from_lists`) or memory-mapped from a DATA_DIR (`Store.split`). `pairs[i]` is
-    (source ids, target ids). `rows` selects a subset of another set's pairs without copying ids.
-    """
-
-    def __init__(self, ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
-                 rows: Optional[np.ndarray] = None) -> None:
-        self.ids, self.offsets = ids, offsets  # (total ids,), (pairs in the file + 1,)
-        self.lengths = lengths  # (N, 2): of the pairs in this set
-        self.rows = rows  # (N,): where this set's pairs are in the file; None: all, in order
-
-    @classmethod
-    def from_lists(cls, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> "EncodedPairs":
-        lengths = np.array([(len(s), len(t)) for s, t in pairs], dtype=np.int32).reshape(-1, 2)  # (N, 2)
-        offsets = np.zeros(len(pairs) + 1, dtype=np.int64)  # (N + 1,)
-        np.cumsum(lengths.sum(axis=1), out=offsets[1:])
-        ids = np.fromiter((i for s, t in pairs for i in (*s, *t)), dtype=np.int64, count=int(offsets[-1]))
-        return cls(ids, offsets, lengths)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        row = int(i if self.rows is None else self.rows[i])
-        start, end = int(self.offsets[row]), int(self.offsets[row + 1])
-        middle = start + int(self.lengths[i, 0])
-        return self.ids[start:middle], self.ids[middle:end]
-
-    def subset(self, rows: np.ndarray) -> "EncodedPairs":
-        """The pairs `rows` (indices into this set), in that order."""
-        rows = np.asarray(rows, dtype=np.int64)
-        in_file = rows if self.rows is None else self.rows[rows]
-        return EncodedPairs(self.ids, self.offsets, np.asarray(self.lengths[rows]), in_file)
-
-
-def as_encoded(pairs) -> EncodedPairs:
-    """`pairs` as `EncodedPairs`: a list of (source ids, target ids) is packed into arrays."""
-    return pairs if isinstance(pairs, EncodedPairs) else EncodedPairs.from_lists(list(pairs))
-
-
-def within_length(lengths: np.ndarray, max_sentence_tokens: int) -> np.ndarray:
-    """Indices of the pairs, of (N, 2) source and target `lengths` (no BOS/EOS), whose
-    source + EOS and BOS + target both fit in `max_sentence_tokens`."""
-    return np.flatnonzero((lengths.max(axis=1) + 1) <= max_sentence_tokens)
+SAMPLE_SENTENCES = PreprocessOptions.sample_sentences  # the tokenizer's sample (see PreprocessOptions)
 
 
 # `load_store` checks the ids file (hundreds of MB at WMT14's size) by a digest of this many blocks
 # of this size spread over it, and every other file in full; `aiayn preprocess --verify` checks
 # every byte.
 SAMPLED_BLOCKS, BLOCK_BYTES = 64, 1 << 16
-
-
-def file_sha256(path: Union[str, Path]) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def sampled_sha256(path: Union[str, Path]) -> str:
@@ -190,7 +137,7 @@ class Store:
 
     def texts(self, name: str) -> list[tuple[str, str]]:
         """(source, target) sentences of a dev or test split, aligned with its ids."""
-        from aiayn.data import read_lines
+        from aiayn.corpora import read_lines
 
         if name not in self.manifest["splits"] or name not in TEXT_SPLITS:
             return []
@@ -278,7 +225,7 @@ def preprocess(
     echo: Callable[[str], None] = print,
 ) -> Store:
     """Encode a corpus into the DATA_DIR `out` (see the module docstring). `corpus` is a
-    `CorpusStream` (`aiayn.data.stream_corpus`), read a chunk at a time so that memory does not
+    `CorpusStream` (`aiayn.corpora.stream_corpus`), read a chunk at a time so that memory does not
     grow with the corpus, or a `ParallelCorpus`.
 
     The shared SentencePiece model (§5.1) is learnt from a random sample of `sample_sentences`
@@ -288,10 +235,13 @@ def preprocess(
     `max_sentence_tokens` on either side (with BOS/EOS) are left out and counted; dev and test
     are kept whole, for scoring. An existing `out` is replaced only with `force`; the folder
     appears complete or not at all.
+
+    Length: most of it is `build`, the folder's contents in the order they are written, which
+    `atomic_dir` calls on a hidden folder.
     """
     from tqdm.auto import tqdm
 
-    from aiayn.data import ParallelCorpus
+    from aiayn.corpora import ParallelCorpus
     from aiayn.tokenizer import Tokenizer, load_tokenizer
 
     stream = corpus.stream() if isinstance(corpus, ParallelCorpus) else corpus
@@ -359,7 +309,7 @@ def sample_training_sentences(stream, size: int, seed: int = 0) -> tuple[list[st
     one pass (reservoir sampling), and how many there were. The sample keeps corpus order, all
     sources then all targets, so a corpus of at most `size` sentences gives them all, in the
     order `Tokenizer.train` would read the whole split."""
-    from aiayn.data import clean_pairs
+    from aiayn.corpora import clean_pairs
 
     rng = random.Random(seed)
     reservoir: list[tuple[int, int, str]] = []  # (side, pair index, sentence)
@@ -381,7 +331,7 @@ def sample_training_sentences(stream, size: int, seed: int = 0) -> tuple[list[st
 
 def text_digest(stream, split: str = "train") -> str:
     """SHA-256 of a split's text, as `preprocess` records it in the manifest (`text_sha256`)."""
-    from aiayn.data import clean_pairs
+    from aiayn.corpora import clean_pairs
 
     digest = hashlib.sha256()
     for chunk in stream.splits[split]():
@@ -398,7 +348,7 @@ def _encode_split(tokenizer, chunks, folder: Path, name: str, dtype: np.dtype, l
                   workers: int, bar, text_langs: Sequence[str]) -> dict:
     """Encode one split chunk by chunk into NAME.bin (and its text, one file per language in
     `text_langs`), then write its index. Returns the split's manifest entry."""
-    from aiayn.data import clean_pairs
+    from aiayn.corpora import clean_pairs
 
     lengths, dropped_long, dropped_empty = [], 0, 0
     digest = hashlib.sha256()
@@ -436,6 +386,37 @@ def _encode_split(tokenizer, chunks, folder: Path, name: str, dtype: np.dtype, l
             "text_sha256": digest.hexdigest(), "files": {file: (folder / file).stat().st_size for file in written}}
 
 
+def preprocess_command(options: PreprocessOptions, echo: Callable[[str], None] = print) -> None:
+    """`aiayn preprocess`: encode --corpus into --out, or with --verify check a DATA_DIR's every byte."""
+    from aiayn.corpora import stream_corpus
+    from aiayn.files import refuse_to_replace
+    from aiayn.tokenizer import has_tokenizer, load_tokenizer
+
+    if options.verify is not None:
+        store = load_store(options.verify, verify=True)
+        files = store.manifest.get("digests")
+        if not files:
+            raise ValueError(f"{options.verify} was written before aiayn recorded digests; nothing to verify it against")
+        size = sum((Path(options.verify) / name).stat().st_size for name in files)
+        echo(f"{options.verify}: all {len(files)} files match their SHA-256 ({size / 2**20:,.1f} MiB read)")
+        return
+    if options.corpus is None or options.out is None:
+        raise ValueError("give --corpus and --out (or --verify DATA_DIR)")
+    if options.vocab_size is not None and options.tokenizer is not None:
+        raise ValueError("--tokenizer fixes the vocabulary; drop --vocab-size")
+    read = [spec for spec in (options.corpus, options.tokenizer) if spec is not None and Path(spec).exists()]
+    refuse_to_replace(options.out, options.force, inputs=read)
+    vocab_size = options.vocab_size or ModelConfig.vocab_size
+    if options.tokenizer is not None:
+        if not has_tokenizer(options.tokenizer):
+            raise ValueError(f"{options.tokenizer} holds no tokenizer (tokenizer.model, or Marian's three files)")
+        vocab_size = load_tokenizer(options.tokenizer).vocab_size
+    corpus = stream_corpus(options.corpus, options.src_lang, options.tgt_lang)
+    preprocess(corpus, options.out, vocab_size, spec=options.corpus, tokenizer_from=options.tokenizer,
+               max_sentence_tokens=options.max_sentence_tokens, sample_sentences=options.sample_sentences,
+               workers=options.workers or -1, force=options.force)
+
+
 def _remove_unfinished(out: Path) -> None:
     """Delete what a preprocess killed mid-way left beside `out`: atomic_dir's hidden temporary
     folders `.NAME.*.tmp`. They never load (no manifest at the final name), but they take disk."""
@@ -444,5 +425,5 @@ def _remove_unfinished(out: Path) -> None:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
-__all__ = ["EncodedPairs", "as_encoded", "within_length", "Store", "load_store", "preprocess",
+__all__ = ["Store", "load_store", "preprocess",
            "sample_training_sentences", "text_digest", "tokenizer_digest", "FORMAT", "MANIFEST"]

@@ -15,12 +15,13 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Iterable, Sequence, Union
 
 import sentencepiece as spm
 
-from aiayn.checkpoint import atomic_write
+from aiayn.files import atomic_write
 
 MODEL_FILE = "tokenizer.model"
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -152,6 +153,8 @@ class Tokenizer:
 
 
 SOURCE_SPM, TARGET_SPM, VOCAB_JSON = "source.spm", "target.spm", "vocab.json"
+# A model folder holds its tokenizer: aiayn's one SentencePiece model, or Marian's three files.
+TOKENIZER_FILES = (MODEL_FILE, SOURCE_SPM, TARGET_SPM, VOCAB_JSON)
 
 
 class MarianTokenizer:
@@ -285,3 +288,11 @@ def _explain_training_error(message: str, vocab_size: int) -> str:
 
 
 __all__ = ["Tokenizer", "MarianTokenizer", "has_tokenizer", "load_tokenizer", "MODEL_FILE", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "MIN_VOCAB_SIZE"]
+
+
+def copy_tokenizer(source: Union[str, Path], destination: Union[str, Path]) -> bool:
+    """Copy whichever tokenizer files `source` holds into `destination`; False if it holds none."""
+    found = tokenizer_files(source)
+    for path in found:
+        atomic_write(Path(destination) / path.name, lambda tmp, path=path: shutil.copyfile(path, tmp))
+    return bool(found)

@@ -1,4 +1,9 @@
-"""The training loop of §5: token-budget batches, Adam with warm-up, label smoothing, checkpoints.
+"""The training of §5: a pure training step, and the loop that runs it over a run folder.
+
+`TrainStep` is one optimiser update and nothing else (forward, the label-smoothed loss of §5.4,
+backward, Adam's step of §5.3): the Trainer and the benchmarks call the same one. `Trainer` is
+the loop around it: token-budget batches, the learning-rate schedule, validation, the log and
+checkpoints in a `RunDir`.
 
 One process trains on the CPU or one GPU; under `torchrun` every process takes its share of each
 step's batches and DDP averages the gradients (gloo on CPU, NCCL on GPU). The loss of a step is
@@ -6,63 +11,104 @@ summed over all of its target tokens (on every rank, across accumulated batches)
 their total count, so 2 processes × 1 batch make exactly the update of 1 process × 2 batches.
 
 Nothing is lost to a crash: checkpoints are written atomically and hold the model, Adam's
-moments, the RNG and the data position; a resumed run continues with the very same losses.
+moments and the data position; a resumed run continues with the very same losses.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
-from aiayn.checkpoint import (
-    CHECKPOINTS, TOKENIZER_FILES, atomic_dir, atomic_write, checkpoint_dirs, copy_tokenizer, load_checkpoint,
-    read_json, remove_litter, resolve_model_dir, run_lock, save_checkpoint, save_model, write_json,
+from aiayn.batching import Batch, BatchStream, collate, make_batches
+from aiayn.checkpoint import load_checkpoint, read_config
+from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
+from aiayn.device import (
+    autocast, check_precision, init_distributed, matmul_peak_flops, release_free_memory, resident_mib, resolve_device,
 )
-from aiayn.config import ModelConfig, TrainConfig
-from aiayn.data import BatchStream, collate, make_batches
-from aiayn.device import autocast, check_precision, matmul_peak_flops, release_free_memory, resident_mib, resolve_device
+from aiayn.evaluate import score
 from aiayn.flops import training_flops
 from aiayn.kernels import Bf16Twin
 from aiayn.loss import label_smoothed_nll
 from aiayn.model import Transformer
 from aiayn.optim import make_optimizer, noam_lr, set_lr
-from aiayn.store import EncodedPairs, Store, as_encoded, load_store, preprocess, text_digest, tokenizer_digest, within_length
+from aiayn.prepare import TrainData, prepare_data
+from aiayn.run import RunDir, resolve_model_dir
+from aiayn.store import Store, load_store
+from aiayn.translate import Translator
 
-LOG = "log.jsonl"
 # Seconds between hand-backs of the C heap's free memory (aiayn.device.release_free_memory): a
 # trim walks the whole heap, too slow for every step.
 RELEASE_SECONDS = 10.0
-PLOT = "loss.png"
-MODEL_CONFIG = "model_config.json"
-TRAIN_CONFIG = "train_config.json"
-FINAL = "model"  # RUN_DIR/model: the last weights as a model folder, with the tokenizer
 
 
-@dataclass
-class TrainData:
-    """Encoded sentence pairs (ids without BOS/EOS; lists of pairs or `EncodedPairs`), and the
-    dev text for BLEU."""
+class TrainStep:
+    """One optimiser update (§5.3, §5.4) of `model` on a list of batches, whatever the loop
+    around it: each batch's forward (under bf16/fp16 autocast, or on a bf16 copy of the weights
+    with `bf16_weights`), its label-smoothed loss summed over its target tokens and divided by
+    the step's `n_tokens`, its backward; then Adam's step. With `world` > 1 the model is wrapped
+    in DDP and only the last batch all-reduces the gradients. The learning rate and the random
+    seed are the caller's to set."""
 
-    train: Union[EncodedPairs, Sequence]
-    dev: Union[EncodedPairs, Sequence] = ()
-    dev_text: Sequence[tuple[str, str]] = ()  # (source, reference) strings of the dev pairs
+    def __init__(self, model: Transformer, optimizer: torch.optim.Optimizer, recipe: TrainConfig,
+                 device: torch.device, world: int = 1) -> None:
+        self.model, self.optimizer, self.world = model, optimizer, world
+        self.precision, self.label_smoothing, self.pad_id = recipe.precision, recipe.label_smoothing, model.config.pad_id
+        self.device = device
+        self.scaler = torch.amp.GradScaler("cuda") if recipe.precision == "fp16" else None
+        # bf16 weights: the step runs on a bf16 copy, the fp32 model stays the master
+        self.twin = Bf16Twin(model) if recipe.bf16_weights else None
+        if self.twin and world > 1:
+            raise ValueError("bf16_weights trains in one process: its gradients would be summed across processes in bf16")
+        self.net = self.twin.model if self.twin else model
+        if world > 1:
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        if recipe.compile:
+            # Batches vary in shape (token budget, bucketing): compile for dynamic shapes once
+            # rather than once per shape.
+            self.net = torch.compile(self.net, dynamic=True)
 
-    def __post_init__(self) -> None:
-        self.train, self.dev = as_encoded(self.train), as_encoded(self.dev)
+    def __call__(self, batches: Sequence[Batch], n_tokens: float) -> Tensor:
+        """Returns (summed smoothed loss, summed NLL) of this rank's batches, in fp32 on the CPU."""
+        totals = torch.zeros(2)
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            context = self.net.no_sync() if self.world > 1 and not last else contextlib.nullcontext()
+            with context:
+                batch = batch.to(self.device, non_blocking=True)
+                # bf16 weights compute in bf16 as they are; otherwise autocast casts for fp32 weights
+                with contextlib.nullcontext() if self.twin else autocast(self.device, self.precision):
+                    logits = self.net(batch.src, batch.tgt_in)  # (B, T, V)
+                loss, nll = label_smoothed_nll(logits, batch.tgt_out, self.label_smoothing, self.pad_id)
+                # DDP averages gradients over ranks; × world makes it a sum over all tokens.
+                scaled = loss * (self.world / n_tokens)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            if self.twin:  # summed in the fp32 master, batch by batch
+                self.twin.grads_to_master()
+            totals += torch.stack([loss.detach().float().cpu(), nll.detach().float().cpu()])
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.twin:
+            self.twin.weights_from_master()
+        return totals
 
 
 class StopSignals:
@@ -95,33 +141,6 @@ class StopSignals:
             signal.signal(signum, handler)
 
 
-def init_distributed() -> tuple[int, int]:
-    """(rank, world size), joining the process group when launched by torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1
-    if not dist.is_initialized():
-        _stop_with_launcher()
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
-    return dist.get_rank(), world
-
-
-def _stop_with_launcher() -> None:
-    """A worker whose torchrun is killed (even by SIGKILL, which torchrun cannot pass on) gets
-    SIGTERM, and stops as it does on any SIGTERM: after the step, with a checkpoint. Without
-    this the workers would train on, unseen, into a folder the user thinks is free. Linux only
-    (prctl PR_SET_PDEATHSIG); elsewhere a no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() == 1:  # the launcher was gone before the request took hold
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def step_seed(seed: int, rank: int, step: int) -> int:
     """The seed of the random draws (dropout) of one step on one rank, drawn afresh each step as
     fairseq does: a resumed run, on any number of processes, draws what an uninterrupted one
@@ -130,65 +149,16 @@ def step_seed(seed: int, rank: int, step: int) -> int:
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1, np.uint64)[0])
 
 
-def load_run_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
-    """The model and training configs a run was started with."""
-    values = []
-    for name in (MODEL_CONFIG, TRAIN_CONFIG):
-        path = run_dir / name
-        try:
-            values.append(read_json(path))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{run_dir} is not a run folder: {name} is missing") from None
-    try:
-        return ModelConfig.from_dict(values[0]), TrainConfig.from_dict(values[1])
-    except ValueError as error:
-        raise ValueError(f"{run_dir}: {error}") from None
-
-
-def check_run_dir(run_dir: Path, resume: bool) -> None:
-    """Never train over a run, a finished or interrupted one or an imported model, by accident.
-    A folder that holds only a tokenizer (a start that failed) is not a run."""
-    run_dir = Path(run_dir)
-    if resume:
-        if (run_dir / FINAL).exists() and not checkpoint_dirs(run_dir):
-            raise ValueError(f"{run_dir} holds a model but no checkpoint to resume (an imported model?); "
-                             f"fine-tune it with --init-from {run_dir} and another --out")
-        return
-    held = [name for name in (CHECKPOINTS, FINAL, LOG) if (run_dir / name).exists()]
-    if held:
-        raise ValueError(f"{run_dir} already holds a run ({held[0]}); pass --resume or choose another --out")
-
-
-def read_log(path: Path, echo: Callable[[str], None] = print) -> list[dict]:
-    """The records of a log.jsonl. A line that is not a JSON record (the last line cut short by a
-    kill) is skipped with a note naming the file and line, so a run can always resume."""
-    records = []
-    if not path.exists():
-        return records
-    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise ValueError("not a record with a step")
-        except ValueError:
-            echo(f"note: {path}, line {number} is not a log record (cut short?); skipped")
-            continue
-        records.append(record)
-    return records
-
-
 class Trainer:
     """Trains a `Transformer` on encoded pairs with the recipe of `train_config`, writing logs and
-    checkpoints into `run_dir`; `resume` continues from the newest checkpoint there. The
+    checkpoints into the run folder `run`; `resume` continues from its newest checkpoint. The
     tokenizer, when given, is saved with the model and used for the dev BLEU."""
 
     def __init__(
         self,
         model_config: ModelConfig,
         train_config: TrainConfig,
-        run_dir: str | Path,
+        run: Union[RunDir, str, Path],
         data: TrainData,
         tokenizer=None,
         resume: bool = False,
@@ -196,7 +166,7 @@ class Trainer:
     ) -> None:
         self.config = model_config
         self.recipe = train_config
-        self.run_dir = Path(run_dir)
+        self.run = run if isinstance(run, RunDir) else RunDir(run)
         self.data = data
         self.tokenizer = tokenizer
         self.rank, self.world = init_distributed()
@@ -204,13 +174,7 @@ class Trainer:
         if len(data.train) == 0:
             raise ValueError("no training pairs left (all empty or longer than max_sentence_tokens?)")
         check_settings(model_config, train_config)
-        self.device = resolve_device(train_config.device)
-        if self.device.type == "cuda" and self.world > 1:
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            torch.cuda.set_device(self.device)
-        if self.world > 1 and train_config.accumulate != 1 and self.rank == 0:
-            self.echo(f"note: {self.world} processes × accumulate {train_config.accumulate} batches per step")
-
+        self.device = self._device()
         torch.manual_seed(train_config.seed)
         self.model = Transformer(model_config).to(self.device)
         self.optimizer = make_optimizer(self.model, eps=train_config.adam_eps)
@@ -220,38 +184,34 @@ class Trainer:
             shard=(self.rank, self.world),
         )
         self.step, self.elapsed, self.stopping = 0, 0.0, False
-        check_run_dir(self.run_dir, resume)
+        self.run.check_start(resume)
         if self.rank == 0:
-            for path in remove_litter(self.run_dir):
+            for path in self.run.remove_litter():
                 self.echo(f"removed {path}, left by an interrupted write")
         if not self._restore_newest_intact():
             if train_config.init_from:
                 self._start_from(resolve_model_dir(train_config.init_from))
             elif resume:
-                self.echo(f"no checkpoint in {self.run_dir}: starting from scratch")
+                self.echo(f"no checkpoint in {self.run.path}: starting from scratch")
             self._keep_log_until(0)  # the steps of an earlier start are done again
         self.stream.epoch_batches()  # cut now, so that a step's time is the step's (4.5M pairs: ~1 s)
-        self.scaler = torch.amp.GradScaler("cuda") if train_config.precision == "fp16" else None
-        # bf16 weights: the step runs on a bf16 copy, the fp32 model stays the master (after any resume)
-        self.twin = Bf16Twin(self.model) if train_config.bf16_weights else None
-        if self.twin and self.world > 1:
-            raise ValueError("bf16_weights trains in one process: its gradients would be summed across processes in bf16")
-        self.net = self.twin.model if self.twin else self.model
-        if self.world > 1:
-            self.net = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
-            )
-        if train_config.compile:
-            # Batches vary in shape (token budget, bucketing): compile for dynamic shapes once
-            # rather than once per shape.
-            self.net = torch.compile(self.net, dynamic=True)
+        self.train_step = TrainStep(self.model, self.optimizer, train_config, self.device, self.world)  # after any resume
+
+    def _device(self) -> torch.device:
+        device = resolve_device(self.recipe.device)
+        if device.type == "cuda" and self.world > 1:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        if self.world > 1 and self.recipe.accumulate != 1:
+            self.echo(f"note: {self.world} processes × accumulate {self.recipe.accumulate} batches per step")
+        return device
 
     # -- state -----------------------------------------------------------------------------
 
     def _restore_newest_intact(self) -> bool:
         """Resume from the newest checkpoint that loads; one cut short by a crash (a full disk, a
         kill during fsync) is passed over with a warning for the one before it."""
-        for checkpoint in reversed(checkpoint_dirs(self.run_dir)):
+        for checkpoint in reversed(self.run.checkpoints()):
             try:
                 state = load_checkpoint(checkpoint, self.model, self.optimizer)
                 self.stream.load_state_dict(state["data"])
@@ -262,17 +222,13 @@ class Trainer:
             self._keep_log_until(self.step)
             self.echo(f"resumed from {checkpoint} at step {self.step}")
             return True
-        if checkpoint_dirs(self.run_dir):
-            raise ValueError(f"no checkpoint in {self.run_dir / CHECKPOINTS} can be read; cannot resume")
+        if self.run.checkpoints():
+            raise ValueError(f"no checkpoint in {self.run.checkpoint_root} can be read; cannot resume")
         return False
 
     def _keep_log_until(self, step: int) -> None:
-        """Drop the log records after `step`: those steps are about to be trained again, and a log
-        never holds one step twice."""
-        log = self.run_dir / LOG
-        if self.rank == 0 and log.exists():
-            kept = [r for r in read_log(log, self.echo) if r["step"] <= step]
-            _atomic_text(log, "".join(json.dumps(r) + "\n" for r in kept))
+        if self.rank == 0:
+            self.run.keep_log_until(step, self.echo)
 
     def _start_from(self, model_dir: Path) -> None:
         """Fine-tuning: the weights of a trained or imported model instead of random ones."""
@@ -284,16 +240,13 @@ class Trainer:
         self.echo(f"starting from the weights of {model_dir}")
 
     def _save(self) -> None:
-        if self.rank != 0:
-            return
-        state = {"elapsed": self.elapsed, "data": self.stream.state_dict()}
-        save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state, self.recipe.keep_last)
+        if self.rank == 0:
+            state = {"elapsed": self.elapsed, "data": self.stream.state_dict()}
+            self.run.save_checkpoint(self.step, self.model, self.optimizer, state, self.recipe.keep_last)
 
     def _log(self, record: dict) -> None:
-        if self.rank != 0:
-            return
-        with open(self.run_dir / LOG, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        if self.rank == 0:
+            self.run.append_log(record)
 
     # -- one optimiser step ----------------------------------------------------------------
 
@@ -308,35 +261,9 @@ class Trainer:
         self.stopping = stops > 0
         set_lr(self.optimizer, noam_lr(self.step + 1, self.config.d_model, self.recipe.warmup_steps, self.recipe.lr_scale))
         torch.manual_seed(step_seed(self.recipe.seed, self.rank, self.step))
-        totals = torch.zeros(2)
-        flops = 0.0
-        for i, batch in enumerate(batches):
-            # Only the last batch of a step all-reduces the gradients.
-            last = i == len(batches) - 1
-            context = self.net.no_sync() if self.world > 1 and not last else contextlib.nullcontext()
-            with context:
-                batch = batch.to(self.device, non_blocking=True)
-                src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
-                # bf16 weights compute in bf16 as they are; otherwise autocast casts for fp32 weights
-                with contextlib.nullcontext() if self.twin else autocast(self.device, self.recipe.precision):
-                    logits = self.net(src, tgt_in)  # (B, T, V)
-                loss, nll = label_smoothed_nll(logits, tgt_out, self.recipe.label_smoothing, self.config.pad_id)
-                # DDP averages gradients over ranks; × world makes it a sum over all tokens.
-                scaled = loss * (self.world / n_tokens)
-                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            if self.twin:  # summed in the fp32 master, batch by batch
-                self.twin.grads_to_master()
-            totals += torch.stack([loss.detach().float().cpu(), nll.detach().float().cpu()])
-            rows = src.size(0)
-            flops += rows * training_flops(self.config, batch.n_src_tokens / rows, batch.n_tgt_tokens / rows)
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.twin:
-            self.twin.weights_from_master()
+        totals = self.train_step(batches, n_tokens)
+        flops = sum(b.src.size(0) * training_flops(self.config, b.n_src_tokens / b.src.size(0), b.n_tgt_tokens / b.src.size(0))
+                    for b in batches)
         self.step += 1
         if self.world > 1:
             dist.all_reduce(totals)
@@ -348,9 +275,6 @@ class Trainer:
     def validate(self) -> dict:
         """Dev loss and perplexity over every dev pair; BLEU of greedy translations of the first
         `eval_bleu_sentences` dev sentences (beam search is for the final test)."""
-        from aiayn.evaluate import bleu
-        from aiayn.translate import translate_ids
-
         self.model.eval()
         c = self.config
         loss_sum = nll_sum = tokens = 0.0
@@ -363,10 +287,8 @@ class Trainer:
         record = {"step": self.step, "split": "dev", "loss": loss_sum / tokens, "ppl": math.exp(nll_sum / tokens)}
         count = min(self.recipe.eval_bleu_sentences, len(self.data.dev_text))
         if self.tokenizer is not None and count:
-            sources = [self.data.dev[i][0].tolist() for i in range(count)]
-            outputs = translate_ids(self.model, sources, beam=1, precision=self.recipe.precision)
-            hypotheses = [self.tokenizer.decode(ids) for ids in outputs]
-            record["bleu"] = bleu(hypotheses, [r for _, r in self.data.dev_text[:count]])[0]
+            decode = dataclasses.replace(DECODE_PRESETS["validate"], precision=self.recipe.precision)
+            record["bleu"] = score(Translator(self.model, self.tokenizer, decode), self.data.dev_text[:count]).bleu
         self.model.train()
         return record
 
@@ -377,10 +299,9 @@ class Trainer:
         from tqdm.auto import tqdm
 
         recipe = self.recipe
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run.path.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
-            write_json(self.run_dir / TRAIN_CONFIG, dataclasses.asdict(recipe))
-            write_json(self.run_dir / MODEL_CONFIG, self.config.to_dict())
+            self.run.write_configs(self.config, recipe)
         peak = matmul_peak_flops(self.device, recipe.precision)
         budget = recipe.minutes * 60 if recipe.minutes else math.inf
         self.model.train()
@@ -400,23 +321,18 @@ class Trainer:
                     self._save()
                     last_save_time = time.monotonic()
             bar.close()
-            if not checkpoint_dirs(self.run_dir) or checkpoint_dirs(self.run_dir)[-1].name != f"step_{self.step:08d}":
+            if not self.run.checkpoints() or self.run.checkpoints()[-1] != self.run.checkpoint(self.step):
                 self._save()
             if self.rank == 0:
-                atomic_dir(self.run_dir / FINAL, self._save_final, force=True)
+                self.run.save_final(self.model, self.tokenizer)
                 self.plot()
             if self.world > 1:
                 dist.barrier()
         if self.stopping:
             self.echo(f"stopped by {signals.name} at step {self.step}; checkpoint saved in "
-                      f"{self.run_dir / CHECKPOINTS}; continue with --resume")
+                      f"{self.run.checkpoint_root}; continue with --resume")
             raise KeyboardInterrupt
         return record
-
-    def _save_final(self, folder: Path) -> None:
-        save_model(self.model, folder)
-        if self.tokenizer is not None:
-            self.tokenizer.save(folder)
 
     def _step_and_report(self, signals: "StopSignals", window: dict, peak: float, budget: float, bar) -> Optional[dict]:
         """One optimiser step, then its progress bar, validation and log; returns the training
@@ -459,153 +375,7 @@ class Trainer:
     def plot(self) -> None:
         """RUN_DIR/loss.png: training and dev loss against the step."""
         if self.rank == 0:
-            plot_log(self.run_dir / LOG, self.run_dir / PLOT)
-
-
-def plot_log(log_path: Path, png_path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not log_path.exists():
-        return
-    records = read_log(log_path, echo=lambda _: None)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for split, style in (("train", "-"), ("dev", "o-")):
-        points = [(r["step"], r["loss"]) for r in records if r.get("split") == split]
-        if points:
-            ax.plot(*zip(*points), style, label=f"{split} loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("label-smoothed loss per target token")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    tmp = png_path.with_name(f".{png_path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, png_path)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-RUN_DATA = "data"  # RUN_DIR/data: the corpus preprocessed for a run started from --corpus
-
-
-def prepare_data(
-    model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, echo: Callable[[str], None] = print,
-) -> tuple[object, TrainData, Store]:
-    """The run's data, memory-mapped: `--data DATA_DIR` as it is, else the corpus spec
-    preprocessed into RUN_DIR/data first (by rank 0; the other ranks wait), so `--corpus` runs
-    train exactly as `--data` runs do. The run folder gets the data's tokenizer.
-
-    Returns (tokenizer, TrainData, Store). Pairs longer than `max_sentence_tokens` (either side,
-    with BOS/EOS) are left out and counted, never silently dropped.
-    """
-    from aiayn.tokenizer import load_tokenizer
-
-    run_dir = Path(run_dir)
-    rank, world = init_distributed()
-    data_dir = Path(recipe.data) if recipe.data else run_dir / RUN_DATA
-    failure = None
-    if rank == 0:
-        try:  # a rank-0 error must reach the others, or they wait at the barrier forever
-            if not recipe.data:
-                _preprocess_for_run(model_config, recipe, run_dir, echo)
-            _give_run_the_tokenizer(load_store(data_dir), recipe, run_dir, echo)
-        except (ValueError, OSError, ImportError) as error:
-            failure = error
-    if world > 1:
-        flag = [failure is not None]
-        dist.broadcast_object_list(flag, src=0)
-        if flag[0] and failure is None:
-            raise SystemExit(1)  # rank 0 reports the error
-    if failure is not None:
-        raise failure
-    store = load_store(data_dir)
-    _check_data_settings(store, model_config, recipe)
-    tokenizer = load_tokenizer(run_dir)
-    kept, dev_text = {}, []
-    for name in ("train", "dev"):
-        pairs = store.split(name)
-        rows = within_length(pairs.lengths, recipe.max_sentence_tokens)  # (kept,)
-        if len(rows) < len(pairs):
-            echo(f"{name}: left out {len(pairs) - len(rows):,} of {len(pairs):,} pairs longer than "
-                 f"max_sentence_tokens={recipe.max_sentence_tokens}")
-            pairs = pairs.subset(rows)
-        kept[name] = pairs
-        if name == "dev" and len(rows):
-            texts = store.texts("dev")
-            dev_text = [texts[i] for i in rows.tolist()]
-    counts = ", ".join(f"{name} {info['pairs']:,} pairs" for name, info in store.manifest["splits"].items())
-    echo(f"data {data_dir} ({store.manifest['corpus']}, {store.src_lang}→{store.tgt_lang}): {counts}")
-    return tokenizer, TrainData(kept["train"], kept["dev"], dev_text), store
-
-
-def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run_dir: Path,
-                        echo: Callable[[str], None]) -> None:
-    """RUN_DIR/data for a run from a corpus spec: kept when the run has checkpoints (they were
-    trained on it) or when it was made from this very corpus and settings (a start that failed
-    later); otherwise made anew."""
-    from aiayn.data import stream_corpus
-    from aiayn.tokenizer import has_tokenizer
-
-    data_dir = run_dir / RUN_DATA
-    try:
-        manifest = load_store(data_dir).manifest
-    except (ValueError, OSError):
-        manifest = None
-    trained = bool(checkpoint_dirs(run_dir))
-    if manifest is not None and trained:
-        if (manifest["corpus"], manifest["vocab_size"]) != (recipe.corpus, model_config.vocab_size):
-            echo(f"warning: this run was trained on {manifest['corpus']} ({data_dir}); the resumed run keeps it")
-        return
-    init_from = resolve_model_dir(recipe.init_from) if recipe.init_from else None
-    # A run trained before RUN_DIR/data existed keeps its tokenizer: its checkpoints use its ids.
-    tokenizer_from = init_from or (run_dir if trained and has_tokenizer(run_dir) else None)
-    corpus = stream_corpus(recipe.corpus, recipe.src_lang, recipe.tgt_lang)
-    echo(f"corpus {corpus.name} ({corpus.src_lang}→{corpus.tgt_lang}), preprocessed into {data_dir}")
-    if manifest is not None:
-        wanted = {"corpus": recipe.corpus, "vocab_size": model_config.vocab_size,
-                  "max_sentence_tokens": recipe.max_sentence_tokens,
-                  "tokenizer_from": str(tokenizer_from) if tokenizer_from else None,
-                  "src_lang": corpus.src_lang, "tgt_lang": corpus.tgt_lang}
-        if all(manifest.get(key) == value for key, value in wanted.items()) \
-                and manifest["splits"]["train"]["text_sha256"] == text_digest(corpus):
-            return
-        echo(f"note: {data_dir} was made from other data or settings; making it again")
-    preprocess(corpus, data_dir, model_config.vocab_size, spec=recipe.corpus, tokenizer_from=tokenizer_from,
-               max_sentence_tokens=recipe.max_sentence_tokens, force=True, echo=echo)
-
-
-def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run_dir: Path, echo: Callable[[str], None]) -> None:
-    """Copy the data's tokenizer into the run folder (it goes with every model saved), unless
-    the run has one already: then it must be the same, or the ids would mean other words."""
-    from aiayn.tokenizer import has_tokenizer
-
-    if recipe.init_from and tokenizer_digest(resolve_model_dir(recipe.init_from)) != store.manifest["tokenizer_sha256"]:
-        raise ValueError(f"{store.folder} was not encoded with the tokenizer of {recipe.init_from}; "
-                         f"make it with: aiayn preprocess --tokenizer {recipe.init_from} ...")
-    if has_tokenizer(run_dir) and tokenizer_digest(run_dir) != store.manifest["tokenizer_sha256"]:
-        if checkpoint_dirs(run_dir):
-            raise ValueError(f"{store.folder} was encoded with another tokenizer than the one this run was trained "
-                             f"with ({run_dir}); resume with the data it was trained on")
-        echo(f"note: replacing the tokenizer in {run_dir}, left by an earlier start, with the one of {store.folder}")
-        for name in TOKENIZER_FILES:
-            (run_dir / name).unlink(missing_ok=True)
-    if not has_tokenizer(run_dir):
-        copy_tokenizer(store.folder, run_dir)
-
-
-def _check_data_settings(store: Store, model_config: ModelConfig, recipe: TrainConfig) -> None:
-    if store.manifest["vocab_size"] != model_config.vocab_size:
-        raise ValueError(f"the tokenizer of {store.folder} has {store.manifest['vocab_size']} tokens but the model's "
-                         f"vocab_size is {model_config.vocab_size}; pass --vocab-size {store.manifest['vocab_size']}")
-    for given, kept, side in ((recipe.src_lang, store.src_lang, "source"), (recipe.tgt_lang, store.tgt_lang, "target")):
-        if recipe.data and given is not None and given != kept:
-            raise ValueError(f"{store.folder} has {kept} as its {side} language, not {given}")
+            self.run.plot_losses()
 
 
 def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
@@ -618,24 +388,54 @@ def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
                          f"lower --max-sentence-tokens or raise --max-len")
 
 
+def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_model: dict, recipe_train: dict,
+                model_overrides: dict, train_overrides: dict) -> tuple[ModelConfig, TrainConfig]:
+    """The configs of a new run (a preset, the recipe's changes, then the options given), of a
+    fine-tuning run (the model it starts from), or of the run being resumed (its own, with
+    training options changed where given)."""
+    train_overrides = dict(train_overrides)
+    manifest = None
+    if "data" in train_overrides:
+        if "corpus" in train_overrides:
+            raise ValueError("give --corpus or --data, not both")
+        manifest = load_store(train_overrides["data"]).manifest
+        train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
+    if resume and run.has_configs():
+        model_config, training = run.configs()
+        if training.data and "corpus" in train_overrides and "data" not in train_overrides:
+            raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
+        if dataclasses.replace(model_config, **model_overrides) != model_config:
+            raise ValueError(f"a resumed run keeps its model; drop the model options (see {run.model_config})")
+        return model_config, dataclasses.replace(training, **train_overrides)
+    training = {**recipe_train, **train_overrides}
+    if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
+        _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))
+        return dataclasses.replace(model_config, **model_overrides), TrainConfig(**training)
+    model_overrides = {**recipe_model, **model_overrides}
+    if manifest is not None and "vocab_size" not in model_overrides:
+        model_overrides["vocab_size"] = manifest["vocab_size"]  # a new model takes the data's vocabulary
+    return dataclasses.replace(preset_config, **model_overrides), TrainConfig(**training)
+
+
 def train_run(
-    model_config: ModelConfig, recipe: TrainConfig, run_dir: Path, resume: bool = False,
+    model_config: ModelConfig, recipe: TrainConfig, run_dir: Union[RunDir, str, Path], resume: bool = False,
     echo: Callable[[str], None] = print,
 ) -> tuple[Trainer, Store]:
     """Everything `aiayn train` does: preprocess the corpus (or open --data), train. Returns
     the trainer (its model holds the last weights) and the data store."""
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     check_settings(model_config, recipe)
     rank, _ = init_distributed()
     echo = echo if rank == 0 else (lambda *_: None)
     # Rank 0 writes the run folder, and holds its lock until the run ends.
-    with run_lock(run_dir) if rank == 0 else contextlib.nullcontext():
-        check_run_dir(run_dir, resume)
-        tokenizer, data, store = prepare_data(model_config, recipe, run_dir, echo)
-        trainer = Trainer(model_config, recipe, run_dir, data, tokenizer, resume=resume, echo=echo)
+    with run.lock() if rank == 0 else contextlib.nullcontext():
+        run.check_start(resume)
+        tokenizer, data, store = prepare_data(model_config, recipe, run, echo)
+        trainer = Trainer(model_config, recipe, run, data, tokenizer, resume=resume, echo=echo)
         echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
              f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}")
         last = trainer.fit()
         echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
              + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")
-             + f"; model in {run_dir / FINAL}")
+             + f"; model in {run.final}")
     return trainer, store

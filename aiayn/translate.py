@@ -1,19 +1,28 @@
-"""Translating many sentences: the model as a search's step function (`ModelStep`),
-length-sorted batches through the search, results in input order; files streamed through in
-chunks, so memory stays flat and every finished chunk is written."""
+"""Translating many sentences (§6.1): a `Translator` holds a model's decoding copy (made once), its
+tokenizer and a `DecodeConfig`; underneath, the model is a search's step function (`ModelStep`),
+sentences go through the search in length-sorted batches and come back in input order, and files
+stream through in chunks, so memory stays flat and every finished chunk is written."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Optional, Sequence
+import os
+import sys
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from aiayn import kernels
-from aiayn.config import DECODE_PRESETS, DecodeConfig
+from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, AttentionOptions, DecodeConfig, FileDecodeOptions
+from aiayn.corpora import iter_lines
+from aiayn.device import resolve_device
+from aiayn.files import file_sha256, read_json, refuse_to_replace, write_json
 from aiayn.model import Transformer
+from aiayn.run import load_for_inference, resolve_model_dir
 from aiayn.search import beam_search, greedy
+from aiayn.visualize import attention_figures
 
 
 class ModelStep:
@@ -103,12 +112,6 @@ def translate_ids(
     return results
 
 
-def translate_texts(model: Transformer, tokenizer, sentences: Sequence[str], **options) -> list[str]:
-    """Detokenized translations of `sentences`, in order (options as `translate_ids`)."""
-    outputs = translate_ids(model, tokenizer.encode_batch(list(sentences)), **options)
-    return [tokenizer.decode(ids) for ids in outputs]
-
-
 def input_token_limit(config, max_input_tokens: int) -> int:
     """The longest source a model takes: `max_input_tokens`, and for learned positions (Table 3
     row E) no more than source + EOS fit in `max_len`."""
@@ -128,7 +131,7 @@ def translate_stream(
     lines: Iterable[str],
     write: Callable[[list[str]], None],
     *,
-    max_input_tokens: int = 1024,
+    max_input_tokens: int = MAX_INPUT_TOKENS,
     finish: Callable[[str, str], str] = lambda line, output: output,
     chunk_lines: int = CHUNK_LINES,
     note: Callable[[str], None] = lambda _: None,
@@ -181,3 +184,193 @@ def translate_stream(
         flush()
         count += len(chunk)
     return count
+
+
+class Translator:
+    """A model ready to translate: its decoding copy in `decode.precision` (cast or quantized once,
+    here, and nowhere else on the way), its tokenizer, and the decoding settings (§6.1's by
+    default). Every "translate and score" of the package goes through one (aiayn.evaluate.score)."""
+
+    def __init__(self, model: Transformer, tokenizer=None, decode: DecodeConfig = DECODE_PRESETS["translate"]) -> None:
+        self.decode = decode
+        self.tokenizer = tokenizer
+        self.model = decoding_model(model, decode.precision)
+
+    @classmethod
+    def load(cls, path, device: str = "auto", decode: DecodeConfig = DECODE_PRESETS["translate"]) -> "Translator":
+        """From a model folder, a checkpoint or a run folder (aiayn.run.load_for_inference)."""
+        model, tokenizer = load_for_inference(path, resolve_device(device))
+        return cls(model, tokenizer, decode)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def translate_ids(self, sources: Sequence[Sequence[int]], progress: Optional[object] = None, **changes) -> list[list[int]]:
+        """Output ids of each source (ids without EOS), in input order; `changes` replace fields of
+        the decoding settings for this call (not the precision: the copy is made)."""
+        return translate_ids(self.model, sources, self.decode, progress, **changes)
+
+    def translate(self, sentences: Sequence[str], **changes) -> list[str]:
+        """Detokenized translations of `sentences`, in order."""
+        outputs = self.translate_ids(self.tokenizer.encode_batch(list(sentences)), **changes)
+        return [self.tokenizer.decode(ids) for ids in outputs]
+
+    def stream(self, lines: Iterable[str], write: Callable[[list[str]], None], **options) -> int:
+        """`translate_stream` with this translator's model, tokenizer and settings."""
+        return translate_stream(self.model, self.tokenizer, lines, write, decode=self.decode, **options)
+
+
+# --------------------------------------------------------------------------------------------
+# Files: `aiayn translate` and `aiayn parse`
+
+
+def open_input(path: Optional[str]) -> tuple[BinaryIO, str]:
+    """(binary handle, name for messages) of an input file, or of stdin for none or "-"."""
+    if path is None or path == "-":
+        return sys.stdin.buffer, "stdin"
+    try:
+        return open(path, "rb"), path
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such file: {path}") from None
+
+
+def _complete_lines(partial: Path) -> int:
+    """The number of whole lines in an interrupted output; a line cut short is removed."""
+    data = partial.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with open(partial, "r+b") as handle:
+            handle.truncate(end)
+    return data.count(b"\n", 0, end)
+
+
+def _count_lines(handle) -> int:
+    """Lines in a binary file as `iter_lines` splits them (a last line without "\\n" counts),
+    the handle rewound."""
+    count, last = 0, b"\n"
+    for block in iter(lambda: handle.read(1 << 20), b""):
+        count, last = count + block.count(b"\n"), block[-1:]
+    handle.seek(0)
+    return count + (last != b"\n")
+
+
+def _digest(path: str) -> str:
+    try:
+        return file_sha256(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such file: {path}") from None
+
+
+class PartialOutput:
+    """An output file written as it is translated: lines go to OUTPUT.partial as each chunk is
+    done, and OUTPUT.partial becomes OUTPUT when all are; OUTPUT.partial.json records which input
+    (its SHA-256) the lines translate. An interrupted run leaves OUTPUT.partial, which `resume`
+    continues after its last whole line, with the same input only."""
+
+    def __init__(self, output: str, input: Optional[str], resume: bool, force: bool) -> None:
+        self.final = Path(output)
+        self.partial = self.final.with_name(self.final.name + ".partial")
+        self.record = self.final.with_name(self.final.name + ".partial.json")
+        digest = None if input in (None, "-") else _digest(input)
+        self.skip = 0
+        if resume and self.partial.exists():
+            kept = read_json(self.record) if self.record.exists() else {}
+            if digest is not None and kept.get("input_sha256") not in (None, digest):
+                raise ValueError(f"{self.partial} translates another input than {input} (its digest differs); "
+                                 "--resume needs the same input, --force starts over")
+            self.skip = _complete_lines(self.partial)
+        elif resume and self.final.exists():
+            raise ValueError(f"{self.final} is complete: nothing to resume (--force translates again)")
+        elif not force and self.partial.exists():
+            raise ValueError(f"{self.partial} holds an interrupted translation; pass --resume to continue it "
+                             "or --force to start over")
+        refuse_to_replace(self.final, force or resume, inputs=[] if input in (None, "-") else [input])
+        self.handle = open(self.partial, "ab" if self.skip else "wb")  # an unwritable output fails here, before decoding
+        if not self.skip:
+            write_json(self.record, {"input": input or "-", "input_sha256": digest})
+        self.written = self.skip
+
+    def write(self, text: str, lines: int) -> None:
+        self.handle.write(text.encode("utf-8"))
+        self.handle.flush()
+        self.written += lines
+
+    def abandon(self, interrupted: bool) -> None:
+        """After a failure: nothing written is removed; what was is kept for --resume."""
+        self.handle.close()
+        if not self.written:
+            self.partial.unlink(missing_ok=True)
+            self.record.unlink(missing_ok=True)
+        elif self.written > self.skip or interrupted:
+            print(f"aiayn: note: {self.written} finished lines are in {self.partial}; rerun with --resume to continue",
+                  file=sys.stderr)
+
+    def finish(self) -> None:
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        os.replace(self.partial, self.final)
+        self.record.unlink(missing_ok=True)
+
+
+def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: str = "translate",
+                   finish: Callable[[str, str], str] = lambda line, output: output) -> None:
+    """`aiayn translate` / `parse`: stream --input (or stdin) through the model of --run-dir in
+    chunks, to --output (through a `PartialOutput`) or stdout, with a progress bar on a terminal."""
+    from tqdm.auto import tqdm
+
+    out = PartialOutput(options.output, options.input, options.resume, options.force) if options.output else None
+    skip = out.skip if out else 0
+
+    def write(lines: list[str]) -> None:
+        text = "".join(line + "\n" for line in lines)
+        if out is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            out.write(text, len(lines))
+
+    try:
+        translator = Translator.load(options.run_dir, options.device, decode)  # the fp32 weights are let go
+        source, name = open_input(options.input)
+        total = None
+        if source is not sys.stdin.buffer:
+            total = _count_lines(source) - skip
+            if total < 0:
+                raise ValueError(f"{out.partial} holds {skip} lines but {name} has {total + skip}: "
+                                 "--resume needs the same input")
+        interactive = source is sys.stdin.buffer and sys.stdin.isatty()
+        note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
+        with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
+            translator.stream(iter_lines(source, name, skip), write, max_input_tokens=options.max_input_tokens,
+                              finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=note,
+                              first_line=skip + 1, progress=bar)
+    except BaseException as error:
+        if out is not None:
+            out.abandon(isinstance(error, KeyboardInterrupt))
+        raise
+    if out is not None:
+        out.finish()
+
+
+def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=print) -> None:
+    """`aiayn attention`: translate one sentence, then draw every layer's and head's attention."""
+    translator = Translator.load(options.run_dir, options.device, decode)
+    refuse_to_replace(options.out, options.force, inputs=[resolve_model_dir(options.run_dir)])
+    source = options.sentence.strip()
+    if not source:
+        raise ValueError("--sentence is empty")
+    ids = translator.tokenizer.encode(source)
+
+    def check_length(tokens: int, side: str) -> None:
+        if tokens > options.max_tokens:
+            raise ValueError(f"the {side} has {tokens} tokens, over --max-tokens {options.max_tokens}: each map is "
+                             f"{tokens} × {tokens} cells; give a shorter sentence or raise --max-tokens")
+
+    check_length(len(ids), "sentence")
+    target = translator.translate_ids([ids])[0]
+    check_length(len(target), "translation")
+    echo(f"source       {source}\ntranslation  {translator.tokenizer.decode(target)}")
+    for path in attention_figures(translator.model, translator.tokenizer, source, target, Path(options.out),
+                                  force=options.force):
+        echo(path)

@@ -4,17 +4,14 @@ and encoder-decoder attention."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint import atomic_dir
-
-# The longest sentence (and translation) `aiayn attention` draws by default: each head's map has
-# a row and a column per token, so the figures grow with the square of the length.
-ATTENTION_MAX_TOKENS = 100
+from aiayn.files import atomic_dir
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
 
@@ -84,3 +81,26 @@ def attention_figures(
 
     atomic_dir(out_dir, build, force)
     return [Path(out_dir) / name for name in names]
+
+
+def plot_losses(records: Sequence[dict], png_path: Path) -> None:
+    """A run's loss.png: training and dev loss (of log records) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for split, style in (("train", "-"), ("dev", "o-")):
+        points = [(r["step"], r["loss"]) for r in records if r.get("split") == split]
+        if points:
+            ax.plot(*zip(*points), style, label=f"{split} loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("label-smoothed loss per target token")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = png_path.with_name(f".{png_path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, png_path)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.data import load_corpus
+from aiayn.corpora import load_corpus
 from common import RESULTS, command_line, cpu_kind, machine, spread, write_results
 
 # Run by torchrun (or alone): aiayn's CLI, then this process's peak resident set, on every rank.

@@ -32,21 +32,20 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from aiayn.checkpoint import atomic_write, average_checkpoints, checkpoint_dirs
+from aiayn.files import atomic_write
+from aiayn.run import RunDir, average_checkpoints
 from aiayn.config import DEMO_AVERAGE_LAST, DEMO_RECIPE, DecodeConfig
 from aiayn.device import cpu_kind
-from aiayn.evaluate import bleu
+from aiayn.evaluate import score as evaluate_score
 from aiayn.model import Transformer
 from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
-from aiayn.train import LOG, read_log
-from aiayn.translate import translate_ids
+from aiayn.translate import Translator
 from common import RESULTS, command_line, machine, write_results
 
 MINUTES = 10.0  # aiayn demo's default budget
@@ -101,13 +100,11 @@ def train(values: dict, run: Path, minutes: float) -> None:
 def score(model_dir: Path, run: Path, split: str, sentences: Optional[int]) -> dict:
     """BLEU of the split (its first `sentences`; None: all) beam-decoded as the demo does (§6.1:
     beam 4, α 0.6; bf16)."""
-    model, tokenizer = Transformer.load(model_dir).eval(), Tokenizer.load(model_dir)
-    pairs = load_store(run / "data").texts(split)[:sentences]
-    start = time.perf_counter()
-    outputs = translate_ids(model, tokenizer.encode_batch([s for s, _ in pairs]), DecodeConfig(precision=PRECISION))
-    seconds = time.perf_counter() - start
-    value, signature = bleu([tokenizer.decode(o) for o in outputs], [t for _, t in pairs])
-    return {"bleu": round(value, 2), "sentences": len(pairs), "decode_s": round(seconds, 1), "signature": signature}
+    translator = Translator(Transformer.load(model_dir), Tokenizer.load(model_dir), DecodeConfig(precision=PRECISION))
+    pairs = load_store(RunDir(run).data).texts(split)[:sentences]
+    result = evaluate_score(translator, pairs)
+    return {"bleu": round(result.bleu, 2), "sentences": len(pairs), "decode_s": round(result.seconds, 1),
+            "signature": result.signature}
 
 
 def evaluate(run: Path, sentences: Optional[int]) -> dict:
@@ -115,13 +112,13 @@ def evaluate(run: Path, sentences: Optional[int]) -> dict:
     run's steps, speed and memory from its log."""
     averaged = run / f"averaged-last-{AVERAGE_LAST}"
     if not averaged.exists():
-        average_checkpoints(checkpoint_dirs(run)[-AVERAGE_LAST:], averaged)
-    trained = [r for r in read_log(run / LOG) if r.get("split") == "train"]
+        average_checkpoints(RunDir(run).checkpoints()[-AVERAGE_LAST:], averaged)
+    trained = [r for r in RunDir(run).read_log() if r.get("split") == "train"]
     return {
         "steps": trained[-1]["step"], "train_s": trained[-1]["elapsed_s"],
         "tokens_per_s_median": sorted(r["tokens_per_s"] for r in trained)[len(trained) // 2],
         "rss_mib_last": trained[-1].get("rss_mib"),
-        "dev": {"final": score(run / "model", run, "dev", sentences), "averaged": score(averaged, run, "dev", sentences)},
+        "dev": {"final": score(RunDir(run).final, run, "dev", sentences), "averaged": score(averaged, run, "dev", sentences)},
     }
 
 
@@ -218,7 +215,7 @@ def main() -> None:
     results["winner"] = {"name": winner, "values": best, "weights": weights, "dev_bleu": best_bleu}
     for name in dict.fromkeys(["baseline", winner]):  # test BLEU: the figures, never the choice
         run = args.runs / name
-        model_dir = run / "model" if best_of(results["runs"][name])[1] == "final" else run / f"averaged-last-{AVERAGE_LAST}"
+        model_dir = RunDir(run).final if best_of(results["runs"][name])[1] == "final" else run / f"averaged-last-{AVERAGE_LAST}"
         results["runs"][name]["test"] = {"weights": model_dir.name, **score(model_dir, run, "test", args.sentences)}
         print(f"{name}: test BLEU {results['runs'][name]['test']['bleu']} ({model_dir.name})", flush=True)
     results["table_markdown"] = table_markdown(results, winner, args.minutes)

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint import resolve_model_dir
-from aiayn.data import load_corpus
+from aiayn.run import resolve_model_dir
+from aiayn.config import DecodeConfig
+from aiayn.corpora import load_corpus
 from aiayn.device import cpu_kind
-from aiayn.evaluate import bleu
+from aiayn.evaluate import score_hypotheses
 from aiayn.model import Transformer
 from aiayn.tokenizer import has_tokenizer, load_tokenizer
-from aiayn.translate import decoding_model, translate_ids
+from aiayn.translate import Translator
 from common import RESULTS, command_line, default_threads, machine, write_results
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -52,18 +53,17 @@ def main() -> None:
     model = Transformer.load(model_dir).eval()
     tokenizer = load_tokenizer(model_dir if has_tokenizer(model_dir) else Path(args.run_dir))
     test = load_corpus("bible-en-es").splits["test"][: args.sentences]
-    sources = tokenizer.encode_batch([s for s, _ in test])
-    references = [t for _, t in test]
     outputs, rows = {}, []
     for precision in PRECISIONS:
-        decoder = decoding_model(model, precision)  # made once, outside the timing, as `aiayn translate` does
+        # the decoding copy is made once, outside the timing, as `aiayn translate` does
+        translator = Translator(model, tokenizer, DecodeConfig(beam=args.beam, precision=precision))
         start = time.perf_counter()
-        outputs[precision] = translate_ids(decoder, sources, beam=args.beam, precision=precision)
-        seconds = time.perf_counter() - start
-        score, signature = bleu([tokenizer.decode(ids) for ids in outputs[precision]], references)
-        rows.append({"precision": precision, "bleu": score, "seconds": seconds,
+        outputs[precision] = translator.translate_ids(tokenizer.encode_batch([s for s, _ in test]))
+        result = score_hypotheses([tokenizer.decode(ids) for ids in outputs[precision]], [t for _, t in test],
+                                  time.perf_counter() - start)
+        rows.append({"precision": precision, "bleu": result.bleu, "seconds": result.seconds,
                      "output_tokens": sum(map(len, outputs[precision]))})
-        print(f"{precision}: BLEU {score:.2f}, {seconds:.1f} s", flush=True)
+        print(f"{precision}: BLEU {result.bleu:.2f}, {result.seconds:.1f} s", flush=True)
     by = {r["precision"]: r for r in rows}
     results = {
         "benchmark": "int8-quality",
@@ -73,7 +73,7 @@ def main() -> None:
         "parameters": model.num_parameters(),
         "sentences": len(test),
         "beam": args.beam,
-        "bleu_signature": signature,
+        "bleu_signature": result.signature,
         "rows": rows,
         "int8_minus_bf16_bleu": by["int8"]["bleu"] - by["bf16"]["bleu"],
         "int8_bf16_token_agreement": agreement(outputs["int8"], outputs["bf16"]),

@@ -49,14 +49,14 @@ import torch
 
 from safetensors.torch import load_file, save_file
 
-from aiayn.checkpoint import average_checkpoints, checkpoint_dirs
 from aiayn.config import DEMO_MODEL_CHANGES, DEMO_RECIPE, DecodeConfig, TrainConfig, demo_model
 from aiayn.device import cpu_kind
-from aiayn.evaluate import bleu, length_ratio, repetition_rate
+from aiayn.evaluate import score_hypotheses
 from aiayn.model import Transformer
 from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import translate_ids
+from aiayn.run import RunDir, average_checkpoints
+from aiayn.translate import Translator
 from common import PEER_ENVS, RESULTS, command_line, machine, write_results
 from peers.harness import run_for, thread_env
 from quality_per_hour import peer, write_pieces
@@ -175,7 +175,7 @@ def checkpoints(system: str, run: Path) -> list[tuple[int, Path]]:
     if system in EOLE_VARIANTS:
         found = [(int(p.name.split("_")[1]), p) for p in (run / "model").glob("step_*") if (p / "config.json").is_file()]
     else:
-        found = [(int(p.name.split("_")[1]), p) for p in checkpoint_dirs(run)]
+        found = [(int(p.name.split("_")[1]), p) for p in RunDir(run).checkpoints()]
     return sorted(found)
 
 
@@ -205,14 +205,9 @@ def score_checkpoint(system: str, checkpoint: Path, runs: Path, sentences: int, 
         hypotheses = [tokenizer.decode([tokenizer.piece_to_id(p) for p in line.split()])
                       for line in out.read_text(encoding="utf-8").splitlines()]
     else:
-        model = Transformer.load(checkpoint).eval()
-        outputs = translate_ids(model, tokenizer.encode_batch([s for s, _ in test]), decode)
-        hypotheses = [tokenizer.decode(o) for o in outputs]
-    seconds = time.perf_counter() - start
-    score, signature = bleu(hypotheses, references)
-    return {"bleu": round(score, 2), "length_ratio": round(length_ratio(hypotheses, references), 3),
-            "repetition_4gram": round(repetition_rate(hypotheses, 4), 3), "decode_s": round(seconds, 1),
-            "sentences": len(test), "signature": signature, "sample": hypotheses[:3]}
+        hypotheses = Translator(Transformer.load(checkpoint), tokenizer, decode).translate([s for s, _ in test])
+    result = score_hypotheses(hypotheses, references, time.perf_counter() - start)
+    return {**result.to_dict(), "sentences": len(test), "sample": hypotheses[:3]}
 
 
 def score_run(system: str, runs: Path, every: int, sentences: int, threads: int, average: int, extra: list[int]) -> None:

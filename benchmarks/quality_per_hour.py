@@ -33,20 +33,19 @@ import json
 import shutil
 import subprocess
 import sys
-import time
+import dataclasses
 from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint import checkpoint_dirs
 from aiayn.config import DEMO_MODEL_CHANGES, DEMO_RECIPE, DEMO_RECIPE_NAME, DecodeConfig
 from aiayn.device import cpu_kind
-from aiayn.evaluate import bleu
+from aiayn.evaluate import score, score_hypotheses
 from aiayn.model import Transformer
 from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
-from aiayn.train import LOG, read_log
-from aiayn.translate import translate_ids
+from aiayn.run import RunDir
+from aiayn.translate import Translator
 from common import PEER_ENVS, RESULTS, command_line, default_threads, machine, write_results
 from peers.harness import run_for, thread_env
 
@@ -70,10 +69,10 @@ def train_aiayn(run: Path, minutes: float, threads: int) -> dict:
                *flags]
     log = run.parent / "aiayn-train.log"
     _, wall = run_for(command, minutes, log, thread_env(threads))
-    periodic = [c for c in checkpoint_dirs(run) if int(c.name.split("_")[1]) % SAVE_EVERY == 0]
+    periodic = [c for c in RunDir(run).checkpoints() if int(c.name.split("_")[1]) % SAVE_EVERY == 0]
     if not periodic:
         sys.exit(f"aiayn saved no checkpoint in {minutes:g} min: see {log}")
-    return {"steps": max(r["step"] for r in read_log(run / LOG) if r.get("split") == "train"), "wall_s": round(wall, 1),
+    return {"steps": max(r["step"] for r in RunDir(run).read_log() if r.get("split") == "train"), "wall_s": round(wall, 1),
             "checkpoint": str(periodic[-1]), "precision": AIAYN_PRECISION}
 
 
@@ -131,9 +130,9 @@ def main() -> None:
     aiayn_run = args.runs / "aiayn"
     print(f"aiayn: training for {args.minutes:g} min...", flush=True)
     trained = {"aiayn": train_aiayn(aiayn_run, args.minutes, args.threads)}
-    model_config = json.loads((aiayn_run / "model_config.json").read_text())
+    model_config = json.loads((RunDir(aiayn_run).model_config).read_text())
     data = args.runs / "pieces"
-    tokenizer = write_pieces(aiayn_run / "data", data)
+    tokenizer = write_pieces(RunDir(aiayn_run).data, data)
     shape = ["--layers", model_config["n_layers"], "--d-model", model_config["d_model"], "--heads", model_config["n_heads"],
              "--d-ff", model_config["d_ff"], "--dropout", model_config["dropout"]]
     recipe = ["--label-smoothing", 0.1, "--max-tokens", DEMO_RECIPE["max_tokens"], "--warmup-steps", DEMO_RECIPE["warmup_steps"],
@@ -145,17 +144,16 @@ def main() -> None:
                                         "--precision", PEER_PRECISION[name], *map(str, shape + recipe)], args.threads)
             trained[name]["precision"] = PEER_PRECISION[name]
 
-    test = load_store(aiayn_run / "data").texts("test")[: args.test_sentences]
+    test = load_store(RunDir(aiayn_run).data).texts("test")[: args.test_sentences]
     references = [t for _, t in test]
     rows = {}
     for name in trained:
         print(f"{name}: decoding {len(test):,} test verses...", flush=True)
         if name == "aiayn":
-            model = Transformer.load(trained["aiayn"]["checkpoint"]).eval()
-            start = time.perf_counter()
-            outputs = translate_ids(model, tokenizer.encode_batch([s for s, _ in test]), DECODE, precision=AIAYN_PRECISION)
-            decoded = {"seconds": time.perf_counter() - start, "precision": AIAYN_PRECISION}
-            hypotheses = [tokenizer.decode(o) for o in outputs]
+            decode = dataclasses.replace(DECODE, precision=AIAYN_PRECISION)
+            result = score(Translator(Transformer.load(trained["aiayn"]["checkpoint"]), tokenizer, decode), test)
+            decoded = {"seconds": result.seconds, "precision": AIAYN_PRECISION}
+            hypotheses = result.hypotheses
         else:
             out = args.runs / name / "test.hyp"
             source = args.runs / name / "test.src"
@@ -166,12 +164,13 @@ def main() -> None:
                                   "--extra-len", str(DECODE.extra_len)], args.threads)
             hypotheses = [tokenizer.decode([tokenizer.piece_to_id(p) for p in line.split()])
                           for line in out.read_text(encoding="utf-8").splitlines()]
-        score, signature = bleu(hypotheses, references)
+        result = score_hypotheses(hypotheses, references)
+        value, signature = result.bleu, result.signature
         seconds = decoded.get("decode_s") or decoded["seconds"]  # the decoder's own time where it reports one
-        rows[name] = {**trained[name], "test_bleu": round(score, 2), "decode_s": round(seconds, 1),
+        rows[name] = {**trained[name], "test_bleu": round(value, 2), "decode_s": round(seconds, 1),
                       "decode": {k: v for k, v in decoded.items() if k != "fairness_notes"},
                       "fairness_notes": decoded.get("fairness_notes", []), "signature": signature}
-        print(f"{name}: {rows[name]['steps']:,} steps, test BLEU {score:.2f}, decoding {seconds:.0f} s", flush=True)
+        print(f"{name}: {rows[name]['steps']:,} steps, test BLEU {value:.2f}, decoding {seconds:.0f} s", flush=True)
 
     write_results(args.out or RESULTS / f"quality-per-hour-{cpu_kind()}.json", {
         "benchmark": "quality-per-hour", "command": command_line(), "machine": machine(torch.device("cpu"), args.threads),

@@ -89,7 +89,7 @@ def load(port: int, clients: int, seconds: float, verses: list[str], start: int)
 
 def test_verses() -> list[str]:
     """The source side of bible-en-es's test books, in one fixed shuffled order."""
-    from aiayn.data import load_corpus
+    from aiayn.corpora import load_corpus
 
     verses = [source for source, _ in load_corpus("bible-en-es").splits["test"]]
     random.Random(0).shuffle(verses)

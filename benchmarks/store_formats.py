@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from aiayn.data import collate
+from aiayn.batching import collate
 from aiayn.store import load_store
 from common import RESULTS, command_line, cpu_kind, machine, spread, write_results
 

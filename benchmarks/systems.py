@@ -30,15 +30,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.config import PRESETS, ModelConfig
+from aiayn.batching import Batch
+from aiayn.config import PRESETS, DecodeConfig, ModelConfig, TrainConfig
 from aiayn.device import autocast
 from aiayn.flops import training_flops
-from aiayn.kernels import Bf16Twin
 from aiayn.loss import label_smoothed_nll
 from aiayn.model import EncoderLayer, Transformer, sinusoidal_positions
 from aiayn.optim import make_optimizer, set_lr
 from aiayn.search import beam_search, greedy
-from aiayn.translate import decoding_model, translate_ids
+from aiayn.train import TrainStep
+from aiayn.translate import Translator
 
 VOCAB = 8000
 CONFIG = dataclasses.replace(PRESETS["base"], vocab_size=VOCAB)  # the shape every system is built to
@@ -80,7 +81,7 @@ FAIRNESS_NOTES = (
     "F.cross_entropy(label_smoothing=0.1) (over all V) for the peers; both on fp32 logits "
     "outside autocast, both averaged over target tokens. Optimiser: Adam(0.9, 0.98, 1e-9) for all.",
     "bf16 decoding: aiayn and HF Marian decode with a copy of the model whose weights are cast to bf16 "
-    "once (aiayn.translate.decoding_model; made in the warm-up call, reused by the timed ones), with no autocast; the "
+    "once (aiayn.translate.Translator; made in the warm-up call, reused by the timed ones), with no autocast; the "
     "torch.nn.Transformer peer decodes under autocast. bf16 training is autocast for every system.",
     "int8 decoding: aiayn quantizes every linear layer of a copy once (aiayn.kernels.inference_copy: int8 "
     "weights with one scale per output row, activations quantized per call with one scale per tensor, "
@@ -157,7 +158,7 @@ def check_outputs(outputs: list[list[int]], sentences: int) -> int:
 
 class _TorchSystem:
     """A model trained with Adam on `loss(logits, tgt_out)`, logits computed under autocast as
-    aiayn's Trainer._train_step does; the loss is taken outside autocast on fp32 logits."""
+    aiayn's TrainStep does; the loss is taken outside autocast on fp32 logits."""
 
     specials: Specials
 
@@ -193,24 +194,20 @@ class Aiayn(_TorchSystem):
 
     def __init__(self, device: torch.device, precision: str, compile: bool = False, bf16_weights: bool = False) -> None:
         super().__init__(Transformer(CONFIG), device, precision)
-        # bf16 weights (TrainConfig.bf16_weights): the step runs on a bf16 copy, Adam on the fp32 model
-        self.twin = Bf16Twin(self.model) if bf16_weights else None
-        net = self.twin.model if self.twin else self.model
-        self.net = torch.compile(net) if compile else net
-        self.low: Optional[Transformer] = None  # the bf16 copy that decoding uses
+        # The very step aiayn's Trainer takes (aiayn.train.TrainStep): with bf16 weights it runs
+        # on a bf16 copy, Adam on the fp32 model.
+        recipe = TrainConfig(precision=precision, label_smoothing=LABEL_SMOOTHING, bf16_weights=bf16_weights,
+                             compile=compile, device=str(device))
+        self.step = TrainStep(self.model, self.optimizer, recipe, device)
+        self.translator: Optional[Translator] = None  # its decoding copy is made once, in the warm-up call
 
     def logits(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        return self.net(src, tgt_in)
+        return self.step.net(src, tgt_in)
 
     def train_step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> None:
-        if self.twin is None:
-            return super().train_step(src, tgt_in, tgt_out)
-        self.net.train()  # as aiayn.train.Trainer._train_step with bf16_weights: no autocast
-        self.loss(self.logits(src, tgt_in), tgt_out).backward()
-        self.twin.grads_to_master()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.twin.weights_from_master()
+        self.model.train()
+        tokens = int((tgt_out != CONFIG.pad_id).sum())
+        self.step([Batch(src, tgt_in, tgt_out, int((src != CONFIG.pad_id).sum()), tokens)], tokens)
 
     def loss(self, logits: Tensor, tgt_out: Tensor) -> Tensor:
         loss, _ = label_smoothed_nll(logits, tgt_out, LABEL_SMOOTHING, CONFIG.pad_id)  # summed
@@ -219,10 +216,10 @@ class Aiayn(_TorchSystem):
     def decode(self, sources: list[list[int]], beam: int) -> list[list[int]]:
         length = len(sources[0])
         assert all(len(s) == length for s in sources), "equal source lengths keep the batch free of padding"
-        if self.precision != "fp32" and self.low is None:  # weights cast once, as for Marian
-            self.low = decoding_model(self.model, self.precision)
-        return translate_ids(
-            self.low or self.model, sources, beam=beam, precision=self.precision,
+        if self.translator is None:  # weights cast once, as for Marian
+            self.translator = Translator(self.model.eval(), None, DecodeConfig(precision=self.precision))
+        return self.translator.translate_ids(
+            sources, beam=beam,
             batch_tokens=len(sources) * (length + 1) * beam,  # every sentence in one batch
             extra_len=OUT_LEN - length,  # the output limit is source length + extra_len
             min_len=OUT_LEN,

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint import atomic_write
+from aiayn.files import atomic_write
 from aiayn.device import cpu_kind
-from aiayn.train import LOG, read_log
+from aiayn.run import LOG, read_log
 from common import RESULTS, command_line, machine, write_results
 
 VARIANTS = {"released": "free memory handed back every 10 s (aiayn's default)", "kept": "glibc's default: never handed back"}

@@ -6,17 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import data
-from aiayn.data import (
-    BatchStream,
-    ParallelCorpus,
-    collate,
-    corpus_names,
-    export_split,
-    load_corpus,
-    make_batches,
-    read_table,
-)
+from aiayn import corpora as data
+from aiayn.batching import BatchStream, collate, make_batches
+from aiayn.corpora import ParallelCorpus, corpus_names, export_split, load_corpus, read_table
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -264,7 +256,7 @@ def random_lengths(n, seed=0):
 
 
 def test_within_length_keeps_pairs_whose_source_and_target_fit_with_eos_and_bos():
-    from aiayn.store import EncodedPairs, within_length
+    from aiayn.batching import EncodedPairs, within_length
 
     pairs = EncodedPairs.from_lists([([1, 2, 3], [4, 5]), ([1], [2] * 7), ([1] * 6, [2])])
     assert pairs.lengths.tolist() == [[3, 2], [1, 7], [6, 1]]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from aiayn import translate as translate_module
-from aiayn.checkpoint import checkpoint_dirs
+from aiayn.run import RunDir
 from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.device import check_precision
@@ -183,9 +183,10 @@ def test_force_never_replaces_an_input(tmp_path, model_dir, corpus_tsv, capsys):
     assert text.read_text() == "the cat\n"
 
 
-def hold_lock(path: Path, lock: str = "run_lock") -> subprocess.Popen:
-    """Another process that holds the writer lock of `path` until it is killed."""
-    code = (f"import sys, time; from aiayn.checkpoint import {lock}; held = {lock}(sys.argv[1]); held.__enter__(); "
+def hold_lock(path: Path, lock: str = "run") -> subprocess.Popen:
+    """Another process that holds the writer lock of `path` (a run folder's, or an output's) until it is killed."""
+    take = "RunDir(sys.argv[1]).lock()" if lock == "run" else "output_lock(sys.argv[1])"
+    code = (f"import sys, time; from aiayn.files import output_lock; from aiayn.run import RunDir; held = {take}; held.__enter__(); "
             "print('held', flush=True); time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -278,7 +279,7 @@ def test_workers_of_a_killed_torchrun_stop_with_a_checkpoint_and_resume_exactly(
         except ProcessLookupError:
             pass
     stopped = log_steps(run)[-1]
-    assert stopped < steps and checkpoint_dirs(run)[-1].name == f"step_{stopped:08d}"
+    assert stopped < steps and RunDir(run).checkpoints()[-1].name == f"step_{stopped:08d}"
     resumed = torchrun(argv(run, "--resume"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
     assert losses(run) == losses(tmp_path / "straight") and len(losses(run)) == steps
@@ -287,8 +288,8 @@ def test_workers_of_a_killed_torchrun_stop_with_a_checkpoint_and_resume_exactly(
 # --- 2. a tokenizer left by a failed start ----------------------------------------------------
 
 def test_a_tokenizer_from_other_data_is_not_reused(tmp_path, corpus_tsv, capsys):
-    from aiayn.checkpoint import copy_tokenizer
-    from aiayn.data import load_corpus
+    from aiayn.tokenizer import copy_tokenizer
+    from aiayn.corpora import load_corpus
     from aiayn.store import preprocess
 
     run = tmp_path / "run"
@@ -439,7 +440,7 @@ def test_a_signal_saves_a_checkpoint_and_resume_is_exact(tmp_path, corpus_tsv, s
     out, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     stopped = max(log_steps(run))
-    assert stopped < STEPS and checkpoint_dirs(run)[-1].name == f"step_{stopped:08d}"  # not one step lost
+    assert stopped < STEPS and RunDir(run).checkpoints()[-1].name == f"step_{stopped:08d}"  # not one step lost
     assert f"stopped by {signal.Signals(signum).name} at step {stopped}" in out
     assert (run / "model" / "model.safetensors").exists()
     again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", str(STEPS), "--save-every", "1000", "--resume"))
@@ -480,7 +481,7 @@ def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once(tmp_path, 
     wait_for_step(process, run, 5)
     process.kill()
     process.wait()
-    assert not checkpoint_dirs(run)
+    assert not RunDir(run).checkpoints()
     refused = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "20"))
     assert refused.returncode == 2 and "--resume" in refused.stderr
     again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "20", "--resume"))
@@ -492,7 +493,7 @@ def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_pa
     run = tmp_path / "run"
     done = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "30", "--save-every", "10"))
     assert done.returncode == 0, done.stderr
-    newest = checkpoint_dirs(run)[-1]
+    newest = RunDir(run).checkpoints()[-1]
     weights = newest / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with open(run / "log.jsonl", "a") as handle:
@@ -517,9 +518,9 @@ def test_written_files_have_the_usual_modes(tmp_path, corpus_tsv, capsys):
         os.umask(old)
     run = tmp_path / "run"
     for path in [run / "log.jsonl", run / "model" / "model.safetensors", run / "train_config.json",
-                 checkpoint_dirs(run)[-1] / "optimizer.safetensors"]:
+                 RunDir(run).checkpoints()[-1] / "optimizer.safetensors"]:
         assert path.stat().st_mode & 0o777 == 0o644, path
-    for path in [run / "model", checkpoint_dirs(run)[-1]]:
+    for path in [run / "model", RunDir(run).checkpoints()[-1]]:
         assert path.stat().st_mode & 0o777 == 0o755, path
 
 

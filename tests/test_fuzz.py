@@ -1,8 +1,8 @@
 """Fuzz tests: random bytes and random Unicode into every reader of user input.
 
-The readers are the corpus loaders (aiayn.data), the line readers of `aiayn translate` and
+The readers are the corpus loaders (aiayn.corpora), the line readers of `aiayn translate` and
 `aiayn score` (files and stdin), and the config loaders (aiayn.checkpoint.read_config,
-aiayn.train.load_run_configs, `aiayn translate RUN` with a fuzzed RUN/model/config.json).
+aiayn.run.RunDir.configs, `aiayn translate RUN` with a fuzzed RUN/model/config.json).
 
 The only outcomes allowed are a result, or a user error:
 
@@ -40,12 +40,13 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from aiayn import cli
-from aiayn.checkpoint import CONFIG, TOKENIZER, WEIGHTS, read_config
+from aiayn.checkpoint import CONFIG, WEIGHTS, read_config
+from aiayn.tokenizer import MODEL_FILE as TOKENIZER
 from aiayn.config import ModelConfig, TrainConfig
-from aiayn.data import ParallelCorpus, load_corpus, read_lines, read_tsv
+from aiayn.corpora import ParallelCorpus, load_corpus, read_lines, read_tsv
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
-from aiayn.train import MODEL_CONFIG, TRAIN_CONFIG, load_run_configs
+from aiayn.run import MODEL_CONFIG, TRAIN_CONFIG, RunDir
 
 FUZZ = settings(
     derandomize=True,  # the same examples on every run: reproducible in CI
@@ -601,7 +602,7 @@ def test_load_run_configs(base, model, recipe):
             (run / MODEL_CONFIG).write_bytes(model)
         if recipe is not None:
             (run / TRAIN_CONFIG).write_bytes(recipe)
-        result = api(lambda: load_run_configs(run))
+        result = api(lambda: RunDir(run).configs())
         if not isinstance(result, Exception):
             assert isinstance(result[0], ModelConfig) and isinstance(result[1], TrainConfig)
 

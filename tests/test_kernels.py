@@ -337,3 +337,16 @@ def test_chunked_loss_in_bf16_stays_within_the_rounding_of_its_saved_probabiliti
     assert ((grad.double() - exact)[rows, target].abs() <= u * exact[rows, target].abs() + fp32_slack).all()
     torch.testing.assert_close(loss.double(), exact_loss, rtol=1e-5, atol=0)  # fp32 accumulation
     torch.testing.assert_close(nll.double(), exact_nll, rtol=1e-5, atol=0)
+
+
+@pytest.mark.numeric
+def test_folded_beam_queries_attend_as_rows_with_copied_keys():
+    """kernels.fold_queries: 3 beams of 2 sentences reading each sentence's one row of keys and
+    values give what 6 rows of copied keys and values give, and unfolding restores the rows."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 2, 1, 8, generator=g)  # (B = 2 sentences × 3 beams, h, L_q, d_k)
+    k, v = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)  # (2, h, L_k, d)
+    assert torch.equal(kernels.unfold_queries(kernels.fold_queries(q, 2), 6), q)
+    folded = kernels.unfold_queries(scaled_dot_product_attention(kernels.fold_queries(q, 2), k, v)[0], 6)
+    copied = scaled_dot_product_attention(q, k.repeat_interleave(3, 0), v.repeat_interleave(3, 0))[0]
+    torch.testing.assert_close(folded, copied)  # fp32 defaults: the same products, summed in another order at most

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aiayn import parsing
-from aiayn.data import ParallelCorpus
+from aiayn.corpora import ParallelCorpus
 from aiayn.parsing import (
     Leaf,
     Tree,

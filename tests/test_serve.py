@@ -18,11 +18,11 @@ import pytest
 
 from aiayn.model import Transformer
 from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
-from aiayn.serve import MAX_BATCH_MIB
+from aiayn.config import SERVE
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.process import ServerProcess, free_port
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import translate_ids, translate_texts
+from aiayn.translate import Translator, translate_ids
 from test_faults import make_model
 
 pytest.importorskip("fastapi")
@@ -265,12 +265,12 @@ def test_translate_returns_what_the_python_api_returns_in_order(server, model_di
     model, tokenizer = Transformer.load(model_dir), Tokenizer.load(model_dir)
     texts = SENTENCES[:5] + [""]
     status, body, _ = request(server, "POST", "/translate", {"text": texts, "beam": 2, "alpha": 0.6})
-    expected = translate_texts(model, tokenizer, [t for t in texts if t], beam=2, alpha=0.6)  # one batch, as served
+    expected = Translator(model, tokenizer).translate([t for t in texts if t], beam=2, alpha=0.6)  # one batch, as served
     assert status == 200 and body["translations"] == expected + [""] and "details" not in body
     status, one, _ = request(server, "POST", "/translate", {"text": SENTENCES[0], "beam": 1, "max_length": 3})
     assert status == 200 and len(one["translations"]) == 1
     assert all(len(ids) <= 3 for ids in translate_ids(model, [tokenizer.encode(SENTENCES[0])], beam=1, max_output_len=3))
-    assert one["translations"] == translate_texts(model, tokenizer, [SENTENCES[0]], beam=1, max_output_len=3)
+    assert one["translations"] == Translator(model, tokenizer).translate([SENTENCES[0]], beam=1, max_output_len=3)
     before = health(server)["requests"]
     assert request(server, "POST", "/translate", {"text": ""})[1] == {"translations": [""]}
     assert health(server)["requests"] == before  # nothing was queued
@@ -385,8 +385,8 @@ def _batch_invariant(model_dir) -> dict:
     decoding it in one batch with all the others agree (padding changes the summation order, so
     on a random model a near-tie could flip a token)."""
     model, tokenizer = Transformer.load(model_dir), Tokenizer.load(model_dir)
-    together = translate_texts(model, tokenizer, SENTENCES, beam=1)
-    return {s: t for s, t in zip(SENTENCES, together) if translate_texts(model, tokenizer, [s], beam=1) == [t]}
+    together = Translator(model, tokenizer).translate(SENTENCES, beam=1)
+    return {s: t for s, t in zip(SENTENCES, together) if Translator(model, tokenizer).translate([s], beam=1) == [t]}
 
 
 def test_concurrent_clients_are_batched_and_each_gets_its_own_translation(server, model_dir):
@@ -530,7 +530,7 @@ def test_a_request_is_held_to_the_memory_limits_it_is_checked_against(model_dir)
         status, answer, _ = request(process.port, "POST", "/translate", {**body, "text": [text] * (texts + 1)})
         assert status == 413 and f"the limit is {limit} MiB (max_attention_mib)" in answer["error"]
         beam = 16
-        while decoding_bytes(config, "fp32", source, output, beam) <= MAX_BATCH_MIB * MIB:
+        while decoding_bytes(config, "fp32", source, output, beam) <= SERVE.max_batch_mib * MIB:
             beam *= 2
         assert beam > 16 and request(process.port, "POST", "/translate", {"text": text, "beam": 16})[0] == 200
     finally:

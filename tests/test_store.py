@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from test_faults import WORDS, cli, one_line_error
 
-from aiayn.data import load_corpus
-from aiayn.store import EncodedPairs, load_store, preprocess
+from aiayn.corpora import load_corpus
+from aiayn.batching import EncodedPairs
+from aiayn.store import load_store, preprocess
 from aiayn.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,7 +72,7 @@ def test_preprocess_stores_every_pair_as_the_tokenizer_encodes_it(data_dir, corp
 
 
 def test_the_tokenizer_sample_is_drawn_in_one_pass_and_follows_the_seed(corpus_dir):
-    from aiayn.data import stream_corpus
+    from aiayn.corpora import stream_corpus
     from aiayn.store import sample_training_sentences
 
     stream = stream_corpus(str(corpus_dir))
@@ -88,7 +89,7 @@ def test_the_tokenizer_sample_is_drawn_in_one_pass_and_follows_the_seed(corpus_d
 
 
 def test_encoded_pairs_from_lists_and_from_disk_batch_alike(data_dir):
-    from aiayn.data import BatchStream
+    from aiayn.batching import BatchStream
 
     on_disk = load_store(data_dir).split("train")
     in_memory = EncodedPairs.from_lists([(s.tolist(), t.tolist()) for s, t in (on_disk[i] for i in range(len(on_disk)))])

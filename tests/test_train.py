@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint import checkpoint_dirs
+from aiayn.run import RunDir
 from aiayn.config import ModelConfig, TrainConfig
-from aiayn.data import collate
+from aiayn.batching import collate
 from aiayn.model import Transformer
 from aiayn.train import TrainData, Trainer
 from aiayn.translate import translate_ids
@@ -111,16 +111,16 @@ def test_bf16_weights_train_a_bf16_copy_and_keep_fp32_weights_in_checkpoints_and
     trainer = Trainer(COPY_MODEL, recipe, tmp_path / "run", TrainData(copy_pairs(200, 0)), echo=lambda _: None)
     start = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.fit()
-    assert trainer.net is trainer.twin.model
+    assert trainer.train_step.net is trainer.train_step.twin.model
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
     assert any(not torch.equal(p, s) for p, s in zip(trainer.model.parameters(), start))
-    assert all(torch.equal(low, master.bfloat16()) for master, low in trainer.twin.pairs)
+    assert all(torch.equal(low, master.bfloat16()) for master, low in trainer.train_step.twin.pairs)
     saved = Transformer.load(tmp_path / "run" / "model")
     assert all(p.dtype == torch.float32 and torch.equal(p, q) for p, q in zip(saved.parameters(), trainer.model.parameters()))
     resumed = Trainer(COPY_MODEL, dataclasses.replace(recipe, max_steps=9), tmp_path / "run",
                       TrainData(copy_pairs(200, 0)), resume=True, echo=lambda _: None)
     assert resumed.step == 6
-    assert all(torch.equal(low, master.bfloat16()) for master, low in resumed.twin.pairs)
+    assert all(torch.equal(low, master.bfloat16()) for master, low in resumed.train_step.twin.pairs)
     assert all(torch.equal(p, q) for p, q in zip(resumed.model.parameters(), trainer.model.parameters()))
     with pytest.raises(ValueError, match="bf16_weights needs precision bf16"):
         TrainConfig(bf16_weights=True)
@@ -196,7 +196,7 @@ def test_resume_after_sigkill_reaches_the_same_losses(tmp_path, corpus_tsv, sour
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     killed_at = max(losses(run))
-    assert killed_at < 60 and len(checkpoint_dirs(run)) >= 2
+    assert killed_at < 60 and len(RunDir(run).checkpoints()) >= 2
 
     again = subprocess.run(argv(corpus_tsv, run, *steps, "--resume"), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
@@ -213,7 +213,7 @@ def first_moments(run_dir: Path) -> dict:
     of step 1 scaled by a constant, so they compare the gradients themselves."""
     from safetensors.torch import load_file
 
-    tensors = load_file(str(checkpoint_dirs(run_dir)[0] / "optimizer.safetensors"))
+    tensors = load_file(str(RunDir(run_dir).checkpoints()[0] / "optimizer.safetensors"))
     return {key: value for key, value in tensors.items() if key.endswith(".exp_avg")}
 
 
@@ -236,7 +236,7 @@ def test_two_gloo_processes_make_the_update_of_one_with_the_combined_batch(tmp_p
     ddp = subprocess.run(launcher + argv[1:], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    assert [d.name for d in checkpoint_dirs(tmp_path / "one")] == [d.name for d in checkpoint_dirs(tmp_path / "two")] \
+    assert [d.name for d in RunDir(tmp_path / "one").checkpoints()] == [d.name for d in RunDir(tmp_path / "two").checkpoints()] \
         == ["step_00000001"]
     # The gradients, not the weights: Adam's first step is lr·g/(|g| + ε) ≈ lr·sign(g), so where
     # an entry of g is ~0 the rounding noise of two summation orders (one process with 2 threads
@@ -260,7 +260,7 @@ def test_two_gloo_processes_make_the_update_of_one_with_the_combined_batch(tmp_p
         torch.testing.assert_close(two[name], one[name], rtol=0, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
     # The weights themselves: the same initialisation, then one step of at most lr per entry
     # (|m̂/(√v̂ + ε)| ≤ 1 at step 1), so they differ by at most 2·lr wherever the signs disagree.
-    lr = json.loads((checkpoint_dirs(tmp_path / "one")[0] / "trainer.json").read_text())["param_groups"][0]["lr"]
+    lr = json.loads((RunDir(tmp_path / "one").checkpoints()[0] / "trainer.json").read_text())["param_groups"][0]["lr"]
     w_one = load_file(str(tmp_path / "one" / "model" / "model.safetensors"))
     w_two = load_file(str(tmp_path / "two" / "model" / "model.safetensors"))
     assert w_one.keys() == w_two.keys()
@@ -278,7 +278,7 @@ def test_average_is_the_mean_of_the_last_checkpoints(tmp_path, corpus_tsv):
     averaged = subprocess.run([sys.executable, "-m", "aiayn", "average", str(tmp_path / "run"), "--last", "2",
                                "--out", str(tmp_path / "avg")], capture_output=True, text=True, timeout=120)
     assert averaged.returncode == 0, averaged.stderr
-    last_two = [load_file(str(d / "model.safetensors")) for d in checkpoint_dirs(tmp_path / "run")[-2:]]
+    last_two = [load_file(str(d / "model.safetensors")) for d in RunDir(tmp_path / "run").checkpoints()[-2:]]
     mean = load_file(str(tmp_path / "avg" / "model.safetensors"))
     for name, value in mean.items():
         torch.testing.assert_close(value, (last_two[0][name] + last_two[1][name]) / 2)

@@ -18,6 +18,7 @@ many connections or a server shutting down (with Retry-After).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
@@ -30,21 +31,17 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from aiayn.config import DECODE_PRESETS
+from aiayn.config import DECODE_PRESETS, MAX_OUTPUT_LEN, SERVE, ServeOptions
 from starlette.requests import ClientDisconnect
 
-from aiayn.serve import (
-    BATCH_TOKENS, MAX_ATTENTION_MIB, MAX_BATCH_MIB, MAX_INPUT_TOKENS, MAX_QUEUE, MAX_TEXTS, MAX_WAIT_MS,
-)
-from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
+from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, Options, QueueFull
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
-from aiayn.translate import decoding_model, input_token_limit, translate_ids
+from aiayn.translate import Translator, input_token_limit
 from aiayn.visualize import pair_attention
 
 MAX_BODY_BYTES = 1 << 20
 MAX_BEAM = 16
 STATIC = Path(str(resources.files("aiayn.serve") / "static"))
-SECTION_6_1 = DECODE_PRESETS["translate"]
 
 
 class TranslateRequest(BaseModel):
@@ -55,7 +52,7 @@ class TranslateRequest(BaseModel):
     beam: int = Field(SECTION_6_1.beam, ge=1, le=MAX_BEAM, strict=True,
                       description=f"beam size (§6.1: {SECTION_6_1.beam}); 1 is greedy")
     alpha: float = Field(SECTION_6_1.alpha, ge=0.0, le=10.0, description=f"length penalty α (§6.1: {SECTION_6_1.alpha})")
-    max_length: Optional[int] = Field(None, ge=1, le=1024, strict=True, description=(
+    max_length: Optional[int] = Field(None, ge=1, le=MAX_OUTPUT_LEN, strict=True, description=(
         f"output tokens at most (default: source length + {SECTION_6_1.extra_len})"))
     attention: bool = Field(False, strict=True,
                             description="also return the tokens and every layer's and head's attention weights")
@@ -75,21 +72,19 @@ class TranslateResponse(BaseModel):
     details: Optional[list[Details]] = None
 
 
-class Translator:
-    """The model side of the server: decodes a batch of token ids and, when asked, reads the
-    attention of each output back through the model (`aiayn.visualize.pair_attention`)."""
+class ServedModel:
+    """The model side of the server: decodes a batch of token ids with a `Translator` (whose
+    decoding copy is made once) and, when asked, reads the attention of each output back through
+    the model (`aiayn.visualize.pair_attention`)."""
 
-    def __init__(self, model, tokenizer, precision: str = "fp32", batch_tokens: int = BATCH_TOKENS) -> None:
-        self.model = decoding_model(model.eval(), precision)  # cast once, not per batch
-        self.tokenizer = tokenizer
-        self.precision = precision
-        self.batch_tokens = batch_tokens
-        self.device = next(model.parameters()).device
+    def __init__(self, translator: Translator) -> None:
+        self.translator = translator
+        self.model, self.tokenizer = translator.model, translator.tokenizer
+        self.device = next(self.model.parameters()).device
 
     def decode(self, sources: list[list[int]], options: Options) -> list[dict]:
-        outputs = translate_ids(self.model, sources, beam=options.beam, alpha=options.alpha,
-                                batch_tokens=self.batch_tokens, precision=self.precision,
-                                max_output_len=options.max_output_len)
+        outputs = self.translator.translate_ids(sources, beam=options.beam, alpha=options.alpha,
+                                                max_output_len=options.max_output_len)
         results = []
         for source, output in zip(sources, outputs):
             result = {"translation": self.tokenizer.decode(output)}
@@ -164,45 +159,9 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", max_wait_ms: float = MAX_WAIT_MS,
-               batch_tokens: int = BATCH_TOKENS, max_queue: int = MAX_QUEUE, max_texts: int = MAX_TEXTS,
-               max_input_tokens: int = MAX_INPUT_TOKENS, allowed_hosts: Optional[frozenset] = LOOPBACK_NAMES,
-               max_batch_mib: float = MAX_BATCH_MIB, max_attention_mib: float = MAX_ATTENTION_MIB) -> FastAPI:
-    """The ASGI app serving `model`; its batcher's thread starts now and stops, after finishing
-    the queued requests, when the server shuts down. `allowed_hosts`: the Host names it answers
-    to (None: any, for a server meant to be reached by other names). `max_batch_mib` bounds the
-    decoding state of one batch and `max_attention_mib` the attention maps of one answer
-    (aiayn.serve.cost). `app.state.drain(seconds)`, called on the event loop, begins a stop."""
-    translator = Translator(model, tokenizer, precision, batch_tokens)
-    config = translator.model.config
-    extra_len = SECTION_6_1.extra_len
-
-    def text_bytes(source, options: Options) -> int:
-        return decoding_bytes(config, precision, len(source),
-                              output_limit(len(source), extra_len, options.max_output_len), options.beam)
-
-    batcher = Batcher(translator.decode, max_wait_ms, int(max_batch_mib * MIB), max_queue, cost=text_bytes)
-    max_input_tokens = input_token_limit(config, max_input_tokens)
-
-    def drain(seconds: float) -> None:
-        """Refuse new requests; decode what is queued for `seconds`, then answer the rest 503."""
-        batcher.drain()
-        asyncio.get_running_loop().call_later(
-            seconds, batcher.expire, f"the server stopped before decoding this request ({seconds:g} s drain); retry")
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        yield
-        await asyncio.to_thread(batcher.close)
-
-    app = FastAPI(title="aiayn", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="Translation with the Transformer of 'Attention Is All You Need'. "
-                              "Concurrent requests are decoded together in length-sorted batches.")
-    app.state.batcher = batcher
-    app.state.drain = drain
-    app.add_middleware(BodyLimit)
-    app.add_middleware(HostCheck, allowed=allowed_hosts)  # added last, so it runs first
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as {"error": "..."} with its status: 400 bad JSON, 422 a bad field, 503 a full
+    queue or a stopping server (with Retry-After), 500 a decoding failure."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -237,6 +196,93 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     async def failed(request: Request, error: Exception) -> JSONResponse:  # uvicorn logs the traceback
         return _error(500, f"decoding failed: {type(error).__name__}: {' '.join(str(error).split())}")
 
+
+def _read_request(body: TranslateRequest, tokenizer, limits: ServeOptions, text_bytes, config):
+    """(texts, their ids, the indices of the non-empty ones, the decoding options) of a request,
+    or the HTTPException (422, 413) that says which limit of `limits` it goes over, before
+    anything is queued."""
+    texts = [body.text] if isinstance(body.text, str) else body.text
+    if not texts:
+        raise HTTPException(422, "text: give at least one text")
+    if len(texts) > limits.max_texts:
+        raise HTTPException(422, f"text: {len(texts)} texts in one request; the limit is {limits.max_texts}")
+    for number, text in enumerate(texts, start=1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # JSON's "\ud800" escape: a lone surrogate, no character at all
+            raise HTTPException(422, f"text {number} is not valid Unicode (it holds a lone surrogate)") from None
+    sources = tokenizer.encode_batch([text.strip() for text in texts])
+    for number, ids in enumerate(sources, start=1):
+        if len(ids) > limits.max_input_tokens:
+            raise HTTPException(422, f"text {number} has {len(ids)} tokens; the limit is {limits.max_input_tokens}")
+    given = [i for i, text in enumerate(texts) if text.strip()]  # an empty text is translated as empty
+    options = Options(body.beam, body.alpha, body.max_length, body.attention)
+    maps = 0
+    for i in given:
+        source = len(sources[i])
+        output = output_limit(source, SECTION_6_1.extra_len, body.max_length)
+        if (needed := text_bytes(sources[i], options)) > limits.max_batch_mib * MIB:
+            raise HTTPException(413, f"text {i + 1} needs {needed / MIB:,.0f} MiB of decoding state (beam {body.beam} × "
+                                     f"({source + 1} source + {output} output tokens)); the limit is "
+                                     f"{limits.max_batch_mib:g} MiB (max_batch_mib): lower beam or max_length")
+        if body.attention:
+            maps += attention_bytes(config, source, output)
+    if maps > limits.max_attention_mib * MIB:
+        raise HTTPException(413, f"the attention maps of these texts take up to {maps / MIB:,.0f} MiB (layers × heads "
+                                 f"× (S² + T² + T·S) weights); the limit is {limits.max_attention_mib:g} MiB "
+                                 "(max_attention_mib): send fewer or shorter texts")
+    return texts, sources, given, options
+
+
+def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", max_wait_ms: float = SERVE.max_wait_ms,
+               batch_tokens: int = DECODE_PRESETS["translate"].batch_tokens, max_queue: int = SERVE.max_queue, max_texts: int = SERVE.max_texts,
+               max_input_tokens: int = SERVE.max_input_tokens, allowed_hosts: Optional[frozenset] = LOOPBACK_NAMES,
+               max_batch_mib: float = SERVE.max_batch_mib, max_attention_mib: float = SERVE.max_attention_mib) -> FastAPI:
+    """The ASGI app serving `model`; its batcher's thread starts now and stops, after finishing
+    the queued requests, when the server shuts down. `allowed_hosts`: the Host names it answers
+    to (None: any, for a server meant to be reached by other names). `max_batch_mib` bounds the
+    decoding state of one batch and `max_attention_mib` the attention maps of one answer
+    (aiayn.serve.cost). `app.state.drain(seconds)`, called on the event loop, begins a stop.
+
+    Length: the routes are closures over this app's batcher, model and limits, FastAPI's way;
+    the checks of a request and the error answers live apart (`_read_request`,
+    `_add_error_handlers`)."""
+    decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision, batch_tokens=batch_tokens)
+    translator = ServedModel(Translator(model.eval(), tokenizer, decode))
+    config = translator.model.config
+    extra_len = SECTION_6_1.extra_len
+
+    def text_bytes(source, options: Options) -> int:
+        return decoding_bytes(config, precision, len(source),
+                              output_limit(len(source), extra_len, options.max_output_len), options.beam)
+
+    batcher = Batcher(translator.decode, max_wait_ms, int(max_batch_mib * MIB), max_queue, cost=text_bytes)
+    max_input_tokens = input_token_limit(config, max_input_tokens)
+    limits = dataclasses.replace(SERVE, max_texts=max_texts, max_input_tokens=max_input_tokens,
+                                 max_batch_mib=max_batch_mib, max_attention_mib=max_attention_mib)
+
+    def drain(seconds: float) -> None:
+        """Refuse new requests; decode what is queued for `seconds`, then answer the rest 503."""
+        batcher.drain()
+        asyncio.get_running_loop().call_later(
+            seconds, batcher.expire, f"the server stopped before decoding this request ({seconds:g} s drain); retry")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await asyncio.to_thread(batcher.close)
+
+    app = FastAPI(title="aiayn", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description="Translation with the Transformer of 'Attention Is All You Need'. "
+                              "Concurrent requests are decoded together in length-sorted batches.")
+    app.state.batcher = batcher
+    app.state.drain = drain
+    app.add_middleware(BodyLimit)
+    app.add_middleware(HostCheck, allowed=allowed_hosts)  # added last, so it runs first
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    _add_error_handlers(app)
+
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html")
@@ -268,36 +314,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
               responses={400: {"description": "invalid JSON"}, 413: {"description": "body too large"},
                          422: {"description": "invalid field"}, 503: {"description": "queue full or shutting down"}})
     async def translate(body: TranslateRequest, request: Request):
-        texts = [body.text] if isinstance(body.text, str) else body.text
-        if not texts:
-            raise HTTPException(422, "text: give at least one text")
-        if len(texts) > max_texts:
-            raise HTTPException(422, f"text: {len(texts)} texts in one request; the limit is {max_texts}")
-        for number, text in enumerate(texts, start=1):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:  # JSON's "\ud800" escape: a lone surrogate, no character at all
-                raise HTTPException(422, f"text {number} is not valid Unicode (it holds a lone surrogate)") from None
-        sources = tokenizer.encode_batch([text.strip() for text in texts])
-        for number, ids in enumerate(sources, start=1):
-            if len(ids) > max_input_tokens:
-                raise HTTPException(422, f"text {number} has {len(ids)} tokens; the limit is {max_input_tokens}")
-        given = [i for i, text in enumerate(texts) if text.strip()]  # an empty text is translated as empty
-        options = Options(body.beam, body.alpha, body.max_length, body.attention)
-        maps = 0
-        for i in given:
-            source = len(sources[i])
-            output = output_limit(source, extra_len, body.max_length)
-            if (needed := text_bytes(sources[i], options)) > max_batch_mib * MIB:
-                raise HTTPException(413, f"text {i + 1} needs {needed / MIB:,.0f} MiB of decoding state (beam {body.beam} × "
-                                         f"({source + 1} source + {output} output tokens)); the limit is "
-                                         f"{max_batch_mib:g} MiB (max_batch_mib): lower beam or max_length")
-            if body.attention:
-                maps += attention_bytes(config, source, output)
-        if maps > max_attention_mib * MIB:
-            raise HTTPException(413, f"the attention maps of these texts take up to {maps / MIB:,.0f} MiB (layers × heads "
-                                     f"× (S² + T² + T·S) weights); the limit is {max_attention_mib:g} MiB "
-                                     "(max_attention_mib): send fewer or shorter texts")
+        texts, sources, given, options = _read_request(body, tokenizer, limits, text_bytes, config)
         results = [EMPTY] * len(texts)
         if given:
             decoding = asyncio.ensure_future(batcher.submit([sources[i] for i in given], options))

@@ -20,7 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from aiayn.serve import BATCH_TOKENS, MAX_QUEUE, MAX_WAIT_MS, MAX_WAIT_MS_LIMIT
+from aiayn.config import DECODE_PRESETS, MAX_WAIT_MS_LIMIT, SERVE
+
+SECTION_6_1 = DECODE_PRESETS["translate"]
 
 
 class QueueFull(Exception):
@@ -35,8 +37,8 @@ class Closed(Exception):
 class Options:
     """The decoding options a batch shares (§6.1: beam 4, α 0.6, output ≤ input + 50)."""
 
-    beam: int = 4
-    alpha: float = 0.6
+    beam: int = SECTION_6_1.beam
+    alpha: float = SECTION_6_1.alpha
     max_output_len: Optional[int] = None
     attention: bool = False  # also return every layer's attention weights of each text
 
@@ -96,8 +98,8 @@ class Batcher:
     is finished before the next is begun.
     """
 
-    def __init__(self, decode: DecodeFn, max_wait_ms: float = MAX_WAIT_MS, budget: int = BATCH_TOKENS,
-                 max_queue: int = MAX_QUEUE, cost: CostFn = source_tokens) -> None:
+    def __init__(self, decode: DecodeFn, max_wait_ms: float = SERVE.max_wait_ms, budget: int = DECODE_PRESETS["translate"].batch_tokens,
+                 max_queue: int = SERVE.max_queue, cost: CostFn = source_tokens) -> None:
         if not 0 <= max_wait_ms <= MAX_WAIT_MS_LIMIT or budget < 1 or max_queue < 1:  # nan fails too
             raise ValueError(f"max_wait_ms must be in [0, {MAX_WAIT_MS_LIMIT:g}], budget and max_queue ≥ 1")
         self.decode = decode

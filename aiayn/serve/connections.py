@@ -20,7 +20,7 @@ from typing import Optional
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from aiayn.serve import MAX_CONNECTIONS, READ_TIMEOUT
+from aiayn.config import SERVE
 
 # Descriptors kept for what is not a client: the model's files, the log, the listening socket.
 RESERVED_DESCRIPTORS = 64
@@ -46,8 +46,8 @@ class GuardedProtocol(HttpToolsProtocol):
     """HttpToolsProtocol with a read deadline per request and a cap on open connections (the
     class attributes; `guarded_protocol` makes a subclass with other values)."""
 
-    read_timeout: float = READ_TIMEOUT
-    max_connections: int = MAX_CONNECTIONS
+    read_timeout: float = SERVE.read_timeout
+    max_connections: int = SERVE.max_connections
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -112,7 +112,7 @@ class GuardedProtocol(HttpToolsProtocol):
                                      retry_after=1))
 
 
-def guarded_protocol(read_timeout: float = READ_TIMEOUT, max_connections: int = MAX_CONNECTIONS) -> type:
+def guarded_protocol(read_timeout: float = SERVE.read_timeout, max_connections: int = SERVE.max_connections) -> type:
     """GuardedProtocol with these limits, for uvicorn.Config(http=...)."""
     return type("GuardedProtocol", (GuardedProtocol,),
                 {"read_timeout": read_timeout, "max_connections": connection_cap(max_connections)})

@@ -10,7 +10,7 @@ worst: the output at its length limit.
 Decoding is done in batches within a byte budget (`aiayn.serve.batcher`), so the decoding state
 in memory at once is at most one budget whatever the requests' sizes; a text whose own state is
 over the budget is refused. The attention of one request is bounded on its own. With the
-defaults, one request holds at most MAX_BATCH_MIB + MAX_ATTENTION_MIB = 256 MiB.
+defaults, one request holds at most SERVE.max_batch_mib + SERVE.max_attention_mib = 256 MiB.
 """
 
 from __future__ import annotations

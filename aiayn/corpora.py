@@ -1,14 +1,9 @@
-"""Parallel corpora and batches built to a token budget (§5.1).
+"""Parallel corpora: where the sentence pairs of §5.1 come from.
 
 Corpora come from four places, all turned into a `ParallelCorpus` of (source, target) pairs:
 the built-in `bible-en-es` (shipped inside the package, no network), two aligned plain-text
 files per split, a two-column TSV, and WMT14 through Hugging Face `datasets` (optional extra).
-
-§5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch
-contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
-tokens." `make_batches` sorts pairs by length and cuts batches so that the padded source and the
-padded target each hold at most `max_tokens` tokens; `BatchStream` serves them epoch after epoch
-from a state of two integers, so training resumes exactly where it stopped.
+Batching them is aiayn.batching's job; encoding them once for training, aiayn.store's.
 """
 
 from __future__ import annotations
@@ -20,12 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence, Union
 
-import numpy as np
-import torch
-from torch import Tensor
-
-from aiayn.checkpoint import atomic_write, refuse_to_replace
-from aiayn.store import as_encoded
+from aiayn.files import atomic_write, refuse_to_replace
 
 CORPORA_DIR = Path(__file__).parent / "corpora"
 BIBLE_FILE = "bible-en-es.tsv.xz"
@@ -35,7 +25,6 @@ _WMT14 = {f"wmt14-{a}-{b}": (a, b) for a, b in [("de", "en"), ("en", "de"), ("fr
 _SPLIT_ALIASES = {"train": ("train",), "dev": ("dev", "valid", "validation"), "test": ("test",)}
 
 Pair = tuple[str, str]
-EncodedPair = tuple[list[int], list[int]]
 
 
 @dataclass
@@ -465,165 +454,3 @@ def export_split(
         text = "".join(pair[side] + "\n" for pair in corpus.splits[split])
         atomic_write(path, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
     return paths[0], paths[1]
-
-
-# --------------------------------------------------------------------------------------------
-# Token-budget batches (§5.1)
-
-
-@dataclass
-class Batch:
-    """A padded batch. `tgt_in` is the decoder input, shifted right by one (BOS first); `tgt_out`
-    is what each decoder position predicts (EOS last). Both are (B, T); padding is pad_id."""
-
-    src: Tensor  # (B, S) source ids + EOS
-    tgt_in: Tensor  # (B, T) BOS + target ids
-    tgt_out: Tensor  # (B, T) target ids + EOS
-    n_src_tokens: int  # non-pad tokens in src
-    n_tgt_tokens: int  # non-pad tokens in tgt_out: the loss is a mean over these
-
-    def to(self, device: Union[str, torch.device], non_blocking: bool = False) -> "Batch":
-        src, tgt_in, tgt_out = (t.to(device, non_blocking=non_blocking) for t in (self.src, self.tgt_in, self.tgt_out))
-        return Batch(src, tgt_in, tgt_out, self.n_src_tokens, self.n_tgt_tokens)
-
-
-def make_batches(lengths, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
-    """Indices of the pairs in each batch of one epoch.
-
-    `lengths[i]` is (source length, target length) of pair i as it will be in the tensors (with
-    EOS / BOS, so at least 1). Pairs are sorted by length (ties in a random order drawn from seed
-    and epoch) and cut greedily so that batch size x longest source <= max_tokens and batch size x
-    longest target <= max_tokens: a budget on padded tokens, as fairseq's --max-tokens. A pair
-    longer than max_tokens on its own forms a batch of one. The order of the batches is then
-    shuffled. The same (seed, epoch) always gives the same batches.
-
-    Computed per run of equal lengths rather than per pair, so that WMT14's 4.5M pairs are cut
-    in a fraction of a second, into views of one index array instead of ~9M Python integers.
-    """
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
-    rng = np.random.default_rng([seed, epoch])
-    table = np.asarray(lengths).reshape(-1, 2)  # (N, 2), int32 from a DATA_DIR: no int64 copy of it
-    if len(table) and table.min() < 1:
-        raise ValueError("pair lengths count EOS / BOS and must be at least 1")
-    shuffled = rng.permutation(len(table))  # (N,)
-    # By source length, then target length, ties in the shuffled order (a stable sort). One key
-    # rather than lexsort's two, and int32 where it fits, so that few N-long arrays are alive
-    # at once: this index is what a process's memory grows by with the corpus.
-    width = int(table[:, 1].max(initial=0)) + 1
-    small = int(table[:, 0].max(initial=0)) * width + width < 2**31
-    key = table[shuffled, 0].astype(np.int32 if small else np.int64) * width + table[shuffled, 1]  # (N,)
-    order = shuffled[np.argsort(key, kind="stable")]  # (N,)
-    del key, shuffled
-    if len(order) < 2**31:
-        order = order.astype(np.int32)  # kept for the epoch: half the bytes
-    src, tgt = table[order, 0], table[order, 1]  # (N,)
-    # Equal (source, target) lengths lie side by side: a run of them is cut with arithmetic, so
-    # the loop runs once per run and per batch, never per pair.
-    change = np.flatnonzero((src[1:] != src[:-1]) | (tgt[1:] != tgt[:-1])) + 1  # (runs - 1,)
-    run_starts = np.concatenate([[0], change]).tolist() if len(order) else []
-    run_ends = [*run_starts[1:], len(order)]
-    longest_of_run = np.maximum(src, tgt)[run_starts].tolist()
-    cuts: list[int] = []  # where each batch but the first starts, in `order`
-    count = longest = 0  # the open batch: its pairs and its longest side
-    for start, end, length in zip(run_starts, run_ends, longest_of_run):
-        while start < end:
-            grown = max(longest, length)
-            room = max(max_tokens // grown, 1)  # pairs a batch this long may hold; the first always goes in
-            if room <= count:  # the next pair does not fit: it opens a new batch
-                cuts.append(start)
-                count = longest = 0
-                continue
-            taken = min(end - start, room - count)
-            count, longest, start = count + taken, grown, start + taken
-    batches = np.split(order, cuts) if len(order) else []
-    return [batches[i] for i in rng.permutation(len(batches)).tolist()]
-
-
-def collate(encoded_pairs: Sequence[EncodedPair], pad_id: int, bos_id: int, eos_id: int) -> Batch:
-    """Right-padded tensors of source + EOS, BOS + target and target + EOS. The ids of a pair may
-    be lists or numpy arrays (a memory-mapped corpus, aiayn.store)."""
-    src_lengths = [len(s) for s, _ in encoded_pairs]
-    tgt_lengths = [len(t) for _, t in encoded_pairs]
-    rows, src_len, tgt_len = len(encoded_pairs), max(src_lengths) + 1, max(tgt_lengths) + 1
-    src = np.full((rows, src_len), pad_id, dtype=np.int64)  # (B, S)
-    tgt_in = np.full((rows, tgt_len), pad_id, dtype=np.int64)  # (B, T)
-    tgt_out = np.full((rows, tgt_len), pad_id, dtype=np.int64)  # (B, T)
-    for row, ((s, t), n, m) in enumerate(zip(encoded_pairs, src_lengths, tgt_lengths)):
-        src[row, :n], src[row, n] = s, eos_id
-        tgt_in[row, 0], tgt_in[row, 1:m + 1] = bos_id, t
-        tgt_out[row, :m], tgt_out[row, m] = t, eos_id
-    n_src, n_tgt = sum(src_lengths) + rows, sum(tgt_lengths) + rows
-    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), n_src, n_tgt)
-
-
-class BatchStream:
-    """Endless batches over `encoded_pairs` (a list of (source ids, target ids), or
-    `EncodedPairs`, whose ids are read only when a batch of this rank needs them), epoch after
-    epoch, resumable from `state_dict()`: {"epoch", "index"}, the position in the epoch's batch
-    list, which `make_batches` rebuilds from (seed, epoch).
-
-    With `shard=(rank, world_size)` each rank takes every world_size-th batch of the same list.
-    The list is first extended by wrapping around to a multiple of world_size, so every rank has
-    as many batches per epoch and all ranks share one state (rank 0's checkpoint serves all).
-    """
-
-    def __init__(
-        self,
-        encoded_pairs,
-        max_tokens: int,
-        seed: int,
-        pad_id: int,
-        bos_id: int,
-        eos_id: int,
-        shard: tuple[int, int] = (0, 1),
-    ) -> None:
-        rank, world_size = shard
-        if not 0 <= rank < world_size:
-            raise ValueError(f"shard must be (rank, world_size) with 0 <= rank < world_size, got {shard}")
-        if not encoded_pairs:
-            raise ValueError("cannot batch an empty list of sentence pairs")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
-        self.pairs = as_encoded(encoded_pairs)  # a list of pairs, or EncodedPairs (memory-mapped)
-        self.max_tokens, self.seed = max_tokens, seed
-        self.special = (pad_id, bos_id, eos_id)
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.index = 0, 0
-        self._cached: tuple[int, list[np.ndarray]] = (-1, [])
-
-    def epoch_batches(self) -> list[np.ndarray]:
-        """This rank's batches (lists of pair indices) of the current epoch."""
-        if self._cached[0] != self.epoch:
-            # Lengths as in the tensors, with EOS / BOS; made per epoch, not kept (N × 8 bytes).
-            batches = make_batches(self.pairs.lengths + 1, self.max_tokens, self.seed, self.epoch)
-            total = -(-len(batches) // self.world_size) * self.world_size  # rounded up to a multiple
-            wrapped = [batches[i % len(batches)] for i in range(total)]
-            self._cached = (self.epoch, wrapped[self.rank :: self.world_size])
-        return self._cached[1]
-
-    def __iter__(self) -> Iterator[Batch]:
-        return self
-
-    def __next__(self) -> Batch:
-        if self.index >= len(self.epoch_batches()):
-            self.epoch, self.index = self.epoch + 1, 0
-        indices = self.epoch_batches()[self.index]
-        self.index += 1
-        return collate([self.pairs[i] for i in indices], *self.special)
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index}
-
-    def load_state_dict(self, state: dict) -> None:
-        if set(state) != {"epoch", "index"}:
-            raise ValueError(f"a BatchStream state has the keys epoch and index, got {sorted(state)}")
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
-
-
-__all__ = [
-    "ParallelCorpus", "CorpusStream", "clean_pairs", "load_corpus", "stream_corpus", "corpus_names", "iter_lines",
-    "read_lines", "read_tsv", "read_table", "stream_parquet",
-    "stream_hf_translation", "export_split",
-    "Batch", "make_batches", "collate", "BatchStream",
-]

@@ -1,0 +1,63 @@
+"""`aiayn demo`: the main job on the built-in default. Train the `small` preset on bible-en-es for
+a time budget, average the last checkpoints and translate the held-out test books with beam
+search (§6.1), score them and draw the attention of one verse. Run again, it resumes the run
+until the budget is spent, then only averages and translates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from aiayn.config import DEMO_AVERAGE_LAST, DecodeConfig, DemoOptions, demo_model, demo_training, recipe
+from aiayn.device import cpu_kind, matmul_peak_flops
+from aiayn.evaluate import score
+from aiayn.model import Transformer
+from aiayn.run import RunDir, average_checkpoints
+from aiayn.train import train_run
+from aiayn.translate import Translator
+from aiayn.visualize import attention_figures
+
+
+def run_demo(options: DemoOptions, decode: DecodeConfig) -> None:
+    run = RunDir(options.out)
+    with run.lock():  # held from the training to the last attention map
+        _demo(options, decode, run)
+
+
+def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
+    resume = run.has_configs()
+    if resume:  # the run goes on as it began: its model and recipe, a new budget
+        model_config, training = run.configs()
+        training = dataclasses.replace(training, minutes=options.minutes)
+    else:
+        model_config = demo_model(options.preset, options.recipe)
+        training = demo_training(options.recipe, minutes=options.minutes, precision=options.precision, seed=options.seed)
+        print(f"recipe {options.recipe}: {recipe(options.recipe).about}")
+    trainer, store = train_run(model_config, training, run, resume=resume)
+    model, tokenizer = trainer.model.eval(), trainer.tokenizer
+    if DEMO_AVERAGE_LAST:  # §6.1: the mean of the last checkpoints translates
+        chosen = run.checkpoints()[-DEMO_AVERAGE_LAST:]
+        average_checkpoints(chosen, run.averaged, force=True)  # made anew from this run's checkpoints
+        model = Transformer.load(run.averaged).eval()
+        print(f"averaged the last {len(chosen)} checkpoints ({chosen[0].name} ... {chosen[-1].name}) into {run.averaged}")
+    test = store.texts("test")[: options.test_sentences]
+    decode = dataclasses.replace(decode, precision=training.precision)
+    print(f"translating {len(test):,} test verses (beam {decode.beam}, α {decode.alpha}, "
+          f"max length = source + {decode.extra_len})...")
+    translator = Translator(model, tokenizer, decode)
+    result = score(translator, test, lang=store.tgt_lang)
+    print(f"test BLEU {result.bleu:.1f} ({result.signature}); paper protocol {result.paper_bleu:.1f}; "
+          f"{len(test) / result.seconds:.1f} sentences/s")
+    # What the figure depends on: the steps the budget bought on this machine (the peak was
+    # measured by the training itself, and is cached).
+    peak = matmul_peak_flops(trainer.device, training.precision)
+    print(f"machine: {cpu_kind()}, {torch.get_num_threads()} threads, {training.precision} matmul peak "
+          f"{peak / 1e12:.2f} TFLOP/s; {trainer.step:,} steps")
+    samples = list(range(0, len(test), max(1, len(test) // 4)))[:4]
+    for i in samples:
+        print(f"\n  source     {test[i][0]}\n  reference  {test[i][1]}\n  aiayn      {result.hypotheses[i]}")
+    shortest = min(samples, key=lambda i: len(result.hypotheses[i]))
+    target = translator.translate_ids([tokenizer.encode(test[shortest][0])])[0]
+    paths = attention_figures(model, tokenizer, test[shortest][0], target, run.attention, force=True)
+    print(f"\nattention maps of test verse {shortest + 1}: {paths[-1].parent}/ ({len(paths)} files)")

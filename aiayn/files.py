@@ -1,0 +1,185 @@
+"""Files that are never half-written, and outputs that are never replaced by accident: the base
+every other module writes through.
+
+- `atomic_write`, `atomic_dir`: write beside the target, fsync, rename; a crash leaves the old
+  file or nothing, never half of the new one.
+- `refuse_to_replace`: the one rule for outputs (replace only with --force, never an input).
+- `writer_lock`, `output_lock`: one writer at a time for a folder, released by the kernel
+  when its process ends, however it ends.
+- JSON and SHA-256 of files, read and written the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Union
+
+from safetensors import SafetensorError
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def usual_mode(path: Union[str, Path], directory: bool = False) -> None:
+    """mkstemp and mkdtemp create private files (0600, 0700); give them the mode that `open` and
+    `mkdir` would, so that a run folder shared with a group stays readable by it."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
+def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> None:
+    """Call `write(tmp_path)`, fsync, then rename tmp_path to `path` (atomic on POSIX). A write
+    that fails (a full disk, a file size limit) leaves nothing behind and is an OSError that
+    names `path`, whichever library wrote (safetensors reports its own error type)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        usual_mode(tmp)  # after writing: some writers (safetensors) create the file anew
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as error:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(error, (OSError, SafetensorError)):
+            raise OSError(f"cannot write {path}: {' '.join(str(error).split())}") from None
+        raise
+
+
+def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Union[str, Path]] = ()) -> None:
+    """The one rule for outputs: writing `path` may replace something (a file, or a folder that
+    is not empty) only with `force`, and never what the command reads: an output that is one of
+    its `inputs`, holds one or lies inside one is refused, `force` or not, since replacing it
+    would delete the input (symbolic links and `..` resolved). Commands call it before their
+    work, so that the refusal comes before minutes of decoding rather than after."""
+    path = Path(path)
+    out = path.resolve()
+    for source in inputs:
+        read = Path(source).resolve()
+        if out == read:
+            raise ValueError(f"{path} is an input of this command ({source}); choose another output")
+        if out in read.parents:
+            raise ValueError(f"{path} holds {source}, an input of this command; choose another output")
+        if read in out.parents:
+            raise ValueError(f"{path} lies inside {source}, an input of this command; choose another output")
+    if not force and path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"{path} already exists; pass --force to replace it")
+
+
+_held: set[Path] = set()  # the lock files this process holds: `aiayn demo` locks its folder, then trains in it
+
+
+@contextmanager
+def writer_lock(lock_file: Union[str, Path], what: Union[str, Path], remove: bool = False) -> Iterator[None]:
+    """One writer at a time for `what` (a run folder, an output folder): an exclusive `flock` on
+    `lock_file` while the block runs, with the holder's PID written in it. The kernel lets a
+    flock go when its process ends, however it ends (SIGKILL included), so no lock outlives its
+    writer and none needs cleaning up. A second writer is refused at once, in one line naming
+    the holder. Taking a lock this process holds already is a no-op. With `remove` the file is
+    deleted on release (while still locked, so that a writer waiting on the old file notices it
+    is gone and takes a new one rather than sharing a lock no one else sees)."""
+    lock_file = Path(lock_file).resolve()
+    if lock_file in _held:
+        yield
+        return
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        handle = open(lock_file, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise ValueError(f"{what} is being written by another process (PID {holder}); "
+                             "wait for it to end or choose another folder") from None
+        try:
+            if os.stat(lock_file).st_ino == os.fstat(handle.fileno()).st_ino:
+                break  # the file is still the one at that path: the lock is ours
+        except FileNotFoundError:
+            pass  # its holder removed it as we opened it
+        handle.close()
+    with handle:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        _held.add(lock_file)
+        try:
+            yield
+        finally:
+            _held.discard(lock_file)
+            if remove:
+                lock_file.unlink(missing_ok=True)
+
+
+def output_lock(out: Union[str, Path]) -> AbstractContextManager:
+    """The writer lock of an output folder that is built elsewhere and renamed into place
+    (`atomic_dir`, as `average` writes): a hidden `.NAME.lock` beside it, removed when done."""
+    out = Path(out)
+    return writer_lock(out.parent / f".{out.name}.lock", out, remove=True)
+
+
+def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: bool = False) -> None:
+    """Call `build(tmp_dir)` on a new hidden folder beside `path`, then rename it to `path`, so a
+    crash never leaves half a folder (weights without their tokenizer). An existing `path` (but
+    an empty folder) is an error unless `force`, and then it is replaced whole: no file of the
+    old one stays."""
+    path = Path(path)
+    refuse_to_replace(path, force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        usual_mode(tmp, directory=True)
+        build(tmp)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old.tmp", dir=path.parent))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, OSError):  # name the folder being written, not its hidden stand-in
+            raise OSError(str(error).replace(str(tmp), str(path))) from None
+        raise
+
+
+def read_json(path: Union[str, Path]):
+    """The JSON value a file holds; a file that is not JSON (cut short, not UTF-8) is a ValueError
+    naming it. A missing file is FileNotFoundError, for the caller to explain."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+
+
+def write_json(path: Union[str, Path], value) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(value, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+
+    atomic_write(path, write)
+
+
+def atomic_text(path: Union[str, Path], text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def file_sha256(path: Union[str, Path]) -> str:
+    """The SHA-256 of a whole file."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()

@@ -1,0 +1,139 @@
+"""The data a run trains on: `--data DATA_DIR` as it is, or `--corpus` preprocessed once into
+RUN_DIR/data (aiayn.store), so that both train from memory-mapped ids the same way; and the run's
+tokenizer, which must be the data's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence, Union
+
+import torch.distributed as dist
+
+from aiayn.batching import EncodedPairs, as_encoded, within_length
+from aiayn.config import ModelConfig, TrainConfig
+from aiayn.corpora import stream_corpus
+from aiayn.device import init_distributed
+from aiayn.run import RunDir, resolve_model_dir
+from aiayn.store import Store, load_store, preprocess, text_digest, tokenizer_digest
+from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer, has_tokenizer, load_tokenizer
+
+
+@dataclass
+class TrainData:
+    """Encoded sentence pairs (ids without BOS/EOS; lists of pairs or `EncodedPairs`), and the
+    dev text for BLEU."""
+
+    train: Union[EncodedPairs, Sequence]
+    dev: Union[EncodedPairs, Sequence] = ()
+    dev_text: Sequence[tuple[str, str]] = ()  # (source, reference) strings of the dev pairs
+
+    def __post_init__(self) -> None:
+        self.train, self.dev = as_encoded(self.train), as_encoded(self.dev)
+
+
+def prepare_data(
+    model_config: ModelConfig, recipe: TrainConfig, run: RunDir, echo: Callable[[str], None] = print,
+) -> tuple[object, TrainData, Store]:
+    """The run's data, memory-mapped: `--data DATA_DIR` as it is, else the corpus spec
+    preprocessed into RUN_DIR/data first (by rank 0; the other ranks wait), so `--corpus` runs
+    train exactly as `--data` runs do. The run folder gets the data's tokenizer.
+
+    Returns (tokenizer, TrainData, Store). Pairs longer than `max_sentence_tokens` (either side,
+    with BOS/EOS) are left out and counted, never silently dropped.
+    """
+    rank, world = init_distributed()
+    data_dir = Path(recipe.data) if recipe.data else run.data
+    failure = None
+    if rank == 0:
+        try:  # a rank-0 error must reach the others, or they wait at the barrier forever
+            if not recipe.data:
+                _preprocess_for_run(model_config, recipe, run, echo)
+            _give_run_the_tokenizer(load_store(data_dir), recipe, run, echo)
+        except (ValueError, OSError, ImportError) as error:
+            failure = error
+    if world > 1:
+        flag = [failure is not None]
+        dist.broadcast_object_list(flag, src=0)
+        if flag[0] and failure is None:
+            raise SystemExit(1)  # rank 0 reports the error
+    if failure is not None:
+        raise failure
+    store = load_store(data_dir)
+    _check_data_settings(store, model_config, recipe)
+    tokenizer = load_tokenizer(run.path)
+    kept, dev_text = {}, []
+    for name in ("train", "dev"):
+        pairs = store.split(name)
+        rows = within_length(pairs.lengths, recipe.max_sentence_tokens)  # (kept,)
+        if len(rows) < len(pairs):
+            echo(f"{name}: left out {len(pairs) - len(rows):,} of {len(pairs):,} pairs longer than "
+                 f"max_sentence_tokens={recipe.max_sentence_tokens}")
+            pairs = pairs.subset(rows)
+        kept[name] = pairs
+        if name == "dev" and len(rows):
+            texts = store.texts("dev")
+            dev_text = [texts[i] for i in rows.tolist()]
+    counts = ", ".join(f"{name} {info['pairs']:,} pairs" for name, info in store.manifest["splits"].items())
+    echo(f"data {data_dir} ({store.manifest['corpus']}, {store.src_lang}→{store.tgt_lang}): {counts}")
+    return tokenizer, TrainData(kept["train"], kept["dev"], dev_text), store
+
+
+def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run: RunDir,
+                        echo: Callable[[str], None]) -> None:
+    """RUN_DIR/data for a run from a corpus spec: kept when the run has checkpoints (they were
+    trained on it) or when it was made from this very corpus and settings (a start that failed
+    later); otherwise made anew."""
+    data_dir = run.data
+    try:
+        manifest = load_store(data_dir).manifest
+    except (ValueError, OSError):
+        manifest = None
+    trained = bool(run.checkpoints())
+    if manifest is not None and trained:
+        if (manifest["corpus"], manifest["vocab_size"]) != (recipe.corpus, model_config.vocab_size):
+            echo(f"warning: this run was trained on {manifest['corpus']} ({data_dir}); the resumed run keeps it")
+        return
+    init_from = resolve_model_dir(recipe.init_from) if recipe.init_from else None
+    # A run trained before RUN_DIR/data existed keeps its tokenizer: its checkpoints use its ids.
+    tokenizer_from = init_from or (run.path if trained and has_tokenizer(run.path) else None)
+    corpus = stream_corpus(recipe.corpus, recipe.src_lang, recipe.tgt_lang)
+    echo(f"corpus {corpus.name} ({corpus.src_lang}→{corpus.tgt_lang}), preprocessed into {data_dir}")
+    if manifest is not None:
+        wanted = {"corpus": recipe.corpus, "vocab_size": model_config.vocab_size,
+                  "max_sentence_tokens": recipe.max_sentence_tokens,
+                  "tokenizer_from": str(tokenizer_from) if tokenizer_from else None,
+                  "src_lang": corpus.src_lang, "tgt_lang": corpus.tgt_lang}
+        if all(manifest.get(key) == value for key, value in wanted.items()) \
+                and manifest["splits"]["train"]["text_sha256"] == text_digest(corpus):
+            return
+        echo(f"note: {data_dir} was made from other data or settings; making it again")
+    preprocess(corpus, data_dir, model_config.vocab_size, spec=recipe.corpus, tokenizer_from=tokenizer_from,
+               max_sentence_tokens=recipe.max_sentence_tokens, force=True, echo=echo)
+
+
+def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run: RunDir, echo: Callable[[str], None]) -> None:
+    """Copy the data's tokenizer into the run folder (it goes with every model saved), unless
+    the run has one already: then it must be the same, or the ids would mean other words."""
+    run_dir = run.path
+    if recipe.init_from and tokenizer_digest(resolve_model_dir(recipe.init_from)) != store.manifest["tokenizer_sha256"]:
+        raise ValueError(f"{store.folder} was not encoded with the tokenizer of {recipe.init_from}; "
+                         f"make it with: aiayn preprocess --tokenizer {recipe.init_from} ...")
+    if has_tokenizer(run_dir) and tokenizer_digest(run_dir) != store.manifest["tokenizer_sha256"]:
+        if run.checkpoints():
+            raise ValueError(f"{store.folder} was encoded with another tokenizer than the one this run was trained "
+                             f"with ({run_dir}); resume with the data it was trained on")
+        echo(f"note: replacing the tokenizer in {run_dir}, left by an earlier start, with the one of {store.folder}")
+        for name in TOKENIZER_FILES:
+            (run_dir / name).unlink(missing_ok=True)
+    if not has_tokenizer(run_dir):
+        copy_tokenizer(store.folder, run_dir)
+
+
+def _check_data_settings(store: Store, model_config: ModelConfig, recipe: TrainConfig) -> None:
+    if store.manifest["vocab_size"] != model_config.vocab_size:
+        raise ValueError(f"the tokenizer of {store.folder} has {store.manifest['vocab_size']} tokens but the model's "
+                         f"vocab_size is {model_config.vocab_size}; pass --vocab-size {store.manifest['vocab_size']}")
+    for given, kept, side in ((recipe.src_lang, store.src_lang, "source"), (recipe.tgt_lang, store.tgt_lang, "target")):
+        if recipe.data and given is not None and given != kept:
+            raise ValueError(f"{store.folder} has {kept} as its {side} language, not {given}")

@@ -1,0 +1,263 @@
+"""A run folder: the one owner of its layout, and of "the model of this folder" for inference.
+
+    RUN_DIR/
+      model_config.json, train_config.json   the configs the run was started with (resumed with)
+      tokenizer.model                         the run's tokenizer (Marian's three files when imported)
+      data/                                   the corpus preprocessed for a run from --corpus (aiayn.store)
+      log.jsonl, loss.png                     one JSON record a logged step or validation; its plot
+      checkpoints/step_NNNNNNNN/              the newest `keep_last` checkpoints (aiayn.checkpoint)
+      model/                                  the last weights as a model folder, with the tokenizer
+      averaged/, attention/                   the demo's averaged model (§6.1) and attention maps
+      .lock                                   held by the one process writing the run
+
+No other module spells these names: they ask a `RunDir` for the path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Callable, Union
+
+import torch
+
+from aiayn.checkpoint import CONFIG, WEIGHTS, load_model, read_config, save_model, write_checkpoint
+from aiayn.config import AverageOptions, ModelConfig, TrainConfig
+from aiayn.files import atomic_dir, atomic_text, output_lock, read_json, refuse_to_replace, write_json, writer_lock
+from aiayn import model as models
+from aiayn.model import Transformer
+from aiayn.tokenizer import copy_tokenizer, has_tokenizer, load_tokenizer
+from aiayn.visualize import plot_losses
+
+MODEL_CONFIG = "model_config.json"
+TRAIN_CONFIG = "train_config.json"
+LOG = "log.jsonl"
+PLOT = "loss.png"
+DATA = "data"
+CHECKPOINTS = "checkpoints"
+STEP = "step_{:08d}"
+FINAL = "model"
+AVERAGED = "averaged"
+ATTENTION = "attention"
+LOCK = ".lock"
+
+PathLike = Union[str, Path]
+
+
+class RunDir:
+    """The paths of one run folder, and the reading and writing of its files."""
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    model_config = property(lambda self: self.path / MODEL_CONFIG)
+    train_config = property(lambda self: self.path / TRAIN_CONFIG)
+    log = property(lambda self: self.path / LOG)
+    plot = property(lambda self: self.path / PLOT)
+    data = property(lambda self: self.path / DATA)
+    final = property(lambda self: self.path / FINAL)
+    averaged = property(lambda self: self.path / AVERAGED)
+    attention = property(lambda self: self.path / ATTENTION)
+    checkpoint_root = property(lambda self: self.path / CHECKPOINTS)
+
+    # -- configs ----------------------------------------------------------------------------
+
+    def has_configs(self) -> bool:
+        return self.model_config.is_file()
+
+    def configs(self) -> tuple[ModelConfig, TrainConfig]:
+        """The model and training configs the run was started with."""
+        values = []
+        for path in (self.model_config, self.train_config):
+            try:
+                values.append(read_json(path))
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{self.path} is not a run folder: {path.name} is missing") from None
+        try:
+            return ModelConfig.from_dict(values[0]), TrainConfig.from_dict(values[1])
+        except ValueError as error:
+            raise ValueError(f"{self.path}: {error}") from None
+
+    def write_configs(self, model_config: ModelConfig, train_config: TrainConfig) -> None:
+        write_json(self.train_config, dataclasses.asdict(train_config))
+        write_json(self.model_config, model_config.to_dict())
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def checkpoints(self) -> list[Path]:
+        """The finished checkpoints, oldest first (unfinished ones are hidden temporary folders)."""
+        if not self.checkpoint_root.is_dir():
+            return []
+        prefix = STEP.split("{")[0]
+        return sorted(p for p in self.checkpoint_root.iterdir() if p.is_dir() and p.name.startswith(prefix))
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoint_root / STEP.format(step)
+
+    def save_checkpoint(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        trainer_state: dict, keep_last: int = 5) -> Path:
+        """Write checkpoints/step_N atomically, with the run's tokenizer, then delete all but the
+        newest `keep_last`."""
+        folder = self.checkpoint(step)
+        write_checkpoint(folder, model, optimizer, {**trainer_state, "step": step}, self.path)
+        for old in self.checkpoints()[:-keep_last]:
+            shutil.rmtree(old)
+        return folder
+
+    def save_final(self, model: torch.nn.Module, tokenizer=None) -> None:
+        """RUN_DIR/model: the weights as a model folder with the tokenizer, replaced whole."""
+        def build(folder: Path) -> None:
+            save_model(model, folder)
+            if tokenizer is not None:
+                tokenizer.save(folder)
+
+        atomic_dir(self.final, build, force=True)
+
+    # -- the writer and its leftovers -------------------------------------------------------
+
+    def lock(self) -> AbstractContextManager:
+        """The run's writer lock (train, experiment, demo): RUN_DIR/.lock, which stays."""
+        return writer_lock(self.path / LOCK, self.path)
+
+    def check_start(self, resume: bool) -> None:
+        """Never train over a run, a finished or interrupted one or an imported model, by
+        accident. A folder that holds only a tokenizer (a start that failed) is not a run."""
+        if resume:
+            if self.final.exists() and not self.checkpoints():
+                raise ValueError(f"{self.path} holds a model but no checkpoint to resume (an imported model?); "
+                                 f"fine-tune it with --init-from {self.path} and another --out")
+            return
+        held = [path.name for path in (self.checkpoint_root, self.final, self.log) if path.exists()]
+        if held:
+            raise ValueError(f"{self.path} already holds a run ({held[0]}); pass --resume or choose another --out")
+
+    def remove_litter(self) -> list[Path]:
+        """Delete what an interrupted write left: the hidden temporary files and folders of
+        `atomic_write`, `atomic_dir` and `write_checkpoint` (`.NAME.*.tmp`, `.step_*`).
+        Returns what was removed."""
+        found = []
+        for folder in (self.path, self.final, self.checkpoint_root):
+            if folder.is_dir():
+                found += [p for p in folder.iterdir() if p.name.startswith(".") and (
+                    p.name.endswith(".tmp") or (folder == self.checkpoint_root and p.name.startswith(".step_")))]
+        for path in found:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        return found
+
+    # -- the log ----------------------------------------------------------------------------
+
+    def read_log(self, echo: Callable[[str], None] = print) -> list[dict]:
+        return read_log(self.log, echo)
+
+    def append_log(self, record: dict) -> None:
+        with open(self.log, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def keep_log_until(self, step: int, echo: Callable[[str], None] = print) -> None:
+        """Drop the records after `step`: those steps are about to be trained again, and a log
+        never holds one step twice."""
+        if self.log.exists():
+            kept = [r for r in self.read_log(echo) if r["step"] <= step]
+            atomic_text(self.log, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def plot_losses(self) -> None:
+        plot_losses(self.read_log(echo=lambda _: None), self.plot)
+
+    # -- inference --------------------------------------------------------------------------
+
+    def model_dir(self) -> Path:
+        """The folder to translate with: the final `model/`, else the newest checkpoint."""
+        if (self.final / CONFIG).is_file():
+            return self.final
+        found = self.checkpoints()
+        if found:
+            return found[-1]
+        raise FileNotFoundError(f"{self.path} is neither a model folder nor a run folder with a model or checkpoints")
+
+
+def read_log(path: PathLike, echo: Callable[[str], None] = print) -> list[dict]:
+    """The records of a log.jsonl. A line that is not a JSON record (the last line cut short by a
+    kill) is skipped with a note naming the file and line, so a run can always resume."""
+    path = Path(path)
+    records = []
+    if not path.exists():
+        return records
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not a record with a step")
+        except ValueError:
+            echo(f"note: {path}, line {number} is not a log record (cut short?); skipped")
+            continue
+        records.append(record)
+    return records
+
+
+def resolve_model_dir(path: PathLike) -> Path:
+    """A model folder (config.json + model.safetensors) from a path that is one, or a run folder
+    (its final `model/`, else its newest checkpoint)."""
+    path = Path(path)
+    if (path / CONFIG).is_file() and (path / WEIGHTS).is_file():
+        return path
+    return RunDir(path).model_dir()
+
+
+def load_for_inference(path: PathLike, device: Union[str, torch.device] = "cpu"):
+    """(model in eval mode, tokenizer) from a model folder, a checkpoint or a run folder; the
+    tokenizer is the model folder's, else the run folder's."""
+    model_dir = resolve_model_dir(path)
+    model = Transformer.load(model_dir, device).eval()
+    tokenizer = load_tokenizer(model_dir if has_tokenizer(model_dir) else Path(path))
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}")
+    return model, tokenizer
+
+
+def average_checkpoints(directories: list[Path], out: PathLike, force: bool = False) -> None:
+    """§6.1: a model whose weights are the mean of the checkpoints' (summed in float64), written
+    as a model folder with the tokenizer of the newest checkpoint (atomically; an existing `out`
+    only with `force`). One checkpoint is in memory at a time, so averaging the 20 of a big model
+    needs no more than two copies of it."""
+    architecture, config = read_config(directories[-1])
+    cls = getattr(models, architecture)
+    total: dict[str, torch.Tensor] = {}
+    for directory in directories:
+        if read_config(directory) != (architecture, config):
+            raise ValueError(f"{directory} holds another model than {directories[-1]}; cannot average")
+        for name, tensor in load_model(cls, directory).state_dict().items():
+            total[name] = total[name] + tensor.double() if name in total else tensor.double()
+    model = cls(config)
+    model.load_state_dict({name: value / len(directories) for name, value in total.items()})
+
+    def build(folder: Path) -> None:
+        save_model(model, folder)
+        copy_tokenizer(directories[-1], folder)
+
+    atomic_dir(out, build, force)
+
+
+def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -> None:
+    """`aiayn average`: the mean of a run's last `options.last` checkpoints into `options.out`,
+    under the output's lock, never over one of the checkpoints it reads."""
+    found = RunDir(options.run_dir).checkpoints()
+    if not found:
+        raise ValueError(f"no checkpoints in {options.run_dir}")
+    chosen = found[-options.last:]
+    refuse_to_replace(options.out, options.force, inputs=chosen)
+    if len(chosen) < options.last:
+        echo(f"note: {options.run_dir} keeps {len(found)} checkpoints; averaging those")
+    with output_lock(options.out):
+        average_checkpoints(chosen, options.out, force=options.force)
+    echo(f"averaged {', '.join(p.name for p in chosen)} into {options.out}")

@@ -1,0 +1,76 @@
+"""Running `aiayn serve`: the listening socket bound before the model loads (a port in use is a
+one-line error, not a log after seconds of loading), the app, uvicorn with the guarded protocol
+(aiayn.serve.connections), and the drain on SIGTERM or Ctrl-C: no request is taken, the queue is
+decoded for `drain_seconds`, what is left is answered 503, then the process exits (0 on SIGTERM)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import signal
+import socket
+
+import uvicorn
+
+from aiayn.config import DecodeConfig, ServeOptions
+from aiayn.device import resolve_device
+from aiayn.run import load_for_inference
+from aiayn.serve.app import LOOPBACK_NAMES, create_app
+from aiayn.serve.connections import guarded_protocol
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except (OSError, OverflowError) as error:
+        listener.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {getattr(error, 'strerror', None) or error}") from None
+    return listener
+
+
+def serve(options: ServeOptions, decode: DecodeConfig) -> None:
+    listener = _listen(options.host, options.port)
+    device = resolve_device(options.device)
+    model, tokenizer = load_for_inference(options.run_dir, device)
+    # On a loopback address only loopback names are answered (no DNS rebinding); a server on
+    # another address is meant to be reached by names this process cannot know.
+    address = listener.getsockname()[0]
+    allowed = (LOOPBACK_NAMES | {address if ":" not in address else f"[{address}]"}
+               if ipaddress.ip_address(address).is_loopback else None)
+    # The decoding copy create_app makes refuses a precision the device cannot run, in one line.
+    app = create_app(model, tokenizer, precision=decode.precision, source=str(options.run_dir),
+                     max_wait_ms=options.max_wait_ms, batch_tokens=decode.batch_tokens, max_queue=options.max_queue,
+                     max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
+                     max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib)
+    host, port = listener.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"serving {options.run_dir} ({model.num_parameters():,} parameters, {decode.precision} on {device}) at "
+          f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json)", flush=True)
+    # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
+    # little later, only ever cancels the one batch being decoded then.
+    config = uvicorn.Config(app, log_level="info" if options.access_log else "warning", access_log=options.access_log,
+                            http=guarded_protocol(options.read_timeout, options.max_connections),
+                            timeout_graceful_shutdown=options.drain_seconds + 10)
+    loop = None
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # A signal handler: it only schedules the drain, on the event loop, which takes locks.
+            if not self.should_exit and self.started:
+                loop.call_soon_threadsafe(app.state.drain, options.drain_seconds)
+            super().handle_exit(sig, frame)
+
+        async def startup(self, sockets=None) -> None:
+            nonlocal loop
+            loop = asyncio.get_running_loop()
+            await super().startup(sockets)
+
+    server = Server(config)
+    # uvicorn catches SIGTERM, drains, then raises the signal again for the handler it found:
+    # a no-op here, so that a requested stop exits 0 rather than as an interruption.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    server.run(sockets=[listener])
+    stats = app.state.batcher.stats
+    print(f"stopped: {stats.requests:,} requests, {stats.texts:,} texts in {stats.batches:,} batches", flush=True)

@@ -1,0 +1,92 @@
+"""This checkout of aiayn against another, side by side: is a change free of speed regressions?
+
+Runs speed.py's aiayn cases (one_case.py, each in a fresh process) from two checkouts in turn,
+repetition after repetition (this, other, this, other, ...), so that the machine's drift falls
+on both alike, and reports each case's median and range and the ratio this / other:
+
+    train   fp32 and bf16: target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens
+    decode  bf16 and int8, beam 4: output tokens/s of 64 sentences of 32 tokens
+
+Make the other checkout with git, e.g. `git worktree add /tmp/before HEAD~3`; each side imports
+the aiayn of its own checkout (PYTHONPATH) with this environment's packages.
+
+    python benchmarks/revisions.py --other /tmp/before --reps 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from common import command_line, default_threads, machine, spread, write_results
+
+HERE = Path(__file__).resolve().parent
+CASES = {  # label: one_case.py arguments after the common ones
+    "train fp32": ["train", "--system", "aiayn", "--precision", "fp32", "--rows", "64", "--warmup", "2", "--steps", "5"],
+    "train bf16": ["train", "--system", "aiayn", "--precision", "bf16", "--rows", "64", "--warmup", "2", "--steps", "5"],
+    "decode bf16 beam 4": ["decode", "--system", "aiayn", "--precision", "bf16", "--beam", "4", "--sentences", "64",
+                           "--warmup", "1", "--calls", "1"],
+    "decode int8 beam 4": ["decode", "--system", "aiayn", "--precision", "int8", "--beam", "4", "--sentences", "64",
+                           "--warmup", "1", "--calls", "1"],
+}
+
+
+def measure(checkout: Path, args: list[str], threads: int) -> float:
+    """tokens/s of one case, run by `checkout`'s benchmarks/one_case.py on its own aiayn."""
+    env = dict(os.environ, PYTHONPATH=str(checkout), OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, str(checkout / "benchmarks" / "one_case.py"), "--device", "cpu",
+                           "--threads", str(threads), *args], capture_output=True, text=True, env=env,
+                          cwd=checkout / "benchmarks")
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        sys.exit(f"revisions: {checkout}: {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(lines[-1])["tokens_per_s"]
+
+
+def revision(checkout: Path) -> str:
+    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() + (" + changes" if subprocess.run(
+                              ["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                              capture_output=True, text=True).stdout.strip() else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--other", type=Path, required=True, help="the other checkout (a git worktree)")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions of every case on each side (default 5)")
+    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--out", type=Path, help="result file (default results/revisions-cpu.json)")
+    args = parser.parse_args()
+    sides = {"this": HERE.parent, "other": args.other.resolve()}
+    if not (sides["other"] / "benchmarks" / "one_case.py").is_file():
+        sys.exit(f"revisions: {args.other} is not an aiayn checkout with benchmarks/one_case.py")
+    runs: dict[str, dict[str, list[float]]] = {case: {side: [] for side in sides} for case in args.cases}
+    for rep in range(args.reps):
+        for case in args.cases:
+            for side in (("this", "other") if rep % 2 == 0 else ("other", "this")):
+                runs[case][side].append(measure(sides[side], CASES[case], args.threads))
+            this, other = runs[case]["this"][-1], runs[case]["other"][-1]
+            print(f"rep {rep + 1}: {case}: this {this:,.0f} tok/s, other {other:,.0f} tok/s", flush=True)
+    import torch
+
+    results = {
+        "benchmark": "revisions", "command": command_line(), "machine": machine(torch.device("cpu"), args.threads),
+        "this": revision(sides["this"]), "other": revision(sides["other"]),
+        "cases": {case: {side: spread(values) for side, values in by_side.items()} | {
+            "ratio_of_medians": spread(by_side["this"])["median"] / spread(by_side["other"])["median"],
+            "runs": by_side} for case, by_side in runs.items()},
+    }
+    for case, result in results["cases"].items():
+        this, other = result["this"], result["other"]
+        print(f"{case}: this {this['median']:,.0f} ({this['min']:,.0f}-{this['max']:,.0f}), other "
+              f"{other['median']:,.0f} ({other['min']:,.0f}-{other['max']:,.0f}) tok/s: ×{result['ratio_of_medians']:.3f}")
+    write_results(args.out or HERE / "results" / "revisions-cpu.json", results)
+
+
+if __name__ == "__main__":
+    main()
