@@ -194,17 +194,20 @@ class Aiayn(_TorchSystem):
 
     def __init__(self, device: torch.device, precision: str, compile: bool = False, bf16_weights: bool = False) -> None:
         super().__init__(Transformer(CONFIG), device, precision)
-        # The very step aiayn's Trainer takes (aiayn.train.TrainStep): with bf16 weights it runs
-        # on a bf16 copy, Adam on the fp32 model.
-        recipe = TrainConfig(precision=precision, label_smoothing=LABEL_SMOOTHING, bf16_weights=bf16_weights,
-                             compile=compile, device=str(device))
-        self.step = TrainStep(self.model, self.optimizer, recipe, device)
+        self.compile, self.bf16_weights = compile, bf16_weights
+        self.step: Optional[TrainStep] = None  # made by the first training step (a decoding case has none)
         self.translator: Optional[Translator] = None  # its decoding copy is made once, in the warm-up call
 
     def logits(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        return self.step.net(src, tgt_in)
+        return self.model(src, tgt_in)
 
     def train_step(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> None:
+        if self.step is None:
+            # The very step aiayn's Trainer takes (aiayn.train.TrainStep): with bf16 weights it runs
+            # on a bf16 copy, Adam on the fp32 model.
+            recipe = TrainConfig(precision=self.precision, label_smoothing=LABEL_SMOOTHING, compile=self.compile,
+                                 bf16_weights=self.bf16_weights, device=str(self.device))
+            self.step = TrainStep(self.model, self.optimizer, recipe, self.device)
         self.model.train()
         tokens = int((tgt_out != CONFIG.pad_id).sum())
         self.step([Batch(src, tgt_in, tgt_out, int((src != CONFIG.pad_id).sum()), tokens)], tokens)
