@@ -510,6 +510,13 @@ class ServeOptions:
     drain_seconds: float = _option(30.0, "on SIGTERM or Ctrl-C, decode the queue for this long, then answer the rest 503",
                                    above=0, most=3600)
     access_log: bool = _option(False, "log every request")
+    # The LibreTranslate API (aiayn.serve.libre) names the model's languages; a run folder records them.
+    source_lang: Optional[str] = _option(None, "the model's source language, e.g. en (default: as its run folder says)")
+    target_lang: Optional[str] = _option(None, "the model's target language, e.g. es (default: as its run folder says)")
+    api_keys: Optional[str] = _option(None, "a file of API keys, one a line, each optionally with its requests per "
+                                      "minute: every translation then needs one (aiayn.serve.limits)", metavar="FILE")
+    req_limit: Optional[float] = _option(None, "requests per minute from one address (default: no limit)", above=0,
+                                         most=1e9)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ import json
 import shutil
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -212,6 +212,21 @@ def resolve_model_dir(path: PathLike) -> Path:
     if (path / CONFIG).is_file() and (path / WEIGHTS).is_file():
         return path
     return RunDir(path).model_dir()
+
+
+def languages_of(path: PathLike) -> tuple[Optional[str], Optional[str]]:
+    """(source, target) language of the model at `path` (a run folder, or a model folder or
+    checkpoint inside one), as its run's data recorded them; (None, None) where nothing says."""
+    path = Path(path).resolve()
+    for folder in (path, path.parent, path.parent.parent):
+        for source in (folder / DATA / "manifest.json", folder / TRAIN_CONFIG):
+            try:
+                values = read_json(source)
+            except (OSError, ValueError):
+                continue
+            if isinstance(values, dict) and values.get("src_lang") and values.get("tgt_lang"):
+                return str(values["src_lang"]), str(values["tgt_lang"])
+    return None, None
 
 
 def load_for_inference(path: PathLike, device: Union[str, torch.device] = "cpu"):

@@ -12,7 +12,8 @@ decides whether the batch shrinks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -38,6 +39,9 @@ class Hypothesis:
     tokens: list[int]  # without BOS and EOS
     log_prob: float  # log P(tokens, EOS | source)
     score: float  # log_prob / length_penalty
+    # With n_best > 1: the sentence's next best finished hypotheses, best first (LibreTranslate's
+    # "alternatives"); empty otherwise.
+    alternatives: list["Hypothesis"] = field(default_factory=list)
 
 
 class _Finished:
@@ -63,14 +67,19 @@ class _Finished:
         self.log_probs[sentence, slot] = log_probs
         self.count[alive] = (self.count[alive] + ends.sum(1)).clamp(max=self.beam)
 
-    def best(self, alpha: float) -> list[Hypothesis]:
-        """The finished hypothesis with the best score of each sentence (the first on a tie)."""
+    def best(self, alpha: float, n_best: int = 1) -> list[Hypothesis]:
+        """The finished hypothesis with the best score of each sentence (the first on a tie),
+        with the next `n_best` - 1 of it, by score, as its `alternatives`."""
         log_probs, lengths = self.log_probs[:, : self.beam], self.lengths[:, : self.beam]  # (N, k)
         scores = log_probs / ((5 + lengths + 1) / 6) ** alpha  # length_penalty, the EOS counted
-        pick = scores.argmax(dim=1, keepdim=True)  # (N, 1)
-        tokens = self.tokens.gather(1, pick.unsqueeze(-1).expand(-1, -1, self.tokens.size(-1))).squeeze(1).tolist()
-        lengths, log_probs, scores = (x.gather(1, pick).squeeze(1).tolist() for x in (lengths, log_probs, scores))
-        return [Hypothesis(t[:n], lp, s) for t, n, lp, s in zip(tokens, lengths, log_probs, scores)]
+        # A stable sort keeps the first of equal scores first, as argmax does.
+        pick = scores.sort(dim=1, descending=True, stable=True).indices[:, :n_best]  # (N, n)
+        tokens = self.tokens.gather(1, pick.unsqueeze(-1).expand(-1, -1, self.tokens.size(-1))).tolist()  # (N, n, L)
+        lengths, log_probs, scores = (x.gather(1, pick).tolist() for x in (lengths, log_probs, scores))  # (N, n)
+        ranked = [[Hypothesis(t[:n], lp, s) for t, n, lp, s in zip(*row)] for row in zip(tokens, lengths, log_probs, scores)]
+        # An empty slot (fewer finished hypotheses than asked for) has log-probability -inf.
+        return [dataclasses.replace(row[0], alternatives=[h for h in row[1:] if h.log_prob > float("-inf")])
+                for row in ranked]
 
 
 def repeat_bans(history: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -102,7 +111,7 @@ def _guard(log_probs: Tensor, history: Tensor, no_repeat_ngram: int, repetition_
 def beam_search(
     step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, beam: int = SECTION_6_1.beam,
     alpha: float = SECTION_6_1.alpha,
-    min_len: int = 0, no_repeat_ngram: int = 0, repetition_penalty: float = 1.0,
+    min_len: int = 0, no_repeat_ngram: int = 0, repetition_penalty: float = 1.0, n_best: int = 1,
 ) -> list[Hypothesis]:
     """Beam search with the paper's settings as defaults (§6.1: beam 4, α = 0.6, the caller
     sets max_len = source length + 50). Returns the best finished hypothesis of each sentence.
@@ -120,6 +129,9 @@ def beam_search(
     is barred. With beam 1 (greedy) there is nothing to rank, so a hypothesis that reaches
     max_len finishes there, without the step that would score its EOS.
 
+    With `n_best` > 1 each result also holds the sentence's next best finished hypotheses (at most
+    n_best - 1: a sentence that reached max_len may have fewer) as its `alternatives`.
+
     `no_repeat_ngram` (n > 0) and `repetition_penalty` (> 1) are the guards of fairseq, HF and
     CTranslate2 against outputs that loop; both are off by default, which is §6.1's search. A
     hypothesis' score is then the sum of the guarded log-probabilities.
@@ -129,6 +141,8 @@ def beam_search(
     """
     if beam < 1:
         raise ValueError(f"beam must be at least 1, got {beam}")
+    if not 1 <= n_best <= beam:
+        raise ValueError(f"n_best must be between 1 and the beam ({beam}), got {n_best}")
     device = max_len.device
     batch = max_len.numel()
     limit_steps = set(max_len.tolist())  # steps at which some sentence may reach its limit
@@ -178,7 +192,7 @@ def beam_search(
         scores, history, tokens = scores[keep], history[keep], token[keep].flatten()
         alive, limit = alive[keep], limit[keep]
         t += 1
-    return finished.best(alpha)
+    return finished.best(alpha, n_best)
 
 
 def greedy(

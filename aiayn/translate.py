@@ -67,6 +67,19 @@ def translate_ids(
     Sentences are sorted by length and packed up to `batch_tokens` source tokens per batch
     (times the beam), so little compute goes to padding.
     """
+    return [outputs[0] for outputs in translate_nbest(model, sources, decode, progress, **changes)]
+
+
+def translate_nbest(
+    model: Transformer,
+    sources: Sequence[Sequence[int]],
+    decode: DecodeConfig = DECODE_PRESETS["translate"],
+    progress: Optional[object] = None,
+    n_best: int = 1,
+    **changes,
+) -> list[list[list[int]]]:
+    """`translate_ids` with the `n_best` best outputs of each source, best first (fewer where the
+    search finished fewer; beam search only, n_best ≤ beam)."""
     decode = dataclasses.replace(decode, **changes) if changes else decode
     config = model.config
     device = next(model.parameters()).device
@@ -75,7 +88,7 @@ def translate_ids(
     decoder = decoding_model(model, decode.precision)
     beam = decode.beam
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    results: list[list[int]] = [[] for _ in sources]
+    results: list[list[list[int]]] = [[] for _ in sources]
     start = 0
     while start < len(order):
         end = start + 1
@@ -97,12 +110,12 @@ def translate_ids(
             max_len = max_len.to(device)  # the search keeps its state where the model is
             guards = dict(no_repeat_ngram=decode.no_repeat_ngram_size, repetition_penalty=decode.repetition_penalty)
             if beam == 1:
-                outputs = greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, decode.min_len,
-                                 **guards)
+                outputs = [[out] for out in greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len,
+                                                   decode.min_len, **guards)]
             else:
                 hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len,
-                                         beam, decode.alpha, decode.min_len, **guards)
-                outputs = [h.tokens for h in hypotheses]
+                                         beam, decode.alpha, decode.min_len, n_best=n_best, **guards)
+                outputs = [[h.tokens] + [a.tokens for a in h.alternatives] for h in hypotheses]
         for i, out in zip(chunk, outputs):
             results[i] = out
         if progress is not None:
@@ -210,6 +223,10 @@ class Translator:
         """Output ids of each source (ids without EOS), in input order; `changes` replace fields of
         the decoding settings for this call (not the precision: the copy is made)."""
         return translate_ids(self.model, sources, self.decode, progress, **changes)
+
+    def translate_nbest(self, sources: Sequence[Sequence[int]], n_best: int, **changes) -> list[list[list[int]]]:
+        """The `n_best` best outputs of each source, best first (aiayn.translate.translate_nbest)."""
+        return translate_nbest(self.model, sources, self.decode, None, n_best, **changes)
 
     def translate(self, sentences: Sequence[str], **changes) -> list[str]:
         """Detokenized translations of `sentences`, in order."""

@@ -69,6 +69,22 @@ def test_scripted_beam_search_gives_exact_hypotheses_and_scores():
     assert s.widths == [1, 2, 2]
 
 
+def test_n_best_gives_the_next_finished_hypotheses_in_score_order():
+    """Beam 2 finishes [3] (P 0.3) and [4, 5] (P 0.288): with α 0 the first is best and the other its
+    alternative, with α 0.6 the other way round; n_best 1 keeps none, n_best over the beam is refused."""
+    for alpha, order in ((0.0, [[3], [4, 5]]), (0.6, [[4, 5], [3]])):
+        s = Scripted(TABLE)
+        best = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=alpha, n_best=2)[0]
+        assert [best.tokens] + [h.tokens for h in best.alternatives] == order
+        assert best.score >= best.alternatives[0].score
+        expected = {(3,): math.log(0.3), (4, 5): math.log(0.288)}
+        assert best.alternatives[0].log_prob == pytest.approx(expected[tuple(order[1])], abs=1e-6)
+    s = Scripted(TABLE)
+    assert beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=0.0)[0].alternatives == []
+    with pytest.raises(ValueError, match="n_best must be between 1 and the beam"):
+        beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, n_best=3)
+
+
 def test_length_penalty_is_gnmt():
     assert length_penalty(1, 0.6) == 1.0
     assert length_penalty(7, 0.6) == pytest.approx(2 ** 0.6)

@@ -35,7 +35,10 @@ from aiayn.config import DECODE_PRESETS, MAX_OUTPUT_LEN, SERVE, ServeOptions
 from starlette.requests import ClientDisconnect
 
 from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, Options, QueueFull
+from aiayn.serve import libre
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
+from aiayn.serve.libre import Languages, LibreDispatch
+from aiayn.serve.limits import Admission
 from aiayn.translate import Translator, input_token_limit
 from aiayn.visualize import pair_attention
 
@@ -83,11 +86,13 @@ class ServedModel:
         self.device = next(self.model.parameters()).device
 
     def decode(self, sources: list[list[int]], options: Options) -> list[dict]:
-        outputs = self.translator.translate_ids(sources, beam=options.beam, alpha=options.alpha,
-                                                max_output_len=options.max_output_len)
+        ranked = self.translator.translate_nbest(sources, options.alternatives + 1, beam=options.beam,
+                                                 alpha=options.alpha, max_output_len=options.max_output_len)
         results = []
-        for source, output in zip(sources, outputs):
+        for source, (output, *others) in zip(sources, ranked):
             result = {"translation": self.tokenizer.decode(output)}
+            if options.alternatives:
+                result["alternatives"] = [self.tokenizer.decode(ids) for ids in others]
             if options.attention:
                 result["details"] = self.attention(source, output)
             results.append(result)
@@ -178,7 +183,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        return _error(error.status_code, str(error.detail))
+        return _error(error.status_code, str(error.detail), error.headers)
 
     @app.exception_handler(QueueFull)
     async def full(request: Request, error: QueueFull) -> JSONResponse:
@@ -237,12 +242,15 @@ def _read_request(body: TranslateRequest, tokenizer, limits: ServeOptions, text_
 def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", max_wait_ms: float = SERVE.max_wait_ms,
                batch_tokens: int = DECODE_PRESETS["translate"].batch_tokens, max_queue: int = SERVE.max_queue, max_texts: int = SERVE.max_texts,
                max_input_tokens: int = SERVE.max_input_tokens, allowed_hosts: Optional[frozenset] = LOOPBACK_NAMES,
-               max_batch_mib: float = SERVE.max_batch_mib, max_attention_mib: float = SERVE.max_attention_mib) -> FastAPI:
+               max_batch_mib: float = SERVE.max_batch_mib, max_attention_mib: float = SERVE.max_attention_mib,
+               languages: Languages = Languages(), admission: Optional[Admission] = None) -> FastAPI:
     """The ASGI app serving `model`; its batcher's thread starts now and stops, after finishing
     the queued requests, when the server shuts down. `allowed_hosts`: the Host names it answers
     to (None: any, for a server meant to be reached by other names). `max_batch_mib` bounds the
     decoding state of one batch and `max_attention_mib` the attention maps of one answer
-    (aiayn.serve.cost). `app.state.drain(seconds)`, called on the event loop, begins a stop.
+    (aiayn.serve.cost). `languages`: the model's pair, for the LibreTranslate API
+    (aiayn.serve.libre); `admission`: keys and request rates (aiayn.serve.limits), none by default.
+    `app.state.drain(seconds)`, called on the event loop, begins a stop.
 
     Length: the routes are closures over this app's batcher, model and limits, FastAPI's way;
     the checks of a request and the error answers live apart (`_read_request`,
@@ -258,8 +266,13 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
 
     batcher = Batcher(translator.decode, max_wait_ms, int(max_batch_mib * MIB), max_queue, cost=text_bytes)
     max_input_tokens = input_token_limit(config, max_input_tokens)
-    limits = dataclasses.replace(SERVE, max_texts=max_texts, max_input_tokens=max_input_tokens,
+    limits = dataclasses.replace(SERVE, max_texts=max_texts, max_input_tokens=max_input_tokens, max_queue=max_queue,
                                  max_batch_mib=max_batch_mib, max_attention_mib=max_attention_mib)
+
+    admission = admission or Admission()
+
+    def admit(request: Request, key: Optional[str]) -> None:
+        admission.admit(request.client.host if request.client else "", key)
 
     def drain(seconds: float) -> None:
         """Refuse new requests; decode what is queued for `seconds`, then answer the rest 503."""
@@ -277,6 +290,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
                               "Concurrent requests are decoded together in length-sorted batches.")
     app.state.batcher = batcher
     app.state.drain = drain
+    app.add_middleware(LibreDispatch)  # inside BodyLimit: it reads bodies already bounded
     app.add_middleware(BodyLimit)
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # added last, so it runs first
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -314,6 +328,8 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
               responses={400: {"description": "invalid JSON"}, 413: {"description": "body too large"},
                          422: {"description": "invalid field"}, 503: {"description": "queue full or shutting down"}})
     async def translate(body: TranslateRequest, request: Request):
+        bearer = request.headers.get("authorization", "")
+        admit(request, bearer[7:].strip() if bearer.lower().startswith("bearer ") else request.query_params.get("api_key"))
         texts, sources, given, options = _read_request(body, tokenizer, limits, text_bytes, config)
         results = [EMPTY] * len(texts)
         if given:
@@ -335,4 +351,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
         # weights again would double what the answer holds in memory.
         return JSONResponse(response)
 
+    libre.add_routes(app, tokenizer, languages, libre.page_translator(tokenizer, batcher, limits, text_bytes), admit,
+                     {"charLimit": -1, "frontendTimeout": 500, "apiKeys": admission.key_required,
+                      "keyRequired": admission.key_required})
     return app

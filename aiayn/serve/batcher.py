@@ -41,6 +41,7 @@ class Options:
     alpha: float = SECTION_6_1.alpha
     max_output_len: Optional[int] = None
     attention: bool = False  # also return every layer's attention weights of each text
+    alternatives: int = 0  # also return this many next best outputs of the beam (LibreTranslate's)
 
 
 def source_tokens(source: Sequence[int], options: Options) -> int:

@@ -14,9 +14,11 @@ import uvicorn
 
 from aiayn.config import DecodeConfig, ServeOptions
 from aiayn.device import resolve_device
-from aiayn.run import load_for_inference
+from aiayn.run import languages_of, load_for_inference
 from aiayn.serve.app import LOOPBACK_NAMES, create_app
 from aiayn.serve.connections import guarded_protocol
+from aiayn.serve.libre import Languages
+from aiayn.serve.limits import Admission, read_keys
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -30,7 +32,14 @@ def _listen(host: str, port: int) -> socket.socket:
     return listener
 
 
+def _languages(options: ServeOptions) -> Languages:
+    """The model's pair: as given, else as its run folder recorded it."""
+    source, target = languages_of(options.run_dir)
+    return Languages(options.source_lang or source, options.target_lang or target)
+
+
 def serve(options: ServeOptions, decode: DecodeConfig) -> None:
+    keys = read_keys(options.api_keys) if options.api_keys else None
     listener = _listen(options.host, options.port)
     device = resolve_device(options.device)
     model, tokenizer = load_for_inference(options.run_dir, device)
@@ -43,11 +52,13 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     app = create_app(model, tokenizer, precision=decode.precision, source=str(options.run_dir),
                      max_wait_ms=options.max_wait_ms, batch_tokens=decode.batch_tokens, max_queue=options.max_queue,
                      max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
-                     max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib)
+                     max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib,
+                     languages=_languages(options), admission=Admission(keys, options.req_limit))
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {options.run_dir} ({model.num_parameters():,} parameters, {decode.precision} on {device}) at "
-          f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json)", flush=True)
+          f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json; "
+          f"LibreTranslate: POST /translate with q, GET /languages, POST /detect)", flush=True)
     # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
     # little later, only ever cancels the one batch being decoded then.
     config = uvicorn.Config(app, log_level="info" if options.access_log else "warning", access_log=options.access_log,

@@ -1,0 +1,305 @@
+"""The LibreTranslate API beside aiayn's own, so that the clients people already have
+(libretranslatepy, deep-translator, browser extensions, searxng, chat bots) can use `aiayn serve`.
+
+    POST /translate   q (a string or a list), source, target, format (text or html), alternatives,
+                      api_key; as JSON, as a form, or as query parameters (clients send all three)
+                      -> {"translatedText": ...} (a string or a list, as q was), with
+                      "alternatives" (the next best outputs of the beam) when asked, and
+                      "detectedLanguage" when source was "auto"
+    GET  /languages   the model's source and target, with names
+    POST /detect      q -> [{"language": ..., "confidence": ...}]
+    GET  /frontend/settings
+
+Errors are {"error": "..."}, as LibreTranslate answers them: 400 a missing or bad field or a
+language this model does not translate, 403 a missing or unknown key, 429 over a rate limit.
+
+A POST /translate is LibreTranslate's when it is not a JSON object with aiayn's "text" field:
+a form, query parameters, or a JSON object with one of LibreTranslate's fields (`LibreDispatch`
+sends it to this module's route). One model translates one pair of languages, so `source` must be that model's source or
+"auto", and `target` its target. `/detect` cannot identify languages: it answers the model's
+source language, with as confidence the share of the text's characters that the model's
+vocabulary covers without falling back to bytes (a text in another script scores low).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+from urllib.parse import parse_qsl
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from aiayn.serve.batcher import SECTION_6_1, Options
+from aiayn.serve.cost import MIB
+from aiayn.serve.markup import join_html, split_html
+
+ROUTE = "/libretranslate/translate"  # where LibreDispatch sends LibreTranslate's POST /translate
+LIBRE_FIELDS = frozenset({"q", "source", "target", "format", "alternatives", "api_key"})  # none is aiayn's
+MAX_ALTERNATIVES = 3  # asked for more, the beam would have to widen beyond what decodes fast
+
+# ISO 639-1 names of the languages a model here is likely to translate (LibreTranslate's list).
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English", "es": "Spanish",
+    "fi": "Finnish", "fr": "French", "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian", "it": "Italian",
+    "ja": "Japanese", "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
+    "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+}
+
+
+def language_name(code: str) -> str:
+    return LANGUAGE_NAMES.get(code, code)
+
+
+@dataclass(frozen=True)
+class Languages:
+    """The one pair of languages a model translates; None where the run folder does not say."""
+
+    source: Optional[str] = None
+    target: Optional[str] = None
+
+    @property
+    def known(self) -> bool:
+        return self.source is not None and self.target is not None
+
+
+def error(status: int, message: str) -> HTTPException:
+    return HTTPException(status, message)
+
+
+def _is_aiayn_json(body: bytes) -> bool:
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return True  # aiayn's route answers bad JSON with its 400
+    return not (isinstance(value, dict) and "text" not in value and not LIBRE_FIELDS.isdisjoint(value))
+
+
+class LibreDispatch:
+    """Send LibreTranslate's POST /translate to its own route: a form or query parameters, or a
+    JSON object with one of LIBRE_FIELDS and no "text". The body (at most 1 MiB, checked before) is read once
+    and handed on unchanged."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/translate":
+            return await self.app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        content_type = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
+        if body.lstrip()[:1] in (b"{", b"["):  # JSON, whatever the header says: aiayn's unless it has q, ...
+            libre = not _is_aiayn_json(body)
+        elif content_type == b"application/json":
+            libre = False  # aiayn's route answers the bad JSON
+        else:  # a form, or query parameters
+            libre = bool(body) or b"q=" in scope.get("query_string", b"")
+        if libre:
+            scope = {**scope, "path": ROUTE, "raw_path": ROUTE.encode()}
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def request_fields(request: Request) -> dict[str, Any]:
+    """A LibreTranslate request's fields as its clients send them: query parameters, under a JSON
+    object or a form body (urlencoded or multipart) whose fields win. Repeated q fields make a list."""
+    fields: dict[str, Any] = {}
+    for key, value in request.query_params.multi_items():
+        _add(fields, key, value)
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = await request.body()
+    if content_type == "application/json" or body.lstrip()[:1] == b"{":
+        try:
+            value = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as problem:
+            raise error(400, f"Invalid request: the body is not valid JSON ({problem})") from None
+        if not isinstance(value, dict):
+            raise error(400, "Invalid request: the body must be a JSON object")
+        fields.update(value)
+    elif content_type == "multipart/form-data":
+        try:
+            form = await request.form()
+        except AssertionError:  # starlette without python-multipart
+            raise error(400, "Invalid request: send the fields as JSON or urlencoded, not multipart") from None
+        for key, value in form.multi_items():
+            _add(fields, key, value if isinstance(value, str) else "")
+    elif body:
+        try:
+            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+        except UnicodeDecodeError:
+            raise error(400, "Invalid request: the form is not UTF-8") from None
+        for key, value in pairs:
+            _add(fields, key, value)
+    return fields
+
+
+def _add(fields: dict, key: str, value: str) -> None:
+    if key == "q" and key in fields:
+        fields[key] = (fields[key] if isinstance(fields[key], list) else [fields[key]]) + [value]
+    else:
+        fields[key] = value
+
+
+def texts_of(fields: dict) -> tuple[list[str], bool]:
+    """(the texts of q, whether q was a list)."""
+    q = fields.get("q")
+    if q is None:
+        raise error(400, "Invalid request: missing q parameter")
+    if isinstance(q, str):
+        return [q], False
+    if isinstance(q, list) and all(isinstance(text, str) for text in q):
+        return list(q), True
+    raise error(400, "Invalid request: q must be a string or a list of strings")
+
+
+def check_languages(fields: dict, languages: Languages) -> bool:
+    """Whether the source was "auto"; a 400 for a pair this model does not translate."""
+    if not languages.known:
+        raise error(400, "this server does not know its model's languages; start it with --source-lang and --target-lang")
+    source, target = fields.get("source", "auto"), fields.get("target")
+    if target is None:
+        raise error(400, "Invalid request: missing target parameter")
+    pair = f"{languages.source} to {languages.target}"
+    if source not in ("auto", languages.source):
+        raise error(400, f"{source!s} is not supported as a source: this server translates {pair}")
+    if target != languages.target:
+        raise error(400, f"{target!s} is not supported as a target: this server translates {pair}")
+    return source == "auto"
+
+
+def alternatives_of(fields: dict) -> int:
+    value = fields.get("alternatives", 0)
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        raise error(400, f"Invalid request: alternatives must be a whole number, got {value!r}") from None
+    if not 0 <= count <= MAX_ALTERNATIVES:
+        raise error(400, f"Invalid request: alternatives must be between 0 and {MAX_ALTERNATIVES}, got {count}")
+    return count
+
+
+def format_of(fields: dict) -> str:
+    value = fields.get("format", "text")
+    if value not in ("text", "html"):
+        raise error(400, f"Invalid request: format must be text or html, got {value!r}")
+    return value
+
+
+def coverage(tokenizer, text: str) -> float:
+    """The share (0-100) of the text's characters that the tokenizer spells with pieces of its
+    vocabulary rather than with byte fallback or the unknown piece: the /detect confidence."""
+    stripped = "".join(text.split())
+    if not stripped:
+        return 0.0
+    pieces = [tokenizer.id_to_piece(i) for i in tokenizer.encode(text)]
+    fallback = sum(1 for p in pieces if (p.startswith("<0x") and p.endswith(">")) or p == "<unk>")
+    known = sum(len(p.replace("\u2581", "")) for p in pieces if not (p.startswith("<0x") or p == "<unk>"))
+    return round(100.0 * known / max(known + fallback, 1), 1)
+
+
+def page_translator(tokenizer, batcher, limits, text_bytes):
+    """The coroutine `add_routes` translates with: texts (pages with format=html) through the
+    server's batcher, their pieces checked against `limits` (a ServeOptions) first."""
+
+    async def translate(texts: list[str], html: bool, alternatives: int) -> list[tuple[str, list[str]]]:
+        """LibreTranslate's texts (pages with format=html): every piece to translate in one
+        submission, each piece's translation and alternatives back in its place."""
+        pages = [split_html(text) if html else ([text] if text.strip() else [], ["", ""]) for text in texts]
+        pieces = [piece for page, _ in pages for piece in page]
+        if len(pieces) > limits.max_queue:
+            raise HTTPException(400, f"Invalid request: {len(pieces)} texts (or pieces of text between HTML tags) in one "
+                                     f"request; this server takes at most {limits.max_queue} (max_queue)")
+        sources = tokenizer.encode_batch([piece.strip() for piece in pieces])
+        options = Options(max(SECTION_6_1.beam, alternatives + 1), SECTION_6_1.alpha, alternatives=alternatives)
+        for number, ids in enumerate(sources, start=1):
+            if len(ids) > limits.max_input_tokens:
+                raise HTTPException(400, f"Invalid request: text piece {number} has {len(ids)} tokens; the limit is "
+                                         f"{limits.max_input_tokens} (send shorter texts)")
+            if text_bytes(ids, options) > limits.max_batch_mib * MIB:
+                raise HTTPException(400, f"Invalid request: text piece {number} needs more decoding memory than "
+                                         f"max_batch_mib ({limits.max_batch_mib:g} MiB)")
+        results = await batcher.submit(sources, options) if sources else []
+        answers, at = [], 0
+        for page, rest in pages:
+            done, at = results[at: at + len(page)], at + len(page)
+            translated = [r["translation"] for r in done]
+            if html:
+                alternatives_of_page = [join_html([r["alternatives"][i] if i < len(r["alternatives"]) else
+                                                   r["translation"] for r in done], rest) for i in range(alternatives)]
+                answers.append((join_html(translated, rest), alternatives_of_page))
+            else:
+                answers.append((translated[0] if translated else "", done[0].get("alternatives", []) if done else []))
+        return answers
+
+    return translate
+
+
+def add_routes(app: FastAPI, tokenizer, languages: Languages, translate, admit, settings: dict) -> None:
+    """LibreTranslate's routes. `translate(texts, html, alternatives)` (a coroutine) returns, per
+    text, (its translation, its alternatives); `admit(request, key)` applies the keys and rate
+    limits; `settings` goes into /frontend/settings."""
+
+    def detected(text: str) -> dict:
+        return {"confidence": coverage(tokenizer, text), "language": languages.source}
+
+    @app.post(ROUTE, include_in_schema=False)
+    async def libre_translate(request: Request) -> JSONResponse:
+        fields = await request_fields(request)
+        admit(request, fields.get("api_key"))
+        texts, listed = texts_of(fields)
+        auto = check_languages(fields, languages)
+        alternatives, html = alternatives_of(fields), format_of(fields) == "html"
+        results = await translate(texts, html, alternatives)
+        answer: dict[str, Any] = {"translatedText": [t for t, _ in results] if listed else results[0][0]}
+        if alternatives:
+            answer["alternatives"] = [a for _, a in results] if listed else results[0][1]
+        if auto:
+            answer["detectedLanguage"] = [detected(t) for t in texts] if listed else detected(texts[0])
+        return JSONResponse(answer)
+
+    @app.api_route("/languages", methods=["GET", "POST"], tags=["LibreTranslate"])
+    async def libre_languages() -> list:
+        """The model's source language (which translates to its target) and its target."""
+        if not languages.known:
+            return []
+        return [{"code": languages.source, "name": language_name(languages.source), "targets": [languages.target]},
+                {"code": languages.target, "name": language_name(languages.target), "targets": []}]
+
+    @app.post("/detect", tags=["LibreTranslate"])
+    async def libre_detect(request: Request) -> list:
+        """The model's source language, with the share of the text its vocabulary covers."""
+        fields = await request_fields(request)
+        admit(request, fields.get("api_key"))
+        texts, _ = texts_of(fields)
+        if not languages.known:
+            raise error(400, "this server does not know its model's languages; start it with --source-lang")
+        return [detected(" ".join(texts))]
+
+    @app.get("/frontend/settings", tags=["LibreTranslate"])
+    async def libre_settings() -> dict:
+        source = {"code": languages.source, "name": language_name(languages.source or "")}
+        target = {"code": languages.target, "name": language_name(languages.target or "")}
+        return {**settings, "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+                "language": {"source": source, "target": target}}
+
+
+def retry_after(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))

@@ -1,0 +1,120 @@
+"""Keys and request rates, for a server reached from beyond this machine (as LibreTranslate's
+--api-keys and --req-limit).
+
+- A key file (`aiayn serve --api-keys FILE`): one key a line, optionally followed by that key's
+  own limit in requests per minute; `#` starts a comment. With one, every translation request
+  needs a key of the file (403 otherwise), from the LibreTranslate field `api_key`, the query
+  parameter `api_key`, or the header `Authorization: Bearer KEY`.
+- A rate per address (`--req-limit N` requests per minute), and a key's own rate: over either,
+  429 with Retry-After, the seconds until one more request is allowed.
+
+Rates are token buckets: a client may send its minute's requests at once, then one every 60 / N
+seconds. Without a key file and a rate, everything is open, as before.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+from starlette.exceptions import HTTPException
+
+
+MAX_BUCKETS = 100_000  # rate-limit entries kept before the full ones are dropped
+
+
+class Refused(HTTPException):
+    """403 or 429, with the Retry-After header for the latter."""
+
+
+def read_keys(path: Union[str, Path]) -> dict[str, Optional[float]]:
+    """key -> its requests per minute (None: the address rate only), from a key file."""
+    keys: dict[str, Optional[float]] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such key file: {path}") from None
+    for number, line in enumerate(lines, start=1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) > 2:
+            raise ValueError(f"{path}, line {number}: expected KEY or KEY REQUESTS_PER_MINUTE")
+        limit = None
+        if len(words) == 2:
+            try:
+                limit = float(words[1])
+            except ValueError:
+                limit = -1.0
+            if not 0 < limit < math.inf:
+                raise ValueError(f"{path}, line {number}: the requests per minute must be a positive number")
+        keys[words[0]] = limit
+    if not keys:
+        raise ValueError(f"{path} holds no key")
+    return keys
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    stamp: float
+
+
+@dataclass
+class Admission:
+    """Who may send a translation request now. `keys` None: no key needed; `per_address`
+    None: no rate per address. `clock` is for tests."""
+
+    keys: Optional[dict[str, Optional[float]]] = None
+    per_address: Optional[float] = None
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def key_required(self) -> bool:
+        return self.keys is not None
+
+    def admit(self, address: str, key: Optional[str]) -> None:
+        """Take one request from the address's and the key's allowance, or raise `Refused`."""
+        limits = []
+        if self.keys is not None:
+            if not key or key not in self.keys:
+                raise Refused(403, "Invalid API key" if key else "Please provide an API key (api_key)")
+            if self.keys[key] is not None:
+                limits.append((("key", key), self.keys[key]))
+        if self.per_address is not None:
+            limits.append((("address", address), self.per_address))
+        with self._lock:
+            now = self.clock()
+            if len(self._buckets) > MAX_BUCKETS:
+                self._forget_full(now)
+            waits = [self._wait(name, per_minute, now) for name, per_minute in limits]
+            if any(waits):
+                wait = max(waits)
+                over = " and ".join(f"{per_minute:g} requests a minute per {kind}"
+                                    for ((kind, _), per_minute), waited in zip(limits, waits) if waited)
+                raise Refused(429, f"Too many requests: over {over}; retry in {math.ceil(wait)} s",
+                              headers={"Retry-After": str(max(1, math.ceil(wait)))})
+            for name, _ in limits:  # taken only when every bucket has one
+                self._buckets[name].tokens -= 1
+
+    def _wait(self, name: tuple, per_minute: float, now: float) -> float:
+        """Seconds until `name`'s bucket holds a request (0: it holds one now), refilled first."""
+        rate = per_minute / 60.0
+        bucket = self._buckets.setdefault(name, _Bucket(per_minute, now))
+        bucket.tokens = min(per_minute, bucket.tokens + (now - bucket.stamp) * rate)
+        bucket.stamp = now
+        return 0.0 if bucket.tokens >= 1 else (1 - bucket.tokens) / rate
+
+    def _forget_full(self, now: float) -> None:
+        """Drop the buckets that have refilled: they hold nothing a new bucket would not, and
+        without this, clients from ever new addresses would grow the table without bound."""
+        for name, bucket in list(self._buckets.items()):
+            per_minute = self.per_address if name[0] == "address" else (self.keys or {}).get(name[1])
+            if per_minute is None or bucket.tokens + (now - bucket.stamp) * per_minute / 60.0 >= per_minute:
+                del self._buckets[name]

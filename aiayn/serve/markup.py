@@ -1,0 +1,94 @@
+"""HTML for `format=html`: the text between the tags is translated, everything else is kept.
+
+The page is read by Python's HTML parser (html.parser, the tokenizer of the HTML standard's
+shape, lenient with malformed markup as browsers are) into pieces: markup (tags with their
+attributes, comments, declarations, and the whole content of <script>, <style> and <code>),
+kept byte for byte except that end tags are written in lower case, and text, translated with
+its entities decoded and encoded again, its leading and trailing whitespace kept.
+"""
+
+from __future__ import annotations
+
+import html
+from html.parser import HTMLParser
+
+UNTRANSLATED = frozenset({"script", "style", "code", "kbd", "samp", "var"})  # content is code, not prose
+
+
+class _Pieces(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.pieces: list[tuple[bool, str]] = []  # (is text, raw source)
+        self.inside = 0  # depth in UNTRANSLATED elements
+
+    def _markup(self, raw: str) -> None:
+        self.pieces.append((False, raw))
+
+    def _text(self, raw: str) -> None:
+        if self.inside:
+            return self._markup(raw)
+        if self.pieces and self.pieces[-1][0]:  # text continued after an entity
+            self.pieces[-1] = (True, self.pieces[-1][1] + raw)
+        else:
+            self.pieces.append((True, raw))
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self._markup(self.get_starttag_text())
+        self.inside += tag in UNTRANSLATED
+
+    def handle_startendtag(self, tag, attrs) -> None:
+        self._markup(self.get_starttag_text())
+
+    def handle_endtag(self, tag) -> None:
+        self.inside -= tag in UNTRANSLATED and self.inside > 0
+        self._markup(f"</{tag}>")
+
+    def handle_data(self, data) -> None:
+        self._text(data)
+
+    def handle_entityref(self, name) -> None:
+        self._text(f"&{name};")
+
+    def handle_charref(self, name) -> None:
+        self._text(f"&#{name};")
+
+    def handle_comment(self, data) -> None:
+        self._markup(f"<!--{data}-->")
+
+    def handle_decl(self, decl) -> None:
+        self._markup(f"<!{decl}>")
+
+    def handle_pi(self, data) -> None:
+        self._markup(f"<?{data}>")
+
+    def unknown_decl(self, data) -> None:
+        self._markup(f"<![{data}]>")
+
+
+def split_html(page: str) -> tuple[list[str], list[str]]:
+    """(the texts to translate, the page's other pieces around them): the page is
+    `rest[0] + texts[0] + rest[1] + ... + texts[-1] + rest[-1]` once the texts are encoded again,
+    and `join_html(translations, rest)` builds the translated page."""
+    parser = _Pieces()
+    parser.feed(page)
+    parser.close()
+    texts, rest, kept = [], [], ""
+    for is_text, raw in parser.pieces:
+        decoded = html.unescape(raw) if is_text else ""
+        if not decoded.strip():
+            kept += raw
+            continue
+        lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
+        rest.append(kept + lead)
+        texts.append(html.unescape(raw.strip()))
+        kept = trail
+    rest.append(kept)
+    return texts, rest
+
+
+def join_html(translations: list[str], rest: list[str]) -> str:
+    """The page of `split_html` with its texts replaced by `translations`, encoded for HTML."""
+    parts = [rest[0]]
+    for text, after in zip(translations, rest[1:]):
+        parts += [html.escape(text, quote=False), after]
+    return "".join(parts)

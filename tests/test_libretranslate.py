@@ -1,0 +1,173 @@
+"""`aiayn serve` speaks LibreTranslate's API (aiayn.serve.libre): driven here by the real clients
+people use, libretranslatepy and deep-translator's LibreTranslator, against a running server. The
+model is random, so the translations are nonsense; each is checked equal to what aiayn's own
+Translator gives for the same text and settings (§6.1: beam 4, α 0.6)."""
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from deep_translator import LibreTranslator
+from deep_translator.exceptions import LanguageNotSupportedException, ServerException
+from libretranslatepy import LibreTranslateAPI
+
+from aiayn.serve.limits import Admission, Refused, read_keys
+from aiayn.serve.markup import join_html, split_html
+from aiayn.serve.process import ServerProcess
+from aiayn.tokenizer import Tokenizer
+from aiayn.translate import Translator
+from test_faults import make_model
+from test_serve import SENTENCES, request
+
+pytest.importorskip("fastapi")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("libre"))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    with ServerProcess(model_dir, "--source-lang", "en", "--target-lang", "es", "--max-wait-ms", "20") as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def translator(model_dir):
+    return Translator.load(model_dir, "cpu")
+
+
+def test_libretranslatepy_translates_lists_languages_and_detects(server, translator):
+    client = LibreTranslateAPI(server.url)
+    assert client.translate(SENTENCES[1], "en", "es") == translator.translate([SENTENCES[1]])[0]
+    assert client.languages() == [{"code": "en", "name": "English", "targets": ["es"]},
+                                  {"code": "es", "name": "Spanish", "targets": []}]
+    (detected,) = client.detect(SENTENCES[0])
+    assert detected["language"] == "en" and 0 < detected["confidence"] <= 100
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        client.translate(SENTENCES[1], "en", "fr")
+    assert refused.value.code == 400
+    assert "fr is not supported as a target" in json.loads(refused.value.read())["error"]
+
+
+def test_deep_translator_translates_one_text_and_a_batch(server, translator):
+    client = LibreTranslator(source="en", target="es", custom_url=server.url, use_free_api=False, api_key="unused")
+    assert client.translate(SENTENCES[4]) == translator.translate([SENTENCES[4]])[0]
+    assert client.translate_batch(SENTENCES[:3]) == translator.translate(SENTENCES[:3])
+    with pytest.raises(ServerException):
+        LibreTranslator(source="en", target="de", custom_url=server.url, use_free_api=False,
+                        api_key="unused").translate(SENTENCES[4])
+    with pytest.raises(LanguageNotSupportedException):  # the client's own check, before any request
+        LibreTranslator(source="en", target="klingon", custom_url=server.url, use_free_api=False, api_key="unused")
+
+
+def test_a_list_alternatives_and_auto_source_as_json(server, translator, model_dir):
+    status, answer, _ = request(server.port, "POST", "/translate",
+                                {"q": SENTENCES[:3], "source": "auto", "target": "es", "alternatives": 2})
+    assert status == 200
+    assert answer["translatedText"] == translator.translate(SENTENCES[:3])
+    tokenizer = Tokenizer.load(model_dir)
+    ranked = translator.translate_nbest(tokenizer.encode_batch(SENTENCES[:3]), 3)
+    assert answer["alternatives"] == [[tokenizer.decode(ids) for ids in outputs[1:]] for outputs in ranked]
+    assert [d["language"] for d in answer["detectedLanguage"]] == ["en"] * 3
+    # a form body and query parameters, as the clients above send them
+    for path, body, headers in (("/translate", f"q={SENTENCES[0].replace(' ', '+')}&source=en&target=es".encode(),
+                                 {"Content-Type": "application/x-www-form-urlencoded"}),
+                                (f"/translate?q={SENTENCES[0].replace(' ', '%20')}&source=en&target=es", b"", {})):
+        status, answer, _ = request(server.port, "POST", path, body, headers)
+        assert status == 200 and answer == {"translatedText": translator.translate([SENTENCES[0]])[0]}
+
+
+def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, translator):
+    page = ('<p class="lead">the small cat <b>eats the fish</b></p>\n<script>var s = "the river";</script>'
+            '<code>the big dog</code><p>the river &amp; the bridge</p>')
+    status, answer, _ = request(server.port, "POST", "/translate",
+                                {"q": page, "source": "en", "target": "es", "format": "html"})
+    assert status == 200
+    texts, rest = split_html(page)
+    assert texts == ["the small cat", "eats the fish", "the river & the bridge"]
+    assert answer["translatedText"] == join_html(translator.translate(texts), rest)
+    assert '<script>var s = "the river";</script><code>the big dog</code>' in answer["translatedText"]
+    assert answer["translatedText"].startswith('<p class="lead">')
+    for malformed in ("<p>the river <b>the fish</p>", "<div <p>the cat", "text & more <"):
+        status, answer, _ = request(server.port, "POST", "/translate",
+                                    {"q": malformed, "source": "en", "target": "es", "format": "html"})
+        assert status == 200 and isinstance(answer["translatedText"], str)
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"source": "en", "target": "es"}, "missing q"),
+    ({"q": "the cat", "source": "en"}, "missing target"),
+    ({"q": "the cat", "source": "de", "target": "es"}, "de is not supported as a source"),
+    ({"q": "the cat", "source": "en", "target": "es", "format": "pdf"}, "format must be text or html"),
+    ({"q": "the cat", "source": "en", "target": "es", "alternatives": 9}, "alternatives must be between 0 and 3"),
+    ({"q": ["the cat", 3], "source": "en", "target": "es"}, "q must be a string or a list of strings"),
+])
+def test_errors_come_in_libretranslates_shape(server, fields, says):
+    status, answer, _ = request(server.port, "POST", "/translate", fields)
+    assert status == 400 and set(answer) == {"error"} and says in answer["error"]
+
+
+def test_aiayns_own_api_is_unchanged_beside_it(server, translator):
+    status, answer, _ = request(server.port, "POST", "/translate", {"text": SENTENCES[2]})
+    assert status == 200 and answer == {"translations": translator.translate([SENTENCES[2]])}
+
+
+def test_keys_and_rates_with_the_real_client(model_dir, tmp_path, translator):
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# one a line\nsecret\nslow 2   # two requests a minute\n")
+    with ServerProcess(model_dir, "--source-lang", "en", "--target-lang", "es", "--api-keys", str(keys)) as server:
+        assert LibreTranslateAPI(server.url, api_key="secret").translate("the river", "en", "es") == \
+            translator.translate(["the river"])[0]
+        for key in (None, "wrong"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                LibreTranslateAPI(server.url, api_key=key).translate("the river", "en", "es")
+            assert refused.value.code == 403
+        slow = LibreTranslateAPI(server.url, api_key="slow")
+        slow.translate("the river", "en", "es")
+        slow.translate("the river", "en", "es")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            slow.translate("the river", "en", "es")
+        assert refused.value.code == 429 and 1 <= int(refused.value.headers["Retry-After"]) <= 30
+        status, _, _ = request(server.port, "POST", "/translate", {"text": "the river"})
+        assert status == 403  # aiayn's own API needs a key too
+        status, answer, _ = request(server.port, "POST", "/translate", {"text": "the river"},
+                                    {"Authorization": "Bearer secret"})
+        assert status == 200
+        assert request(server.port, "GET", "/languages")[0] == 200  # what it serves is no secret
+
+
+def test_a_token_bucket_allows_a_minutes_requests_then_one_every_60_over_n_seconds():
+    now = [0.0]
+    admission = Admission(per_address=3, clock=lambda: now[0])
+    for _ in range(3):
+        admission.admit("a", None)
+    with pytest.raises(Refused) as refused:
+        admission.admit("a", None)
+    assert refused.value.status_code == 429 and refused.value.headers["Retry-After"] == "20"  # 60 / 3 s
+    admission.admit("b", None)  # another address has its own
+    now[0] = 19.9
+    with pytest.raises(Refused):
+        admission.admit("a", None)
+    now[0] = 20.0
+    admission.admit("a", None)
+
+
+def test_key_files_are_read_with_one_line_errors(tmp_path):
+    good = tmp_path / "good"
+    good.write_text("a\nb 30\n\n# c\n")
+    assert read_keys(good) == {"a": None, "b": 30.0}
+    for text, says in (("", "holds no key"), ("a 0\n", "positive number"), ("a b c\n", "line 1"), ("a x\n", "line 1")):
+        bad = tmp_path / "bad"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=says):
+            read_keys(bad)
+
+
+def test_html_pieces_join_back_to_the_page():
+    page = "<!DOCTYPE html><html><body><h1 id=t>Title &eacute;t&#233;</h1><!-- note --><br/>x &lt; y</body></html>"
+    texts, rest = split_html(page)
+    assert texts == ["Title été", "x < y"]
+    assert join_html(texts, rest) == page.replace("&eacute;t&#233;", "été")  # entities come back as characters
