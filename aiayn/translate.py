@@ -20,8 +20,9 @@ from aiayn.corpora import iter_lines
 from aiayn.device import resolve_device
 from aiayn.files import file_sha256, read_json, refuse_to_replace, write_json
 from aiayn.model import Transformer
-from aiayn.run import load_for_inference, resolve_model_dir
+from aiayn.run import languages_of, load_for_inference, resolve_model_dir
 from aiayn.search import beam_search, greedy
+from aiayn.sentences import interleave, split_sentences
 from aiayn.visualize import attention_figures
 
 
@@ -151,10 +152,13 @@ def translate_stream(
     first_line: int = 1,
     progress: Optional[object] = None,
     decode: DecodeConfig = DECODE_PRESETS["translate"],
+    split: Optional[Callable[[str], tuple[list[str], list[str]]]] = None,
     **changes,
 ) -> int:
     """Decode one sentence a line, `chunk_lines` lines at a time, handing each chunk's outputs to
-    `write` in input order as soon as the chunk is done; returns the number of lines.
+    `write` in input order as soon as the chunk is done; returns the number of lines. With
+    `split` (aiayn.sentences.split_sentences for a language), a line is a paragraph: its
+    sentences are decoded with the chunk's and put back between the line's own spaces.
 
     An empty line gives an empty line. A line longer than `max_input_tokens` tokens (or than a
     learned-position model's `max_len` allows) is cut to fit, with a `note`. `finish(line,
@@ -169,22 +173,24 @@ def translate_stream(
     chunk: list[str] = []
 
     def flush() -> None:
-        sources, where = [], []
+        sources, where = [], []  # the ids of every piece; (offset, pieces, the text around them) a line
         for offset, line in enumerate(chunk):
             if not line.strip():
                 continue
-            ids = tokenizer.encode(line.strip())
-            if len(ids) > limit:
-                note(f"line {first_line + count + offset} has {len(ids)} tokens; using its first {limit}")
-                ids = ids[:limit]
-            sources.append(ids)
-            where.append(offset)
-        outputs = translate_ids(decoder, sources, decode, progress=progress)
+            pieces, rest = split(line.strip()) if split else ([line.strip()], ["", ""])
+            for ids in tokenizer.encode_batch(pieces):
+                if len(ids) > limit:
+                    note(f"line {first_line + count + offset} has {len(ids)} tokens; using its first {limit}")
+                    ids = ids[:limit]
+                sources.append(ids)
+            where.append((offset, len(pieces), rest))
+        outputs = iter(translate_ids(decoder, sources, decode, progress=None if split else progress))
         if progress is not None:
-            progress.update(len(chunk) - len(sources))  # the empty lines
+            progress.update(len(chunk) if split else len(chunk) - len(where))  # (the empty lines)
         decoded = [""] * len(chunk)
-        for offset, ids in zip(where, outputs):
-            decoded[offset] = " ".join(tokenizer.decode(ids).splitlines())
+        for offset, pieces, rest in where:
+            text = interleave([tokenizer.decode(next(outputs)) for _ in range(pieces)], rest)
+            decoded[offset] = " ".join(text.splitlines())
         write([finish(line, out) if line.strip() else "" for line, out in zip(chunk, decoded)])
 
     for line in lines:
@@ -359,9 +365,11 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         interactive = source is sys.stdin.buffer and sys.stdin.isatty()
         note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
         with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
+            lang = options.lang or languages_of(options.run_dir)[0] or "en"
+            split = (lambda text: split_sentences(text, lang)) if options.split_sentences else None
             translator.stream(iter_lines(source, name, skip), write, max_input_tokens=options.max_input_tokens,
                               finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=note,
-                              first_line=skip + 1, progress=bar)
+                              first_line=skip + 1, progress=bar, split=split)
     except BaseException as error:
         if out is not None:
             out.abandon(isinstance(error, KeyboardInterrupt))

@@ -21,7 +21,7 @@ LAYERS = {
     "base": ["files", "device"],
     "paper": ["config", "flops", "optim", "loss", "kernels", "attention", "cache", "model", "search", "tokenizer",
               "checkpoint", "parsing", "corpora", "batching"],
-    "application": ["run", "store", "prepare", "translate", "evaluate", "train", "marian", "visualize"],
+    "application": ["run", "store", "prepare", "sentences", "translate", "evaluate", "train", "marian", "visualize"],
     "front ends": ["cli", "demo", "experiment", "serve", "__main__"],
 }
 ORDER = list(LAYERS)

@@ -12,6 +12,7 @@ from deep_translator import LibreTranslator
 from deep_translator.exceptions import LanguageNotSupportedException, ServerException
 from libretranslatepy import LibreTranslateAPI
 
+from aiayn.sentences import interleave, split_sentences
 from aiayn.serve.limits import Admission, Refused, read_keys
 from aiayn.serve.markup import join_html, split_html
 from aiayn.serve.process import ServerProcess
@@ -78,6 +79,14 @@ def test_a_list_alternatives_and_auto_source_as_json(server, translator, model_d
                                 (f"/translate?q={SENTENCES[0].replace(' ', '%20')}&source=en&target=es", b"", {})):
         status, answer, _ = request(server.port, "POST", path, body, headers)
         assert status == 200 and answer == {"translatedText": translator.translate([SENTENCES[0]])[0]}
+
+
+def test_a_paragraph_is_translated_sentence_by_sentence(server, translator):
+    paragraph = "the small cat. a red bird eats the fish!\nthe river"
+    status, answer, _ = request(server.port, "POST", "/translate", {"q": paragraph, "source": "en", "target": "es"})
+    sentences, rest = split_sentences(paragraph, "en")
+    assert len(sentences) == 3 and status == 200
+    assert answer["translatedText"] == interleave(translator.translate(sentences), rest)
 
 
 def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, translator):

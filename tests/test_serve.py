@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from aiayn.model import Transformer
 from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
@@ -688,3 +689,26 @@ def test_the_page_translates_and_draws_the_attention_in_chromium(server, tmp_pat
     seen = tools.drive_page(f"http://127.0.0.1:{server}/", "\x85\nthe small cat", shot, chromium)
     assert seen["translations"] == ["", " ".join(expected["translations"][0].split())]
     assert seen["drawn"][0].startswith("cross:") and seen["colors"] > 8
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_a_low_precision_app_keeps_no_fp32_copy_of_the_weights(model_dir, precision):
+    """create_app makes the decoding copy once and keeps no reference to the fp32 model it was
+    given (`aiayn serve` lets go of its own too): the server's weights are the copy's alone."""
+    import gc
+    import weakref
+
+    from aiayn.serve.app import create_app
+
+    model = Transformer.load(model_dir)
+    app = create_app(model, Tokenizer.load(model_dir), precision=precision)
+    try:
+        fp32 = weakref.ref(model)
+        del model
+        gc.collect()
+        assert fp32() is None
+        served = app.state.batcher.decode.__self__.model
+        assert getattr(served, "inference_precision", None) == "int8" if precision == "int8" else \
+            all(p.dtype == torch.bfloat16 for p in served.parameters())
+    finally:
+        app.state.batcher.close()

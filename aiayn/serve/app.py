@@ -351,7 +351,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
         # weights again would double what the answer holds in memory.
         return JSONResponse(response)
 
-    libre.add_routes(app, tokenizer, languages, libre.page_translator(tokenizer, batcher, limits, text_bytes), admit,
+    libre.add_routes(app, tokenizer, languages, libre.page_translator(tokenizer, batcher, limits, text_bytes, languages.source or "en"), admit,
                      {"charLimit": -1, "frontendTimeout": 500, "apiKeys": admission.key_required,
                       "keyRequired": admission.key_required})
     return app

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException
 
 from aiayn.serve.batcher import SECTION_6_1, Options
 from aiayn.serve.cost import MIB
+from aiayn.sentences import interleave, split_sentences
 from aiayn.serve.markup import join_html, split_html
 
 ROUTE = "/libretranslate/translate"  # where LibreDispatch sends LibreTranslate's POST /translate
@@ -215,14 +216,15 @@ def coverage(tokenizer, text: str) -> float:
     return round(100.0 * known / max(known + fallback, 1), 1)
 
 
-def page_translator(tokenizer, batcher, limits, text_bytes):
-    """The coroutine `add_routes` translates with: texts (pages with format=html) through the
-    server's batcher, their pieces checked against `limits` (a ServeOptions) first."""
+def page_translator(tokenizer, batcher, limits, text_bytes, lang: str):
+    """The coroutine `add_routes` translates with: texts through the server's batcher, a
+    paragraph sentence by sentence (aiayn.sentences, rules for `lang`) and a page (format=html)
+    text node by text node, every piece checked against `limits` (a ServeOptions) first."""
 
     async def translate(texts: list[str], html: bool, alternatives: int) -> list[tuple[str, list[str]]]:
         """LibreTranslate's texts (pages with format=html): every piece to translate in one
         submission, each piece's translation and alternatives back in its place."""
-        pages = [split_html(text) if html else ([text] if text.strip() else [], ["", ""]) for text in texts]
+        pages = [split_html(text) if html else split_sentences(text, lang) for text in texts]
         pieces = [piece for page, _ in pages for piece in page]
         if len(pieces) > limits.max_queue:
             raise HTTPException(400, f"Invalid request: {len(pieces)} texts (or pieces of text between HTML tags) in one "
@@ -241,12 +243,11 @@ def page_translator(tokenizer, batcher, limits, text_bytes):
         for page, rest in pages:
             done, at = results[at: at + len(page)], at + len(page)
             translated = [r["translation"] for r in done]
-            if html:
-                alternatives_of_page = [join_html([r["alternatives"][i] if i < len(r["alternatives"]) else
-                                                   r["translation"] for r in done], rest) for i in range(alternatives)]
-                answers.append((join_html(translated, rest), alternatives_of_page))
-            else:
-                answers.append((translated[0] if translated else "", done[0].get("alternatives", []) if done else []))
+            join = join_html if html else interleave
+            # The i-th alternative of a paragraph: each piece's i-th (its best where it has fewer).
+            others = [join([r["alternatives"][i] if i < len(r["alternatives"]) else r["translation"] for r in done], rest)
+                      for i in range(alternatives)]
+            answers.append((join(translated, rest), others))
         return answers
 
     return translate

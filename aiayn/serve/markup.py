@@ -12,6 +12,8 @@ from __future__ import annotations
 import html
 from html.parser import HTMLParser
 
+from aiayn.sentences import interleave
+
 UNTRANSLATED = frozenset({"script", "style", "code", "kbd", "samp", "var"})  # content is code, not prose
 
 
@@ -88,7 +90,4 @@ def split_html(page: str) -> tuple[list[str], list[str]]:
 
 def join_html(translations: list[str], rest: list[str]) -> str:
     """The page of `split_html` with its texts replaced by `translations`, encoded for HTML."""
-    parts = [rest[0]]
-    for text, after in zip(translations, rest[1:]):
-        parts += [html.escape(text, quote=False), after]
-    return "".join(parts)
+    return interleave([html.escape(text, quote=False) for text in translations], rest)

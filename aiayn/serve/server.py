@@ -54,9 +54,11 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
                      max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
                      max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib,
                      languages=_languages(options), admission=Admission(keys, options.req_limit))
+    parameters = model.num_parameters()
+    del model  # a bf16 or int8 server keeps only its decoding copy, not the fp32 weights as well
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"serving {options.run_dir} ({model.num_parameters():,} parameters, {decode.precision} on {device}) at "
+    print(f"serving {options.run_dir} ({parameters:,} parameters, {decode.precision} on {device}) at "
           f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json; "
           f"LibreTranslate: POST /translate with q, GET /languages, POST /detect)", flush=True)
     # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a

@@ -1,0 +1,41 @@
+"""Paragraphs translated sentence by sentence (aiayn.sentences): split, put back around the
+paragraph's own spaces and line breaks, by the library and through `aiayn translate
+--split-sentences`."""
+
+import subprocess
+import sys
+
+from aiayn.sentences import interleave, spans_from_strings, split_sentences
+from aiayn.translate import Translator
+from test_faults import make_model
+
+
+def test_a_paragraph_splits_into_sentences_and_joins_back_byte_for_byte():
+    text = "  In the beginning God created the heavens. The earth was empty!   Darkness was there.\n\nGod said: light.  "
+    sentences, rest = split_sentences(text, "en")
+    assert sentences == ["In the beginning God created the heavens.", "The earth was empty!", "Darkness was there.",
+                         "God said: light."]
+    assert interleave(sentences, rest) == text
+    assert interleave(["X"] * 4, rest) == "  X X   X\n\nX  "  # the spaces and line breaks as they were
+    assert split_sentences("Mr. Smith went to Washington.", "en")[0] == ["Mr. Smith went to Washington."]
+    assert split_sentences("", "en") == ([], [""]) and split_sentences("no stop at the end", "en")[0] == ["no stop at the end"]
+
+
+def test_spans_of_a_splitter_that_changes_the_text_keep_what_is_left():
+    assert spans_from_strings("one. two. three", ["one.", "TWO."]) == [(0, 4), (5, 15)]
+
+
+def test_translate_split_sentences_puts_each_paragraph_on_one_line(tmp_path):
+    model = make_model(tmp_path / "model")
+    paragraphs = ["the small cat. a red bird eats the fish!", "", "the river"]
+    (tmp_path / "in.txt").write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "aiayn", "translate", str(model), "--input", str(tmp_path / "in.txt"),
+                           "--split-sentences", "--lang", "en", "--beam", "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    translator = Translator.load(model, "cpu")
+    expected = []
+    for paragraph in paragraphs:
+        sentences, rest = split_sentences(paragraph, "en")
+        out = interleave(translator.translate(sentences, beam=2), rest) if sentences else ""
+        expected.append(" ".join(out.splitlines()))
+    assert done.stdout.split("\n")[:-1] == expected
