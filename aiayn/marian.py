@@ -255,8 +255,33 @@ def _permute_residual_stream(state: dict[str, torch.Tensor], order: torch.Tensor
     return out
 
 
-def _marian_vocab(tokenizer: Tokenizer) -> dict[str, int]:
-    return {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
+# OPUS-MT models keep <pad> as the last row of their vocabulary, and CTranslate2's converter
+# drops that row from every Marian model (its decoder starts from a zero vector instead). A model
+# trained by aiayn has <pad> first, so its export adds a last row for the converter to drop: a
+# zero embedding named <pad>, the config's pad token; aiayn's own pad piece keeps its row under
+# PAD_PIECE (no text encodes to either, and generation is barred from both).
+MARIAN_PAD, PAD_PIECE = "<pad>", "<aiayn-pad>"
+
+
+def _marian_vocab(tokenizer: Tokenizer, pad_id: int) -> dict[str, int]:
+    """vocab.json of an aiayn tokenizer: its pieces by id, then Marian's <pad> as one more row."""
+    vocab = {(PAD_PIECE if i == pad_id else tokenizer.id_to_piece(i)): i for i in range(tokenizer.vocab_size)}
+    vocab[MARIAN_PAD] = tokenizer.vocab_size
+    return vocab
+
+
+def _with_pad_row(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every (vocabulary, ...) tensor with one zero row more at the end: Marian's <pad>."""
+    rows = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+            "lm_head.weight", "final_logits_bias")
+    out = dict(weights)
+    for name in rows:
+        tensor = weights[name]
+        if name == "final_logits_bias":  # (1, V)
+            out[name] = torch.cat([tensor, tensor.new_zeros(1, 1)], dim=1)
+        else:  # (V, d_model)
+            out[name] = torch.cat([tensor, tensor.new_zeros(1, tensor.size(1))])
+    return out
 
 
 def export_marian(
@@ -285,6 +310,11 @@ def export_marian(
     ).clone()
     bias = state.get("logits_bias", torch.zeros(config.vocab_size))
     weights["final_logits_bias"] = bias.reshape(1, -1).contiguous()
+    native = not isinstance(tokenizer, MarianTokenizer)  # an imported model keeps its Marian vocabulary
+    pad = config.pad_id
+    if native:
+        weights, pad = _with_pad_row(weights), config.vocab_size
+        hf = {**hf, "vocab_size": config.vocab_size + 1, "decoder_vocab_size": config.vocab_size + 1, "pad_token_id": pad}
 
     def build(folder: Path) -> None:
         atomic_write(folder / "model.safetensors", lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
@@ -293,15 +323,15 @@ def export_marian(
             "decoder_start_token_id": config.bos_id,
             "eos_token_id": config.eos_id,
             "forced_eos_token_id": config.eos_id,
-            "pad_token_id": config.pad_id,
-            "bad_words_ids": [[config.pad_id]],
+            "pad_token_id": pad,
+            "bad_words_ids": sorted({(config.pad_id,), (pad,)}),
             "num_beams": 4,  # §6.1
             "max_length": config.max_len,
         })
         if isinstance(tokenizer, MarianTokenizer):
             tokenizer.save(folder)
         else:
-            MarianTokenizer(tokenizer.model_proto, tokenizer.model_proto, _marian_vocab(tokenizer)).save(folder)
+            MarianTokenizer(tokenizer.model_proto, tokenizer.model_proto, _marian_vocab(tokenizer, config.pad_id)).save(folder)
         write_json(folder / "tokenizer_config.json", {"tokenizer_class": "MarianTokenizer", "model_max_length": config.max_len})
 
     atomic_dir(out_dir, build, force)

@@ -1,6 +1,6 @@
 """Resident memory of a server holding one model: `aiayn serve` in fp32, bf16 and int8, beside
 CTranslate2 holding the same model (`aiayn export-hf`, then CTranslate2's converter) in float32,
-bfloat16 and int8.
+bfloat16 (where this CPU has it for CTranslate2) and int8.
 
 Each is a fresh process that has answered one translation: `aiayn serve MODEL --precision P`
 (one POST /translate), and a CTranslate2 Translator loaded in a child process that translates the
@@ -101,7 +101,9 @@ def main() -> None:
                    capture_output=True)
     converter = ctranslate2.converters.TransformersConverter(str(work / "hf"))
     try:
-        ct2_dirs = {p: Path(converter.convert(str(work / f"ct2-{p}"), quantization=CT2[p], force=True)) for p in CT2}
+        supported = ctranslate2.get_supported_compute_types("cpu")  # no bfloat16 on CPUs without AMX
+        ct2_dirs = {p: Path(converter.convert(str(work / f"ct2-{p}"), quantization=CT2[p], force=True))
+                    for p in CT2 if CT2[p] in supported}
         ct2_error = None
     except ValueError as error:  # see the note written with the results
         ct2_dirs, ct2_error = {}, " ".join(str(error).split())
@@ -110,7 +112,7 @@ def main() -> None:
     for rep in range(args.reps):
         for precision in AIAYN:
             runs.setdefault(f"aiayn {precision}", []).append(aiayn_once(str(model_dir), precision))
-            if ct2_dirs:
+            if precision in ct2_dirs:
                 runs.setdefault(f"ctranslate2 {CT2[precision]}", []).append(
                     ct2_once(ct2_dirs[precision], work / "hf" / "source.spm", CT2[precision], args.threads))
             print(f"rep {rep + 1} {precision}: " + ", ".join(f"{name} {values[-1]}" for name, values in runs.items()
