@@ -5,6 +5,7 @@ Translator gives for the same text and settings (§6.1: beam 4, α 0.6)."""
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -113,6 +114,7 @@ def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, transl
     ({"q": "the cat", "source": "en", "target": "es", "format": "pdf"}, "format must be text or html"),
     ({"q": "the cat", "source": "en", "target": "es", "alternatives": 9}, "alternatives must be between 0 and 3"),
     ({"q": ["the cat", 3], "source": "en", "target": "es"}, "q must be a string or a list of strings"),
+    ({"q": ["the cat", "b\ud800c"], "source": "en", "target": "es"}, "lone surrogate"),
 ])
 def test_errors_come_in_libretranslates_shape(server, fields, says):
     status, answer, _ = request(server.port, "POST", "/translate", fields)
@@ -180,3 +182,45 @@ def test_html_pieces_join_back_to_the_page():
     texts, rest = split_html(page)
     assert texts == ["Title été", "x < y"]
     assert join_html(texts, rest) == page.replace("&eacute;t&#233;", "été")  # entities come back as characters
+
+
+def _fuzzed_libre_request(rng) -> tuple[str, bytes, dict]:
+    """(path, body, headers) of one LibreTranslate request a careless or hostile client might send."""
+    def value():
+        return rng.choice([None, True, 3, -1, 2**70, 1.5, "", "en", "es", "auto", "html", "<p>a <b>cat", "x" * 300,
+                           ["the cat", "a dog."], ["a", 7], {"q": "x"}, "\ud800"])
+
+    fields = {"q": rng.choice(["the cat. the dog!", "<p>the cat</p><script>x</script>", "a \ud800 cat", value()]),
+              "source": rng.choice(["en", "auto", value()]), "target": rng.choice(["es", value()]),
+              "format": rng.choice(["text", "html", value()]), "alternatives": rng.choice([0, 2, value()]),
+              "api_key": rng.choice([None, value()])}
+    body = {k: v for k, v in fields.items() if rng.random() < 0.85}
+    kind = rng.choice(["json", "form", "query", "bytes"])
+    if kind == "json":
+        raw = json.dumps(body).encode()
+        return "/translate", rng.choice([raw, raw[: rng.randint(0, len(raw))]]), {"Content-Type": "application/json"}
+    pairs = urllib.parse.urlencode({k: str(v) for k, v in body.items()}, errors="surrogatepass")  # bad UTF-8 too
+    if kind == "form":
+        return "/translate", pairs.encode(), {"Content-Type": "application/x-www-form-urlencoded"}
+    if kind == "query":
+        return rng.choice(["/translate", "/detect"]) + "?" + pairs, b"", {}
+    return rng.choice(["/translate", "/detect"]), bytes(rng.randint(0, 255) for _ in range(rng.randint(1, 60))), \
+        {"Content-Type": rng.choice(["application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                                     "text/plain"])}
+
+
+def test_fuzzed_libretranslate_requests_get_json_answers_and_never_a_500(server):
+    """200 LibreTranslate requests of random fields, types, encodings and bytes (derandomized):
+    each gets a JSON answer, 200 or an error in LibreTranslate's shape; the server serves on."""
+    import random
+
+    rng = random.Random(0)
+    seen = {}
+    for _ in range(200):
+        path, raw, headers = _fuzzed_libre_request(rng)
+        status, answer, _ = request(server.port, "POST", path, raw, headers, timeout=60)
+        seen[status] = seen.get(status, 0) + 1
+        assert status in (200, 400, 413, 422), (status, answer, raw[:200])
+        assert isinstance(answer, (dict, list)), (status, answer)
+    assert seen.get(200) and seen.get(400)
+    assert request(server.port, "GET", "/health")[1]["status"] == "ok"

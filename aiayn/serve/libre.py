@@ -164,11 +164,15 @@ def texts_of(fields: dict) -> tuple[list[str], bool]:
     q = fields.get("q")
     if q is None:
         raise error(400, "Invalid request: missing q parameter")
-    if isinstance(q, str):
-        return [q], False
-    if isinstance(q, list) and all(isinstance(text, str) for text in q):
-        return list(q), True
-    raise error(400, "Invalid request: q must be a string or a list of strings")
+    texts = [q] if isinstance(q, str) else q
+    if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
+        raise error(400, "Invalid request: q must be a string or a list of strings")
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # JSON's "\ud800" escape: a lone surrogate, no character at all
+            raise error(400, "Invalid request: q holds a lone surrogate, which is not Unicode text") from None
+    return list(texts), not isinstance(q, str)
 
 
 def check_languages(fields: dict, languages: Languages) -> bool:
