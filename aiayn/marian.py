@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from aiayn.checkpoint import build_model
 from aiayn.files import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
-from aiayn.config import ModelConfig
+from aiayn.config import DECODE_PRESETS, ModelConfig
 from aiayn.model import Transformer
 from aiayn.run import RunDir, resolve_model_dir
 from aiayn.tokenizer import MarianTokenizer, Tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
@@ -325,7 +325,7 @@ def export_marian(
             "forced_eos_token_id": config.eos_id,
             "pad_token_id": pad,
             "bad_words_ids": sorted({(config.pad_id,), (pad,)}),
-            "num_beams": 4,  # §6.1
+            "num_beams": DECODE_PRESETS["translate"].beam,  # §6.1
             "max_length": config.max_len,
         })
         if isinstance(tokenizer, MarianTokenizer):
