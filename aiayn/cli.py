@@ -22,7 +22,7 @@ import torch
 
 from aiayn.config import (
     DECODE_PRECISIONS, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, AttentionOptions,
-    AverageOptions, ConvertOptions, CorpusExportOptions, DecodeConfig, DemoOptions, FileDecodeOptions, InfoOptions,
+    ArgosOptions, AverageOptions, ConvertOptions, CorpusExportOptions, DecodeConfig, DemoOptions, FileDecodeOptions, InfoOptions,
     ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions,
     check_options, decode_field_problem, preset, recipe,
 )
@@ -209,6 +209,14 @@ def cmd_export_hf(args: argparse.Namespace) -> None:
     export_marian(convert.source, convert.out, force=convert.force)
 
 
+def cmd_export_argos(args: argparse.Namespace) -> None:
+    """An aiayn run or model folder -> an Argos Translate package (LibreTranslate loads those)."""
+    from aiayn.marian import export_argos
+
+    argos = options(args, ArgosOptions)
+    export_argos(argos.source, argos.out, argos.source_lang, argos.target_lang, force=argos.force)
+
+
 def cmd_corpus_export(args: argparse.Namespace) -> None:
     """Write one split of a corpus as two plain-text files."""
     from aiayn.corpora import export_split, load_corpus
@@ -295,6 +303,8 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
      ConvertOptions, None),
     ("export-hf", cmd_export_hf, "write a run as an HF MarianMTModel folder (for transformers, CTranslate2)",
      ConvertOptions, None),
+    ("export-argos", cmd_export_argos, "write a run as an Argos Translate package (.argosmodel) for LibreTranslate",
+     ArgosOptions, None),
     ("translate", cmd_translate, "translate a file or stdin, one sentence a line (§6.1 decoding)", FileDecodeOptions,
      ("translate", [f.name for f in dataclasses.fields(DecodeConfig)])),
     ("parse", cmd_parse, "parse tokenized sentences into trees (§6.3 decoding)", FileDecodeOptions,

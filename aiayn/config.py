@@ -551,6 +551,17 @@ class ConvertOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ArgosOptions:
+    """`aiayn export-argos`: an Argos Translate package, for LibreTranslate and argostranslate."""
+
+    source: str = _option(help="a run folder, a checkpoint or a model folder", positional=True, metavar="RUN_DIR")
+    out: str = _option(help="the package to write, e.g. en_es.argosmodel", positional=True, metavar="OUT")
+    source_lang: Optional[str] = _option(None, "the model's source language (default: as its run folder says)")
+    target_lang: Optional[str] = _option(None, "the model's target language (default: as its run folder says)")
+    force: bool = _option(False, "replace an existing OUT")
+
+
+@dataclass(frozen=True, kw_only=True)
 class CorpusExportOptions:
     """`aiayn corpus export`: one split of a corpus as two plain-text files."""
 

@@ -35,25 +35,13 @@ from starlette.exceptions import HTTPException
 
 from aiayn.serve.batcher import SECTION_6_1, Options
 from aiayn.serve.cost import MIB
+from aiayn.corpora import language_name
 from aiayn.sentences import interleave, split_sentences
 from aiayn.serve.markup import join_html, split_html
 
 ROUTE = "/libretranslate/translate"  # where LibreDispatch sends LibreTranslate's POST /translate
 LIBRE_FIELDS = frozenset({"q", "source", "target", "format", "alternatives", "api_key"})  # none is aiayn's
 MAX_ALTERNATIVES = 3  # asked for more, the beam would have to widen beyond what decodes fast
-
-# ISO 639-1 names of the languages a model here is likely to translate (LibreTranslate's list).
-LANGUAGE_NAMES = {
-    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English", "es": "Spanish",
-    "fi": "Finnish", "fr": "French", "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian", "it": "Italian",
-    "ja": "Japanese", "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
-    "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
-}
-
-
-def language_name(code: str) -> str:
-    return LANGUAGE_NAMES.get(code, code)
-
 
 @dataclass(frozen=True)
 class Languages:
