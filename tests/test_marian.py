@@ -200,16 +200,24 @@ def test_export_to_ctranslate2_gives_the_same_greedy_tokens(imported, tmp_path):
     assert len({tuple(o) for o in ours}) == 3
 
 
+def native_model(folder, seed: int):
+    """A random model trained-by-aiayn style (its own tokenizer, <pad> first) whose BOS is the pad
+    token: a zero start, as CTranslate2 starts a Marian decoder. Saved in `folder`."""
+    tokenizer = Tokenizer.train(TEXT, 300, folder)
+    config = ModelConfig(vocab_size=300, d_model=16, n_heads=4, d_ff=32, n_layers=2, layer_norm_eps=1e-5, dropout=0.0,
+                         bos_id=0)
+    torch.manual_seed(seed)
+    model = Transformer(config).eval()
+    model.save(folder)
+    return model, tokenizer
+
+
 def test_a_native_model_converts_to_ctranslate2_and_gives_the_same_greedy_tokens(tmp_path):
     """A model trained by aiayn (its tokenizer has <pad> first) converts with CTranslate2's own
     converter, and with BOS = pad (a zero start, as CTranslate2 starts) greedy decoding agrees."""
     ctranslate2 = pytest.importorskip("ctranslate2", reason="the `marian` extra (ctranslate2) is not installed")
-    tokenizer = Tokenizer.train(TEXT, 300, tmp_path / "model")
-    config = ModelConfig(vocab_size=300, d_model=16, n_heads=4, d_ff=32, n_layers=2, layer_norm_eps=1e-5, dropout=0.0,
-                         bos_id=0)
-    torch.manual_seed(1)
-    model = Transformer(config).eval()
-    model.save(tmp_path / "model")
+    model, tokenizer = native_model(tmp_path / "model", seed=1)
+    config = model.config
     export_marian(tmp_path / "model", tmp_path / "hf", echo=lambda _: None)
     ctranslate2.converters.TransformersConverter(str(tmp_path / "hf")).convert(str(tmp_path / "ct2"))
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", compute_type="float32")
@@ -235,12 +243,8 @@ def test_an_argos_package_holds_the_converted_model_its_tokenizer_and_languages(
 
     import sentencepiece
 
-    tokenizer = Tokenizer.train(TEXT, 300, tmp_path / "model")
-    config = ModelConfig(vocab_size=300, d_model=16, n_heads=4, d_ff=32, n_layers=2, layer_norm_eps=1e-5, dropout=0.0,
-                         bos_id=0)
-    torch.manual_seed(2)
-    model = Transformer(config).eval()
-    model.save(tmp_path / "model")
+    model, tokenizer = native_model(tmp_path / "model", seed=2)
+    config = model.config
     done = subprocess.run([sys.executable, "-m", "aiayn", "export-argos", str(tmp_path / "model"),
                            str(tmp_path / "en_es.argosmodel"), "--source-lang", "en", "--target-lang", "es"],
                           capture_output=True, text=True, timeout=300)
