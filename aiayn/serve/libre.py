@@ -24,7 +24,6 @@ vocabulary covers without falling back to bytes (a text in another script scores
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import parse_qsl
@@ -292,7 +291,3 @@ def add_routes(app: FastAPI, tokenizer, languages: Languages, translate, admit, 
         target = {"code": languages.target, "name": language_name(languages.target or "")}
         return {**settings, "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
                 "language": {"source": source, "target": target}}
-
-
-def retry_after(seconds: float) -> str:
-    return str(max(1, math.ceil(seconds)))
