@@ -11,11 +11,19 @@ because masked self-attention never lets them see later tokens. The cache keeps 
   sentence by `Transformer.init_cache` and kept once per sentence: the `beam` consecutive rows
   of a sentence share them, so reordering beams within sentences copies nothing of the memory.
 
+Sentences may also join a cache that is decoding others (`join`: continuous batching, where a
+server's new requests enter the running search between steps). Every row writes its next position
+at the same column, so a sentence that joins at column c has its positions 0, 1, ... at columns
+c, c + 1, ...: its row is padded on the left, and the columns before c are masked out of its
+self-attention. Once the sentences that joined first have left, the columns no row reads are
+dropped (`reorder`), so the buffers stay as wide as the oldest sentence still decoding.
+
 State tensors (B = batch rows = M sentences × beam; h = heads; S = source length):
   self_k[i]: (B, h, capacity, d_k)   self_v[i]: (B, h, capacity, d_v), length ≤ capacity ≤ max_len
   cross[i]:  ((M, h, S, d_k), (M, h, S, d_v)), or absent in a decoder-only model
   memory_mask: (M, 1, 1, S) bool, True = may attend, or None
-  length: number of target positions already written (the same for every row)
+  length: number of columns already written (the same for every row)
+  start: (B,) the column each row's position 0 is at, or None when every row starts at column 0
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -54,6 +63,9 @@ class KVCache:
         # step's QKᵀ would copy them (3-5× the cost of the product itself on a CPU).
         self.cross = [(k.to(dtype).contiguous(), v.to(dtype).contiguous()) for k, v in cross or []]
         self.memory_mask = memory_mask
+        self.start: Optional[Tensor] = None  # (B,), set once a sentence joins at a later column
+        self._starts = [0] * (cross[0][0].size(0) if cross else batch)  # the same per sentence, on the host
+        self.self_mask: Optional[Tensor] = None  # (B, 1, 1, length + new) for the step under way
 
     @property
     def self_k(self) -> list[Tensor]:
@@ -63,22 +75,34 @@ class KVCache:
     def self_v(self) -> list[Tensor]:
         return self._buffers[self.n_layers :]
 
-    def _move(self, i: int, indices: Optional[Tensor], capacity: int) -> None:
-        """Buffer i's rows `indices` (all rows when None), positions written so far, into the
-        other storage with room for `capacity` positions; the two storages swap roles."""
+    def _move(self, i: int, indices: Optional[Tensor], capacity: int, drop: int = 0, new_rows: int = 0) -> None:
+        """Buffer i's rows `indices` (all rows when None), the columns written so far from
+        `drop` on, into the other storage with room for `capacity` columns, followed by
+        `new_rows` rows of zeros (masked, but never NaN); the two storages swap roles."""
         buf, (current, spare) = self._buffers[i], self._stores[i]
-        rows = buf.size(0) if indices is None else indices.numel()
+        rows = (buf.size(0) if indices is None else indices.numel()) + new_rows
         need = rows * buf.size(1) * capacity * buf.size(3)
         if spare is None or spare.numel() < need or buf.requires_grad:  # a graph may hold the old one
             room = rows * buf.size(1) * self.max_len * buf.size(3)  # enough for every later step
             spare = torch.empty(room, dtype=buf.dtype, device=buf.device)
         new = spare[:need].view(rows, buf.size(1), capacity, buf.size(3))
-        written = buf[:, :, : self.length]
+        written, kept = buf[:, :, drop : self.length], rows - new_rows
         if indices is None or buf.requires_grad:  # out= records no gradient
-            new[:, :, : self.length] = written if indices is None else written.index_select(0, indices)
+            new[:kept, :, : self.length - drop] = written if indices is None else written.index_select(0, indices)
         else:
-            torch.index_select(written, 0, indices, out=new[:, :, : self.length])
+            torch.index_select(written, 0, indices, out=new[:kept, :, : self.length - drop])
+        new[kept:, :, : self.length - drop] = 0
         self._buffers[i], self._stores[i] = new, [spare, current]
+
+    def positions(self, new: int):
+        """Begin a step of `new` positions per row: their positions (an int when every row starts
+        at column 0, else (B,) the first new position of each row), and the step's `self_mask`."""
+        if self.start is None:
+            self.self_mask = None
+            return self.length
+        columns = torch.arange(self.length + new, device=self.start.device)  # (length + new,)
+        self.self_mask = (columns >= self.start[:, None])[:, None, None, :]  # (B, 1, 1, length + new)
+        return self.length - self.start  # (B,)
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new positions' keys/values of `layer`; return all positions written so far.
@@ -113,11 +137,48 @@ class KVCache:
         storages per buffer take turns."""
         if rows.numel() != sentences.numel() * beam:
             raise ValueError(f"{rows.numel()} rows are not {sentences.numel()} sentences × beam {beam}")
+        same = sentences.numel() == len(self._starts)  # the same sentences (increasing indices)
+        drop = 0
+        if not same:  # (a read-back, on the steps where sentences leave only)
+            self._starts = [self._starts[j] for j in sentences.tolist()]
+            drop = min(self._starts, default=0)  # columns no sentence still decoding reads
+            self._starts = [start - drop for start in self._starts]
         for i in range(len(self._buffers)):
-            self._move(i, rows, min(self.length + 1, self.max_len))
-        memory_rows = self.cross[0][0].size(0) if self.cross else None
-        if memory_rows is None or sentences.numel() == memory_rows:
-            return  # the same sentences (increasing indices): their memory rows stay as they are
+            self._move(i, rows, min(self.length - drop + 1, self.max_len - drop), drop)
+        self.length -= drop
+        self.max_len -= drop
+        if self.start is not None:
+            self.start = None if not any(self._starts) else self.start[rows] - drop
+        if same or not self.cross:
+            return  # their memory rows stay as they are
         self.cross = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.cross]
         if self.memory_mask is not None:
             self.memory_mask = self.memory_mask.index_select(0, sentences)
+
+    def join(self, cross: list[tuple[Tensor, Tensor]], memory_mask: Optional[Tensor], rows_each: int,
+             max_len: int) -> None:
+        """Sentences join after those decoding (between two steps): `cross` their encoder-decoder
+        keys and values per layer ((M_new, h, S_new, d) each), `memory_mask` (M_new, 1, 1, S_new)
+        or None, `rows_each` rows per sentence (every sentence has as many), `max_len` the most
+        positions any of them decodes. Their rows come after the others, padded to the others'
+        columns; memories are padded to the longest source, the padding masked."""
+        (had, _, had_len, _), (new, _, new_len, _) = self.cross[0][0].shape, cross[0][0].shape
+        width = max(had_len, new_len)
+        pad = lambda x: F.pad(x, (0, 0, 0, width - x.size(2)))  # noqa: E731  (M, h, S, d) -> (M, h, width, d)
+        self.cross = [(torch.cat([pad(k), pad(nk.to(k.dtype))]), torch.cat([pad(v), pad(nv.to(v.dtype))]))
+                      for (k, v), (nk, nv) in zip(self.cross, cross)]
+
+        def padded(mask: Optional[Tensor], sentences: int, length: int) -> Tensor:  # -> (sentences, 1, 1, width)
+            if mask is None:  # no padding: every source position may be attended
+                mask = torch.ones(sentences, 1, 1, length, dtype=torch.bool, device=self.cross[0][0].device)
+            return F.pad(mask, (0, width - length))
+
+        self.memory_mask = torch.cat([padded(self.memory_mask, had, had_len), padded(memory_mask, new, new_len)])
+        self.max_len = max(self.max_len, self.length + max_len)
+        for i in range(len(self._buffers)):
+            self._move(i, None, min(self.length + 1, self.max_len), new_rows=new * rows_each)
+        rows = self._buffers[0].size(0)
+        old = self.start if self.start is not None else torch.zeros(rows - new * rows_each, dtype=torch.long,
+                                                                    device=self._buffers[0].device)
+        self.start = torch.cat([old, old.new_full((new * rows_each,), self.length)])  # (B,)
+        self._starts += [self.length] * new

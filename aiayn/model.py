@@ -63,17 +63,23 @@ class PositionalEncoding(nn.Module):
             table = sinusoidal_positions(config.max_len, config.d_model, self.concat)  # (max_len, d_model)
             self.register_buffer("table", table, persistent=False)
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """x: (B, L, d_model), the embeddings of positions start .. start + L - 1."""
-        end = start + x.size(1)
+    def forward(self, x: Tensor, start: Union[int, Tensor] = 0) -> Tensor:
+        """x: (B, L, d_model), the embeddings of positions start .. start + L - 1; `start` is an
+        int, or a LongTensor (B,) with each row's own (rows that joined a decoding later)."""
+        if isinstance(start, Tensor):
+            end = int(start.max()) + x.size(1)
+            rows = start[:, None] + torch.arange(x.size(1), device=x.device)  # (B, L) positions
+        else:
+            end = start + x.size(1)
+            rows = slice(start, end)
         if self.kind == "learned":
             if end > self.max_len:
                 raise ValueError(f"position {end - 1} is beyond the {self.max_len} learned positions (max_len)")
-            return x + self.table.weight[start:end]
+            return x + self.table.weight[rows]
         if end > self.table.size(0):
             # Sinusoids extend to any length (§3.5: "extrapolate to sequence lengths longer").
             self.table = sinusoidal_positions(end, x.size(-1), self.concat).to(self.table.device)
-        return x + self.table[start:end].to(x.dtype)
+        return x + self.table[rows].to(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,7 +205,7 @@ class DecoderLayer(nn.Module):
             if cache is None:
                 return self.self_attn(y, y, y, need_weights=need_weights, causal=True)
             k, v = cache.append(index, *self.self_attn.keys_values(y, y))  # (B, h, T_total, d)
-            return self.self_attn(y, need_weights=need_weights, keys_values=(k, v), causal=True)
+            return self.self_attn(y, mask=cache.self_mask, need_weights=need_weights, keys_values=(k, v), causal=True)
 
         def cross_attention(y: Tensor):
             if cache is None:
@@ -268,7 +274,7 @@ class Decoder(nn.Module):
         need_weights: bool = False,
     ):
         """tgt: (B, T) -> (hidden (B, T, d_model), [per layer (self weights, cross weights)])."""
-        start = 0 if cache is None else cache.length
+        start = 0 if cache is None else cache.positions(tgt.size(1))  # an int, or (B,) per row
         x = self.dropout(self.positions(self.embed(tgt), start))  # (B, T, d_model)
         all_weights = []
         for index, layer in enumerate(self.layers):
@@ -410,11 +416,16 @@ class Transformer(_Model):
         the encoder-decoder keys and values of every layer, computed here once per sentence, and
         empty self-attention buffers. `beam`: the beam size of the search that will use it."""
         d_k, d_v = self.config.head_dims
-        cross = [layer.cross_attn.keys_values(memory, memory) for layer in self.decoder.layers]  # [((B, h, S, d_k), (B, h, S, d_v))]
+        cross = self.memory_keys_values(memory)
         return KVCache(
             self.config.n_layers, memory.size(0), self.config.n_heads, d_k, d_v, max_len,
             cache_dtype(self, memory, beam), memory.device, cross, memory_mask,
         )
+
+    def memory_keys_values(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Every decoder layer's encoder-decoder keys and values of `memory` (B, S, d_model):
+        [((B, h, S, d_k), (B, h, S, d_v))] per layer, what a decoding state keeps of a sentence."""
+        return [layer.cross_attn.keys_values(memory, memory) for layer in self.decoder.layers]
 
     @torch.no_grad()
     def attention_maps(self, src: Tensor, tgt: Tensor) -> dict[str, list[Tensor]]:

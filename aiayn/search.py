@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.config import DECODE_PRESETS
@@ -45,38 +46,56 @@ class Hypothesis:
 
 
 class _Finished:
-    """The finished hypotheses of every sentence, on the device (N sentences, k = beam, L = the
-    longest output): tokens (N, k + 1, L), lengths (N, k + 1), log_probs (N, k + 1), count (N,).
-    Slot k takes the hypotheses beyond a sentence's k-th, which are never read."""
+    """The finished hypotheses of each sentence decoding, on the device, its rows in step with
+    the search's sentences (M sentences, k = beam, L = the longest output any may reach):
+    tokens (M, k + 1, L) right-aligned (a hypothesis of n tokens in the last n columns), lengths
+    (M, k + 1), log_probs (M, k + 1), count (M,). Slot k takes the hypotheses beyond a sentence's
+    k-th, which are never read."""
 
-    def __init__(self, sentences: int, beam: int, longest: int, device: torch.device) -> None:
+    def __init__(self, beam: int, device: torch.device) -> None:
         self.beam = beam
-        self.tokens = torch.zeros(sentences, beam + 1, max(longest, 1), dtype=torch.long, device=device)
-        self.lengths = torch.zeros(sentences, beam + 1, dtype=torch.long, device=device)
-        self.log_probs = torch.full((sentences, beam + 1), float("-inf"), device=device)
-        self.count = torch.zeros(sentences, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(0, beam + 1, 1, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(0, beam + 1, dtype=torch.long, device=device)
+        self.log_probs = torch.zeros(0, beam + 1, device=device)
+        self.count = torch.zeros(0, dtype=torch.long, device=device)
 
-    def add(self, alive: Tensor, ends: Tensor, log_probs: Tensor, tokens: Tensor) -> None:
-        """Sentences `alive` (B,) finish the hypotheses where `ends` (B, j) is set, with their
-        log-probabilities (B, j) and output tokens (B, j, t), in rank order."""
-        slot = self.count[alive].unsqueeze(1) + ends.cumsum(1) - 1  # (B, j)
+    def join(self, sentences: int, longest: int) -> None:
+        """Room for `sentences` more, whose outputs reach at most `longest` tokens."""
+        width = max(longest, self.tokens.size(-1))
+        tokens = F.pad(self.tokens, (width - self.tokens.size(-1), 0))  # (M, k + 1, width)
+        self.tokens = torch.cat([tokens, tokens.new_zeros(sentences, self.beam + 1, width)])
+        self.lengths = torch.cat([self.lengths, self.lengths.new_zeros(sentences, self.beam + 1)])
+        self.log_probs = torch.cat([self.log_probs, self.log_probs.new_full((sentences, self.beam + 1), float("-inf"))])
+        self.count = torch.cat([self.count, self.count.new_zeros(sentences)])
+
+    def keep(self, sentences: Tensor, longest: int) -> None:
+        """Only `sentences` (M',) go on, whose outputs reach at most `longest` tokens."""
+        self.tokens = self.tokens[sentences, :, self.tokens.size(-1) - max(longest, 1) :]
+        self.lengths, self.log_probs, self.count = self.lengths[sentences], self.log_probs[sentences], self.count[sentences]
+
+    def add(self, ends: Tensor, log_probs: Tensor, tokens: Tensor, lengths: Tensor) -> None:
+        """Every sentence finishes the hypotheses where `ends` (M, j) is set, with their
+        log-probabilities (M, j) and output tokens (M, j, t), right-aligned, `lengths` (M,) of
+        them real, in rank order."""
+        slot = self.count.unsqueeze(1) + ends.cumsum(1) - 1  # (M, j)
         slot = torch.where(ends & (slot < self.beam), slot, self.beam)
-        sentence = alive.unsqueeze(1).expand_as(slot)  # (B, j)
-        self.tokens[sentence, slot, : tokens.size(-1)] = tokens
-        self.lengths[sentence, slot] = tokens.size(-1)
+        sentence = torch.arange(slot.size(0), device=slot.device).unsqueeze(1).expand_as(slot)  # (M, j)
+        self.tokens[sentence, slot, self.tokens.size(-1) - tokens.size(-1) :] = tokens
+        self.lengths[sentence, slot] = lengths.unsqueeze(1)
         self.log_probs[sentence, slot] = log_probs
-        self.count[alive] = (self.count[alive] + ends.sum(1)).clamp(max=self.beam)
+        self.count = (self.count + ends.sum(1)).clamp(max=self.beam)
 
-    def best(self, alpha: float, n_best: int = 1) -> list[Hypothesis]:
-        """The finished hypothesis with the best score of each sentence (the first on a tie),
-        with the next `n_best` - 1 of it, by score, as its `alternatives`."""
-        log_probs, lengths = self.log_probs[:, : self.beam], self.lengths[:, : self.beam]  # (N, k)
+    def best(self, sentences: Tensor, alpha: float, n_best: int = 1) -> list[Hypothesis]:
+        """The finished hypothesis with the best score of each of `sentences` (the first on a
+        tie), with the next `n_best` - 1 of it, by score, as its `alternatives`."""
+        log_probs, lengths = self.log_probs[sentences, : self.beam], self.lengths[sentences, : self.beam]  # (N, k)
         scores = log_probs / ((5 + lengths + 1) / 6) ** alpha  # length_penalty, the EOS counted
         # A stable sort keeps the first of equal scores first, as argmax does.
         pick = scores.sort(dim=1, descending=True, stable=True).indices[:, :n_best]  # (N, n)
-        tokens = self.tokens.gather(1, pick.unsqueeze(-1).expand(-1, -1, self.tokens.size(-1))).tolist()  # (N, n, L)
+        tokens = self.tokens[sentences].gather(1, pick.unsqueeze(-1).expand(-1, -1, self.tokens.size(-1))).tolist()  # (N, n, L)
         lengths, log_probs, scores = (x.gather(1, pick).tolist() for x in (lengths, log_probs, scores))  # (N, n)
-        ranked = [[Hypothesis(t[:n], lp, s) for t, n, lp, s in zip(*row)] for row in zip(tokens, lengths, log_probs, scores)]
+        ranked = [[Hypothesis(t[len(t) - n :], lp, s) for t, n, lp, s in zip(*row)]
+                  for row in zip(tokens, lengths, log_probs, scores)]
         # An empty slot (fewer finished hypotheses than asked for) has log-probability -inf.
         return [dataclasses.replace(row[0], alternatives=[h for h in row[1:] if h.log_prob > float("-inf")])
                 for row in ranked]
@@ -92,20 +111,178 @@ def repeat_bans(history: Tensor, n: int) -> tuple[Tensor, Tensor]:
     return match, grams[:, :, n - 1]
 
 
-def _guard(log_probs: Tensor, history: Tensor, no_repeat_ngram: int, repetition_penalty: float) -> None:
+def _guard(log_probs: Tensor, history: Tensor, pad: int, no_repeat_ngram: int, repetition_penalty: float) -> None:
     """The decoding guards, in place on log_probs (R, V) for rows whose outputs so far are history
-    (R, t). Repetition penalty (CTRL, Keskar et al. 2019, as HF and CTranslate2 apply it): the
-    log-probability of a token the row has already produced is multiplied by the penalty (it is
-    ≤ 0, so the token gets less likely). No-repeat n-gram: a token that would complete an n-gram
-    the row already holds gets -inf. Neither ever touches EOS, which no output holds."""
+    (R, t), right-aligned after `pad` (the EOS, which no output holds). Repetition penalty (CTRL,
+    Keskar et al. 2019, as HF and CTranslate2 apply it): the log-probability of a token the row
+    has already produced is multiplied by the penalty (it is ≤ 0, so the token gets less likely).
+    No-repeat n-gram: a token that would complete an n-gram the row already holds gets -inf.
+    Neither ever touches EOS."""
     if history.size(1) == 0:
         return
     if repetition_penalty != 1.0:
+        eos = log_probs[:, pad].clone()  # the padding's scatter below must leave EOS as it was
         log_probs.scatter_(1, history, log_probs.gather(1, history) * repetition_penalty)  # (R, t) values
+        log_probs[:, pad] = eos
     if no_repeat_ngram and history.size(1) >= no_repeat_ngram:
         match, follow = repeat_bans(history, no_repeat_ngram)  # (R, t - n + 1)
+        match &= history.unfold(1, no_repeat_ngram, 1)[:, :, 0] != pad  # an n-gram with padding in it is none
         hits = torch.zeros_like(log_probs, dtype=torch.int32).scatter_add_(1, follow, match.int())  # (R, V)
         log_probs.masked_fill_(hits > 0, float("-inf"))
+
+
+class BeamSearch:
+    """The state of beam search (§6.1) between steps, so that sentences can join it and leave it
+    while it runs (continuous batching: a server's new requests enter between two steps, and a
+    finished sentence leaves at once). `beam_search` below is one batch joining at step 0.
+
+    The rows are the live beams of the live sentences, flattened sentence-major: row b·w + j is
+    beam j of live sentence b, w the width (1 before the first step, then k = beam). State, on
+    the device (B = live sentences, t = steps taken, V = vocabulary):
+      scores (B, w) cumulative log-probabilities; history (B, w, W) the tokens output so far,
+      right-aligned (sentence b has output t - joined[b] of them; the columns before are EOS);
+      joined (B,) the step each sentence joined at; deadline (B,) the step it reaches max_len;
+      finished (`_Finished`) its finished hypotheses.
+    Each step takes the top 2k candidates of (B, w·V) so that k of them continue even if up to k
+    end in EOS; an EOS among the top k finishes a hypothesis. A sentence leaves once it has k
+    finished hypotheses (every beam has finished) or reaches max_len, where only EOS is allowed.
+    Before `min_len` tokens EOS is barred. With beam 1 (greedy) there is nothing to rank, so a
+    hypothesis that reaches max_len finishes there, without the step that would score its EOS.
+
+    A sentence that joins a running search comes with w rows, the first with score 0 and the
+    others -inf, so no candidate of theirs is ranked: its first step has one beam, as at step 0.
+    The caller gives its model state the same rows (`join` returns w). `no_repeat_ngram` (n > 0)
+    and `repetition_penalty` (> 1) are the guards of fairseq, HF and CTranslate2 against outputs
+    that loop; off by default, which is §6.1's search. A hypothesis' score is then the sum of the
+    guarded log-probabilities.
+    """
+
+    def __init__(self, step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, device: torch.device,
+                 beam: int = SECTION_6_1.beam, min_len: int = 0, no_repeat_ngram: int = 0,
+                 repetition_penalty: float = 1.0) -> None:
+        if beam < 1:
+            raise ValueError(f"beam must be at least 1, got {beam}")
+        self.model_step, self.reorder = step, reorder
+        self.bos_id, self.eos_id, self.device, self.beam = bos_id, eos_id, device, beam
+        self.min_len, self.no_repeat_ngram, self.repetition_penalty = min_len, no_repeat_ngram, repetition_penalty
+        self.t = 0
+        self.scores = torch.zeros(0, 1, device=device)
+        self.history = torch.empty(0, 1, 0, dtype=torch.long, device=device)
+        self.tokens = torch.empty(0, dtype=torch.long, device=device)
+        self.joined = torch.empty(0, dtype=torch.long, device=device)
+        self.deadline = torch.empty(0, dtype=torch.long, device=device)
+        self.finished = _Finished(beam, device)
+        # On the host, per live sentence: the caller's key, (alpha, n_best), the step it joined,
+        # its deadline. Steps read nothing back for them but the number of sentences done.
+        self.keys: list = []
+        self.settings: list[tuple[float, int]] = []
+        self._joined: list[int] = []
+        self._deadlines: list[int] = []
+
+    @property
+    def live(self) -> int:
+        """Sentences still decoding."""
+        return len(self.keys)
+
+    def join(self, max_len: Tensor, keys: list, alpha: float = SECTION_6_1.alpha, n_best: int = 1) -> int:
+        """Sentences join after those decoding, with at most `max_len` (N,) output tokens each;
+        `step` gives back their `keys` as they finish, with their best hypothesis under `alpha`
+        and n_best - 1 alternatives. Returns the rows per sentence their model state needs."""
+        if not 1 <= n_best <= self.beam:
+            raise ValueError(f"n_best must be between 1 and the beam ({self.beam}), got {n_best}")
+        width, count, limits = self.scores.size(1), max_len.numel(), max_len.tolist()
+        if not self.live:
+            self.t, width = 0, 1
+            self.scores = self.scores.new_zeros(0, 1)
+            self.history = self.history.new_zeros(0, 1, 0)
+        scores = self.scores.new_full((count, width), float("-inf"))
+        scores[:, 0] = 0
+        self.scores = torch.cat([self.scores, scores])
+        self.history = torch.cat([self.history, self.history.new_full((count, width, self.history.size(2)), self.eos_id)])
+        self.tokens = torch.cat([self.tokens, self.tokens.new_full((count * width,), self.bos_id)])
+        self.joined = torch.cat([self.joined, self.joined.new_full((count,), self.t)])
+        self.deadline = torch.cat([self.deadline, max_len.to(self.device) + self.t])
+        self.finished.join(count, max(limits, default=0))
+        self.keys += keys
+        self.settings += [(alpha, n_best)] * count
+        self._joined += [self.t] * count
+        self._deadlines += [self.t + limit for limit in limits]
+        return width
+
+    def step(self) -> list[tuple]:
+        """One decoding step of every live sentence; returns (key, Hypothesis) of those that
+        finished.
+
+        Length: one step of the search reads top to bottom here, as the state above describes it;
+        cut into functions, that state would pass through each of them.
+        """
+        beam, t, device = self.beam, self.t, self.device
+        live, width = self.scores.shape
+        log_probs = self.model_step(self.tokens).float()  # (B·w, V)
+        if self.no_repeat_ngram or self.repetition_penalty != 1.0:
+            _guard(log_probs, self.history.reshape(live * width, -1), self.eos_id, self.no_repeat_ngram,
+                   self.repetition_penalty)
+        log_probs = log_probs.view(live, width, -1)  # (B, w, V)
+        vocab = log_probs.size(-1)
+        at_limit = self.deadline <= t  # (B,)
+        candidates = self.scores.unsqueeze(-1) + log_probs  # (B, w, V)
+        if t < max(self._joined) + self.min_len or t in self._deadlines:
+            eos = torch.arange(vocab, device=device) == self.eos_id  # (V,)
+            barred = eos & (t - self.joined < self.min_len)[:, None, None]  # (B, 1, V)
+            barred = torch.where(at_limit[:, None, None], ~eos, barred)  # (B, 1, V)
+            candidates.masked_fill_(barred, float("-inf"))  # in place: a (B, k, V) copy less per step
+        candidates = candidates.view(live, width * vocab)  # (B, w·V)
+        top_scores, top = candidates.topk(min(2 * beam, width * vocab), dim=1)  # (B, 2k)
+        parent, token = top // vocab, top % vocab  # (B, 2k)
+        is_eos = token == self.eos_id
+        ends = is_eos[:, :beam] & (top_scores[:, :beam] > float("-inf"))  # (B, k)
+        steps = t - self.joined  # (B,) tokens output so far
+        paths = self.history.gather(1, parent[:, :beam, None].expand(-1, -1, self.history.size(2)))  # (B, k, W)
+        self.finished.add(ends, top_scores[:, :beam], paths, steps)
+        # The k best candidates that do not end in EOS continue (a stable sort keeps the ranking).
+        pick = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :beam]  # (B, k)
+        scores, parent, token = top_scores.gather(1, pick), parent.gather(1, pick), token.gather(1, pick)  # (B, k)
+        history = torch.cat([self.history.gather(1, parent.unsqueeze(-1).expand(-1, -1, self.history.size(2))),
+                             token.unsqueeze(-1)], -1)  # (B, k, W + 1)
+        done = at_limit | (self.finished.count >= beam)  # (B,)
+        if beam == 1:
+            full = ~done & (self.deadline <= t + 1)  # (B,)
+            self.finished.add(full.unsqueeze(1), scores, history, steps + 1)
+            done |= full
+        n_done = int(done.sum())  # the one number read back per step
+        self.t += 1
+        if not n_done:
+            if beam > 1:  # greedy rows never move unless sentences leave
+                self.reorder((torch.arange(live, device=device).unsqueeze(1) * width + parent).flatten(),
+                             torch.arange(live, device=device), beam)
+            self.scores, self.history, self.tokens = scores, history, token.flatten()
+            return []
+        leaving = done.nonzero().squeeze(1)  # (N,)
+        results = self._results(leaving)
+        keep = (~done).nonzero().squeeze(1)  # (B',)
+        kept = keep.tolist()
+        self.keys, self.settings = [self.keys[i] for i in kept], [self.settings[i] for i in kept]
+        self._joined, self._deadlines = [self._joined[i] for i in kept], [self._deadlines[i] for i in kept]
+        if kept:
+            self.reorder((keep.unsqueeze(1) * width + parent[keep]).flatten(), keep, beam)  # parents' rows (B'·k,)
+        oldest = self.t - min(self._joined, default=self.t)  # the most tokens a live sentence has output
+        self.scores, self.tokens = scores[keep], token[keep].flatten()
+        self.history = history[keep, :, history.size(2) - oldest :]
+        self.joined, self.deadline = self.joined[keep], self.deadline[keep]
+        self.finished.keep(keep, max((d - j for d, j in zip(self._deadlines, self._joined)), default=1))
+        return results
+
+    def _results(self, leaving: Tensor) -> list[tuple]:
+        """(key, best hypothesis) of the sentences `leaving` (N,), in their order."""
+        rows = leaving.tolist()
+        by_setting: dict[tuple[float, int], list[int]] = {}
+        for i, row in enumerate(rows):
+            by_setting.setdefault(self.settings[row], []).append(i)
+        best: list = [None] * len(rows)
+        for (alpha, n_best), positions in by_setting.items():
+            for i, hypothesis in zip(positions, self.finished.best(leaving[positions], alpha, n_best)):
+                best[i] = hypothesis
+        return [(self.keys[row], hypothesis) for row, hypothesis in zip(rows, best)]
 
 
 def beam_search(
@@ -114,85 +291,19 @@ def beam_search(
     min_len: int = 0, no_repeat_ngram: int = 0, repetition_penalty: float = 1.0, n_best: int = 1,
 ) -> list[Hypothesis]:
     """Beam search with the paper's settings as defaults (§6.1: beam 4, α = 0.6, the caller
-    sets max_len = source length + 50). Returns the best finished hypothesis of each sentence.
-
-    The rows are the live beams of the live sentences, flattened sentence-major: row b·k + j is
-    beam j of live sentence b. State, on the device (B = live sentences, k = beams, t = tokens so
-    far, V = vocabulary):
-      scores (B, k) cumulative log-probabilities; history (B, k, t) tokens; limit (B,) max_len;
-      alive (B,) the sentence of each live row group; finished (`_Finished`) per sentence.
-    At step 0 only one beam per sentence exists (all beams would be equal), so the search starts
-    with B rows and widens to B·k after the first step. Each step takes the top 2k candidates of
-    (B, k·V) so that k of them continue even if up to k end in EOS; an EOS among the top k
-    finishes a hypothesis. A sentence leaves the batch once it has k finished hypotheses (every
-    beam has finished) or reaches max_len, where only EOS is allowed. Before `min_len` tokens EOS
-    is barred. With beam 1 (greedy) there is nothing to rank, so a hypothesis that reaches
-    max_len finishes there, without the step that would score its EOS.
-
-    With `n_best` > 1 each result also holds the sentence's next best finished hypotheses (at most
-    n_best - 1: a sentence that reached max_len may have fewer) as its `alternatives`.
-
-    `no_repeat_ngram` (n > 0) and `repetition_penalty` (> 1) are the guards of fairseq, HF and
-    CTranslate2 against outputs that loop; both are off by default, which is §6.1's search. A
-    hypothesis' score is then the sum of the guarded log-probabilities.
-
-    Length: one step of the search reads top to bottom here, as the state above describes it;
-    cut into functions, that state would pass through each of them.
-    """
-    if beam < 1:
-        raise ValueError(f"beam must be at least 1, got {beam}")
-    if not 1 <= n_best <= beam:
-        raise ValueError(f"n_best must be between 1 and the beam ({beam}), got {n_best}")
-    device = max_len.device
-    batch = max_len.numel()
-    limit_steps = set(max_len.tolist())  # steps at which some sentence may reach its limit
-    finished = _Finished(batch, beam, max(limit_steps, default=0), device)
-    alive = torch.arange(batch, device=device)
-    limit = max_len.clone()
-    scores = torch.zeros(batch, 1, device=device)
-    history = torch.empty(batch, 1, 0, dtype=torch.long, device=device)
-    tokens = torch.full((batch,), bos_id, dtype=torch.long, device=device)
-    t = 0
-    while alive.numel():
-        live, width = scores.shape
-        log_probs = step(tokens).float()  # (B·k_cur, V)
-        if no_repeat_ngram or repetition_penalty != 1.0:
-            _guard(log_probs, history.reshape(live * width, t), no_repeat_ngram, repetition_penalty)
-        log_probs = log_probs.view(live, width, -1)  # (B, k_cur, V)
-        vocab = log_probs.size(-1)
-        at_limit = limit <= t  # (B,)
-        candidates = scores.unsqueeze(-1) + log_probs  # (B, k_cur, V)
-        if t < min_len or t in limit_steps:
-            eos = torch.arange(vocab, device=device) == eos_id  # (V,)
-            barred = eos if t < min_len else torch.zeros_like(eos)
-            barred = torch.where(at_limit[:, None, None], ~eos, barred)  # (B, 1, V)
-            candidates.masked_fill_(barred, float("-inf"))  # in place: a (B, k, V) copy less per step
-        candidates = candidates.view(live, width * vocab)  # (B, k_cur·V)
-        top_scores, top = candidates.topk(min(2 * beam, width * vocab), dim=1)  # (B, 2k)
-        parent, token = top // vocab, top % vocab  # (B, 2k)
-        is_eos = token == eos_id
-        ends = is_eos[:, :beam] & (top_scores[:, :beam] > float("-inf"))  # (B, k)
-        paths = history.gather(1, parent[:, :beam, None].expand(-1, -1, t))  # (B, k, t)
-        finished.add(alive, ends, top_scores[:, :beam], paths)
-        # The k best candidates that do not end in EOS continue (a stable sort keeps the ranking).
-        pick = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :beam]  # (B, k)
-        scores, parent, token = top_scores.gather(1, pick), parent.gather(1, pick), token.gather(1, pick)  # (B, k)
-        history = torch.cat([history.gather(1, parent.unsqueeze(-1).expand(-1, -1, t)), token.unsqueeze(-1)], -1)
-        done = at_limit | (finished.count[alive] >= beam)  # (B,)
-        if beam == 1:
-            full = ~done & (limit <= t + 1)  # (B,)
-            finished.add(alive, full.unsqueeze(1), scores, history)
-            done |= full
-        n_done = int(done.sum())  # the one number read back per step
-        if n_done == live:
-            break
-        keep = (~done).nonzero().squeeze(1) if n_done else torch.arange(live, device=device)  # (B',)
-        if n_done or beam > 1:  # greedy rows never move unless sentences leave
-            reorder((keep.unsqueeze(1) * width + parent[keep]).flatten(), keep, beam)  # parents' rows (B'·k,)
-        scores, history, tokens = scores[keep], history[keep], token[keep].flatten()
-        alive, limit = alive[keep], limit[keep]
-        t += 1
-    return finished.best(alpha, n_best)
+    sets max_len = source length + 50) over a batch of sentences whose model state `step` and
+    `reorder` already hold (one row per sentence: `BeamSearch` widens them to k after the first
+    step). Returns the best finished hypothesis of each sentence, with, for `n_best` > 1, its
+    next best finished ones (at most n_best - 1: a sentence that reached max_len may have fewer)
+    as its `alternatives`. The guards: those of `BeamSearch`."""
+    search = BeamSearch(step, reorder, bos_id, eos_id, max_len.device, beam, min_len, no_repeat_ngram,
+                        repetition_penalty)
+    search.join(max_len, list(range(max_len.numel())), alpha, n_best)
+    results: list = [None] * max_len.numel()
+    while search.live:
+        for key, hypothesis in search.step():
+            results[key] = hypothesis
+    return results
 
 
 def greedy(

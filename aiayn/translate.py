@@ -21,7 +21,7 @@ from aiayn.device import resolve_device
 from aiayn.files import file_sha256, read_json, refuse_to_replace, write_json
 from aiayn.model import Transformer
 from aiayn.run import languages_of, load_for_inference, resolve_model_dir
-from aiayn.search import beam_search, greedy
+from aiayn.search import BeamSearch, beam_search, greedy
 from aiayn.sentences import interleave, split_sentences
 from aiayn.visualize import attention_figures
 
@@ -36,6 +36,12 @@ class ModelStep:
         self.model = model
         memory, mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
         self.cache = model.init_cache(memory, mask, max_len, beam)
+
+    def join(self, src: Tensor, max_len: int, rows_each: int) -> None:
+        """Sentences `src` (N, S) join the decoding state after those in it, with `rows_each`
+        rows each (the search's width) and up to `max_len` positions."""
+        memory, mask = self.model.encode(src)  # (N, S, d_model), (N, 1, 1, S)
+        self.cache.join(self.model.memory_keys_values(memory), mask, rows_each, max_len)
 
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
@@ -96,16 +102,7 @@ def translate_nbest(
         while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) * beam <= decode.batch_tokens:
             end += 1
         chunk = order[start:end]
-        longest = max(len(sources[i]) + 1 for i in chunk)
-        src = torch.full((len(chunk), longest), config.pad_id, dtype=torch.long)
-        for row, i in enumerate(chunk):
-            ids = list(sources[i]) + [config.eos_id]
-            src[row, : len(ids)] = torch.tensor(ids)
-        max_len = torch.tensor([len(sources[i]) + decode.extra_len for i in chunk])
-        if decode.max_output_len is not None:
-            max_len = max_len.clamp(max=decode.max_output_len)
-        if config.positional == "learned":  # the search may feed one position past the limit
-            max_len = max_len.clamp(max=config.max_len - 1)
+        src, max_len = padded_batch(config, [sources[i] for i in chunk], decode)
         with torch.inference_mode():
             stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1, beam)
             max_len = max_len.to(device)  # the search keeps its state where the model is
@@ -124,6 +121,66 @@ def translate_nbest(
         start = end
     model.train(was_training)
     return results
+
+
+def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig) -> tuple[Tensor, Tensor]:
+    """Sources (token ids without EOS) as one batch: src (N, S) with EOS, padded; max_len (N,)
+    the most output tokens of each (source + `extra_len`, at most `max_output_len`, and no more
+    than learned positions allow)."""
+    longest = max(len(ids) + 1 for ids in sources)
+    src = torch.full((len(sources), longest), config.pad_id, dtype=torch.long)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids) + 1] = torch.tensor(list(ids) + [config.eos_id])
+    max_len = torch.tensor([len(ids) + decode.extra_len for ids in sources])
+    if decode.max_output_len is not None:
+        max_len = max_len.clamp(max=decode.max_output_len)
+    if config.positional == "learned":  # the search may feed one position past the limit
+        max_len = max_len.clamp(max=config.max_len - 1)
+    return src, max_len
+
+
+class ContinuousDecoding:
+    """Continuous batching: sentences join the running search (aiayn.search.BeamSearch) between
+    two steps and leave it as soon as they finish, instead of waiting for a whole batch to end.
+    A server's decoding thread keeps one per beam size: every sentence has its own α, number of
+    outputs and output limit. `model` is a decoding copy (`decoding_model`)."""
+
+    def __init__(self, model: Transformer, decode: DecodeConfig = DECODE_PRESETS["translate"]) -> None:
+        self.model, self.decode, self.config = model, decode, model.config
+        self.device = next(model.parameters()).device
+        self.state: Optional[ModelStep] = None
+        self.search = BeamSearch(lambda tokens: self.state.step(tokens),
+                                 lambda *rows: self.state.reorder(*rows),
+                                 self.config.bos_id, self.config.eos_id, self.device, decode.beam, decode.min_len,
+                                 decode.no_repeat_ngram_size, decode.repetition_penalty)
+
+    @property
+    def live(self) -> int:
+        """Sentences decoding."""
+        return self.search.live
+
+    def join(self, sources: Sequence[Sequence[int]], keys: list, alpha: float, n_best: int = 1,
+             max_output_len: Optional[int] = None) -> None:
+        """Sources (token ids without EOS) join; `step` gives their `keys` back as they finish."""
+        decode = dataclasses.replace(self.decode, max_output_len=max_output_len)
+        src, max_len = padded_batch(self.config, sources, decode)
+        src, positions = src.to(self.device), int(max_len.max()) + 1
+        with torch.inference_mode():
+            fresh = not self.search.live
+            width = self.search.join(max_len.to(self.device), keys, alpha, n_best)
+            if fresh:
+                self.state = ModelStep(self.model, src, positions, self.decode.beam)
+            else:
+                self.state.join(src, positions, width)
+
+    def step(self) -> list[tuple]:
+        """One step of every sentence decoding; returns (key, [output ids, then the alternatives])
+        of those that finished."""
+        with torch.inference_mode():
+            finished = self.search.step()
+        if not self.search.live:
+            self.state = None  # the next sentence starts a fresh state
+        return [(key, [h.tokens] + [a.tokens for a in h.alternatives]) for key, h in finished]
 
 
 def input_token_limit(config, max_input_tokens: int) -> int:

@@ -10,6 +10,8 @@ and the error count per mode (medians and range over repetitions), the throughpu
 servers' resident memory. Writes results/serve-load-CPUKIND-PRECISION.json.
 
     python benchmarks/serve_load.py runs/demo                         # 16 clients, 3 × 30 s each
+    python benchmarks/serve_load.py runs/demo --compare-with ../old   # and 16 clients against the
+                                                                      # aiayn of another checkout
     python benchmarks/serve_load.py runs/demo --memory-minutes 10     # 16 clients for 10 minutes:
                                                                       # resident memory every 5 s
 The memory run writes results/serve-memory-CPUKIND.json and docs/serve-memory-CPUKIND.png (with
@@ -19,10 +21,12 @@ The memory run writes results/serve-memory-CPUKIND.json and docs/serve-memory-CP
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import random
 import statistics
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -118,6 +122,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--memory-minutes", type=float, help="instead: one run of --clients for this long, memory sampled")
+    parser.add_argument("--compare-with", type=Path, metavar="CHECKOUT",
+                        help="also serve the model with the aiayn of this source tree (e.g. a git worktree of an older "
+                             "revision) to the same clients, interleaved")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not Path(args.run_dir).exists():
@@ -140,22 +147,34 @@ def main() -> None:
             write_results(args.out or RESULTS / f"serve-memory-{kind}.json", results)
             plot_memory(sampler.samples, args, kind, run)
             return
-        with ServerProcess(args.run_dir, *options, "--max-wait-ms", "0") as alone:
+        with contextlib.ExitStack() as stack:
+            alone = stack.enter_context(ServerProcess(args.run_dir, *options, "--max-wait-ms", "0"))
+            baseline = args.compare_with and stack.enter_context(
+                ServerProcess(args.run_dir, *options, checkout=args.compare_with))
             load(alone.port, 1, 3, verses, 0)
+            if baseline:
+                load(baseline.port, 2, 3, verses, 0)
+                results["baseline"] = {"checkout": str(args.compare_with), "revision": revision(args.compare_with)}
             reps = []
             for rep in range(args.reps):
-                start = rep * 97  # each repetition its own verses; both modes the same ones
+                start = rep * 97  # each repetition its own verses; every mode the same ones
                 one = load(alone.port, 1, args.seconds, verses, start)
                 many = load(batching.port, args.clients, args.seconds, verses, start)
                 reps.append({"one_at_a_time": one, "concurrent": many,
                              "ratio": many["sentences_per_s"] / one["sentences_per_s"]})
-                print(f"rep {rep + 1}: one at a time {one['sentences_per_s']:.1f} sentences/s, "
-                      f"{args.clients} clients {many['sentences_per_s']:.1f} sentences/s "
-                      f"({reps[-1]['ratio']:.2f}×), errors {one['errors']} / {many['errors']}", flush=True)
+                line = (f"rep {rep + 1}: one at a time {one['sentences_per_s']:.1f} sentences/s, "
+                        f"{args.clients} clients {many['sentences_per_s']:.1f} sentences/s ({reps[-1]['ratio']:.2f}×)")
+                if baseline:
+                    old = load(baseline.port, args.clients, args.seconds, verses, start)
+                    reps[-1].update(baseline_concurrent=old, vs_baseline=many["sentences_per_s"] / old["sentences_per_s"])
+                    line += f", {args.compare_with}: {old['sentences_per_s']:.1f} sentences/s"
+                print(f"{line}, errors {one['errors']} / {many['errors']}", flush=True)
             results["reps"] = reps
             results["summary"] = summarize(reps)
             results["rss_mib"] = {"batching_server": status_mib("VmRSS", batching.pid),
                                   "one_at_a_time_server": status_mib("VmRSS", alone.pid)}
+            if baseline:
+                results["rss_mib"]["baseline_server"] = status_mib("VmRSS", baseline.pid)
             results["health"] = get(batching.port, "/health")
     write_results(args.out or RESULTS / f"serve-load-{kind}-{args.precision}.json", results)
 
@@ -166,9 +185,18 @@ def machine_info() -> dict:
     return machine(torch.device("cpu"), default_threads())
 
 
+def revision(checkout: Path) -> str:
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
 def summarize(reps: list[dict]) -> dict:
     summary = {"ratio": spread([r["ratio"] for r in reps])}
-    for mode in ("one_at_a_time", "concurrent"):
+    modes = ["one_at_a_time", "concurrent"]
+    if "vs_baseline" in reps[0]:
+        summary["vs_baseline"] = spread([r["vs_baseline"] for r in reps])
+        modes.append("baseline_concurrent")
+    for mode in modes:
         runs = [r[mode] for r in reps]
         summary[mode] = {
             "sentences_per_s": spread([r["sentences_per_s"] for r in runs]),

@@ -200,6 +200,34 @@ def test_cached_decoding_equals_full_forward(changes):
     assert cache.length == 7
 
 
+@pytest.mark.parametrize(
+    "changes", [{}, {"norm_first": True}, {"positional": "learned"}, {"d_k": 3, "d_v": 5}, {"neighborhood": 4}]
+)
+@pytest.mark.numeric
+def test_a_sentence_that_joins_a_decoding_cache_gets_its_own_full_forward(changes):
+    """Continuous batching: a sentence with a longer source joins two that have decoded 3
+    positions (its positions start at column 3, its memory is padded against theirs); when the
+    first two leave, the columns only they read are dropped. Every step equals the full forward
+    of its row."""
+    model = tiny(**changes)
+    src, later = tokens([[5, 6, 7, 8, 9], [10, 11]]), tokens([[12, 13, 14, 15, 16, 17, 18]])
+    tgt = torch.randint(4, 50, (3, 6))
+    memory, mask = model.encode(src)
+    cache = model.init_cache(memory, mask, max_len=7)
+    first = model.decode(tgt[:2, :3], cache=cache)  # (2, 3, V)
+    torch.testing.assert_close(first, model(src, tgt[:2, :3]), atol=1e-5, rtol=1e-5)
+    new_memory, new_mask = model.encode(later)
+    cache.join(model.memory_keys_values(new_memory), new_mask, rows_each=1, max_len=5)
+    for t in range(2):  # rows 0 and 1 at positions 3 and 4, row 2 at 0 and 1
+        step = model.decode(torch.cat([tgt[:2, 3 + t], tgt[2:, t]]).unsqueeze(1), cache=cache)  # (3, 1, V)
+        torch.testing.assert_close(step[:2, 0], model(src, tgt[:2, : 4 + t])[:, -1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(step[2, 0], model(later, tgt[2:, : 1 + t])[0, -1], atol=1e-5, rtol=1e-5)
+    cache.reorder(torch.tensor([2]), torch.tensor([2]), beam=1)  # the first two leave
+    assert cache.length == 2 and cache.start is None  # their three columns dropped
+    step = model.decode(tgt[2:, 2:3], cache=cache)
+    torch.testing.assert_close(step[0, 0], model(later, tgt[2:, :3])[0, -1], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.numeric
 def test_cache_reorder_follows_the_rows():
     """As a beam search of beam 2 uses it: widen each sentence to its beams, let a sentence

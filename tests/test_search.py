@@ -2,15 +2,16 @@
 against the model: greedy = argmax of the full forward, cached = uncached, batched = one sentence
 at a time."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from aiayn.config import ModelConfig
+from aiayn.config import DECODE_PRESETS, ModelConfig
 from aiayn.model import Transformer
 from aiayn.search import beam_search, greedy, length_penalty
-from aiayn.translate import ModelStep
+from aiayn.translate import ContinuousDecoding, ModelStep
 
 BOS, EOS, VOCAB = 1, 2, 6
 
@@ -201,6 +202,33 @@ def test_batched_equals_one_sentence_at_a_time():
         alone = beam_search(one.step, one.reorder, 1, 2, max_len[i : i + 1])[0]
         assert alone.tokens == together[i].tokens
         assert alone.score == pytest.approx(together[i].score, abs=1e-4)
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("beam", [1, 4])
+def test_sentences_that_join_a_running_search_get_what_they_get_alone(beam):
+    """Continuous batching: sentences join the search at steps 0, 2 and 5, and one after the
+    search has emptied; they leave as they finish. Each gets the tokens, and the alternatives, it
+    gets decoded alone (§6.1), though its positions start at another column of the cache and its
+    memory is padded to the longest source decoding beside it."""
+    model = random_model(2)
+    ids = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21], [20], [21, 22, 23]]
+    decode = dataclasses.replace(DECODE_PRESETS["translate"], beam=beam, extra_len=8)
+    decoding = ContinuousDecoding(model, decode)
+    pending, got, step, emptied = {0: [0, 1], 2: [2], 5: [3], 40: [4]}, {}, 0, False
+    while pending or decoding.live:
+        emptied |= not decoding.live and step > 0
+        due = pending.pop(step, []) if decoding.live else pending.pop(min(pending))
+        if due:
+            decoding.join([ids[i] for i in due], due, alpha=0.6, n_best=beam)
+        got.update(decoding.step())
+        step += 1
+    assert sorted(got) == [0, 1, 2, 3, 4] and emptied
+    for i, outputs in got.items():
+        one = ModelStep(model, torch.tensor([ids[i] + [2]]), len(ids[i]) + 9)
+        alone = beam_search(one.step, one.reorder, 1, 2, torch.tensor([len(ids[i]) + 8]), beam=beam, n_best=beam)[0]
+        assert outputs == [alone.tokens] + [h.tokens for h in alone.alternatives]
+    assert any(len(outputs[0]) < len(ids[i]) + 8 for i, outputs in got.items())  # some end by EOS
 
 
 def test_bad_beam():

@@ -2,6 +2,7 @@
 against a real server process on loopback with a tiny random model."""
 
 import asyncio
+import contextlib
 import http.client
 import importlib.util
 import json
@@ -35,25 +36,60 @@ ROOT = Path(__file__).resolve().parent.parent
 # ---------------------------------------------------------------------------------------------
 # The batcher, with a fake decoder: which texts were decoded together, and who got what back.
 
-class FakeDecoder:
-    def __init__(self, gate: threading.Event = None) -> None:
-        self.batches: list[tuple[list, Options]] = []
-        self.gate = gate
+class FakeSearch:
+    """A search whose text `source` finishes after len(source) steps with "beam:sum(source)"; it
+    records what joined (sources, options) and the sources decoding at each step."""
 
-    def __call__(self, sources, options):
-        if self.gate is not None:
-            self.gate.wait(10)
-        self.batches.append(([list(s) for s in sources], options))
-        return [f"{options.beam}:{sum(s)}" for s in sources]
+    def __init__(self, beam: int, log: "FakeEngine") -> None:
+        self.beam, self.log, self.texts = beam, log, []
+
+    @property
+    def live(self) -> int:
+        return len(self.texts)
+
+    def join(self, sources, keys, options):
+        self.log.joins.append(([list(s) for s in sources], options))
+        self.texts += [[key, list(source), len(source)] for key, source in zip(keys, sources)]
+
+    def step(self):
+        if self.log.gate is not None:
+            self.log.gate.wait(10)
+        if self.log.failures:
+            self.log.failures -= 1
+            raise RuntimeError("out of memory")
+        self.log.steps.append((self.beam, [source for _, source, _ in self.texts]))
+        self.log.decoding.append(sum(search.beam * len(source) for search in self.log.searches
+                                     for _, source, _ in search.texts))
+        for text in self.texts:
+            text[2] -= 1
+        done = [(key, f"{self.beam}:{sum(source)}") for key, source, left in self.texts if left <= 0]
+        self.texts = [text for text in self.texts if text[2] > 0]
+        return done
+
+
+class FakeEngine:
+    """The batcher's `engine`: a FakeSearch per beam size, with one log of joins and steps."""
+
+    def __init__(self, gate: threading.Event = None, failures: int = 0) -> None:
+        self.joins, self.steps, self.gate, self.failures = [], [], gate, failures
+        self.searches, self.decoding = [], []  # at each step: beam × tokens of the texts decoding
+
+    def __call__(self, beam):
+        self.searches.append(FakeSearch(beam, self))
+        return self.searches[-1]
+
+    @property
+    def decoded(self):
+        return [source for sources, _ in self.joins for source in sources]
 
 
 def run(coroutine):
     return asyncio.run(coroutine)
 
 
-def test_concurrent_requests_share_a_batch_and_get_their_own_results():
-    decoder = FakeDecoder()
-    batcher = Batcher(decoder, max_wait_ms=200)
+def test_concurrent_requests_join_one_search_and_get_their_own_results():
+    engine = FakeEngine()
+    batcher = Batcher(engine, max_wait_ms=200)
 
     async def main():
         requests = [[[i, 1]] * (1 + i % 3) for i in range(8)]
@@ -62,13 +98,37 @@ def test_concurrent_requests_share_a_batch_and_get_their_own_results():
     requests, results = run(main())
     batcher.close()
     assert results == [[f"4:{i + 1}"] * (1 + i % 3) for i in range(8)]
-    assert len(decoder.batches) == 1 and len(decoder.batches[0][0]) == sum(len(r) for r in requests)
-    assert batcher.stats.as_dict()["mean_batch_texts"] == len(decoder.batches[0][0])
+    assert len(engine.joins) == 1 and len(engine.joins[0][0]) == sum(len(r) for r in requests)
+    assert batcher.stats.as_dict()["mean_step_texts"] == len(engine.joins[0][0])  # two steps of all
 
 
-def test_budget_and_options_split_batches():
-    decoder = FakeDecoder()
-    batcher = Batcher(decoder, max_wait_ms=200, budget=40)  # cost = (2 + 1) tokens × beam
+def test_a_request_joins_the_running_search_and_leaves_it_when_done():
+    """A one-step text sent while a ten-step text decodes joins at the next step and is answered
+    while the long one still decodes: it does not wait for the search to end."""
+    gate = threading.Event()
+    engine = FakeEngine(gate)
+    batcher = Batcher(engine, max_wait_ms=0)
+
+    async def main():
+        long = asyncio.ensure_future(batcher.submit([[1] * 10], Options()))
+        while not batcher.stats.joins:
+            await asyncio.sleep(0.01)
+        short = asyncio.ensure_future(batcher.submit([[5]], Options()))
+        await asyncio.sleep(0.05)
+        answered = []
+        for name, future in (("long", long), ("short", short)):
+            future.add_done_callback(lambda _, name=name: answered.append(name))
+        gate.set()
+        return await long, await short, answered
+
+    assert run(main()) == (["4:10"], ["4:5"], ["short", "long"])
+    batcher.close()
+    assert [sources for _, sources in engine.steps] == [[[1] * 10], [[1] * 10, [5]]] + [[[1] * 10]] * 8
+
+
+def test_the_budget_bounds_the_texts_decoding_and_beam_sizes_have_their_own_search():
+    engine = FakeEngine()
+    batcher = Batcher(engine, max_wait_ms=200, budget=40)  # cost = (2 + 1) tokens × beam
 
     async def main():
         greedy = [batcher.submit([[1, 1]], Options(beam=1)) for _ in range(3)]
@@ -78,18 +138,20 @@ def test_budget_and_options_split_batches():
     results = run(main())
     batcher.close()
     assert results == [["1:2"]] * 3 + [["4:4"]] * 6
-    for sources, options in decoder.batches:  # one beam size per batch, within the token budget
-        assert len({tuple(s) for s in sources}) == 1 and len(sources) * 3 * options.beam <= 40
-    assert sum(len(sources) for sources, _ in decoder.batches) == 9
+    for beam, sources in engine.steps:  # one beam size per search
+        assert {tuple(s) for s in sources} == ({(1, 1)} if beam == 1 else {(2, 2)})
+    # What decodes at once, all searches together, within the budget: cost (2 + 1) tokens × beam.
+    assert max(engine.decoding) * 3 / 2 <= 40 and len(engine.decoding) == len(engine.steps)
+    assert len(engine.decoded) == 9
 
 
 def test_a_full_queue_refuses_and_a_cancelled_request_is_not_decoded():
     gate = threading.Event()
-    decoder = FakeDecoder(gate)
-    batcher = Batcher(decoder, max_wait_ms=0, max_queue=3)
+    engine = FakeEngine(gate)
+    batcher = Batcher(engine, max_wait_ms=0, max_queue=3, budget=12)  # one text at a time
 
     async def main():
-        first = asyncio.ensure_future(batcher.submit([[1]], Options()))  # taken: the decoder waits on the gate
+        first = asyncio.ensure_future(batcher.submit([[1]], Options()))  # taken: the search waits on the gate
         while batcher.queued_texts or not batcher.stats.requests:
             await asyncio.sleep(0.01)
         waiting = asyncio.ensure_future(batcher.submit([[5], [5]], Options()))
@@ -105,33 +167,24 @@ def test_a_full_queue_refuses_and_a_cancelled_request_is_not_decoded():
 
     assert run(main()) == (["4:1"], ["4:3"] * 3)
     batcher.close()
-    decoded = [s for sources, _ in decoder.batches for s in sources]
-    assert [5] not in decoded and batcher.stats.cancelled == 1
+    assert [5] not in engine.decoded and batcher.stats.cancelled == 1
 
 
-def test_a_failing_batch_reaches_its_callers_and_the_thread_lives_on():
-    calls = []
-
-    def decode(sources, options):
-        calls.append(sources)
-        if len(calls) == 1:
-            raise RuntimeError("out of memory")
-        return ["ok"] * len(sources)
-
-    batcher = Batcher(decode, max_wait_ms=0)
+def test_a_failing_step_reaches_its_callers_and_the_thread_lives_on():
+    batcher = Batcher(FakeEngine(failures=1), max_wait_ms=0)
 
     async def main():
         with pytest.raises(RuntimeError, match="out of memory"):
             await batcher.submit([[1]], Options())
         return await batcher.submit([[2]], Options())
 
-    assert run(main()) == ["ok"]
+    assert run(main()) == ["4:2"]
     batcher.close()
 
 
 def test_close_finishes_the_queue_then_refuses():
     gate = threading.Event()
-    batcher = Batcher(FakeDecoder(gate), max_wait_ms=0)
+    batcher = Batcher(FakeEngine(gate), max_wait_ms=0)
 
     async def main():
         pending = [asyncio.ensure_future(batcher.submit([[i]], Options())) for i in range(3)]
@@ -147,16 +200,16 @@ def test_close_finishes_the_queue_then_refuses():
     assert run(main()) == [["4:0"], ["4:1"], ["4:2"]]
 
 
-def test_a_large_request_goes_in_budget_sized_batches_and_a_later_one_waits_for_one_batch_at_most():
-    """20 texts of cost 12 over a budget of 48: five batches of 4. A request that arrives while
-    the first is decoded goes into the second, ahead of the large request's rest."""
+def test_a_large_request_joins_as_room_frees_and_a_later_one_goes_first():
+    """20 texts of cost 12 over a budget of 48: four decode at once. A request that arrives
+    while the first four decode takes the first room that frees, ahead of the large one's rest."""
     gate = threading.Event()
-    decoder = FakeDecoder(gate)
-    batcher = Batcher(decoder, max_wait_ms=0, budget=48)  # cost = (2 + 1) tokens × beam 4
+    engine = FakeEngine(gate)
+    batcher = Batcher(engine, max_wait_ms=0, budget=48)  # cost = (2 + 1) tokens × beam 4
 
     async def main():
         large = asyncio.ensure_future(batcher.submit([[1, i] for i in range(20)], Options()))
-        while batcher.queued_texts != 16:  # the first 4 are taken: the decoder waits on the gate
+        while batcher.queued_texts != 16:  # the first 4 are taken: the search waits on the gate
             await asyncio.sleep(0.01)
         small = asyncio.ensure_future(batcher.submit([[9, 9]], Options()))
         await asyncio.sleep(0.05)
@@ -166,15 +219,14 @@ def test_a_large_request_goes_in_budget_sized_batches_and_a_later_one_waits_for_
     large, small = run(main())
     batcher.close()
     assert large == [f"4:{1 + i}" for i in range(20)] and small == ["4:18"]  # each its own, in order
-    sizes = [len(sources) for sources, _ in decoder.batches]
-    assert all(3 * 4 * size <= 48 for size in sizes) and sum(sizes) == 21
-    assert decoder.batches[1][0][0] == [9, 9]  # the second batch, not the sixth
+    assert all(len(sources) <= 4 for _, sources in engine.steps) and len(engine.decoded) == 21
+    assert engine.joins[1][0][0] == [9, 9]  # first in the second join, not after the large one
 
 
 def test_expire_answers_the_waiting_requests_without_decoding_them():
     gate = threading.Event()
-    decoder = FakeDecoder(gate)
-    batcher = Batcher(decoder, max_wait_ms=0, budget=12)  # one text a batch
+    engine = FakeEngine(gate)
+    batcher = Batcher(engine, max_wait_ms=0, budget=12)  # one text at a time
 
     async def main():
         first = asyncio.ensure_future(batcher.submit([[1, 1]], Options()))
@@ -191,9 +243,9 @@ def test_expire_answers_the_waiting_requests_without_decoding_them():
             await later
         return await first
 
-    assert run(main()) == ["4:2"]  # the batch being decoded finishes
+    assert run(main()) == ["4:2"]  # the text decoding finishes
     batcher.close()
-    assert [sources for sources, _ in decoder.batches] == [[[1, 1]]]
+    assert engine.decoded == [[1, 1]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,22 +373,37 @@ def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(server, body
     assert request(server, "POST", "/translate", {"text": "the cat"})[0] == 200
 
 
-def test_a_failing_batch_is_a_json_500_and_the_next_request_succeeds(model_dir):
+class Hooked:
+    """A server's search whose steps first wait for `gate`, and raise the errors of `failures`
+    one a step while there are any."""
+
+    def __init__(self, search, failures=(), gate=None) -> None:
+        self.search, self.failures, self.gate = search, failures, gate
+
+    @property
+    def live(self):
+        return self.search.live
+
+    def join(self, sources, keys, options):
+        self.search.join(sources, keys, options)
+
+    def step(self):
+        if self.gate is not None:
+            self.gate.wait(60)
+        if self.failures:
+            raise self.failures.pop(0)
+        return self.search.step()
+
+
+def test_a_failing_step_is_a_json_500_and_the_next_request_succeeds(model_dir):
     import uvicorn
 
     from aiayn.serve.app import create_app
 
     app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir))
-    batcher, real = app.state.batcher, app.state.batcher.decode
-    calls = []
-
-    def flaky(sources, options):
-        calls.append(sources)
-        if len(calls) == 1:
-            raise RuntimeError("out of\nmemory")
-        return real(sources, options)
-
-    batcher.decode = flaky
+    batcher, real = app.state.batcher, app.state.batcher.engine
+    failures = [RuntimeError("out of\nmemory")]
+    batcher.engine = lambda beam: Hooked(real(beam), failures)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
     thread = threading.Thread(target=server.run)  # not the main thread: uvicorn leaves the signals alone
@@ -347,10 +414,7 @@ def test_a_failing_batch_is_a_json_500_and_the_next_request_succeeds(model_dir):
         assert status == 500 and body == {"error": "decoding failed: RuntimeError: out of memory"}
         assert request(port, "POST", "/translate", {"text": "the cat"})[0] == 200
 
-        def dies(sources, options):  # not an Exception: the decoding thread itself ends
-            raise SystemExit("gone")
-
-        batcher.decode = dies
+        failures.append(SystemExit("gone"))  # not an Exception: the decoding thread itself ends
         status, body, headers = request(port, "POST", "/translate", {"text": "the cat"}, timeout=30)
         assert status == 503 and "the decoder has stopped (SystemExit)" in body["error"] and "retry-after" in headers
         status, body, _ = request(port, "GET", "/health")
@@ -360,7 +424,7 @@ def test_a_failing_batch_is_a_json_500_and_the_next_request_succeeds(model_dir):
     finally:
         server.should_exit = True
         thread.join(60)
-    assert not batcher._thread.is_alive()  # the app's shutdown stopped the decoding thread
+    assert batcher.stopped  # the app's shutdown ended the decoding loop
 
 
 def test_a_chunked_body_is_refused_unread(server):
@@ -403,7 +467,7 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_translation(server
             assert body["translations"][0] == expected[sentence]
     after = health(server)
     assert after["texts"] - before["texts"] == 16
-    assert after["batches"] - before["batches"] < 16  # some were decoded together
+    assert after["joins"] - before["joins"] < 16  # some joined the search together
 
 
 def _fuzzed_request(rng) -> tuple[str, str, bytes, dict]:
@@ -460,27 +524,25 @@ def _slow_request(texts: int = 64) -> dict:
     return {"text": [f"{s} and {s}" for s in SENTENCES] * (texts // len(SENTENCES)), "beam": 16}
 
 
-def test_a_full_queue_gets_503_and_a_client_that_leaves_is_dropped(server):
-    before = health(server)
-    with ThreadPoolExecutor(2) as pool:
-        busy = pool.submit(request, server, "POST", "/translate", _slow_request())
-        wait_for(lambda: (now := health(server))["requests"] > before["requests"] and not now["queued_texts"],
-                 "the slow request is being decoded")
-        # The decoder works on the first request; this one waits in the queue, then its client leaves.
-        leaving = socket.create_connection(("127.0.0.1", server))
-        payload = json.dumps({"text": ["the cat"] * 60}).encode()
-        leaving.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-        wait_for(lambda: health(server)["queued_texts"] == 60, "the second request waits in the queue")
-        status, body, headers = request(server, "POST", "/translate", {"text": ["a"] * 11})  # 60 + 11 > 70
-        assert status == 503 and "queue is full" in body["error"] and headers["retry-after"] == "1"
-        leaving.close()
-        wait_for(lambda: health(server)["cancelled"] > before["cancelled"], "the request of the client that left is dropped")
-        assert health(server)["queued_texts"] == 0
-        assert busy.result()[0] == 200
-    after = health(server)
-    assert after["cancelled"] - before["cancelled"] == 1
-    assert after["texts"] - before["texts"] == 64  # the 60 texts of the client that left were never decoded
+def test_a_full_queue_gets_503_and_a_client_that_leaves_is_dropped(model_dir):
+    with gated_server(model_dir, max_queue=70) as (port, batcher, gate):
+        with ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(request, port, "POST", "/translate", {"text": ["the dog"] * 4})
+            wait_for(lambda: batcher.stats.joins == 1, "the first request is decoding")
+            # The decoder is held in its step: this one waits in the queue, then its client leaves.
+            leaving = socket.create_connection(("127.0.0.1", port))
+            payload = json.dumps({"text": ["the cat"] * 60}).encode()
+            leaving.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            wait_for(lambda: batcher.queued_texts == 60, "the second request waits in the queue")
+            status, body, headers = request(port, "POST", "/translate", {"text": ["a"] * 11})  # 60 + 11 > 70
+            assert status == 503 and "queue is full" in body["error"] and headers["retry-after"] == "1"
+            leaving.close()
+            wait_for(lambda: batcher.stats.cancelled == 1, "the request of the client that left is dropped")
+            assert batcher.queued_texts == 0
+            gate.set()
+            assert busy.result()[0] == 200
+    assert batcher.stats.texts == 4  # the 60 texts of the client that left were never decoded
 
 
 def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
@@ -608,20 +670,9 @@ def test_slow_and_idle_connections_cannot_starve_the_server(model_dir):
 
 
 def test_connections_over_the_cap_that_are_all_busy_get_503(model_dir):
-    import uvicorn
-
-    from aiayn.serve.app import create_app
     from aiayn.serve.connections import guarded_protocol
 
-    app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir))
-    batcher, real, gate = app.state.batcher, app.state.batcher.decode, threading.Event()
-    batcher.decode = lambda sources, options: gate.wait(60) and real(sources, options)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical", http=guarded_protocol(10, 2)))
-    thread = threading.Thread(target=server.run)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, "uvicorn starts")
+    with gated_server(model_dir, http=guarded_protocol(10, 2)) as (port, batcher, gate):
         with ThreadPoolExecutor(2) as pool:
             busy = [pool.submit(request, port, "POST", "/translate", {"text": "the cat"}) for _ in range(2)]
             wait_for(lambda: batcher.stats.requests == 2, "both requests are read")
@@ -630,6 +681,26 @@ def test_connections_over_the_cap_that_are_all_busy_get_503(model_dir):
             gate.set()
             assert [call.result()[0] for call in busy] == [200, 200]
         assert request(port, "GET", "/health")[0] == 200
+
+
+@contextlib.contextmanager
+def gated_server(model_dir, http="auto", **app_options):
+    """The app under uvicorn in this process, its decoding steps held until the `gate` opens:
+    yields (port, batcher, gate)."""
+    import uvicorn
+
+    from aiayn.serve.app import create_app
+
+    app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir), **app_options)
+    batcher, real, gate = app.state.batcher, app.state.batcher.engine, threading.Event()
+    batcher.engine = lambda beam: Hooked(real(beam), gate=gate)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical", http=http))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, "uvicorn starts")
+        yield port, batcher, gate
     finally:
         gate.set()
         server.should_exit = True
@@ -707,7 +778,7 @@ def test_a_low_precision_app_keeps_no_fp32_copy_of_the_weights(model_dir, precis
         del model
         gc.collect()
         assert fp32() is None
-        served = app.state.batcher.decode.__self__.model
+        served = app.state.batcher.engine.__self__.model
         assert getattr(served, "inference_precision", None) == "int8" if precision == "int8" else \
             all(p.dtype == torch.bfloat16 for p in served.parameters())
     finally:

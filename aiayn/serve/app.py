@@ -39,7 +39,7 @@ from aiayn.serve import libre
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.libre import Languages, LibreDispatch
 from aiayn.serve.limits import Admission
-from aiayn.translate import Translator, input_token_limit
+from aiayn.translate import ContinuousDecoding, Translator, input_token_limit
 from aiayn.visualize import pair_attention
 
 MAX_BODY_BYTES = 1 << 20
@@ -76,27 +76,27 @@ class TranslateResponse(BaseModel):
 
 
 class ServedModel:
-    """The model side of the server: decodes a batch of token ids with a `Translator` (whose
-    decoding copy is made once) and, when asked, reads the attention of each output back through
-    the model (`aiayn.visualize.pair_attention`)."""
+    """The model side of the server: a search per beam size that texts join between steps
+    (`search`, aiayn.translate.ContinuousDecoding over the `Translator`'s decoding copy, made
+    once), and each finished text's answer: its translation, alternatives and, when asked, the
+    attention of its output read back through the model (`aiayn.visualize.pair_attention`)."""
 
     def __init__(self, translator: Translator) -> None:
         self.translator = translator
         self.model, self.tokenizer = translator.model, translator.tokenizer
         self.device = next(self.model.parameters()).device
 
-    def decode(self, sources: list[list[int]], options: Options) -> list[dict]:
-        ranked = self.translator.translate_nbest(sources, options.alternatives + 1, beam=options.beam,
-                                                 alpha=options.alpha, max_output_len=options.max_output_len)
-        results = []
-        for source, (output, *others) in zip(sources, ranked):
-            result = {"translation": self.tokenizer.decode(output)}
-            if options.alternatives:
-                result["alternatives"] = [self.tokenizer.decode(ids) for ids in others]
-            if options.attention:
-                result["details"] = self.attention(source, output)
-            results.append(result)
-        return results
+    def search(self, beam: int) -> "ServedSearch":
+        return ServedSearch(self, ContinuousDecoding(self.model, dataclasses.replace(self.translator.decode, beam=beam)))
+
+    def answer(self, source: list[int], outputs: list[list[int]], options: Options) -> dict:
+        """The answer for one text: `outputs` its output ids, best first."""
+        result = {"translation": self.tokenizer.decode(outputs[0])}
+        if options.alternatives:
+            result["alternatives"] = [self.tokenizer.decode(ids) for ids in outputs[1:]]
+        if options.attention:
+            result["details"] = self.attention(source, outputs[0])
+        return result
 
     def attention(self, source: list[int], output: list[int]) -> dict:
         maps, src, _ = pair_attention(self.model, source, output)
@@ -108,6 +108,25 @@ class ServedModel:
         eos = self.model.config.eos_id
         return {"source_tokens": [piece(i) for i in src], "target_tokens": [piece(i) for i in output + [eos]],
                 "attention": rounded}
+
+
+class ServedSearch:
+    """A search of one beam size as the batcher drives it (aiayn.serve.batcher.Engine)."""
+
+    def __init__(self, served: ServedModel, decoding: ContinuousDecoding) -> None:
+        self.served, self.decoding = served, decoding
+
+    @property
+    def live(self) -> int:
+        return self.decoding.live
+
+    def join(self, sources: list[list[int]], keys: list, options: Options) -> None:
+        keys = [(key, source, options) for key, source in zip(keys, sources)]
+        self.decoding.join(sources, keys, options.alpha, options.alternatives + 1, options.max_output_len)
+
+    def step(self) -> list[tuple]:
+        return [(key, self.served.answer(source, outputs, options))
+                for (key, source, options), outputs in self.decoding.step()]
 
 
 EMPTY = {"translation": "", "details": {"source_tokens": [], "target_tokens": [], "attention": {}}}
@@ -243,11 +262,14 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
                batch_tokens: int = DECODE_PRESETS["translate"].batch_tokens, max_queue: int = SERVE.max_queue, max_texts: int = SERVE.max_texts,
                max_input_tokens: int = SERVE.max_input_tokens, allowed_hosts: Optional[frozenset] = LOOPBACK_NAMES,
                max_batch_mib: float = SERVE.max_batch_mib, max_attention_mib: float = SERVE.max_attention_mib,
-               languages: Languages = Languages(), admission: Optional[Admission] = None) -> FastAPI:
+               languages: Languages = Languages(), admission: Optional[Admission] = None,
+               decode_on_caller: bool = False) -> FastAPI:
     """The ASGI app serving `model`; its batcher's thread starts now and stops, after finishing
-    the queued requests, when the server shuts down. `allowed_hosts`: the Host names it answers
+    the queued requests, when the server shuts down (with `decode_on_caller`, there is no such
+    thread: the caller runs `app.state.batcher.run()`, as `aiayn serve` does on its main
+    thread). `allowed_hosts`: the Host names it answers
     to (None: any, for a server meant to be reached by other names). `max_batch_mib` bounds the
-    decoding state of one batch and `max_attention_mib` the attention maps of one answer
+    decoding state of the texts decoding at once and `max_attention_mib` the attention maps of one answer
     (aiayn.serve.cost). `languages`: the model's pair, for the LibreTranslate API
     (aiayn.serve.libre); `admission`: keys and request rates (aiayn.serve.limits), none by default.
     `app.state.drain(seconds)`, called on the event loop, begins a stop.
@@ -264,7 +286,8 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
         return decoding_bytes(config, precision, len(source),
                               output_limit(len(source), extra_len, options.max_output_len), options.beam)
 
-    batcher = Batcher(translator.decode, max_wait_ms, int(max_batch_mib * MIB), max_queue, cost=text_bytes)
+    batcher = Batcher(translator.search, max_wait_ms, int(max_batch_mib * MIB), max_queue, cost=text_bytes,
+                      own_thread=not decode_on_caller)
     max_input_tokens = input_token_limit(config, max_input_tokens)
     limits = dataclasses.replace(SERVE, max_texts=max_texts, max_input_tokens=max_input_tokens, max_queue=max_queue,
                                  max_batch_mib=max_batch_mib, max_attention_mib=max_attention_mib)

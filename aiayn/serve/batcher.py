@@ -1,13 +1,14 @@
-"""Dynamic batching: the requests that arrive while the model is busy (or within a few
-milliseconds of each other) are decoded as one length-sorted batch, and each caller gets back its
-own results.
+"""Continuous batching: the texts of concurrent requests are decoded together, and a request
+that arrives while others are decoding joins their search at the next step, rather than waiting
+for a whole batch to end; each text leaves the search as soon as it is done, and each caller
+gets back its own results.
 
-A single decoding thread owns the model. Requests wait in a bounded queue; the thread takes
-every request that fits a token budget, groups them by decoding options (a batch has one beam
-size and one α), decodes each group with `translate_ids` (which sorts by length and packs the
-batch) and hands each request's outputs back to the event loop that asked. Batching pays on a
-CPU because a decoding step of a few sentences is mostly fixed cost: the same step over 16
-sentences costs far less than 16 steps.
+A single decoding thread owns the model. Requests wait in a bounded queue. Between two decoding
+steps the thread takes the waiting texts that fit the budget (the decoding state of every text in
+the search together), from the requests with the least left to decode first, lets them join the
+search for their beam size (`Engine.join`), and takes one step of every search; the texts that
+finish go back to the event loop that asked. Batching pays on a CPU because a decoding step of a
+few sentences is mostly fixed cost: the same step over 16 sentences costs far less than 16 steps.
 """
 
 from __future__ import annotations
@@ -18,11 +19,17 @@ import threading
 from collections import deque
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from aiayn.config import DECODE_PRESETS, MAX_WAIT_MS_LIMIT, SERVE
 
 SECTION_6_1 = DECODE_PRESETS["translate"]
+
+
+# How long an idle decoding loop sleeps at most. A process signal may be delivered to any thread;
+# Python runs its handler on the main thread only when that thread next runs bytecode, so a main
+# thread asleep without a timeout would never see `aiayn serve`'s SIGTERM.
+IDLE_TICK = 0.2
 
 
 class QueueFull(Exception):
@@ -35,7 +42,7 @@ class Closed(Exception):
 
 @dataclass(frozen=True)
 class Options:
-    """The decoding options a batch shares (§6.1: beam 4, α 0.6, output ≤ input + 50)."""
+    """The decoding options of a request's texts (§6.1: beam 4, α 0.6, output ≤ input + 50)."""
 
     beam: int = SECTION_6_1.beam
     alpha: float = SECTION_6_1.alpha
@@ -51,7 +58,8 @@ def source_tokens(source: Sequence[int], options: Options) -> int:
 
 @dataclass(eq=False)  # a request is itself: compared and hashed by identity
 class Job:
-    """One request: its texts are decoded in one or more batches, and answered once all are."""
+    """One request: its texts join the search as the budget allows, and it is answered once all
+    are decoded."""
 
     sources: list[list[int]]  # token ids of each text, without EOS
     options: Options
@@ -59,7 +67,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     costs: list[int] = field(default_factory=list)  # of each text, in the batcher's budget units
     taken: int = 0  # texts handed to the decoder so far
-    results: list = field(default_factory=list)  # of each text, as its batch ends
+    results: list = field(default_factory=list)  # of each text, as it finishes
     decoded: int = 0
     cancelled: bool = False  # the caller went away: skip it
 
@@ -68,42 +76,64 @@ class Job:
         return len(self.sources) - self.taken
 
 
-DecodeFn = Callable[[list[list[int]], Options], list[Any]]
 CostFn = Callable[[Sequence[int], Options], int]
+
+
+class Engine(Protocol):
+    """A search that texts join between steps (aiayn.translate.ContinuousDecoding underneath)."""
+
+    live: int  # texts decoding
+
+    def join(self, sources: list[list[int]], keys: list, options: Options) -> None:
+        """The texts `sources` join the search; `step` gives their `keys` back as they finish."""
+
+    def step(self) -> list[tuple[Any, Any]]:
+        """One step of every text; returns (key, result) of the texts that finished."""
+
+
+EngineFn = Callable[[int], Engine]  # a new search for a beam size
 
 
 @dataclass
 class Stats:
     requests: int = 0
-    texts: int = 0
-    batches: int = 0
+    texts: int = 0  # decoded
+    joins: int = 0  # times texts joined a search (those arriving together join at once)
+    steps: int = 0
     cancelled: int = 0
-    batch_texts: deque = field(default_factory=lambda: deque(maxlen=1000))  # texts per batch, the last 1,000
+    step_texts: deque = field(default_factory=lambda: deque(maxlen=1000))  # texts decoding per step, the last 1,000
 
     def as_dict(self) -> dict:
-        recent = self.batch_texts
-        return {"requests": self.requests, "texts": self.texts, "batches": self.batches,
+        recent = self.step_texts
+        return {"requests": self.requests, "texts": self.texts, "joins": self.joins, "steps": self.steps,
                 "cancelled": self.cancelled,
-                "mean_batch_texts": round(sum(recent) / len(recent), 2) if recent else 0.0}
+                "mean_step_texts": round(sum(recent) / len(recent), 2) if recent else 0.0}
 
 
 class Batcher:
-    """Collects requests from any number of coroutines and decodes them in batches on one thread.
+    """Collects requests from any number of coroutines and decodes them together on one thread.
 
-    `decode(sources, options)` returns one result per source, in order; it runs only on the
-    batcher's thread, so the model it closes over is never used by two threads at once. A batch
-    holds texts whose `cost` adds up to at most `budget` (at least one text). A request larger
-    than that is decoded over several batches, and the requests with the least left to decode go
-    first (arrival order among equals): a small request waits behind the batch being decoded,
-    never behind the rest of a large one that came before it, and of several large requests one
-    is finished before the next is begun.
+    `engine(beam)` makes the search that texts of that beam size join (`Engine`); it runs only on
+    the batcher's thread, so the model it closes over is never used by two threads at once. The
+    texts decoding at once have `cost`s that add up to at most `budget` (at least one text). A
+    request larger than that joins over several takes as earlier texts leave, and the requests
+    with the least left to decode go first (arrival order among equals): a small request waits
+    for room in the search, never behind the rest of a large one that came before it, and of
+    several large requests one is finished before the next is begun. With nothing decoding, the
+    first request waits up to `max_wait_ms` for company, so that texts sent together start
+    together.
+
+    The decoding loop (`run`) runs on a thread of its own, or, with `own_thread` False, on the
+    thread that calls `run`. `aiayn serve` decodes on its main thread, which loaded the model:
+    PyTorch's OpenMP workers belong to the thread that first ran a parallel operator, and a
+    second thread's operators ran several times slower beside them on a 2-core CPU.
     """
 
-    def __init__(self, decode: DecodeFn, max_wait_ms: float = SERVE.max_wait_ms, budget: int = DECODE_PRESETS["translate"].batch_tokens,
-                 max_queue: int = SERVE.max_queue, cost: CostFn = source_tokens) -> None:
+    def __init__(self, engine: EngineFn, max_wait_ms: float = SERVE.max_wait_ms, budget: int = DECODE_PRESETS["translate"].batch_tokens,
+                 max_queue: int = SERVE.max_queue, cost: CostFn = source_tokens, own_thread: bool = True) -> None:
         if not 0 <= max_wait_ms <= MAX_WAIT_MS_LIMIT or budget < 1 or max_queue < 1:  # nan fails too
             raise ValueError(f"max_wait_ms must be in [0, {MAX_WAIT_MS_LIMIT:g}], budget and max_queue ≥ 1")
-        self.decode = decode
+        self.engine = engine
         self.cost = cost
         self.max_wait = max_wait_ms / 1000
         self.budget = budget
@@ -111,11 +141,15 @@ class Batcher:
         self.stats = Stats()
         self._queue: deque[Job] = deque()  # jobs with texts not yet taken, in arrival order
         self._queued_texts = 0
+        self._searches: dict[int, Engine] = {}  # by beam size, on the decoding thread
+        self._decoding: dict[int, list] = {}  # beam -> the (job, text, cost) keys of its search
+        self._spent = 0  # the cost of the texts decoding
         self._closing = False
         self.failure: Optional[str] = None  # why the decoding thread stopped, if it died
         self._lock = threading.Condition()
-        self._thread = threading.Thread(target=self._run_until_failure, name="aiayn-decoder", daemon=True)
-        self._thread.start()
+        self._stopped = threading.Event()
+        if own_thread:
+            threading.Thread(target=self.run, name="aiayn-decoder", daemon=True).start()
 
     @property
     def queued_texts(self) -> int:
@@ -154,10 +188,22 @@ class Batcher:
                 self._queue.remove(job)
                 self._queued_texts -= job.waiting
 
+    def run(self) -> None:
+        """The decoding loop, until `close` (or `drain`) and nothing is left to decode."""
+        try:
+            self._run_until_failure()
+        finally:
+            self._stopped.set()
+
+    @property
+    def stopped(self) -> bool:
+        """The decoding loop has ended."""
+        return self._stopped.is_set()
+
     def close(self, timeout: Optional[float] = None) -> None:
-        """Refuse new requests, finish the queued ones, then stop the thread."""
+        """Refuse new requests, finish the queued ones, then wait for the decoding loop to end."""
         self.drain()
-        self._thread.join(timeout)
+        self._stopped.wait(timeout)
 
     def drain(self) -> None:
         """Refuse new requests (Closed); the queued ones are still decoded."""
@@ -178,19 +224,22 @@ class Batcher:
         return len(jobs)
 
     def _take(self) -> Optional[list[tuple[Job, int, int]]]:
-        """Block until there is work; then wait up to `max_wait` for the batch to fill, and take
-        texts up to the budget (at least one), from the requests with the least cost left first.
-        Returns (job, first text, end) parts; None once closed and empty."""
+        """The texts to join the search now: with nothing decoding, block until there is work
+        and wait up to `max_wait` for the budget to fill; otherwise take what is waiting at
+        once. Texts go up to the budget (at least one when nothing decodes), from the requests
+        with the least cost left first. Returns (job, first text, end) parts; None once closed
+        and nothing is left."""
         with self._lock:
-            while not self._queue:
-                if self._closing:
-                    return None
-                self._lock.wait()
-            deadline = time.monotonic() + self.max_wait
-            while (sum(sum(job.costs[job.taken:]) for job in self._queue) < self.budget and not self._closing
-                   and (left := deadline - time.monotonic()) > 0):
-                self._lock.wait(left)
-            parts, spent = [], 0
+            if not self._spent:
+                while not self._queue:
+                    if self._closing:
+                        return None
+                    self._lock.wait(IDLE_TICK)
+                deadline = time.monotonic() + self.max_wait
+                while (sum(sum(job.costs[job.taken:]) for job in self._queue) < self.budget and not self._closing
+                       and (left := deadline - time.monotonic()) > 0):
+                    self._lock.wait(left)
+            parts, spent = [], self._spent
             for job in sorted(self._queue, key=lambda job: sum(job.costs[job.taken:])):  # stable: arrival order among equals
                 start = end = job.taken
                 while end < len(job.sources) and (spent == 0 or spent + job.costs[end] <= self.budget):
@@ -209,7 +258,7 @@ class Batcher:
             return parts
 
     def _run_until_failure(self) -> None:
-        """The thread's body: should it ever die (an error outside a batch's decoding), every
+        """The thread's body: should it ever die (an error outside a search's own work), every
         waiting caller gets the error, and later ones a 503, rather than waiting for ever."""
         try:
             self._run()
@@ -217,6 +266,8 @@ class Batcher:
             with self._lock:
                 self.failure = f"{type(error).__name__}: {' '.join(str(error).split())}"
                 self._closing = True
+            self._fail({job for keys in self._decoding.values() for job, _, _ in keys},
+                       Closed(f"the decoder has stopped ({self.failure}); restart the server"))
             self.expire(f"the decoder has stopped ({self.failure}); restart the server")
             print(f"aiayn: error: the decoding thread stopped ({self.failure}); /health reports it", file=sys.stderr)
 
@@ -227,26 +278,60 @@ class Batcher:
                 if not part[0].cancelled and not part[0].future.done():  # gone, failed or expired: skip
                     groups.setdefault(part[0].options, []).append(part)
             for options, group in groups.items():
-                sources = [source for job, start, end in group for source in job.sources[start:end]]
-                try:
-                    results = self.decode(sources, options)
-                except Exception as error:  # noqa: BLE001 - the callers get the error, the thread lives on
-                    self._fail({job for job, _, _ in group}, error)
-                    continue
-                except BaseException as error:  # the thread dies: this batch's callers hear why
-                    self._fail({job for job, _, _ in group},
-                               Closed(f"the decoder has stopped ({type(error).__name__}); restart the server"))
-                    raise
-                self.stats.batches += 1
-                self.stats.texts += len(sources)
-                self.stats.batch_texts.append(len(sources))
-                done = 0
-                for job, start, end in group:
-                    job.results[start:end] = results[done : done + end - start]
-                    done += end - start
-                    job.decoded += end - start
-                    if job.decoded == len(job.sources):
-                        _resolve(job, job.results)
+                self._join(options, group)
+            for beam in list(self._searches):
+                self._step(beam)
+
+    def _join(self, options: Options, group: list[tuple[Job, int, int]]) -> None:
+        """The texts of `group` join the search of their beam size (made when there is none)."""
+        keys = [(job, i, job.costs[i]) for job, start, end in group for i in range(start, end)]
+        try:
+            search = self._searches.get(options.beam) or self.engine(options.beam)
+            search.join([job.sources[i] for job, i, _ in keys], keys, options)
+        except Exception as error:  # noqa: BLE001 - these callers get the error, the others decode on
+            self._fail({job for job, _, _ in keys}, error)
+            return
+        except BaseException as error:  # the thread dies: these callers hear why
+            self._fail({job for job, _, _ in keys},
+                       Closed(f"the decoder has stopped ({type(error).__name__}); restart the server"))
+            raise
+        self._searches[options.beam] = search
+        self._decoding.setdefault(options.beam, []).extend(keys)
+        self._spent += sum(cost for _, _, cost in keys)
+        self.stats.joins += 1
+
+    def _step(self, beam: int) -> None:
+        """One step of the search of `beam`; its finished texts go back to their callers. If the
+        step fails, every text in that search fails with it and the search is dropped."""
+        search, keys = self._searches[beam], self._decoding[beam]
+        try:
+            finished = search.step()
+        except Exception as error:  # noqa: BLE001 - the callers get the error, the thread lives on
+            self._drop(beam)
+            self._fail({job for job, _, _ in keys}, error)
+            return
+        except BaseException as error:  # the thread dies: this search's callers hear why
+            self._drop(beam)
+            self._fail({job for job, _, _ in keys},
+                       Closed(f"the decoder has stopped ({type(error).__name__}); restart the server"))
+            raise
+        self.stats.steps += 1
+        self.stats.step_texts.append(len(keys))
+        for key, result in finished:
+            job, i, cost = key
+            keys.remove(key)
+            self._spent -= cost
+            self.stats.texts += 1
+            job.results[i] = result
+            job.decoded += 1
+            if job.decoded == len(job.sources):
+                _resolve(job, job.results)
+        if not search.live:
+            self._drop(beam)
+
+    def _drop(self, beam: int) -> None:
+        self._searches.pop(beam, None)
+        self._spent -= sum(cost for _, _, cost in self._decoding.pop(beam, []))
 
     def _fail(self, jobs: set, error: BaseException) -> None:
         """Answer `jobs` with `error`; their texts still waiting are not decoded."""

@@ -11,7 +11,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 
 def free_port() -> int:
@@ -23,15 +23,17 @@ def free_port() -> int:
 
 class ServerProcess:
     """`python -m aiayn serve RUN_DIR --port PORT OPTIONS...`, returned once /health answers.
-    Its output goes to temporary files, not pipes: a pipe nobody reads could fill and stall it."""
+    Its output goes to temporary files, not pipes: a pipe nobody reads could fill and stall it.
+    With `checkout`, the aiayn of that source tree is run (another revision, for a benchmark)."""
 
-    def __init__(self, run_dir: Union[str, Path], *options: str, timeout: float = 300) -> None:
+    def __init__(self, run_dir: Union[str, Path], *options: str, timeout: float = 300,
+                 checkout: Optional[Path] = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "aiayn", "serve", str(run_dir), "--port", str(self.port), *options],
-            stdout=self._out, stderr=self._err, text=True)
+            [sys.executable, "-m", "aiayn", "serve", str(Path(run_dir).resolve()), "--port", str(self.port), *options],
+            stdout=self._out, stderr=self._err, text=True, cwd=checkout)  # -m imports from the working directory first
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:

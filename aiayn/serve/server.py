@@ -1,7 +1,9 @@
 """Running `aiayn serve`: the listening socket bound before the model loads (a port in use is a
 one-line error, not a log after seconds of loading), the app, uvicorn with the guarded protocol
 (aiayn.serve.connections), and the drain on SIGTERM or Ctrl-C: no request is taken, the queue is
-decoded for `drain_seconds`, what is left is answered 503, then the process exits (0 on SIGTERM)."""
+decoded for `drain_seconds`, what is left is answered 503, then the process exits (0 on SIGTERM).
+The model decodes on the main thread, which loaded it (aiayn.serve.batcher says why); uvicorn's
+event loop runs on a thread of its own."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import asyncio
 import ipaddress
 import signal
 import socket
+import threading
 
 import uvicorn
 
@@ -53,7 +56,8 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
                      max_wait_ms=options.max_wait_ms, batch_tokens=decode.batch_tokens, max_queue=options.max_queue,
                      max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
                      max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib,
-                     languages=_languages(options), admission=Admission(keys, options.req_limit))
+                     languages=_languages(options), admission=Admission(keys, options.req_limit),
+                     decode_on_caller=True)
     parameters = model.num_parameters()
     del model  # a bf16 or int8 server keeps only its decoding copy, not the fp32 weights as well
     host, port = listener.getsockname()[:2]
@@ -81,9 +85,21 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
             await super().startup(sockets)
 
     server = Server(config)
-    # uvicorn catches SIGTERM, drains, then raises the signal again for the handler it found:
-    # a no-op here, so that a requested stop exits 0 rather than as an interruption.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    server.run(sockets=[listener])
-    stats = app.state.batcher.stats
-    print(f"stopped: {stats.requests:,} requests, {stats.texts:,} texts in {stats.batches:,} batches", flush=True)
+    # Off the main thread uvicorn installs no signal handlers: these stand in for its own. A
+    # stop drains (above); a second Ctrl-C stops at once.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, server.handle_exit)
+    batcher = app.state.batcher
+
+    def serve_http() -> None:
+        try:
+            server.run(sockets=[listener])
+        finally:
+            batcher.drain()  # uvicorn has stopped (or never started): so does the decoding loop
+
+    http = threading.Thread(target=serve_http, name="aiayn-http")
+    http.start()
+    batcher.run()
+    http.join()
+    stats = batcher.stats
+    print(f"stopped: {stats.requests:,} requests, {stats.texts:,} texts in {stats.steps:,} decoding steps", flush=True)
