@@ -28,8 +28,9 @@ def find_chromium() -> str | None:
 
 def drive_page(url: str, sentence: str, screenshot: Path, chromium: str) -> dict:
     """Open `url`, translate `sentence` through the page, and return what a user would see:
-    {"translations", "caption", "colors" (distinct colours on the heatmap), "drawn" (the heatmaps
-    drawn, as kind:layer:head), "requests" (every URL the page loaded)}. Saves a screenshot."""
+    {"translations", "sentences" (the attention's sentence picker), "caption", "colors" (distinct
+    colours on the heatmap), "drawn" (the heatmaps drawn, as kind:layer:head), "requests" (every URL
+    the page loaded)}. Saves a screenshot."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -58,6 +59,7 @@ def drive_page(url: str, sentence: str, screenshot: Path, chromium: str) -> dict
             }""")
             result = {
                 "translations": page.locator("#translations li").all_inner_texts(),
+                "sentences": page.locator("#sentence option").all_inner_texts(),
                 "caption": page.inner_text("#caption"),
                 "colors": colors,
                 "drawn": drawn,

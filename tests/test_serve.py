@@ -23,6 +23,7 @@ from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
 from aiayn.config import SERVE
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.process import ServerProcess, free_port
+from aiayn.sentences import interleave, split_sentences
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import Translator, translate_ids
 from test_faults import make_model
@@ -445,6 +446,25 @@ def test_unknown_paths_and_methods_are_json_errors(server):
     assert status == 405 and "error" in body
 
 
+def test_split_sentences_translates_each_sentence_and_keeps_the_spaces_between(server):
+    paragraph = "The small cat sat.  The big dog ran!\nThe bird"
+    sentences, rest = split_sentences(paragraph, "en")
+    assert sentences == ["The small cat sat.", "The big dog ran!", "The bird"]
+    body = {"text": [paragraph, " ", "the cat"], "split_sentences": True, "attention": True}
+    status, answer, _ = request(server, "POST", "/translate", body)
+    assert status == 200
+    # The same sentences in the same order, as plain texts: one join of the same four, the same outputs.
+    _, each, _ = request(server, "POST", "/translate", {"text": sentences + ["the cat"], "attention": True})
+    assert answer["translations"] == [interleave(each["translations"][:3], rest), "", each["translations"][3]]
+    assert [d["text"] for d in answer["details"]] == [0, 0, 0, 2]
+    assert [d["source_tokens"] for d in answer["details"]] == [d["source_tokens"] for d in each["details"]]
+    status, answer, _ = request(server, "POST", "/translate", {"text": [paragraph, "The cat. " + "sat " * 70],
+                                                               "split_sentences": True})
+    assert status == 422 and "sentence 2 of text 2 has" in answer["error"] and "the limit is 60" in answer["error"]
+    status, answer, _ = request(server, "POST", "/translate", {"text": ["The cat sat. " * 70], "split_sentences": True})
+    assert status == 422 and "70 sentences in one request; the limit is 64" in answer["error"]
+
+
 def _batch_invariant(model_dir) -> dict:
     """The in-process greedy translation of each sentence, kept only where decoding it alone and
     decoding it in one batch with all the others agree (padding changes the summation order, so
@@ -760,6 +780,12 @@ def test_the_page_translates_and_draws_the_attention_in_chromium(server, tmp_pat
     seen = tools.drive_page(f"http://127.0.0.1:{server}/", "\x85\nthe small cat", shot, chromium)
     assert seen["translations"] == ["", " ".join(expected["translations"][0].split())]
     assert seen["drawn"][0].startswith("cross:") and seen["colors"] > 8
+    # A paragraph a line: translated sentence by sentence, each sentence's attention in the picker.
+    text = "The small cat. The big dog!\nThe bird"
+    seen = tools.drive_page(f"http://127.0.0.1:{server}/", text, shot, chromium)
+    _, expected, _ = request(server, "POST", "/translate", {"text": text.split("\n"), "split_sentences": True})
+    assert seen["translations"] == [" ".join(t.split()) for t in expected["translations"]]
+    assert seen["sentences"] == ["1.1", "1.2", "2"] and seen["colors"] > 8
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])

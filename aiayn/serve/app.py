@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Optional, Union
@@ -34,6 +35,7 @@ from starlette.exceptions import HTTPException
 from aiayn.config import DECODE_PRESETS, MAX_OUTPUT_LEN, SERVE, ServeOptions
 from starlette.requests import ClientDisconnect
 
+from aiayn.sentences import interleave, split_sentences
 from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, Options, QueueFull
 from aiayn.serve import libre
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
@@ -59,9 +61,14 @@ class TranslateRequest(BaseModel):
         f"output tokens at most (default: source length + {SECTION_6_1.extra_len})"))
     attention: bool = Field(False, strict=True,
                             description="also return the tokens and every layer's and head's attention weights")
+    split_sentences: bool = Field(False, strict=True, description=(
+        "translate each text sentence by sentence (sentencex's rules for the model's source language) and put "
+        "the translations back between the text's own spaces and line breaks; with attention, `details` has "
+        "one entry per sentence, with the index of its `text`"))
 
 
 class Details(BaseModel):
+    text: Optional[int] = Field(None, description="with split_sentences: the index of the text this sentence is from")
     source_tokens: list[str] = Field(description="source pieces, ending with </s>")
     target_tokens: list[str] = Field(description="output pieces, ending with </s>: row t of a decoder map produced token t")
     attention: dict[str, list[list[list[list[float]]]]] = Field(
@@ -221,10 +228,23 @@ def _add_error_handlers(app: FastAPI) -> None:
         return _error(500, f"decoding failed: {type(error).__name__}: {' '.join(str(error).split())}")
 
 
-def _read_request(body: TranslateRequest, tokenizer, limits: ServeOptions, text_bytes, config):
-    """(texts, their ids, the indices of the non-empty ones, the decoding options) of a request,
-    or the HTTPException (422, 413) that says which limit of `limits` it goes over, before
-    anything is queued."""
+@dataclass
+class ReadRequest:
+    """A request's texts, ready to queue: `units` are the texts, or with split_sentences their
+    sentences (`owner[u]`: the text of unit u; `rest[i]`: what lies around text i's sentences)."""
+
+    texts: list[str]
+    units: list[str]
+    owner: list[int]
+    rest: Optional[list[list[str]]]
+    sources: list[list[int]]  # token ids of each unit
+    given: list[int]  # the units that are not blank
+    options: Options
+
+
+def _read_request(body: TranslateRequest, tokenizer, limits: ServeOptions, text_bytes, config, lang: str) -> ReadRequest:
+    """A request read and checked against `limits`, or the HTTPException (422, 413) that says
+    which limit it goes over, before anything is queued."""
     texts = [body.text] if isinstance(body.text, str) else body.text
     if not texts:
         raise HTTPException(422, "text: give at least one text")
@@ -235,18 +255,28 @@ def _read_request(body: TranslateRequest, tokenizer, limits: ServeOptions, text_
             text.encode("utf-8")
         except UnicodeEncodeError:  # JSON's "\ud800" escape: a lone surrogate, no character at all
             raise HTTPException(422, f"text {number} is not valid Unicode (it holds a lone surrogate)") from None
-    sources = tokenizer.encode_batch([text.strip() for text in texts])
-    for number, ids in enumerate(sources, start=1):
+    units, owner, rest = texts, list(range(len(texts))), None
+    if body.split_sentences:
+        splits = [split_sentences(text.strip(), lang) for text in texts]
+        units = [sentence for sentences, _ in splits for sentence in sentences]
+        owner = [i for i, (sentences, _) in enumerate(splits) for _ in sentences]
+        rest = [around for _, around in splits]
+        if len(units) > limits.max_texts:
+            raise HTTPException(422, f"text: {len(units)} sentences in one request; the limit is {limits.max_texts}")
+    name = [f"sentence {u - owner.index(owner[u]) + 1} of text {owner[u] + 1}" if rest else f"text {u + 1}"
+            for u in range(len(units))]
+    sources = tokenizer.encode_batch([unit.strip() for unit in units])
+    for u, ids in enumerate(sources):
         if len(ids) > limits.max_input_tokens:
-            raise HTTPException(422, f"text {number} has {len(ids)} tokens; the limit is {limits.max_input_tokens}")
-    given = [i for i, text in enumerate(texts) if text.strip()]  # an empty text is translated as empty
+            raise HTTPException(422, f"{name[u]} has {len(ids)} tokens; the limit is {limits.max_input_tokens}")
+    given = [u for u, unit in enumerate(units) if unit.strip()]  # an empty text is translated as empty
     options = Options(body.beam, body.alpha, body.max_length, body.attention)
     maps = 0
-    for i in given:
-        source = len(sources[i])
+    for u in given:
+        source = len(sources[u])
         output = output_limit(source, SECTION_6_1.extra_len, body.max_length)
-        if (needed := text_bytes(sources[i], options)) > limits.max_batch_mib * MIB:
-            raise HTTPException(413, f"text {i + 1} needs {needed / MIB:,.0f} MiB of decoding state (beam {body.beam} × "
+        if (needed := text_bytes(sources[u], options)) > limits.max_batch_mib * MIB:
+            raise HTTPException(413, f"{name[u]} needs {needed / MIB:,.0f} MiB of decoding state (beam {body.beam} × "
                                      f"({source + 1} source + {output} output tokens)); the limit is "
                                      f"{limits.max_batch_mib:g} MiB (max_batch_mib): lower beam or max_length")
         if body.attention:
@@ -255,7 +285,23 @@ def _read_request(body: TranslateRequest, tokenizer, limits: ServeOptions, text_
         raise HTTPException(413, f"the attention maps of these texts take up to {maps / MIB:,.0f} MiB (layers × heads "
                                  f"× (S² + T² + T·S) weights); the limit is {limits.max_attention_mib:g} MiB "
                                  "(max_attention_mib): send fewer or shorter texts")
-    return texts, sources, given, options
+    return ReadRequest(texts, units, owner, rest, sources, given, options)
+
+
+def _answer(read: ReadRequest, results: list[dict]) -> dict:
+    """The response to a request whose units decoded to `results`."""
+    if read.rest is None:
+        response = {"translations": [r["translation"] for r in results]}
+        if read.options.attention:
+            response["details"] = [r["details"] for r in results]
+        return response
+    pieces: list[list[str]] = [[] for _ in read.texts]
+    for u, result in enumerate(results):
+        pieces[read.owner[u]].append(result["translation"])
+    response = {"translations": [interleave(done, around) if done else "" for done, around in zip(pieces, read.rest)]}
+    if read.options.attention:
+        response["details"] = [{"text": read.owner[u], **results[u]["details"]} for u in read.given]
+    return response
 
 
 def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", max_wait_ms: float = SERVE.max_wait_ms,
@@ -353,10 +399,10 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     async def translate(body: TranslateRequest, request: Request):
         bearer = request.headers.get("authorization", "")
         admit(request, bearer[7:].strip() if bearer.lower().startswith("bearer ") else request.query_params.get("api_key"))
-        texts, sources, given, options = _read_request(body, tokenizer, limits, text_bytes, config)
-        results = [EMPTY] * len(texts)
-        if given:
-            decoding = asyncio.ensure_future(batcher.submit([sources[i] for i in given], options))
+        read = _read_request(body, tokenizer, limits, text_bytes, config, languages.source or "en")
+        results = [EMPTY] * len(read.units)
+        if read.given:
+            decoding = asyncio.ensure_future(batcher.submit([read.sources[u] for u in read.given], read.options))
             gone = asyncio.ensure_future(_disconnected(request))
             try:
                 await asyncio.wait({decoding, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -365,14 +411,11 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
             if not decoding.done():  # the client went away: its texts leave the queue undecoded
                 decoding.cancel()
                 return Response(status_code=499)
-            for i, result in zip(given, decoding.result()):
-                results[i] = result
-        response = {"translations": [r["translation"] for r in results]}
-        if body.attention:
-            response["details"] = [r["details"] for r in results]
+            for u, result in zip(read.given, decoding.result()):
+                results[u] = result
         # Sent as it is: the response model documents it, and validating millions of attention
         # weights again would double what the answer holds in memory.
-        return JSONResponse(response)
+        return JSONResponse(_answer(read, results))
 
     libre.add_routes(app, tokenizer, languages, libre.page_translator(tokenizer, batcher, limits, text_bytes, languages.source or "en"), admit,
                      {"charLimit": -1, "frontendTimeout": 500, "apiKeys": admission.key_required,

@@ -70,13 +70,25 @@ function draw() {
   canvas.dataset.drawn = `${kind}:${layer}:${head}`;
 }
 
+// The picker's name of each sentence: its line, and where a line holds several, its place there
+// ("2.3": the third sentence of line 2). The server splits lines into sentences (split_sentences).
+function sentenceLabels(details) {
+  const count = {}, seen = {};
+  details.forEach((d) => { count[d.text] = (count[d.text] || 0) + 1; });
+  return details.map((d) => {
+    seen[d.text] = (seen[d.text] || 0) + 1;
+    return count[d.text] > 1 ? `${d.text + 1}.${seen[d.text]}` : `${d.text + 1}`;
+  });
+}
+
 function showAttention() {
-  // A text the server found blank (its rule, Python's str.strip, is the only one) has no attention.
+  // A text the server found blank (its rule, Python's str.strip, is the only one) has no sentence.
+  const labels = sentenceLabels(details);
   const drawable = details.map((d, i) => [d, i]).filter(([d]) => d.target_tokens.length);
   $("attention-section").hidden = !drawable.length;
   if (!drawable.length) return;
   const first = drawable[0][0];
-  fillSelect($("sentence"), drawable.map(([, i]) => [i, `${i + 1}`]));
+  fillSelect($("sentence"), drawable.map(([, i]) => [i, labels[i]]));
   const layers = first.attention.cross.length, heads = first.attention.cross[0].length;
   fillSelect($("layer"), [...Array(layers).keys()].map((i) => [i, `${i + 1}`]));
   fillSelect($("head"), [["mean", "mean"], ...[...Array(heads).keys()].map((i) => [i, `${i + 1}`])]);
@@ -85,8 +97,9 @@ function showAttention() {
 }
 
 async function translate() {
-  // Only empty lines are dropped here: whether a line is blank is the server's call, so that the
-  // page and the API agree on lines of invisible characters (JS trim and Python strip do not).
+  // Each line is a sentence or a paragraph. Only empty lines are dropped here: whether a line is
+  // blank is the server's call, so that the page and the API agree on lines of invisible
+  // characters (JS trim and Python strip do not).
   const texts = $("source").value.split("\n").filter((t) => t !== "");
   if (!texts.length) {
     setStatus("Type a sentence first.", true);
@@ -99,7 +112,7 @@ async function translate() {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ text: texts, beam: Number($("beam").value), alpha: Number($("alpha").value),
-                             attention: true }),
+                             attention: true, split_sentences: true }),
     });
     const body = await response.json();
     if (!response.ok) throw new Error(body.error || response.statusText);

@@ -1,0 +1,89 @@
+"""What bounds continuous batching on this machine: the time of one decoding step of
+`aiayn.translate.ContinuousDecoding` with 1 and with N sentences decoding (beam 4), and of one
+sentence joining, on test verses of bible-en-es, in process (no HTTP).
+
+With N clients each waiting for its answer before sending the next text, a server at best
+answers N sentences in the time one step of N takes times the steps of a sentence, against one
+sentence in the steps of one: its throughput over one-at-a-time is at most
+N × step(1) / (step(N) + joins per step × join). The script reports that ceiling beside the
+measured times, and the machine's bf16 (or fp32) matmul peak, which bounds step(N).
+
+    python benchmarks/decode_steps.py runs/demo60 --precision bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from aiayn.config import DECODE_PRESETS
+from aiayn.corpora import load_corpus
+from aiayn.device import matmul_peak_flops
+from aiayn.translate import ContinuousDecoding, Translator
+from common import RESULTS, command_line, cpu_kind, default_threads, machine, spread, write_results
+
+
+def decode(translator: Translator, sources: list[list[int]], live: int) -> dict:
+    """Decode `sources` keeping `live` sentences in the search (a finished one is replaced by the
+    next at once, as N clients would); per-step and per-join seconds."""
+    decoding = ContinuousDecoding(translator.model, translator.decode)
+    steps, joins, waiting = [], [], list(enumerate(sources))
+    while waiting or decoding.live:
+        room = min(live - decoding.live, len(waiting))
+        if room:
+            began = time.perf_counter()
+            decoding.join([ids for _, ids in waiting[:room]], [key for key, _ in waiting[:room]], translator.decode.alpha)
+            joins.append((time.perf_counter() - began, room))
+            waiting = waiting[room:]
+        began = time.perf_counter()
+        decoding.step()
+        steps.append(time.perf_counter() - began)
+    return {"step_ms": statistics.median(steps) * 1000, "steps": len(steps), "joins": len(joins),
+            "join_ms": statistics.median(seconds for seconds, _ in joins) * 1000}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    parser.add_argument("--live", type=int, default=16, help="sentences decoding at once (default 16, as 16 clients)")
+    parser.add_argument("--sentences", type=int, default=160)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if not args.run_dir.exists():
+        parser.exit(2, f"error: {args.run_dir} does not exist\n")
+    translator = Translator.load(args.run_dir, decode=dataclasses.replace(DECODE_PRESETS["translate"],
+                                                                          precision=args.precision))
+    verses = [source for source, _ in load_corpus("bible-en-es").splits["test"]]
+    random.Random(0).shuffle(verses)
+    sources = translator.tokenizer.encode_batch(verses[: args.sentences])
+    decode(translator, sources[:20], args.live)  # warm-up
+    reps = []
+    for rep in range(args.reps):  # interleaved: one sentence at a time, then `live` at once
+        alone, many = decode(translator, sources, 1), decode(translator, sources, args.live)
+        ceiling = args.live * alone["step_ms"] / (many["step_ms"] + many["joins"] / many["steps"] * many["join_ms"])
+        reps.append({"one": alone, "live": many, "ceiling": ceiling})
+        print(f"rep {rep + 1}: step {alone['step_ms']:.2f} ms with 1 sentence, {many['step_ms']:.2f} ms with "
+              f"{args.live}; join {many['join_ms']:.2f} ms, {many['joins'] / many['steps']:.2f} a step; "
+              f"ceiling {ceiling:.2f}×", flush=True)
+    peak = matmul_peak_flops(torch.device("cpu"), args.precision)
+    results = {"command": command_line(), "cpu_kind": cpu_kind(), "machine": machine(torch.device("cpu"), default_threads()),
+               "model": str(args.run_dir), "precision": args.precision, "live": args.live, "reps": reps,
+               f"{args.precision}_matmul_peak_tflops": peak / 1e12,
+               "summary": {"step_ms_1": spread([r["one"]["step_ms"] for r in reps]),
+                           f"step_ms_{args.live}": spread([r["live"]["step_ms"] for r in reps]),
+                           "join_ms": spread([r["live"]["join_ms"] for r in reps]),
+                           "ceiling": spread([r["ceiling"] for r in reps])}}
+    print(f"{args.precision} matmul peak {peak / 1e12:.2f} TFLOP/s")
+    write_results(args.out or RESULTS / f"decode-steps-{cpu_kind()}-{args.precision}.json", results)
+
+
+if __name__ == "__main__":
+    main()
