@@ -206,14 +206,16 @@ def test_batched_equals_one_sentence_at_a_time():
 
 @pytest.mark.numeric
 @pytest.mark.parametrize("beam", [1, 4])
-def test_sentences_that_join_a_running_search_get_what_they_get_alone(beam):
+@pytest.mark.parametrize("guards", [{}, {"no_repeat_ngram_size": 2, "repetition_penalty": 1.5}])
+def test_sentences_that_join_a_running_search_get_what_they_get_alone(beam, guards):
     """Continuous batching: sentences join the search at steps 0, 2 and 5, and one after the
     search has emptied; they leave as they finish. Each gets the tokens, and the alternatives, it
     gets decoded alone (§6.1), though its positions start at another column of the cache and its
-    memory is padded to the longest source decoding beside it."""
+    memory is padded to the longest source decoding beside it. The guards (no repeated bigram, a
+    repetition penalty) read a joined sentence's own outputs, not the padding before them."""
     model = random_model(2)
     ids = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21], [20], [21, 22, 23]]
-    decode = dataclasses.replace(DECODE_PRESETS["translate"], beam=beam, extra_len=8)
+    decode = dataclasses.replace(DECODE_PRESETS["translate"], beam=beam, extra_len=8, **guards)
     decoding = ContinuousDecoding(model, decode)
     pending, got, step, emptied = {0: [0, 1], 2: [2], 5: [3], 40: [4]}, {}, 0, False
     while pending or decoding.live:
@@ -226,7 +228,9 @@ def test_sentences_that_join_a_running_search_get_what_they_get_alone(beam):
     assert sorted(got) == [0, 1, 2, 3, 4] and emptied
     for i, outputs in got.items():
         one = ModelStep(model, torch.tensor([ids[i] + [2]]), len(ids[i]) + 9)
-        alone = beam_search(one.step, one.reorder, 1, 2, torch.tensor([len(ids[i]) + 8]), beam=beam, n_best=beam)[0]
+        alone = beam_search(one.step, one.reorder, 1, 2, torch.tensor([len(ids[i]) + 8]), beam=beam, n_best=beam,
+                            no_repeat_ngram=decode.no_repeat_ngram_size,
+                            repetition_penalty=decode.repetition_penalty)[0]
         assert outputs == [alone.tokens] + [h.tokens for h in alone.alternatives]
     assert any(len(outputs[0]) < len(ids[i]) + 8 for i, outputs in got.items())  # some end by EOS
 
