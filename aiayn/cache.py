@@ -65,6 +65,7 @@ class KVCache:
         self.memory_mask = memory_mask
         self.start: Optional[Tensor] = None  # (B,), set once a sentence joins at a later column
         self._starts = [0] * (cross[0][0].size(0) if cross else batch)  # the same per sentence, on the host
+        self._sources: Optional[list[int]] = None  # source lengths per sentence, once sentences join
         self.self_mask: Optional[Tensor] = None  # (B, 1, 1, length + new) for the step under way
 
     @property
@@ -140,7 +141,13 @@ class KVCache:
         same = sentences.numel() == len(self._starts)  # the same sentences (increasing indices)
         drop = 0
         if not same:  # (a read-back, on the steps where sentences leave only)
-            self._starts = [self._starts[j] for j in sentences.tolist()]
+            kept = sentences.tolist()
+            self._starts = [self._starts[j] for j in kept]
+            if self._sources is not None:  # memories padded for a longer source that has left: cut
+                self._sources = [self._sources[j] for j in kept]
+                width = max(self._sources, default=0)
+                self.cross = [(k[:, :, :width], v[:, :, :width]) for k, v in self.cross]
+                self.memory_mask = self.memory_mask[..., :width]
             drop = min(self._starts, default=0)  # columns no sentence still decoding reads
             self._starts = [start - drop for start in self._starts]
         for i in range(len(self._buffers)):
@@ -163,6 +170,9 @@ class KVCache:
         positions any of them decodes. Their rows come after the others, padded to the others'
         columns; memories are padded to the longest source, the padding masked."""
         (had, _, had_len, _), (new, _, new_len, _) = self.cross[0][0].shape, cross[0][0].shape
+        if self._sources is None:  # the first join: how long are the sources already here
+            self._sources = [had_len] * had if self.memory_mask is None else self.memory_mask.sum(-1).flatten().tolist()
+        self._sources += [new_len] * new if memory_mask is None else memory_mask.sum(-1).flatten().tolist()
         width = max(had_len, new_len)
         pad = lambda x: F.pad(x, (0, 0, 0, width - x.size(2)))  # noqa: E731  (M, h, S, d) -> (M, h, width, d)
         self.cross = [(torch.cat([pad(k), pad(nk.to(k.dtype))]), torch.cat([pad(v), pad(nv.to(v.dtype))]))

@@ -226,6 +226,13 @@ def test_a_sentence_that_joins_a_decoding_cache_gets_its_own_full_forward(change
     assert cache.length == 2 and cache.start is None  # their three columns dropped
     step = model.decode(tgt[2:, 2:3], cache=cache)
     torch.testing.assert_close(step[0, 0], model(later, tgt[2:, :3])[0, -1], atol=1e-5, rtol=1e-5)
+    short = tokens([[19, 20]])  # joins; then the long source leaves, and the memories are cut to 2
+    cache.join(model.memory_keys_values(model.encode(short)[0]), model.encode(short)[1], rows_each=1, max_len=4)
+    model.decode(torch.cat([tgt[2:, 3], tgt[:1, 0]]).unsqueeze(1), cache=cache)
+    cache.reorder(torch.tensor([1]), torch.tensor([1]), beam=1)
+    assert cache.memory_mask.shape == (1, 1, 1, 2) and cache.cross[0][0].size(2) == 2
+    step = model.decode(tgt[:1, 1:2], cache=cache)
+    torch.testing.assert_close(step[0, 0], model(short, tgt[:1, :2])[0, -1], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.numeric
