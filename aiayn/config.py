@@ -493,17 +493,18 @@ class ServeOptions:
     host: str = _option("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
     port: int = _option(8080, "port (0 picks a free one)", least=0, most=65535)
     device: str = _option("auto", "auto, cpu, cuda, cuda:N")
-    # How long the decoding thread, once woken by a request, waits for others to join it. Under
-    # load the queue fills while a batch decodes, so this only costs a lone request milliseconds.
-    max_wait_ms: float = _option(5.0, "how long a request waits for others to share its batch", least=0,
-                                 most=MAX_WAIT_MS_LIMIT)
+    # How long an idle decoder, once woken by a request, waits for others to start with it. Under
+    # load requests join the running search at its next step, so this only costs a lone request
+    # milliseconds.
+    max_wait_ms: float = _option(5.0, "how long a request at an idle server waits for others to start with it",
+                                 least=0, most=MAX_WAIT_MS_LIMIT)
     max_queue: int = _option(256, "texts waiting before requests get 503", least=1)
     max_texts: int = _option(64, "texts in one request", least=1)
     # Keeps a request's decoding time and attention maps bounded.
     max_input_tokens: int = _option(256, "tokens in one text", least=1)
     # What one request may hold in memory (aiayn.serve.cost): 256 MiB together, for any model.
-    max_batch_mib: float = _option(128.0, "decoding state of one batch: beam search's keys, values and logits",
-                                   above=0, most=1 << 20)
+    max_batch_mib: float = _option(128.0, "decoding state of the texts decoding at once: beam search's keys, "
+                                   "values and logits", above=0, most=1 << 20)
     max_attention_mib: float = _option(128.0, "attention maps of one answer", above=0, most=1 << 20)
     max_connections: int = _option(256, "open connections; over it idle ones are closed, else 503", least=1)
     # A request must arrive whole within this many seconds of its first byte, or of its
