@@ -261,7 +261,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    """Serve a model over HTTP (aiayn.serve): POST /translate batches concurrent requests; the page
+    """Serve a model over HTTP (aiayn.serve): POST /translate decodes concurrent requests together; the page
     at / draws the attention. SIGTERM or Ctrl-C drains the queue, then exits (0 on SIGTERM)."""
     serve_options = options(args, ServeOptions)
     decode = decode_config(args)
@@ -312,8 +312,8 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
     ("score", cmd_score, "BLEU of hypotheses against references", ScoreOptions, None),
     ("attention", cmd_attention, "attention heatmaps of one sentence (Figures 3-5)", AttentionOptions,
      ("translate", ["beam", "alpha"])),
-    ("serve", cmd_serve, "serve a model over HTTP: batched POST /translate and a page with the attention",
-     ServeOptions, ("translate", ["precision", "batch_tokens"])),
+    ("serve", cmd_serve, "serve a model over HTTP: POST /translate (continuous batching) and a page with the attention",
+     ServeOptions, ("translate", ["precision"])),
     ("demo", cmd_demo, "train on bible-en-es for a time budget, translate the test books, score", DemoOptions,
      ("translate", ["beam", "alpha"])),
 )

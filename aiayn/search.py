@@ -184,15 +184,23 @@ class BeamSearch:
         """Sentences still decoding."""
         return len(self.keys)
 
+    def check_n_best(self, n_best: int) -> None:
+        if not 1 <= n_best <= self.beam:
+            raise ValueError(f"n_best must be between 1 and the beam ({self.beam}), got {n_best}")
+
+    @property
+    def width(self) -> int:
+        """Rows per sentence: what the model state of a sentence joining now needs."""
+        return self.scores.size(1) if self.live else 1
+
     def join(self, max_len: Tensor, keys: list, alpha: float = SECTION_6_1.alpha, n_best: int = 1) -> int:
         """Sentences join after those decoding, with at most `max_len` (N,) output tokens each;
         `step` gives back their `keys` as they finish, with their best hypothesis under `alpha`
-        and n_best - 1 alternatives. Returns the rows per sentence their model state needs."""
-        if not 1 <= n_best <= self.beam:
-            raise ValueError(f"n_best must be between 1 and the beam ({self.beam}), got {n_best}")
-        width, count, limits = self.scores.size(1), max_len.numel(), max_len.tolist()
+        and n_best - 1 alternatives. Their model state has `width` rows each (returned)."""
+        self.check_n_best(n_best)
+        width, count, limits = self.width, max_len.numel(), max_len.tolist()
         if not self.live:
-            self.t, width = 0, 1
+            self.t = 0
             self.scores = self.scores.new_zeros(0, 1)
             self.history = self.history.new_zeros(0, 1, 0)
         scores = self.scores.new_full((count, width), float("-inf"))

@@ -162,16 +162,17 @@ class ContinuousDecoding:
     def join(self, sources: Sequence[Sequence[int]], keys: list, alpha: float, n_best: int = 1,
              max_output_len: Optional[int] = None) -> None:
         """Sources (token ids without EOS) join; `step` gives their `keys` back as they finish."""
+        self.search.check_n_best(n_best)
         decode = dataclasses.replace(self.decode, max_output_len=max_output_len)
         src, max_len = padded_batch(self.config, sources, decode)
         src, positions = src.to(self.device), int(max_len.max()) + 1
         with torch.inference_mode():
-            fresh = not self.search.live
-            width = self.search.join(max_len.to(self.device), keys, alpha, n_best)
-            if fresh:
+            # The model's state first: should encoding fail, the search has not changed.
+            if not self.search.live:
                 self.state = ModelStep(self.model, src, positions, self.decode.beam)
             else:
-                self.state.join(src, positions, width)
+                self.state.join(src, positions, self.search.width)
+            self.search.join(max_len.to(self.device), keys, alpha, n_best)
 
     def step(self) -> list[tuple]:
         """One step of every sentence decoding; returns (key, [output ids, then the alternatives])

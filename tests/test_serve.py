@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from aiayn.model import Transformer
+from aiayn.serve import batcher as batcher_module
 from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
 from aiayn.config import SERVE
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
@@ -222,6 +223,73 @@ def test_a_large_request_joins_as_room_frees_and_a_later_one_goes_first():
     assert large == [f"4:{1 + i}" for i in range(20)] and small == ["4:18"]  # each its own, in order
     assert all(len(sources) <= 4 for _, sources in engine.steps) and len(engine.decoded) == 21
     assert engine.joins[1][0][0] == [9, 9]  # first in the second join, not after the large one
+
+
+def test_a_large_text_is_not_overtaken_once_it_has_waited(monkeypatch):
+    """A text too large for the room left waits; once it has waited OVERDUE_S, a small request
+    that arrives after it and would fit does not go first, so a stream of small ones cannot
+    starve it."""
+    monkeypatch.setattr(batcher_module, "OVERDUE_S", 0.0)  # every request waiting is overdue at once
+    gate = threading.Event()
+    engine = FakeEngine(gate)
+    batcher = Batcher(engine, max_wait_ms=0, budget=48)  # cost = (tokens + 1) × beam 4
+
+    async def main():
+        first = asyncio.ensure_future(batcher.submit([[1] * 5], Options()))  # 24 of 48, for 5 steps
+        while not batcher.stats.joins:
+            await asyncio.sleep(0.01)
+        large = asyncio.ensure_future(batcher.submit([[2] * 8], Options()))  # 36: waits for room
+        await asyncio.sleep(0.05)
+        small = asyncio.ensure_future(batcher.submit([[3]], Options()))  # 8 would fit, after it
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await first, await large, await small
+
+    assert run(main()) == (["4:5"], ["4:16"], ["4:3"])
+    batcher.close()
+    joined = {tuple(map(tuple, sources)): i for i, (group, _) in enumerate(engine.joins) for sources in [[s] for s in group]}
+    assert joined[((3,),)] >= joined[((2,) * 8,)]  # it waited for the room the large text needed
+
+
+def test_abort_answers_everything_at_once():
+    gate = threading.Event()
+    batcher = Batcher(FakeEngine(gate), max_wait_ms=0, budget=12)  # one text at a time
+
+    async def main():
+        decoding = asyncio.ensure_future(batcher.submit([[1] * 2], Options()))
+        while not batcher.stats.joins:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(batcher.submit([[2] * 2], Options()))
+        await asyncio.sleep(0.05)
+        batcher.abort("stopped at once")
+        gate.set()
+        for future in (decoding, waiting):
+            with pytest.raises(Closed, match="stopped at once"):
+                await future
+
+    run(main())
+    batcher.close(10)
+    assert batcher.stopped
+
+
+def test_a_failed_answer_fails_its_own_request_only():
+    class Failing(FakeEngine):
+        def __call__(self, beam):
+            search = super().__call__(beam)
+            step = search.step
+            search.step = lambda: [(key, RuntimeError("no answer") if result == "4:2" else result)
+                                   for key, result in step()]
+            return search
+
+    batcher = Batcher(Failing(), max_wait_ms=50)
+
+    async def main():
+        return await asyncio.gather(batcher.submit([[2]], Options()), batcher.submit([[3]], Options()),
+                                    return_exceptions=True)
+
+    failed, fine = run(main())
+    batcher.close()
+    assert isinstance(failed, RuntimeError) and fine == ["4:3"]
 
 
 def test_expire_answers_the_waiting_requests_without_decoding_them():
@@ -653,6 +721,28 @@ def test_sigterm_under_load_stops_within_the_drain_deadline(model_dir):
     # Requests are finished one after the other: besides those answered, only the one under way at
     # the deadline was decoded in part, and the batch being decoded then finished.
     assert decoded <= 64 * (len(done) + 1) + batch
+
+
+def test_a_second_sigterm_stops_at_once(model_dir):
+    """With a long drain and eight large requests queued, a second SIGTERM ends the process at
+    once: every request still waiting or decoding gets a JSON 503, none waits for the drain."""
+    process = ServerProcess(model_dir, "--drain-seconds", "120", "--max-queue", "1000", "--max-batch-mib", "8")
+    port = process.port
+    with ThreadPoolExecutor(8) as pool:
+        calls = [pool.submit(request, port, "POST", "/translate", _slow_request()) for _ in range(8)]
+        wait_for(lambda: health(port)["requests"] == 8, "the requests arrive")
+        stopped = time.monotonic()
+        process.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        process.process.send_signal(signal.SIGTERM)
+        code = process.process.wait(60)
+        took = time.monotonic() - stopped
+        answers = [call.result() for call in calls]
+    err = process._read(process._err)
+    assert code == 0 and took < 30, (took, err)
+    assert "Traceback" not in err, err
+    refused = [body for status, body, _ in answers if status == 503]
+    assert refused and all("stopped" in body["error"] for body in refused), [a[:2] for a in answers]
 
 
 def _answer(connection: socket.socket) -> bytes:

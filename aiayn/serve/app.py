@@ -132,8 +132,13 @@ class ServedSearch:
         self.decoding.join(sources, keys, options.alpha, options.alternatives + 1, options.max_output_len)
 
     def step(self) -> list[tuple]:
-        return [(key, self.served.answer(source, outputs, options))
-                for (key, source, options), outputs in self.decoding.step()]
+        finished = []
+        for (key, source, options), outputs in self.decoding.step():
+            try:
+                finished.append((key, self.served.answer(source, outputs, options)))
+            except Exception as error:  # noqa: BLE001 - this text's request fails, the search goes on
+                finished.append((key, error))
+        return finished
 
 
 EMPTY = {"translation": "", "details": {"source_tokens": [], "target_tokens": [], "attention": {}}}
@@ -305,7 +310,7 @@ def _answer(read: ReadRequest, results: list[dict]) -> dict:
 
 
 def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", max_wait_ms: float = SERVE.max_wait_ms,
-               batch_tokens: int = DECODE_PRESETS["translate"].batch_tokens, max_queue: int = SERVE.max_queue, max_texts: int = SERVE.max_texts,
+               max_queue: int = SERVE.max_queue, max_texts: int = SERVE.max_texts,
                max_input_tokens: int = SERVE.max_input_tokens, allowed_hosts: Optional[frozenset] = LOOPBACK_NAMES,
                max_batch_mib: float = SERVE.max_batch_mib, max_attention_mib: float = SERVE.max_attention_mib,
                languages: Languages = Languages(), admission: Optional[Admission] = None,
@@ -323,7 +328,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     Length: the routes are closures over this app's batcher, model and limits, FastAPI's way;
     the checks of a request and the error answers live apart (`_read_request`,
     `_add_error_handlers`)."""
-    decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision, batch_tokens=batch_tokens)
+    decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision)
     translator = ServedModel(Translator(model.eval(), tokenizer, decode))
     config = translator.model.config
     extra_len = SECTION_6_1.extra_len
@@ -356,7 +361,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
 
     app = FastAPI(title="aiayn", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Translation with the Transformer of 'Attention Is All You Need'. "
-                              "Concurrent requests are decoded together in length-sorted batches.")
+                              "Concurrent requests are decoded together: each joins the running search.")
     app.state.batcher = batcher
     app.state.drain = drain
     app.add_middleware(LibreDispatch)  # inside BodyLimit: it reads bodies already bounded
@@ -390,7 +395,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
             "limits": {"max_texts": max_texts, "max_input_tokens": max_input_tokens, "max_beam": MAX_BEAM,
                        "max_queue": max_queue, "max_body_bytes": MAX_BODY_BYTES,
                        "max_batch_mib": max_batch_mib, "max_attention_mib": max_attention_mib},
-            "batching": {"max_wait_ms": max_wait_ms, "batch_tokens": batch_tokens},
+            "batching": {"max_wait_ms": max_wait_ms, "continuous": True},
         }
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,

@@ -26,6 +26,9 @@ from aiayn.config import DECODE_PRESETS, MAX_WAIT_MS_LIMIT, SERVE
 SECTION_6_1 = DECODE_PRESETS["translate"]
 
 
+# How long a request may wait before it goes first (see `Batcher._take`).
+OVERDUE_S = 1.0
+
 # How long an idle decoding loop sleeps at most. A process signal may be delivered to any thread;
 # Python runs its handler on the main thread only when that thread next runs bytecode, so a main
 # thread asleep without a timeout would never see `aiayn serve`'s SIGTERM.
@@ -70,6 +73,7 @@ class Job:
     results: list = field(default_factory=list)  # of each text, as it finishes
     decoded: int = 0
     cancelled: bool = False  # the caller went away: skip it
+    arrived: float = field(default_factory=time.monotonic)
 
     @property
     def waiting(self) -> int:
@@ -88,7 +92,8 @@ class Engine(Protocol):
         """The texts `sources` join the search; `step` gives their `keys` back as they finish."""
 
     def step(self) -> list[tuple[Any, Any]]:
-        """One step of every text; returns (key, result) of the texts that finished."""
+        """One step of every text; returns (key, result) of the texts that finished; a result
+        that is an Exception fails that text's request alone."""
 
 
 EngineFn = Callable[[int], Engine]  # a new search for a beam size
@@ -145,6 +150,7 @@ class Batcher:
         self._decoding: dict[int, list] = {}  # beam -> the (job, text, cost) keys of its search
         self._spent = 0  # the cost of the texts decoding
         self._closing = False
+        self._aborted: Optional[str] = None  # set by `abort`
         self.failure: Optional[str] = None  # why the decoding thread stopped, if it died
         self._lock = threading.Condition()
         self._stopped = threading.Event()
@@ -158,7 +164,8 @@ class Batcher:
 
     async def submit(self, sources: Sequence[Sequence[int]], options: Options) -> list[Any]:
         """Queue the texts and wait for their results. Raises QueueFull or Closed at once; if the
-        awaiting task is cancelled (the client disconnected), the texts are dropped undecoded."""
+        awaiting task is cancelled (the client disconnected), its texts still waiting are dropped
+        undecoded (those already decoding finish, unanswered)."""
         loop = asyncio.get_running_loop()
         texts = [list(s) for s in sources]
         job = Job(texts, options, loop.create_future(), loop, costs=[self.cost(s, options) for s in texts],
@@ -211,6 +218,12 @@ class Batcher:
             self._closing = True
             self._lock.notify()
 
+    def abort(self, reason: str) -> None:
+        """Stop at once (a second Ctrl-C): the decoding loop answers every request still
+        waiting or decoding with Closed(reason) at its next step and ends. Safe in a signal
+        handler: it only sets a flag, which the loop reads between steps."""
+        self._aborted = reason
+
     def expire(self, reason: str) -> int:
         """Answer every request still waiting with Closed(reason), without decoding any more of
         it (the batch being decoded finishes); returns how many. A stopping server calls it at
@@ -232,15 +245,20 @@ class Batcher:
         with self._lock:
             if not self._spent:
                 while not self._queue:
-                    if self._closing:
+                    if self._closing or self._aborted is not None:
                         return None
                     self._lock.wait(IDLE_TICK)
                 deadline = time.monotonic() + self.max_wait
                 while (sum(sum(job.costs[job.taken:]) for job in self._queue) < self.budget and not self._closing
-                       and (left := deadline - time.monotonic()) > 0):
-                    self._lock.wait(left)
-            parts, spent = [], self._spent
-            for job in sorted(self._queue, key=lambda job: sum(job.costs[job.taken:])):  # stable: arrival order among equals
+                       and self._aborted is None and (left := deadline - time.monotonic()) > 0):
+                    self._lock.wait(min(left, IDLE_TICK))
+            parts, spent, now = [], self._spent, time.monotonic()
+            # Least left first (arrival order among equals), but the requests that have waited
+            # OVERDUE_S go before every other, oldest first, and none overtakes them: room frees
+            # until their texts fit, so a large text is not starved by a stream of small ones.
+            order = sorted(self._queue, key=lambda job: (0, job.arrived) if now - job.arrived >= OVERDUE_S
+                           else (1, sum(job.costs[job.taken:])))
+            for job in order:
                 start = end = job.taken
                 while end < len(job.sources) and (spent == 0 or spent + job.costs[end] <= self.budget):
                     spent += job.costs[end]
@@ -272,7 +290,7 @@ class Batcher:
             print(f"aiayn: error: the decoding thread stopped ({self.failure}); /health reports it", file=sys.stderr)
 
     def _run(self) -> None:
-        while (parts := self._take()) is not None:
+        while (parts := self._take()) is not None and self._aborted is None:
             groups: dict[Options, list[tuple[Job, int, int]]] = {}
             for part in parts:
                 if not part[0].cancelled and not part[0].future.done():  # gone, failed or expired: skip
@@ -281,6 +299,16 @@ class Batcher:
                 self._join(options, group)
             for beam in list(self._searches):
                 self._step(beam)
+        if self._aborted is not None:
+            self._drain_now(self._aborted)
+
+    def _drain_now(self, reason: str) -> None:
+        """Answer every text decoding and every request waiting with Closed(reason)."""
+        jobs = {job for keys in self._decoding.values() for job, _, _ in keys}
+        for beam in list(self._searches):
+            self._drop(beam)
+        self._fail(jobs, Closed(reason))
+        self.expire(reason)
 
     def _join(self, options: Options, group: list[tuple[Job, int, int]]) -> None:
         """The texts of `group` join the search of their beam size (made when there is none)."""
@@ -322,6 +350,9 @@ class Batcher:
             keys.remove(key)
             self._spent -= cost
             self.stats.texts += 1
+            if isinstance(result, Exception):  # this text's answer failed: its request only
+                self._fail({job}, result)
+                continue
             job.results[i] = result
             job.decoded += 1
             if job.decoded == len(job.sources):

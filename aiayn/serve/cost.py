@@ -7,10 +7,12 @@ attention is asked for, the maps themselves: layers × heads × (S² + T² + T·
 held as Python floats and then as JSON until the answer is sent. Both are counted here at their
 worst: the output at its length limit.
 
-Decoding is done in batches within a byte budget (`aiayn.serve.batcher`), so the decoding state
-in memory at once is at most one budget whatever the requests' sizes; a text whose own state is
-over the budget is refused. The attention of one request is bounded on its own. With the
-defaults, one request holds at most SERVE.max_batch_mib + SERVE.max_attention_mib = 256 MiB.
+The texts decoding at once (`aiayn.serve.batcher`) add up to at most one byte budget at their
+own sizes; a text whose own state is over the budget is refused. The attention of one request is
+bounded on its own. With the defaults, one request holds at most SERVE.max_batch_mib +
+SERVE.max_attention_mib = 256 MiB. Several requests decoding together can hold more than their
+sum: continuous batching keeps every row as wide as the widest (the oldest sentence's steps so
+far plus the newest one's limit, and the longest source), a padding this count leaves out.
 """
 
 from __future__ import annotations

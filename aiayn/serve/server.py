@@ -53,7 +53,7 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
                if ipaddress.ip_address(address).is_loopback else None)
     # The decoding copy create_app makes refuses a precision the device cannot run, in one line.
     app = create_app(model, tokenizer, precision=decode.precision, source=str(options.run_dir),
-                     max_wait_ms=options.max_wait_ms, batch_tokens=decode.batch_tokens, max_queue=options.max_queue,
+                     max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
                      max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
                      max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib,
                      languages=_languages(options), admission=Admission(keys, options.req_limit),
@@ -74,8 +74,11 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
-            # A signal handler: it only schedules the drain, on the event loop, which takes locks.
-            if not self.should_exit and self.started:
+            # A signal handler: it only schedules the drain, on the event loop, which takes locks;
+            # a second signal stops the decoding loop at its next step (a flag, no lock).
+            if self.should_exit:
+                app.state.batcher.abort(f"the server was stopped at once ({signal.Signals(sig).name} twice); retry")
+            elif self.started:
                 loop.call_soon_threadsafe(app.state.drain, options.drain_seconds)
             super().handle_exit(sig, frame)
 
