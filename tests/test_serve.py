@@ -693,16 +693,22 @@ def test_a_request_is_held_to_the_memory_limits_it_is_checked_against(model_dir)
         assert status == 413 and answer["error"].startswith("text 2 needs") and "(max_batch_mib)" in answer["error"]
 
 
+@contextlib.contextmanager
+def _eight_large_requests(model_dir, drain: float):
+    """A server with a `drain`-second drain that has read eight large requests: (process, calls)."""
+    process = ServerProcess(model_dir, "--drain-seconds", str(drain), "--max-queue", "1000", "--max-batch-mib", "8")
+    with ThreadPoolExecutor(8) as pool:
+        calls = [pool.submit(request, process.port, "POST", "/translate", _slow_request()) for _ in range(8)]
+        wait_for(lambda: health(process.port)["requests"] == 8, "the requests arrive")
+        yield process, calls
+
+
 def test_sigterm_under_load_stops_within_the_drain_deadline(model_dir):
     """Eight large requests queued, SIGTERM: no new request is taken, what fits in the 2 s
     deadline is answered, the rest get a JSON 503 with Retry-After (their texts not decoded),
     the process exits 0 within the deadline and a few seconds, and logs no traceback."""
     drain = 2.0
-    process = ServerProcess(model_dir, "--drain-seconds", str(drain), "--max-queue", "1000", "--max-batch-mib", "8")
-    port = process.port
-    with ThreadPoolExecutor(8) as pool:
-        calls = [pool.submit(request, port, "POST", "/translate", _slow_request()) for _ in range(8)]
-        wait_for(lambda: health(port)["requests"] == 8, "the requests arrive")
+    with _eight_large_requests(model_dir, drain) as (process, calls):
         stopped = time.monotonic()
         process.process.send_signal(signal.SIGTERM)
         code = process.process.wait(60)
@@ -726,11 +732,7 @@ def test_sigterm_under_load_stops_within_the_drain_deadline(model_dir):
 def test_a_second_sigterm_stops_at_once(model_dir):
     """With a long drain and eight large requests queued, a second SIGTERM ends the process at
     once: every request still waiting or decoding gets a JSON 503, none waits for the drain."""
-    process = ServerProcess(model_dir, "--drain-seconds", "120", "--max-queue", "1000", "--max-batch-mib", "8")
-    port = process.port
-    with ThreadPoolExecutor(8) as pool:
-        calls = [pool.submit(request, port, "POST", "/translate", _slow_request()) for _ in range(8)]
-        wait_for(lambda: health(port)["requests"] == 8, "the requests arrive")
+    with _eight_large_requests(model_dir, 120) as (process, calls):
         stopped = time.monotonic()
         process.process.send_signal(signal.SIGTERM)
         time.sleep(0.5)
