@@ -95,6 +95,10 @@ class KVCache:
         new[kept:, :, : self.length - drop] = 0
         self._buffers[i], self._stores[i] = new, [spare, current]
 
+    def positions_end(self, new: int) -> int:
+        """One past the largest position of a step of `new` positions, known on the host."""
+        return self.length + new - min(self._starts, default=0)
+
     def positions(self, new: int):
         """Begin a step of `new` positions per row: their positions (an int when every row starts
         at column 0, else (B,) the first new position of each row), and the step's `self_mask`."""

@@ -63,11 +63,13 @@ class PositionalEncoding(nn.Module):
             table = sinusoidal_positions(config.max_len, config.d_model, self.concat)  # (max_len, d_model)
             self.register_buffer("table", table, persistent=False)
 
-    def forward(self, x: Tensor, start: Union[int, Tensor] = 0) -> Tensor:
+    def forward(self, x: Tensor, start: Union[int, Tensor] = 0, end: Optional[int] = None) -> Tensor:
         """x: (B, L, d_model), the embeddings of positions start .. start + L - 1; `start` is an
-        int, or a LongTensor (B,) with each row's own (rows that joined a decoding later)."""
+        int, or a LongTensor (B,) with each row's own (rows that joined a decoding later), and
+        then `end`, one past the largest position, if the caller knows it without reading the
+        device."""
         if isinstance(start, Tensor):
-            end = int(start.max()) + x.size(1)
+            end = end if end is not None else int(start.max()) + x.size(1)
             rows = start[:, None] + torch.arange(x.size(1), device=x.device)  # (B, L) positions
         else:
             end = start + x.size(1)
@@ -275,7 +277,8 @@ class Decoder(nn.Module):
     ):
         """tgt: (B, T) -> (hidden (B, T, d_model), [per layer (self weights, cross weights)])."""
         start = 0 if cache is None else cache.positions(tgt.size(1))  # an int, or (B,) per row
-        x = self.dropout(self.positions(self.embed(tgt), start))  # (B, T, d_model)
+        end = None if cache is None else cache.positions_end(tgt.size(1))
+        x = self.dropout(self.positions(self.embed(tgt), start, end))  # (B, T, d_model)
         all_weights = []
         for index, layer in enumerate(self.layers):
             x, weights = layer(x, memory, memory_mask, cache, index, need_weights)
