@@ -261,8 +261,8 @@ class BeamSearch:
         self.t += 1
         if not n_done:
             if beam > 1:  # greedy rows never move unless sentences leave
-                self.reorder((torch.arange(live, device=device).unsqueeze(1) * width + parent).flatten(),
-                             torch.arange(live, device=device), beam)
+                every = torch.arange(live, device=device)  # (B,)
+                self.reorder((every.unsqueeze(1) * width + parent).flatten(), every, beam)
             self.scores, self.history, self.tokens = scores, history, token.flatten()
             return []
         leaving = done.nonzero().squeeze(1)  # (N,)

@@ -29,7 +29,7 @@ import torch
 from aiayn.corpora import load_corpus
 from aiayn.device import cpu_kind
 from aiayn.evaluate import score_hypotheses
-from aiayn.sentences import spans_from_strings
+from aiayn.sentences import interleave, spans_from_strings
 from aiayn.translate import Translator
 from common import command_line, default_threads, machine, write_results
 
@@ -76,11 +76,9 @@ def translate_split(translator: Translator, texts: list[str], split) -> list[str
     translated = iter(translator.translate(pieces))
     out = []
     for text, spans in zip(texts, cuts):
-        parts, at = [], 0
-        for a, b in spans:
-            parts += [text[at:a], next(translated)]
-            at = b
-        out.append("".join(parts) + text[at:])
+        ends = [0] + [b for _, b in spans]
+        rest = [text[end:a] for end, (a, _) in zip(ends, spans)] + [text[ends[-1]:]]
+        out.append(interleave([next(translated) for _ in spans], rest))
     return out
 
 

@@ -284,9 +284,7 @@ class Batcher:
             with self._lock:
                 self.failure = f"{type(error).__name__}: {' '.join(str(error).split())}"
                 self._closing = True
-            self._fail({job for keys in self._decoding.values() for job, _, _ in keys},
-                       Closed(f"the decoder has stopped ({self.failure}); restart the server"))
-            self.expire(f"the decoder has stopped ({self.failure}); restart the server")
+            self._drain_now(f"the decoder has stopped ({self.failure}); restart the server")
             print(f"aiayn: error: the decoding thread stopped ({self.failure}); /health reports it", file=sys.stderr)
 
     def _run(self) -> None:
@@ -320,8 +318,7 @@ class Batcher:
             self._fail({job for job, _, _ in keys}, error)
             return
         except BaseException as error:  # the thread dies: these callers hear why
-            self._fail({job for job, _, _ in keys},
-                       Closed(f"the decoder has stopped ({type(error).__name__}); restart the server"))
+            self._fail({job for job, _, _ in keys}, _died(error))
             raise
         self._searches[options.beam] = search
         self._decoding.setdefault(options.beam, []).extend(keys)
@@ -340,8 +337,7 @@ class Batcher:
             return
         except BaseException as error:  # the thread dies: this search's callers hear why
             self._drop(beam)
-            self._fail({job for job, _, _ in keys},
-                       Closed(f"the decoder has stopped ({type(error).__name__}); restart the server"))
+            self._fail({job for job, _, _ in keys}, _died(error))
             raise
         self.stats.steps += 1
         self.stats.step_texts.append(len(keys))
@@ -373,6 +369,11 @@ class Batcher:
                     self._queued_texts -= job.waiting
         for job in jobs:
             _resolve(job, error=error)
+
+
+def _died(error: BaseException) -> Closed:
+    """What the callers of a search hear when an error that is not an Exception ends the loop."""
+    return Closed(f"the decoder has stopped ({type(error).__name__}); restart the server")
 
 
 def _resolve(job: Job, result: Any = None, error: Optional[BaseException] = None) -> None:
