@@ -3,7 +3,8 @@
 speed.py and sweep.py run this once per case and repetition, so that no measurement inherits
 another's memory peak, allocator state or warmed-up caches. Subcommands:
 
-    train   tokens/s, achieved FLOP/s and peak memory of training steps of one system
+    train   tokens/s, achieved FLOP/s and peak memory of training steps of one system, on the
+            fixed batch or on real batch shapes
     decode  output tokens/s and peak memory of decoding the same sentences with one system
     peak    the matmul FLOP/s roof (aiayn.device.matmul_peak_flops)
     layer   time and memory of one encoder layer forward + backward (the sequence-length sweep)
@@ -27,16 +28,21 @@ def train(args, device: torch.device) -> dict:
     start_mib = memory_mib(device)
     system = systems.build(args.system, device, args.precision, args.threads, compile=args.compile,
                            bf16_weights=args.bf16_weights)
-    batch = systems.training_batch(args.rows, system.specials, device)
-    for _ in range(args.warmup):
-        system.train_step(*batch)
+    if args.shapes:  # real batch shapes: each timed once, the first `warmup` of them also before
+        shapes = json.loads(Path(args.shapes).read_text())
+        batches = [systems.shaped_batch(shape, system.specials, device) for shape in shapes]
+    else:  # the fixed batch, `steps` times
+        shapes = [systems.fixed_shape(args.rows)] * args.steps
+        batches = [systems.shaped_batch(shapes[0], system.specials, device)] * args.steps
+    for i in range(args.warmup):
+        system.train_step(*batches[i % len(batches)])
     with Timer(device) as timer:
-        for _ in range(args.steps):
+        for batch in batches:
             system.train_step(*batch)
-    tokens = args.rows * systems.TGT_LEN * args.steps  # target tokens, the unit of the paper's batches
+    tokens = systems.target_tokens(shapes)  # real target tokens, the unit of the paper's batches
     return {
         "tokens_per_s": tokens / timer.seconds, "seconds": timer.seconds,
-        "tflops": systems.training_tflops(tokens / timer.seconds),  # the same model FLOPs for every system
+        "tflops": systems.training_tflops(tokens / timer.seconds, shapes),  # the same model FLOPs for every system
         "peak_mib": peak_memory_mib(device), "start_mib": start_mib,
         "parameters": sum(p.numel() for p in system.model.parameters()),  # evidence of the common shape
     }
@@ -98,9 +104,11 @@ def main() -> None:
     p = tasks.add_parser("train")
     p.add_argument("--system", choices=systems.TRAINABLE, required=True)
     p.add_argument("--precision", choices=("fp32", "bf16"), required=True)
-    p.add_argument("--rows", type=int, required=True, help="sentence pairs per batch")
-    p.add_argument("--warmup", type=int, required=True)
-    p.add_argument("--steps", type=int, required=True, help="timed steps")
+    shape = p.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--rows", type=int, help="the fixed batch: this many pairs of 32 + 32 tokens")
+    shape.add_argument("--shapes", help="a JSON list of batch shapes (systems.Shape), each timed once")
+    p.add_argument("--warmup", type=int, required=True, help="untimed steps first")
+    p.add_argument("--steps", type=int, help="timed steps of the fixed batch")
     p.add_argument("--compile", action="store_true", help="torch.compile (aiayn only)")
     p.add_argument("--bf16-weights", action="store_true", help="bf16 weights, fp32 master (aiayn only)")
 
@@ -128,6 +136,8 @@ def main() -> None:
     p.add_argument("--quantizations", nargs="+", required=True, help="CTranslate2 types: float32, int8, ...")
 
     args = parser.parse_args()
+    if args.task == "train" and args.rows and not args.steps:
+        parser.error("--rows needs --steps")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = resolve_device(args.device)

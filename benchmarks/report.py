@@ -104,19 +104,24 @@ def speed_section(results: dict) -> list[str]:
 
 def training_table(cases: list[dict], s: dict) -> list[str]:
     lines = ["### Training: target tokens/s", "",
-              f"Adam steps on {s['rows']} pairs of {s['src_len']} + {s['tgt_len']} tokens, label smoothing "
-              f"{s['label_smoothing']}; {s['train_warmup']} warm-up + {s['train_steps']} timed steps per process. "
-              "TFLOP/s count the same model FLOPs for every system; the share is of the matmul peak of the same "
-              "precision measured in this run.", ""]
+              f"Adam steps, label smoothing {s['label_smoothing']}. Fixed batch: {s['rows']} pairs of {s['src_len']} + "
+              f"{s['tgt_len']} tokens, {s['train_warmup']} warm-up + {s['train_steps']} timed steps per process."]
+    for budget, warmup, count in s.get("budgets", []):
+        lines.append(f"{budget:,}-token batches: {count} real batch shapes (token budgets cut by aiayn's batching from "
+                     f"the sentence lengths of {s['corpus']}, the same for every system), each timed once after "
+                     f"{warmup} warm-up step{'s' if warmup != 1 else ''}; tokens/s count real (non-pad) target tokens.")
+    lines += ["TFLOP/s count the same model FLOPs for every system (padding not counted); the share is of the "
+              "matmul peak of the same precision measured in this run.", ""]
     rows = []
     for c in (c for c in cases if c["task"] == "train"):
         median, rng = spread(c.get("tokens_per_s"))
         share = f"{c['peak_fraction']:.0%}" if "peak_fraction" in c else "–"
         params = f"{c['parameters'] / 1e6:.2f}" if "parameters" in c else "–"
-        rows.append([system_name(c), params, PRECISIONS[c["precision"]], median, rng, speed_ratio(c),
+        batches = f"{c['budget']:,} tokens" if c.get("budget") else "fixed"
+        rows.append([batches, system_name(c), params, PRECISIONS[c["precision"]], median, rng, speed_ratio(c),
                      spread(c.get("tflops"))[0], share, spread(c.get("peak_mib"))[0], ratio(c.get("memory_ratio"))])
-    lines += table(["System", "Parameters (M)", "Precision", "tokens/s", "min–max", "vs aiayn", "TFLOP/s", "of peak",
-                    "peak MiB", "memory vs aiayn"], rows)
+    lines += table(["Batches", "System", "Parameters (M)", "Precision", "tokens/s", "min–max", "vs aiayn", "TFLOP/s",
+                    "of peak", "peak MiB", "memory vs aiayn"], rows)
     return lines + [""]
 
 

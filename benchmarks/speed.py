@@ -4,8 +4,12 @@ Cases (system × precision × task), each measured in a fresh process (one_case.
 --reps times in interleaved order: repetition 1 of every case, then repetition 2, ..., so that
 slow drifts of the machine (heat, other load) spread over all systems alike.
 
-    train    target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens, label smoothing 0.1;
-             achieved TFLOP/s and its share of the matmul peak of the same precision
+    train    target tokens/s of Adam steps, label smoothing 0.1, on the fixed batch (64 pairs of
+             32 + 32 tokens) and on real batch shapes: token budgets (2,000 and 25,000, the paper's
+             per-step batch) cut by aiayn's batching from the sentence lengths of the built-in
+             corpus (systems.corpus_shapes), the same batches for every system, tokens counted
+             on real (non-pad) targets; achieved TFLOP/s and its share of the matmul peak of the
+             same precision
     decode   output tokens/s for 64 sentences of 32 tokens, every output forced to 32 tokens,
              beam 4 and greedy
     peak     the matmul FLOP/s roof, fp32 and bf16, measured among the other cases
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -43,11 +48,15 @@ class Settings:
     sentences: int  # decoded per call
     decode_warmup: int
     decode_calls: int  # timed
+    # Real batch shapes: (token budget, warm-up steps, timed batches), each batch timed once
+    budgets: tuple[tuple[int, int, int], ...]
 
 
-FULL = Settings(reps=3, rows=64, train_warmup=2, train_steps=5, sentences=64, decode_warmup=1, decode_calls=1)
+FULL = Settings(reps=3, rows=64, train_warmup=2, train_steps=5, sentences=64, decode_warmup=1, decode_calls=1,
+                budgets=((2000, 2, 8), (25000, 1, 3)))
 # A smoke test of every case (CTranslate2 conversion included): the numbers mean nothing.
-QUICK = Settings(reps=1, rows=4, train_warmup=1, train_steps=1, sentences=4, decode_warmup=1, decode_calls=1)
+QUICK = Settings(reps=1, rows=4, train_warmup=1, train_steps=1, sentences=4, decode_warmup=1, decode_calls=1,
+                 budgets=((200, 1, 2),))
 
 
 @dataclass(frozen=True)
@@ -58,25 +67,31 @@ class Case:
     beam: Optional[int] = None  # decode only
     compile: bool = False  # aiayn under torch.compile
     bf16_weights: bool = False  # aiayn with bf16 weights and fp32 master weights (TrainConfig.bf16_weights)
+    budget: Optional[int] = None  # train only: real batch shapes of this token budget; None: the fixed batch
 
     @property
     def label(self) -> str:
         system = self.system + (" (compiled)" if self.compile else "") + (" (bf16 weights)" if self.bf16_weights else "")
         beam = f" beam {self.beam}" if self.beam else ""
-        return f"{self.task} {system} {self.precision}{beam}"
+        batches = f" {self.budget}-token batches" if self.budget else ""
+        return f"{self.task} {system} {self.precision}{beam}{batches}"
 
-    def args(self, settings: Settings, device: torch.device, threads: int, ct2_dirs: dict[str, Path]) -> list[str]:
+    def args(self, settings: Settings, device: torch.device, threads: int, ct2_dirs: dict[str, Path],
+             shape_files: dict[int, Path]) -> list[str]:
         """The command line of one_case.py (or of the peer's harness) that measures this case."""
+        if self.task == "train":
+            batches = (["--shapes", shape_files[self.budget], "--warmup", budget_warmup(settings, self.budget)]
+                       if self.budget else
+                       ["--rows", settings.rows, "--warmup", settings.train_warmup, "--steps", settings.train_steps])
         if self.system in PEER_ENVS:
-            return [str(a) for a in ("speed", "--precision", self.precision, "--rows", settings.rows,
-                                     "--src-len", systems.SRC_LEN, "--tgt-len", systems.TGT_LEN, "--vocab", systems.VOCAB,
-                                     "--warmup", settings.train_warmup, "--steps", settings.train_steps, "--threads", threads)]
+            return [str(a) for a in ("speed", "--precision", self.precision, *batches, "--src-len", systems.SRC_LEN,
+                                     "--tgt-len", systems.TGT_LEN, "--vocab", systems.VOCAB, "--threads", threads)]
         common = ["--device", str(device), "--threads", str(threads)]
         if self.task == "peak":
             return [*common, "peak", "--precision", self.precision]
         args = [*common, self.task, "--system", self.system, "--precision", self.precision]
         if self.task == "train":
-            args += ["--rows", settings.rows, "--warmup", settings.train_warmup, "--steps", settings.train_steps]
+            args += batches
             args += ["--compile"] if self.compile else []
             args += ["--bf16-weights"] if self.bf16_weights else []
         else:
@@ -87,17 +102,24 @@ class Case:
         return [str(a) for a in args]
 
 
-def make_cases(tasks: list[str], names: list[str], device: torch.device, compile: bool) -> list[Case]:
+def budget_warmup(settings: Settings, budget: int) -> int:
+    return next(warmup for b, warmup, _ in settings.budgets if b == budget)
+
+
+def make_cases(tasks: list[str], names: list[str], device: torch.device, compile: bool,
+               budgets: list[Optional[int]]) -> list[Case]:
+    """`budgets`: None for the fixed batch, or the token budget of real batch shapes."""
     cases = [Case("peak", "matmul", p) for p in PRECISIONS]
     if "train" in tasks:
         trainable = [s for s in names if s in systems.TRAINABLE]
-        cases += [Case("train", s, p) for s in trainable for p in PRECISIONS]
-        cases += [Case("train", s, p) for s in names if s in PEER_ENVS for p in systems.PEER_PRECISIONS[s]
-                  if device.type == "cpu"]  # the peers' harnesses build on the CPU
-        if "aiayn" in names:
-            cases += [Case("train", "aiayn", "bf16", bf16_weights=True)]
-        if compile and "aiayn" in names:
-            cases += [Case("train", "aiayn", p, compile=True) for p in PRECISIONS]
+        for budget in budgets:
+            cases += [Case("train", s, p, budget=budget) for s in trainable for p in PRECISIONS]
+            cases += [Case("train", s, p, budget=budget) for s in names if s in PEER_ENVS
+                      for p in systems.PEER_PRECISIONS[s] if device.type == "cpu"]  # the peers' harnesses build on the CPU
+            if "aiayn" in names and budget is None:
+                cases += [Case("train", "aiayn", "bf16", bf16_weights=True)]
+            if compile and "aiayn" in names:
+                cases += [Case("train", "aiayn", p, compile=True, budget=budget) for p in PRECISIONS]
     if "decode" in tasks:
         for beam in (4, 1):
             for s in names:
@@ -132,7 +154,8 @@ def summarize(cases: list[Case], runs: list[dict]) -> list[dict]:
     for row in rows:
         if row["task"] == "peak" or "tokens_per_s" not in row:
             continue
-        aiayn = dict(task=row["task"], system="aiayn", compile=False, bf16_weights=False, beam=row["beam"])
+        aiayn = dict(task=row["task"], system="aiayn", compile=False, bf16_weights=False, beam=row["beam"],
+                     budget=row["budget"])
         ref = find("tokens_per_s", **aiayn, precision=row["precision"]) or find("tokens_per_s", **aiayn, precision="fp32")
         if ref:
             row["reference"] = ref["label"]
@@ -146,6 +169,18 @@ def summarize(cases: list[Case], runs: list[dict]) -> list[dict]:
     return rows
 
 
+def describe_shapes(shapes: list[systems.Shape]) -> dict:
+    """What the timed batches of one budget hold: rows, longest source and target, real and
+    padded target tokens of each, and the shapes themselves."""
+    return {
+        "rows": [len(s["tgt"]) for s in shapes],
+        "longest": [[max(s["src"]), max(s["tgt"])] for s in shapes],
+        "target_tokens": [sum(s["tgt"]) for s in shapes],
+        "padded_target_tokens": [len(s["tgt"]) * max(s["tgt"]) for s in shapes],
+        "shapes": shapes,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -155,6 +190,8 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", choices=(*systems.SYSTEMS, *PEER_ENVS), default=list(systems.SYSTEMS),
                         help="eole and onmt (training only) need `bash benchmarks/setup_train_peers.sh`")
     parser.add_argument("--compile", action="store_true", help="also train aiayn under torch.compile")
+    parser.add_argument("--batches", nargs="+", help="training batches: 'fixed' (64 pairs of 32 + 32 tokens) and/or the "
+                        "token budgets of real batch shapes (default: fixed and every budget of the settings)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks that every case runs")
     parser.add_argument("--out", type=Path, help="result file (default results/speed-DEVICE.json)")
     args = parser.parse_args()
@@ -170,10 +207,22 @@ def main() -> None:
     settings = QUICK if args.quick else FULL
     if args.reps:
         settings = Settings(**{**asdict(settings), "reps": args.reps})
-    cases = make_cases(args.tasks, args.systems, device, args.compile)
+    known = [str(b) for b, _, _ in settings.budgets]
+    if any(b not in ("fixed", *known) for b in args.batches or []):
+        parser.error(f"--batches takes fixed and the budgets {', '.join(known)}")
+    budgets = [None if b == "fixed" else int(b) for b in args.batches or ["fixed", *known]]
+    settings = Settings(**{**asdict(settings), "budgets": tuple(b for b in settings.budgets if b[0] in budgets)})
+    cases = make_cases(args.tasks, args.systems, device, args.compile, budgets)
     runs = []
     peer_notes: dict[str, list[str]] = {}  # what each peer's harness says differs from the common shape
     with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as scratch:
+        shapes, shape_files = {}, {}  # by budget: the batch shapes every system trains on, and their file
+        if "train" in args.tasks and settings.budgets:
+            lengths = systems.corpus_lengths(Path(scratch))
+            for budget, _, count in settings.budgets:
+                shapes[budget] = systems.corpus_shapes(lengths, budget, count)
+                shape_files[budget] = Path(scratch, f"shapes-{budget}.json")
+                shape_files[budget].write_text(json.dumps(shapes[budget]))
         ct2_dirs = {}
         ct2_precisions = sorted({c.precision for c in cases if c.system == "ctranslate2"})
         if ct2_precisions:
@@ -186,11 +235,11 @@ def main() -> None:
         for rep in range(settings.reps):
             for case in cases:
                 peer = case.system if case.system in PEER_ENVS else None
-                result = run_case(case.args(settings, device, args.threads, ct2_dirs), args.threads, peer)
+                result = run_case(case.args(settings, device, args.threads, ct2_dirs, shape_files), args.threads, peer)
                 if peer:
                     peer_notes[peer] = result.pop("fairness_notes", peer_notes.get(peer, []))
                     if "tokens_per_s" in result:  # the same model FLOPs as one_case.train counts
-                        result["tflops"] = systems.training_tflops(result["tokens_per_s"])
+                        result["tflops"] = systems.training_tflops(result["tokens_per_s"], shapes.get(case.budget))
                 runs.append({"case": asdict(case), "rep": rep, **result})
                 shown = result.get("error") or ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float))
                 print(f"[{rep + 1}/{settings.reps}] {case.label}: {shown}", flush=True)
@@ -201,7 +250,9 @@ def main() -> None:
         "quick": args.quick,
         "machine": machine(device, args.threads),
         "settings": {**asdict(settings), "src_len": systems.SRC_LEN, "tgt_len": systems.TGT_LEN,
-                     "out_len": systems.OUT_LEN, "vocab": systems.VOCAB, "label_smoothing": systems.LABEL_SMOOTHING},
+                     "out_len": systems.OUT_LEN, "vocab": systems.VOCAB, "label_smoothing": systems.LABEL_SMOOTHING,
+                     "corpus": systems.CORPUS},
+        "batch_shapes": {str(budget): describe_shapes(s) for budget, s in shapes.items()},
         "fairness_notes": list(systems.FAIRNESS_NOTES) + [f"{systems.PEER_NAMES[p]}: {n}" for p, ns in peer_notes.items() for n in ns],
         "cases": summarize(cases, runs),
         "runs": runs,

@@ -5,6 +5,11 @@ post-norm, ReLU, sinusoidal positions, embeddings × √d_model, one 8,000-token
 by source, target and the output projection, dropout 0.1 on residuals and embeddings only.
 Weights are random (fixed seed); nothing is downloaded.
 
+Training batches come in two kinds, the same for every system: the fixed batch of 64 pairs of
+32 + 32 tokens (`training_batch`), and real batch shapes (`corpus_shapes`): the sentence lengths
+of the built-in corpus cut into token-budget batches by aiayn's own batching, filled with
+random ids (`shaped_batch`) and padded.
+
 Every system offers
     train_step(src, tgt_in, tgt_out)   one Adam step on a batch (label smoothing 0.1)
     decode(sources, beam)              output ids of each source, exactly OUT_LEN tokens each
@@ -26,18 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.batching import Batch
+from aiayn.batching import Batch, make_batches, within_length
 from aiayn.config import PRESETS, DecodeConfig, ModelConfig, TrainConfig
+from aiayn.corpora import load_corpus
 from aiayn.device import autocast
 from aiayn.flops import training_flops
 from aiayn.loss import label_smoothed_nll
 from aiayn.model import EncoderLayer, Transformer, sinusoidal_positions
 from aiayn.optim import make_optimizer, set_lr
 from aiayn.search import beam_search, greedy
+from aiayn.tokenizer import Tokenizer
 from aiayn.train import TrainStep
 from aiayn.translate import Translator
 
@@ -122,21 +130,85 @@ def content_ids(rows: int, length: int, generator: torch.Generator) -> Tensor:
     return torch.randint(CONTENT_LOW, CONTENT_HIGH, (rows, length), generator=generator)
 
 
-def training_batch(rows: int, specials: Specials, device: torch.device, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """(src, tgt_in, tgt_out), each (rows, 32): ids + EOS; start + ids; ids + EOS."""
+# A batch shape: the positions of each row, {"src": [source ids + EOS, ...], "tgt": [target ids
+# + 1, ...]} (the decoder's inputs start + ids, its outputs ids + EOS); every length at least 2.
+Shape = dict[str, list[int]]
+
+
+def fixed_shape(rows: int) -> Shape:
+    """The fixed batch: `rows` pairs of SRC_LEN + TGT_LEN positions, no padding."""
+    return {"src": [SRC_LEN] * rows, "tgt": [TGT_LEN] * rows}
+
+
+def shaped_batch(shape: Shape, specials: Specials, device: torch.device, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """(src (B, S), tgt_in (B, T), tgt_out (B, T)) of one batch shape, right-padded with the
+    system's pad: row i is ids + EOS; start + ids; ids + EOS, its ids random content ids."""
+    rows, src_lens, tgt_lens = len(shape["src"]), torch.tensor(shape["src"]), torch.tensor(shape["tgt"])
     generator = torch.Generator().manual_seed(seed)
-    src_ids, tgt_ids = content_ids(rows, SRC_LEN - 1, generator), content_ids(rows, TGT_LEN - 1, generator)
-    column = lambda value: torch.full((rows, 1), value)  # noqa: E731
-    src = torch.cat([src_ids, column(specials.eos)], dim=1)
-    tgt_in = torch.cat([column(specials.start), tgt_ids], dim=1)
-    tgt_out = torch.cat([tgt_ids, column(specials.eos)], dim=1)
+    src_ids = content_ids(rows, int(src_lens.max()), generator)  # (B, S): the last column is cut by EOS or padding
+    tgt_ids = content_ids(rows, int(tgt_lens.max()), generator)  # (B, T)
+    src_pos, tgt_pos = torch.arange(src_ids.size(1)), torch.arange(tgt_ids.size(1))
+
+    def place(ids: Tensor, positions: Tensor, lengths: Tensor, last: int) -> Tensor:
+        """ids up to length - 1, `last` at length - 1, padding after."""
+        out = ids.masked_fill(positions >= lengths.unsqueeze(1) - 1, last)
+        return out.masked_fill(positions >= lengths.unsqueeze(1), specials.pad)
+
+    src = place(src_ids, src_pos, src_lens, specials.eos)
+    tgt_out = place(tgt_ids, tgt_pos, tgt_lens, specials.eos)
+    tgt_in = torch.cat([torch.full((rows, 1), specials.start), tgt_ids[:, :-1]], dim=1)  # start + ids
+    tgt_in = tgt_in.masked_fill(tgt_pos >= tgt_lens.unsqueeze(1), specials.pad)
     return src.to(device), tgt_in.to(device), tgt_out.to(device)
 
 
-def training_tflops(tokens_per_s: float) -> float:
-    """Achieved TFLOP/s of training at `tokens_per_s` target tokens/s: the model FLOPs of the
-    common shape (aiayn.flops.training_flops), the count every system is measured against."""
-    return tokens_per_s / TGT_LEN * training_flops(CONFIG, SRC_LEN, TGT_LEN) / 1e12
+def training_batch(rows: int, specials: Specials, device: torch.device, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """(src, tgt_in, tgt_out), each (rows, 32): ids + EOS; start + ids; ids + EOS."""
+    return shaped_batch(fixed_shape(rows), specials, device, seed)
+
+
+def target_tokens(shapes: list[Shape]) -> int:
+    """The real (non-pad) target tokens of these batches: ids + EOS of every row."""
+    return sum(sum(shape["tgt"]) for shape in shapes)
+
+
+def flops_per_token(shapes: list[Shape]) -> float:
+    """Model FLOPs of a training step (aiayn.flops.training_flops, of each pair at its own
+    lengths: padding is not counted) per real target token of these batches."""
+    flops = sum(training_flops(CONFIG, s, t) for shape in shapes for s, t in zip(shape["src"], shape["tgt"]))
+    return flops / target_tokens(shapes)
+
+
+def training_tflops(tokens_per_s: float, shapes: Optional[list[Shape]] = None) -> float:
+    """Achieved TFLOP/s of training at `tokens_per_s` real target tokens/s on `shapes` (default:
+    the fixed batch): the model FLOPs (aiayn.flops.training_flops), the count every system is
+    measured against."""
+    return tokens_per_s * flops_per_token(shapes or [fixed_shape(1)]) / 1e12
+
+
+# The built-in corpus whose sentence lengths make the real batch shapes.
+CORPUS = "bible-en-es"
+
+
+def corpus_lengths(scratch: Path) -> np.ndarray:
+    """(N, 2) positions (source + EOS, target + 1) of the training pairs of the built-in corpus
+    under a joint SentencePiece BPE of VOCAB pieces learned from them, as `aiayn train` builds
+    it (tokenizer written into `scratch`), without the pairs `aiayn train` leaves out as too long."""
+    pairs = load_corpus(CORPUS).splits["train"]
+    tokenizer = Tokenizer.train((text for pair in pairs for text in pair), VOCAB, scratch)
+    lengths = np.array([[len(s), len(t)] for s, t in zip(tokenizer.encode_batch([p[0] for p in pairs]),
+                                                         tokenizer.encode_batch([p[1] for p in pairs]))])  # (N, 2)
+    return lengths[within_length(lengths, TrainConfig.max_sentence_tokens)] + 1
+
+
+def corpus_shapes(lengths: np.ndarray, budget: int, count: int) -> list[Shape]:
+    """`count` batch shapes that aiayn's batching (aiayn.batching.make_batches, `budget` padded
+    tokens per side, seed 0, epoch 0) cuts from `lengths` (N, 2): the batches at evenly spaced
+    quantiles of their longest target, so that short-sentence batches of many rows and
+    long-sentence batches of few rows are both timed; in that order, shortest first."""
+    batches = make_batches(lengths, budget, seed=0, epoch=0)
+    by_length = sorted(batches, key=lambda rows: (int(lengths[rows, 1].max()), int(lengths[rows, 0].max()), len(rows)))
+    picked = [by_length[int((i + 0.5) * len(by_length) / count)] for i in range(count)]
+    return [{"src": lengths[rows, 0].tolist(), "tgt": lengths[rows, 1].tolist()} for rows in picked]
 
 
 def decode_sources(sentences: int, seed: int = 1) -> list[list[int]]:

@@ -6,7 +6,8 @@ Three subcommands, each printing exactly one JSON line as the last line of stdou
 logs go to stderr); a user error or an unsupported case exits non-zero with one line on stderr.
 
 ``speed``
-    Training throughput of Transformer-base on one synthetic, padding-free batch. The model is
+    Training throughput of Transformer-base on synthetic batches: the fixed, padding-free batch
+    (--rows pairs of --src-len + --tgt-len) or the real batch shapes of --shapes. The model is
     built by Eole itself: a ``TrainConfig`` (Eole's pydantic config classes) is validated, the
     shared vocabulary is read by Eole's ``build_vocab``, the model by
     ``get_model_class(config.model).for_training`` (Eole's builder and weight init), the optimizer
@@ -16,9 +17,9 @@ logs go to stderr); a user error or an unsupported case exits non-zero with one 
     and ``Trainer._train_step`` (zero_grad, forward under Eole's autocast choice, loss, backward,
     gradient sync no-op, ``Optimizer.step``). Not exercised: Eole's data pipeline (corpus reading,
     transforms, bucketing, padding/tensorify), ``Trainer.train``'s reporting, validation and
-    checkpointing around the step. The batch is hand-made in the format of Eole's ``tensorify``:
-    ``tgt`` is BOS + tokens + EOS (``tgt_len + 1`` ids, the model feeds ``tgt[:, :-1]`` to the
-    decoder and the loss scores ``tgt[:, 1:]``).
+    checkpointing around the step. The batches are hand-made in the format of Eole's ``tensorify``:
+    ``tgt`` is BOS + tokens + EOS, right-padded (the model feeds ``tgt[:, :-1]`` to the decoder and
+    the loss scores ``tgt[:, 1:]``).
 
     Unsupported cases: none on this CPU; Eole trains in fp32 and in (pure) bf16.
 
@@ -41,7 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import UserError, main, measure_speed, run_for, set_threads, status_mib, thread_env
+from harness import (
+    UserError, main, measure_speed, padded_ids, run_for, set_threads, speed_shapes, status_mib, thread_env,
+)
 
 FAIRNESS_NOTES = [
     (
@@ -167,7 +170,7 @@ def _config_dict(*, vocab_path, vocab_size, layers, d_model, heads, d_ff, dropou
 
 
 def cmd_speed(args):
-    """Time `steps` optimizer steps of Transformer-base through Eole's Trainer on one batch."""
+    """Time one optimizer step of Transformer-base through Eole's Trainer per batch shape."""
     set_threads(args.threads)
     start_mib = status_mib("VmRSS")
     import torch
@@ -180,8 +183,9 @@ def cmd_speed(args):
     from eole.utils.misc import set_random_seed
     from eole.utils.optimizers import Optimizer
 
-    if args.vocab <= 5 or min(args.src_len, args.tgt_len) < 2 or min(args.rows, args.steps) < 1:
-        raise UserError("need --vocab > 5, --src-len and --tgt-len >= 2, --rows and --steps >= 1")
+    if args.vocab <= 5:
+        raise UserError("need --vocab > 5")
+    shapes = speed_shapes(args)
     with tempfile.TemporaryDirectory() as tmp:
         # Eole reads its vocabulary from a file; this one has the specials at ids 0..3.
         vocab_path = Path(tmp, "vocab.txt")
@@ -209,33 +213,38 @@ def cmd_speed(args):
     ids = {name: vocabs["src"][token] for name, token in SPECIALS.items()}
     assert ids == {"pad_token": 0, "bos_token": 1, "eos_token": 2, "unk_token": 3}, ids
     gen = torch.Generator().manual_seed(args.seed)
-    src_body = torch.randint(4, args.vocab - 1, (args.rows, args.src_len - 1), generator=gen)
-    tgt_body = torch.randint(4, args.vocab - 1, (args.rows, args.tgt_len - 1), generator=gen)
 
-    def column(token):
-        return torch.full((args.rows, 1), ids[token])
+    def make_batch(shape):
+        """Eole's tensorify format: src ids + EOS, tgt BOS + ids + EOS, both padded."""
+        rows = len(shape["src"])
+        src = padded_ids(shape["src"], args.vocab, gen, ids["eos_token"], ids["pad_token"])
+        tgt = padded_ids(shape["tgt"], args.vocab, gen, ids["eos_token"], ids["pad_token"])
+        return {
+            "src": src,
+            "srclen": torch.tensor(shape["src"]),
+            "tgt": torch.cat([torch.full((rows, 1), ids["bos_token"]), tgt], 1),
+            "tgtlen": torch.tensor(shape["tgt"]) + 1,
+            "prefix_len": None,
+            "images": None,
+            "cid": ["speed"] * rows,
+            "cid_line_number": list(range(rows)),
+        }
 
-    batch = {
-        "src": torch.cat([src_body, column("eos_token")], 1),
-        "srclen": torch.full((args.rows,), args.src_len),
-        "tgt": torch.cat([column("bos_token"), tgt_body, column("eos_token")], 1),
-        "tgtlen": torch.full((args.rows,), args.tgt_len + 1),
-        "prefix_len": None,
-        "images": None,
-        "cid": ["speed"] * args.rows,
-        "cid_line_number": list(range(args.rows)),
-    }
+    def step_on(batch):
+        def one_step():
+            # The iterator yields (batch, bucket_idx) like Eole's DynamicDatasetIter.
+            for batches, normalization in trainer._accum_batches(iter([(batch, 0)])):
+                trainer._train_step(
+                    batches, normalization, Statistics(), Statistics(), step=optim.training_step
+                )
+        return one_step
 
-    def one_step():
-        # The iterator yields (batch, bucket_idx) like Eole's DynamicDatasetIter.
-        for batches, normalization in trainer._accum_batches(iter([(batch, 0)])):
-            trainer._train_step(
-                batches, normalization, Statistics(), Statistics(), step=optim.training_step
-            )
+    steps = [step_on(make_batch(shape)) for shape in shapes]
+    tokens = sum(sum(shape["tgt"]) for shape in shapes)  # ids + EOS: what the loss scores
 
     weights = "/".join(sorted({str(p.dtype) for p in model.parameters()}))
     adam = type(optim._optimizer)
-    return measure_speed(args, one_step, model, start_mib, (
+    return measure_speed(args, steps, tokens, model, start_mib, (
         f"compute_dtype {args.precision}, use_amp {str(config.training.use_amp).lower()}: "
         f"weights {weights}, optimizer {adam.__module__}.{adam.__name__}, "
         f"autocast {'on' if optim.amp else 'off'}"

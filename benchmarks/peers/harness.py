@@ -47,18 +47,46 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def measure_speed(args: argparse.Namespace, step: Callable[[], None], model, start_mib: float, precision_mode: str) -> dict:
-    """`speed`'s result: `args.steps` training steps timed after `args.warmup` untimed ones, in
-    target tokens/s (`args.rows` pairs of `args.tgt_len` target tokens per step), with the
-    process's memory and the model's parameter count."""
-    for _ in range(args.warmup):
-        step()
+def speed_shapes(args: argparse.Namespace) -> list[dict]:
+    """The batch shapes `speed` times, each once: the `--shapes` file (aiayn's benchmarks/systems.py
+    writes it: {"src": [source ids + EOS per row], "tgt": [target ids + 1 per row]}), or `--steps`
+    copies of the fixed batch of `--rows` pairs of `--src-len` + `--tgt-len` positions."""
+    if args.shapes:
+        shapes = json.loads(Path(args.shapes).read_text())
+        if not shapes or any(min(shape["src"] + shape["tgt"]) < 2 for shape in shapes):
+            raise UserError(f"{args.shapes}: need at least one batch, every length at least 2")
+        return shapes
+    if min(args.src_len, args.tgt_len) < 2 or min(args.rows, args.steps) < 1:
+        raise UserError("need --src-len and --tgt-len >= 2, --rows and --steps >= 1")
+    return [{"src": [args.src_len] * args.rows, "tgt": [args.tgt_len] * args.rows}] * args.steps
+
+
+def padded_ids(lengths: list[int], vocab: int, generator, last: int, pad: int):
+    """(rows, longest) random content ids (from [4, vocab - 1), clear of every special id), row
+    i holding lengths[i] - 1 of them, then `last`, then `pad` up to the longest."""
+    import torch
+
+    lengths_t = torch.tensor(lengths).unsqueeze(1)  # (rows, 1)
+    ids = torch.randint(4, vocab - 1, (len(lengths), max(lengths)), generator=generator)
+    positions = torch.arange(ids.size(1))
+    ids = ids.masked_fill(positions >= lengths_t - 1, last)
+    return ids.masked_fill(positions >= lengths_t, pad)
+
+
+def measure_speed(args: argparse.Namespace, steps: list[Callable[[], None]], tokens: int, model, start_mib: float,
+                  precision_mode: str) -> dict:
+    """`speed`'s result: `steps` (one training step per batch shape) timed once each after
+    `args.warmup` untimed ones from the start of the list, in real (non-pad) target tokens/s,
+    `tokens` being the timed batches' ids + EOS, with the process's memory and the model's
+    parameter count."""
+    for i in range(args.warmup):
+        steps[i % len(steps)]()
     begin = time.perf_counter()
-    for _ in range(args.steps):
+    for step in steps:
         step()
     seconds = time.perf_counter() - begin
     return {
-        "tokens_per_s": args.rows * args.tgt_len * args.steps / seconds,
+        "tokens_per_s": tokens / seconds,
         "seconds": seconds,
         "peak_mib": status_mib("VmHWM"),
         "start_mib": start_mib,
@@ -106,12 +134,13 @@ def parse_args(description: str, argv: Optional[list[str]] = None) -> argparse.N
     sub = parser.add_subparsers(dest="command", required=True)
     precision = {"choices": ("fp32", "bf16"), "default": "fp32"}
 
-    speed = sub.add_parser("speed", help="training throughput of Transformer-base on one batch")
+    speed = sub.add_parser("speed", help="training throughput of Transformer-base on the fixed batch or on real batch shapes")
     speed.add_argument("--precision", **precision)
     for name, default in (("rows", 64), ("src-len", 32), ("tgt-len", 32), ("vocab", 8000), ("warmup", 2),
                           ("steps", 5), ("seed", 0)):
         speed.add_argument(f"--{name}", type=int, default=default)
     speed.add_argument("--threads", type=int, required=True)
+    speed.add_argument("--shapes", type=Path, help="real batch shapes (a JSON list), instead of --rows x --src-len + --tgt-len")
 
     train = sub.add_parser("train", help="the peer's training CLI on pre-tokenized data for a time budget")
     train.add_argument("--data", type=Path, required=True, help="train.src, train.tgt (pieces), vocab.txt")

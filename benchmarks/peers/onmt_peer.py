@@ -4,7 +4,7 @@ Run it with the Python of `benchmarks/.venv-peers` (OpenNMT-py 3.0.4, torch 2.13
 imports nothing of aiayn. Three subcommands, each printing one JSON line on stdout as its last
 line (OpenNMT-py's own logs go to stderr or to a log file):
 
-speed      Tokens per second of Transformer-base training steps on one hand-made batch.
+speed      Tokens per second of Transformer-base training steps on hand-made batches.
 train      Trains a model with OpenNMT-py's own `onmt_train` for a given number of minutes.
 translate  Decodes a file of SentencePiece pieces with OpenNMT-py's own `onmt_translate`.
 
@@ -26,10 +26,11 @@ normalisation) then `Trainer._gradient_accumulation`, which zeroes the gradients
 forward pass, the loss, the backward pass and `Optimizer.step()` (noam learning rate, Adam) —
 the body of `Trainer.train`'s loop. Not exercised: its data pipeline (corpus reading, bucketing,
 token batching, padding, DataLoader), the dropout schedule, report logging and checkpoint saving
-of `Trainer.train`. The batch is `rows` pairs in OpenNMT-py's batch format (a dict with
-`src` (rows, src_len, 1), `srclen`, `tgt` (rows, tgt_len + 1, 1)): source = src_len - 1 random
-ids + EOS, target = BOS + tgt_len - 1 random ids + EOS, no padding; OpenNMT-py feeds tgt[:, :-1]
-to the decoder and predicts tgt[:, 1:], i.e. tgt_len tokens per pair (the ids and the EOS).
+of `Trainer.train`. A batch is in OpenNMT-py's batch format (a dict with `src` (rows, S, 1),
+`srclen`, `tgt` (rows, T + 1, 1)): source = random ids + EOS, target = BOS + random ids + EOS,
+right-padded with <blank>: the fixed batch (`rows` pairs of src_len + tgt_len, no padding) or
+the real batch shapes of --shapes. OpenNMT-py feeds tgt[:, :-1] to the decoder and predicts
+tgt[:, 1:], i.e. the ids and the EOS of each pair.
 
 Fairness notes (how OpenNMT-py 3.0.4 differs from the common shape):
 - Pre-norm: LayerNorm(eps 1e-6) before each sub-layer, plus a final LayerNorm on each stack
@@ -83,7 +84,7 @@ import time
 import warnings
 from pathlib import Path
 
-from harness import UserError, main, measure_speed, run_for, status_mib, thread_env
+from harness import UserError, main, measure_speed, padded_ids, run_for, speed_shapes, status_mib, thread_env
 
 # torch and onmt are imported inside `speed` only: `train` and `translate` just start OpenNMT-py's
 # own tools, and a parent that loaded torch would only add to the memory of the machine.
@@ -182,8 +183,9 @@ def cmd_speed(args: argparse.Namespace) -> dict:
     """Times `steps` training steps of Transformer-base after `warmup` untimed ones."""
     if args.precision == "bf16":
         raise UserError(BF16_UNSUPPORTED, code=2)
-    if args.vocab <= len(ONMT_SPECIALS) + 1 or args.src_len < 2 or args.tgt_len < 2:
-        raise UserError("--vocab must exceed 5, --src-len and --tgt-len must be at least 2")
+    if args.vocab <= len(ONMT_SPECIALS) + 1:
+        raise UserError("--vocab must exceed 5")
+    shapes = speed_shapes(args)
     import torch
 
     torch.set_num_threads(args.threads)
@@ -221,34 +223,36 @@ def cmd_speed(args: argparse.Namespace) -> dict:
         group["eps"] = 1e-9  # build_torch_optimizer hard-codes 1e-8; the common shape is 1e-9
     trainer = build_trainer(opt, -1, model, vocabs, optim)
 
-    batch = make_batch(args, bos=vocabs["tgt"][DefaultTokens.BOS],
-                       eos=vocabs["tgt"][DefaultTokens.EOS])
-    batches, normalization = next(trainer._accum_batches(iter([batch])))
+    gen = torch.Generator().manual_seed(args.seed)
+    specials = {name: vocabs["tgt"][token] for name, token in
+                (("bos", DefaultTokens.BOS), ("eos", DefaultTokens.EOS), ("pad", DefaultTokens.PAD))}
     total_stats, report_stats = Statistics(), Statistics()  # _gradient_accumulation fills them
 
-    def step() -> None:
-        trainer._gradient_accumulation(batches, normalization, total_stats, report_stats)
+    def step_on(shape: dict):
+        batch = make_batch(shape, args.vocab, gen, **specials)
+        batches, normalization = next(trainer._accum_batches(iter([batch])))
 
-    return measure_speed(args, step, model, start_mib, "fp32 (OpenNMT-py model_dtype fp32, no autocast)")
+        def step() -> None:
+            trainer._gradient_accumulation(batches, normalization, total_stats, report_stats)
+        return step
+
+    steps = [step_on(shape) for shape in shapes]
+    tokens = sum(sum(shape["tgt"]) for shape in shapes)  # ids + EOS: what the loss scores
+    return measure_speed(args, steps, tokens, model, start_mib, "fp32 (OpenNMT-py model_dtype fp32, no autocast)")
 
 
-def make_batch(args: argparse.Namespace, bos: int, eos: int) -> dict:
-    """`rows` random pairs in OpenNMT-py's batch format, without padding.
-
-    Content ids are drawn from [4, vocab - 1), clear of the four specials (ids 0-3)."""
+def make_batch(shape: dict, vocab: int, generator, bos: int, eos: int, pad: int) -> dict:
+    """One batch shape in OpenNMT-py's batch format, with random content ids from [4, vocab - 1),
+    clear of the four specials (ids 0-3)."""
     import torch
 
-    gen = torch.Generator().manual_seed(args.seed)
-    low, high = len(ONMT_SPECIALS), args.vocab - 1
-    src_ids = torch.randint(low, high, (args.rows, args.src_len - 1), generator=gen)
-    tgt_ids = torch.randint(low, high, (args.rows, args.tgt_len - 1), generator=gen)
-    eos_col = torch.full((args.rows, 1), eos)
-    src = torch.cat([src_ids, eos_col], dim=1)
-    tgt = torch.cat([torch.full((args.rows, 1), bos), tgt_ids, eos_col], dim=1)
+    rows = len(shape["src"])
+    src = padded_ids(shape["src"], vocab, generator, eos, pad)
+    tgt = torch.cat([torch.full((rows, 1), bos), padded_ids(shape["tgt"], vocab, generator, eos, pad)], dim=1)
     return {
-        "src": src.unsqueeze(-1),  # (rows, src_len, 1): OpenNMT-py keeps a features axis
-        "srclen": torch.full((args.rows,), args.src_len),
-        "tgt": tgt.unsqueeze(-1),  # (rows, tgt_len + 1, 1): decoder in [:-1], targets [1:]
+        "src": src.unsqueeze(-1),  # (rows, S, 1): OpenNMT-py keeps a features axis
+        "srclen": torch.tensor(shape["src"]),
+        "tgt": tgt.unsqueeze(-1),  # (rows, T + 1, 1): decoder in [:-1], targets [1:]
     }
 
 
