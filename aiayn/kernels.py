@@ -226,13 +226,18 @@ class Dropout(nn.Dropout):
     """`nn.Dropout`, drawn faster on a CPU: one 64-bit random draw serves four elements, 15
     uniform bits each, and an element is dropped when its bits fall below round(p · 2^15), so
     P_drop is p to within 2^-16 (0.1 becomes 0.100006). On a GPU, and under `reference_math()`,
-    it is `nn.Dropout` itself."""
+    it is `nn.Dropout` itself.
+
+    The draws are one out-of-place `torch.randint`, which torch.compile traces without a graph
+    break; a compiled step (aiayn.train.TrainStep, Inductor's `fallback_random`) then draws them
+    from the same generator, so it drops exactly what the eager step drops. Inductor's own
+    per-element random numbers ran 4-5× slower than these draws on a CPU (benchmarks/README.md)."""
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0 or x.device.type != "cpu" or _reference:
             return super().forward(x)
         n = x.numel()
-        draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()  # 63 random bits each
+        draws = torch.randint(0, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)  # 63 random bits each
         bits = draws.view(torch.int16)[:n] & 0x7FFF  # (n,) 15 uniform bits: the top bit of a draw is 0
         keep = (bits >= round(self.p * 32768)).view(x.shape)
         return x * keep * (1.0 / (1.0 - self.p))

@@ -25,11 +25,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.fx.experimental._config
 from torch import Tensor
 
 from aiayn.batching import Batch, BatchStream, collate, make_batches
@@ -77,13 +78,29 @@ class TrainStep:
             self.net = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None
             )
+        self.compiled = recipe.compile
+        self.compiles, self.compile_seconds = 0, 0.0  # graphs compiled, and the seconds of the steps that compiled them
         if recipe.compile:
-            # Batches vary in shape (token budget, bucketing): compile for dynamic shapes once
-            # rather than once per shape.
-            self.net = torch.compile(self.net, dynamic=True)
+            # Batches vary in shape (token budget, bucketing): one graph with symbolic sizes
+            # rather than one per shape (a size of 1 may add one). `fallback_random`: dropout's
+            # draws come from torch's generator, as in the eager step (aiayn.kernels.Dropout).
+            # The loss stays outside, as aiayn.kernels.log_softmax_stats already computes it
+            # a cache-sized chunk at a time.
+            self.net = torch.compile(self.net, dynamic=True, options={"fallback_random": True})
 
     def __call__(self, batches: Sequence[Batch], n_tokens: float) -> Tensor:
         """Returns (summed smoothed loss, summed NLL) of this rank's batches, in fp32 on the CPU."""
+        if not self.compiled:
+            return self._step(batches, n_tokens)
+        graphs, start = compiled_graphs(), time.perf_counter()
+        with reproducible_compilation():
+            totals = self._step(batches, n_tokens)
+        if compiled_graphs() > graphs:
+            self.compiles += compiled_graphs() - graphs
+            self.compile_seconds += time.perf_counter() - start
+        return totals
+
+    def _step(self, batches: Sequence[Batch], n_tokens: float) -> Tensor:
         totals = torch.zeros(2)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
@@ -109,6 +126,35 @@ class TrainStep:
         if self.twin:
             self.twin.weights_from_master()
         return totals
+
+
+@contextlib.contextmanager
+def reproducible_compilation() -> Iterator[None]:
+    """While it lasts, torch.compile makes graphs whose results depend on the batch alone, so
+    that a resumed run repeats the uninterrupted one bit for bit:
+    - no duck shaping: sizes that happen to be equal in the batch that compiles a graph (rows =
+      length, say) would become one symbol, and a later batch would compile another graph, so
+      which graph serves a batch would depend on the batches before it;
+    - deterministic algorithms: Inductor then leaves the embedding's backward (an indexed
+      accumulation) to ATen instead of adding with atomics from several threads, in an order
+      that changes from run to run. Memory is not filled on allocation, as a real run wants."""
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.utils.deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.utils.deterministic.fill_uninitialized_memory = previous[2]
+
+
+def compiled_graphs() -> int:
+    """The graphs torch.compile has made in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 class StopSignals:
@@ -357,6 +403,8 @@ class Trainer:
                 "elapsed_s": round(self.elapsed, 1),
                 "rss_mib": resident_mib(),  # the process's memory over a long run (docs/robustness.md)
             }
+            if recipe.compile:
+                record.update(compiles=self.train_step.compiles, compile_s=round(self.train_step.compile_seconds, 1))
             self._log(record)
             bar.set_postfix(loss=f"{record['loss']:.3f}", ppl=f"{record['ppl']:.1f}", lr=f"{record['lr']:.2e}",
                             tok_s=f"{record['tokens_per_s']:.0f}")

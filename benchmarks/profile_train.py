@@ -1,8 +1,10 @@
 """Where the time of one aiayn training step goes: torch.profiler over the steps that speed.py
-times (Transformer-base, 64 pairs of 32 + 32 tokens, Adam), grouped by operator.
+times (Transformer-base, Adam; the fixed batch of 64 pairs of 32 + 32 tokens, or real batch
+shapes of a token budget), grouped by operator.
 
     .venv/bin/python benchmarks/profile_train.py --precision bf16                 # autocast
     .venv/bin/python benchmarks/profile_train.py --precision bf16 --bf16-weights  # bf16 weights, fp32 master
+    .venv/bin/python benchmarks/profile_train.py --precision bf16 --budget 2000   # speed.py's 2,000-token batches
 
 Prints the operators that take the most self time on the CPU, with their share of the steps'
 wall time, and writes the table into results/profile-train-KIND-PRECISION.txt.
@@ -11,7 +13,9 @@ wall time, and writes the table into results/profile-train-KIND-PRECISION.txt.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -27,24 +31,33 @@ def main() -> None:
     parser.add_argument("--bf16-weights", action="store_true", help="bf16 weights with fp32 master weights")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps, after 2 untimed ones (default 3)")
     parser.add_argument("--threads", type=int, default=default_threads())
-    parser.add_argument("--rows", type=int, default=64, help="sentence pairs per batch (default 64, as speed.py)")
+    batches = parser.add_mutually_exclusive_group()
+    batches.add_argument("--rows", type=int, default=64, help="the fixed batch: pairs of 32 + 32 tokens (default 64, as speed.py)")
+    batches.add_argument("--budget", type=int, help="real batch shapes of this token budget instead, one per profiled "
+                         "step, as speed.py cuts them")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = resolve_device("cpu")
     system = systems.build("aiayn", device, args.precision, args.threads, bf16_weights=args.bf16_weights)
-    batch = systems.training_batch(args.rows, system.specials, device)
-    for _ in range(2):
+    if args.budget:
+        with tempfile.TemporaryDirectory() as scratch:
+            shapes = systems.corpus_shapes(systems.corpus_lengths(Path(scratch)), args.budget, args.steps)
+    else:
+        shapes = [systems.fixed_shape(args.rows)] * args.steps
+    batches = [systems.shaped_batch(shape, system.specials, device) for shape in shapes]
+    for batch in batches[:2]:
         system.train_step(*batch)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
-        for _ in range(args.steps):
+        for batch in batches:
             system.train_step(*batch)
         seconds = time.perf_counter() - start
-    tokens_per_s = args.rows * systems.TGT_LEN * args.steps / seconds
+    tokens_per_s = systems.target_tokens(shapes) / seconds
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total_us = seconds * 1e6
-    label = f"{args.precision}{' bf16 weights' if args.bf16_weights else ''}"
+    label = f"{args.precision}{' bf16 weights' if args.bf16_weights else ''}" + \
+        (f", {args.budget}-token batches" if args.budget else f", {args.rows} x 32 + 32")
     lines = [f"# {command_line()}", f"# aiayn Transformer-base training, {label}, {cpu_kind()}, {args.threads} threads: "
              f"{tokens_per_s:,.0f} target tokens/s over {args.steps} profiled steps ({seconds:.2f} s)",
              f"{'operator':<48} {'self ms/step':>12} {'share':>7} {'calls/step':>10}"]
@@ -54,7 +67,8 @@ def main() -> None:
                      f"{event.count / args.steps:>10.0f}")
     text = "\n".join(lines) + "\n"
     print(text)
-    out = RESULTS / f"profile-train-{cpu_kind()}-{args.precision}{'-bf16-weights' if args.bf16_weights else ''}.txt"
+    out = RESULTS / (f"profile-train-{cpu_kind()}-{args.precision}{'-bf16-weights' if args.bf16_weights else ''}"
+                     f"{f'-{args.budget}' if args.budget else ''}.txt")
     out.write_text(text)
     print(f"wrote {out}")
 

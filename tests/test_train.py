@@ -126,6 +126,40 @@ def test_bf16_weights_train_a_bf16_copy_and_keep_fp32_weights_in_checkpoints_and
         TrainConfig(bf16_weights=True)
 
 
+def test_a_compiled_step_makes_the_eager_update_within_bf16_rounding_and_compiles_once():
+    """TrainConfig.compile: torch.compile of the model in the pure step, in bf16 with dropout on.
+    Both steps draw the same dropout masks (aiayn.kernels.Dropout's draws, Inductor's
+    fallback_random) and round the same products to bf16; only where Inductor fuses do they
+    differ, by skipping roundings. Each is then within the 16u of the fp32 gradients that
+    test_bf16_weights_hand_the_master_gradients_within_bf16_rounding_of_fp32 derives for 2 + 2
+    layers (u = 2^-8; this model has 1 + 1), so their difference stays under 32u, normwise, compared through Adam's first moments (exp_avg
+    = (1 - β1)·g after one step). Batches of other shapes reuse the one graph. The model is the
+    one `train_argv` trains, so the compiled resume test below finds its graphs in Inductor's cache."""
+    from aiayn.config import PRESETS
+    from aiayn.optim import make_optimizer
+    from aiayn.train import TrainStep
+
+    config = dataclasses.replace(PRESETS["tiny"], vocab_size=300, d_model=32, d_ff=64, n_layers=1)
+    batch = collate(copy_pairs(6, 1), config.pad_id, config.bos_id, config.eos_id)
+    moments, losses = {}, {}
+    for compile in (False, True):
+        torch.manual_seed(0)
+        model = Transformer(config).train()
+        optimizer = make_optimizer(model)
+        step = TrainStep(model, optimizer, TrainConfig(precision="bf16", compile=compile), torch.device("cpu"))
+        torch.manual_seed(1)  # the dropout masks
+        losses[compile] = step([batch], batch.n_tgt_tokens)
+        moments[compile] = torch.cat([optimizer.state[p]["exp_avg"].flatten() for p in model.parameters()])
+    got, want = moments[True], moments[False]
+    assert ((got - want).norm() / want.norm()).item() < 32 * 2**-8
+    torch.testing.assert_close(losses[True], losses[False], rtol=32 * 2**-8, atol=0)
+    assert step.compiles == 1 and step.compile_seconds > 0
+    for seed in (2, 3):  # other rows and lengths
+        other = collate(copy_pairs(5 + seed, seed), config.pad_id, config.bos_id, config.eos_id)
+        step([other], other.n_tgt_tokens)
+    assert step.compiles == 1
+
+
 def test_adam_eps_reaches_the_optimizer(tmp_path):
     recipe = TrainConfig(max_tokens=256, max_steps=1, adam_eps=1e-8)
     trainer = Trainer(COPY_MODEL, recipe, tmp_path / "run", TrainData(copy_pairs(50, 0)), echo=lambda _: None)
@@ -169,12 +203,16 @@ def losses(run_dir: Path) -> dict:
     return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
 
 
-@pytest.mark.parametrize("source", ["corpus", "data"])
+@pytest.mark.parametrize("source", ["corpus", "data", "compiled"])
 def test_resume_after_sigkill_reaches_the_same_losses(tmp_path, corpus_tsv, source):
     """From a corpus spec (preprocessed into RUN_DIR/data) and from `aiayn preprocess`'s DATA_DIR:
-    both read memory-mapped ids."""
+    both read memory-mapped ids; and with the compiled step (`--compile true`, in bf16), whose
+    resumed process compiles its graphs afresh, from other batches than the uninterrupted run did."""
     steps = ["--max-steps", "60", "--save-every", "10"]
     argv = train_argv
+    if source == "compiled":
+        # One layer each side: compiling is most of this test's time, and grows with the layers.
+        argv = lambda *args: train_argv(*args, "--compile", "true", "--precision", "bf16", "--n-layers", "1")  # noqa: E731
     if source == "data":
         made = subprocess.run([sys.executable, "-m", "aiayn", "preprocess", "--corpus", str(corpus_tsv), "--out",
                                str(tmp_path / "data"), "--vocab-size", "300"], capture_output=True, text=True, timeout=300)
