@@ -57,7 +57,7 @@ from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
 from aiayn.run import RunDir, average_checkpoints
 from aiayn.translate import Translator
-from common import PEER_ENVS, RESULTS, command_line, machine, write_results
+from common import RESULTS, command_line, machine, write_results
 from peers.harness import run_for, thread_env
 from quality_per_hour import peer, write_pieces
 
