@@ -40,11 +40,13 @@ def train(args, device: torch.device) -> dict:
         for batch in batches:
             system.train_step(*batch)
     tokens = systems.target_tokens(shapes)  # real target tokens, the unit of the paper's batches
+    compiled = {"compiles": system.step.compiles, "compile_s": system.step.compile_seconds} if args.compile else {}
     return {
         "tokens_per_s": tokens / timer.seconds, "seconds": timer.seconds,
         "tflops": systems.training_tflops(tokens / timer.seconds, shapes),  # the same model FLOPs for every system
         "peak_mib": peak_memory_mib(device), "start_mib": start_mib,
         "parameters": sum(p.numel() for p in system.model.parameters()),  # evidence of the common shape
+        **compiled,  # graphs compiled (warm-up and timed steps) and the seconds of the steps that compiled them
     }
 
 

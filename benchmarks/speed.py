@@ -139,7 +139,7 @@ def summarize(cases: list[Case], runs: list[dict]) -> list[dict]:
         tried = [r for r in runs if r["case"] == asdict(case)]
         ok = [r for r in tried if "error" not in r]
         row = {**asdict(case), "label": case.label, "reps": len(ok), "errors": len(tried) - len(ok)}
-        for metric in ("tokens_per_s", "tflops", "peak_mib"):
+        for metric in ("tokens_per_s", "tflops", "peak_mib", "compiles", "compile_s"):
             values = [r[metric] for r in ok if r.get(metric) is not None]
             if values:
                 row[metric] = spread(values)
