@@ -231,7 +231,7 @@ class Dropout(nn.Dropout):
     The draws are one out-of-place `torch.randint`, which torch.compile traces without a graph
     break; a compiled step (aiayn.train.TrainStep, Inductor's `fallback_random`) then draws them
     from the same generator, so it drops exactly what the eager step drops. Inductor's own
-    per-element random numbers ran 4-5× slower than these draws on a CPU (benchmarks/README.md)."""
+    per-element random numbers were several times slower than these draws on a CPU."""
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0 or x.device.type != "cpu" or _reference:

@@ -103,9 +103,11 @@ def speed_section(results: dict) -> list[str]:
 
 
 def training_table(cases: list[dict], s: dict) -> list[str]:
-    lines = ["### Training: target tokens/s", "",
-              f"Adam steps, label smoothing {s['label_smoothing']}. Fixed batch: {s['rows']} pairs of {s['src_len']} + "
-              f"{s['tgt_len']} tokens, {s['train_warmup']} warm-up + {s['train_steps']} timed steps per process."]
+    training = [c for c in cases if c["task"] == "train"]
+    lines = ["### Training: target tokens/s", "", f"Adam steps, label smoothing {s['label_smoothing']}."]
+    if any(not c.get("budget") for c in training):
+        lines.append(f"Fixed batch: {s['rows']} pairs of {s['src_len']} + {s['tgt_len']} tokens, {s['train_warmup']} "
+                     f"warm-up + {s['train_steps']} timed steps per process.")
     for budget, warmup, count in s.get("budgets", []):
         lines.append(f"{budget:,}-token batches: {count} real batch shapes (token budgets cut by aiayn's batching from "
                      f"the sentence lengths of {s['corpus']}, the same for every system), each timed once after "
@@ -113,7 +115,7 @@ def training_table(cases: list[dict], s: dict) -> list[str]:
     lines += ["TFLOP/s count the same model FLOPs for every system (padding not counted); the share is of the "
               "matmul peak of the same precision measured in this run.", ""]
     rows = []
-    for c in (c for c in cases if c["task"] == "train"):
+    for c in training:
         median, rng = spread(c.get("tokens_per_s"))
         share = f"{c['peak_fraction']:.0%}" if "peak_fraction" in c else "–"
         params = f"{c['parameters'] / 1e6:.2f}" if "parameters" in c else "–"
@@ -122,6 +124,12 @@ def training_table(cases: list[dict], s: dict) -> list[str]:
                      spread(c.get("tflops"))[0], share, spread(c.get("peak_mib"))[0], ratio(c.get("memory_ratio"))])
     lines += table(["Batches", "System", "Parameters (M)", "Precision", "tokens/s", "min–max", "vs aiayn", "TFLOP/s",
                     "of peak", "peak MiB", "memory vs aiayn"], rows)
+    compiled = [c for c in training if "compile_s" in c]
+    if compiled:
+        lines += ["", "torch.compile (`TrainConfig.compile`): graphs compiled per process and the seconds of the steps "
+                  "that compiled them (warm-up steps, not timed; the first process compiles without Inductor's cache):", ""]
+        lines += [f"- {PRECISIONS[c['precision']]}: {c['compiles']['max']} graph(s), {number(c['compile_s']['median'])} s "
+                  f"({number(c['compile_s']['min'])}–{number(c['compile_s']['max'])})" for c in compiled]
     return lines + [""]
 
 
