@@ -230,6 +230,7 @@ class Trainer:
             shard=(self.rank, self.world),
         )
         self.step, self.elapsed, self.stopping = 0, 0.0, False
+        self.compiles_told = 0  # graphs of the compiled step reported so far
         self.run.check_start(resume)
         if self.rank == 0:
             for path in self.run.remove_litter():
@@ -389,6 +390,10 @@ class Trainer:
         loss, nll, tokens, flops = self._train_step(signals.received)
         seconds = time.perf_counter() - start
         self.elapsed += seconds
+        if self.train_step.compiles > self.compiles_told:  # why this step was slow
+            self.compiles_told = self.train_step.compiles
+            self.echo(f"torch.compile: {self.compiles_told} graph{'s' if self.compiles_told > 1 else ''} so far, "
+                      f"{self.train_step.compile_seconds:.0f} s spent compiling")
         for key, value in zip(("loss", "nll", "tokens", "flops", "seconds"), (loss, nll, tokens, flops, seconds)):
             window[key] += value
         bar.update(1)

@@ -220,6 +220,7 @@ def test_resume_after_sigkill_reaches_the_same_losses(tmp_path, corpus_tsv, sour
         argv = lambda *args: from_data(train_argv(*args), tmp_path / "data")  # noqa: E731
     done = subprocess.run(argv(corpus_tsv, tmp_path / "straight", *steps), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    assert ("torch.compile: 1 graph so far" in done.stdout) == (source == "compiled")
     reference = losses(tmp_path / "straight")
     assert sorted(reference) == list(range(1, 61))
 
