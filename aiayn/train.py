@@ -92,11 +92,12 @@ class TrainStep:
         """Returns (summed smoothed loss, summed NLL) of this rank's batches, in fp32 on the CPU."""
         if not self.compiled:
             return self._step(batches, n_tokens)
-        graphs, start = compiled_graphs(), time.perf_counter()
+        before, start = compiled_graphs(), time.perf_counter()
         with reproducible_compilation():
             totals = self._step(batches, n_tokens)
-        if compiled_graphs() > graphs:
-            self.compiles += compiled_graphs() - graphs
+        made = compiled_graphs() - before
+        if made:
+            self.compiles += made
             self.compile_seconds += time.perf_counter() - start
         return totals
 

@@ -132,9 +132,10 @@ def test_a_compiled_step_makes_the_eager_update_within_bf16_rounding_and_compile
     fallback_random) and round the same products to bf16; only where Inductor fuses do they
     differ, by skipping roundings. Each is then within the 16u of the fp32 gradients that
     test_bf16_weights_hand_the_master_gradients_within_bf16_rounding_of_fp32 derives for 2 + 2
-    layers (u = 2^-8; this model has 1 + 1), so their difference stays under 32u, normwise, compared through Adam's first moments (exp_avg
-    = (1 - β1)·g after one step). Batches of other shapes reuse the one graph. The model is the
-    one `train_argv` trains, so the compiled resume test below finds its graphs in Inductor's cache."""
+    layers (u = 2^-8; this model has 1 + 1), so their difference stays under 32u, normwise,
+    compared through Adam's first moments (exp_avg = (1 - β1)·g after one step). Batches of other
+    shapes reuse the one graph. The model is the one `train_argv` trains, so the compiled resume
+    test below finds its graphs in Inductor's cache."""
     from aiayn.config import PRESETS
     from aiayn.optim import make_optimizer
     from aiayn.train import TrainStep
