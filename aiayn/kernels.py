@@ -288,7 +288,7 @@ class _LogSoftmaxStats(torch.autograd.Function):
             nll[rows] = log_sums - picked
             total[rows] = total_shifted - vocab * log_sums
             p_target[rows] = (picked - log_sums).exp()
-            probs[rows] = exp.div_(sums)
+            torch.div(exp, sums, out=probs[rows])  # rounded into the logits' dtype by the same call
         ctx.save_for_backward(probs, p_target, target)
         ctx.set_materialize_grads(False)  # training back-propagates the loss, not the nll as well
         return nll, total
@@ -302,9 +302,11 @@ class _LogSoftmaxStats(torch.autograd.Function):
         a, b = g_nll - vocab * g_total, g_total  # (N,)
         grad = torch.empty_like(probs)  # (N, V)
         for rows in _chunks(n, vocab, probs.device):
-            grad[rows] = torch.addcmul(b[rows].unsqueeze(1), probs[rows].to(a.dtype), a[rows].unsqueeze(1))
+            # computed in fp32 (a's dtype), rounded into the gradient's rows by the same call
+            torch.addcmul(b[rows].unsqueeze(1), probs[rows], a[rows].unsqueeze(1), out=grad[rows])
         at_target = a * p_target + b - g_nll  # (N,)
-        grad.scatter_(1, target.unsqueeze(1), at_target.unsqueeze(1).to(grad.dtype))
+        # an indexed store, not scatter_, which copied the whole (N, V) gradient twice on a CPU
+        grad[torch.arange(n, device=grad.device), target] = at_target.to(grad.dtype)
         return grad, None
 
 

@@ -6,6 +6,8 @@ on both alike, and reports each case's median and range and the ratio this / oth
 
     train   fp32 and bf16: target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens
     decode  bf16 and int8, beam 4: output tokens/s of 64 sentences of 32 tokens
+    demo    `aiayn train` of the demo's model and recipe (learning_curve.py's "pre-norm" run) on
+            bible-en-es, bf16: the target tokens/s its log reports over steps 51-100
 
 Make the other checkout with git, e.g. `git worktree add /tmp/before HEAD~3`; each side imports
 the aiayn of its own checkout (PYTHONPATH) with this environment's packages.
@@ -18,11 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import learning_curve
 from common import command_line, default_threads, machine, spread, write_results
+from peers.harness import thread_env
 
 HERE = Path(__file__).resolve().parent
 CASES = {  # label: one_case.py arguments after the common ones
@@ -32,7 +38,24 @@ CASES = {  # label: one_case.py arguments after the common ones
                            "--warmup", "1", "--calls", "1"],
     "decode int8 beam 4": ["decode", "--system", "aiayn", "--precision", "int8", "--beam", "4", "--sentences", "64",
                            "--warmup", "1", "--calls", "1"],
+    "demo train bf16": ["demo"],  # the whole trainer: its loop, data path and memory handling too
 }
+DEMO_STEPS = 100  # the demo case's steps; the first half (start-up, warm-up of the allocator) is not timed
+
+
+def measure_demo(checkout: Path, data: Path, threads: int) -> float:
+    """Target tokens/s of steps 51-100 of `checkout`'s `aiayn train` of the demo's model and recipe
+    on the encoded corpus `data`, as its log reports them."""
+    with tempfile.TemporaryDirectory() as scratch:
+        run = Path(scratch) / "run"
+        command = learning_curve.train_command("pre-norm", run, data, DEMO_STEPS, save_every=DEMO_STEPS)
+        env = thread_env(threads, PYTHONPATH=str(checkout))
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=scratch)
+        if proc.returncode != 0:
+            sys.exit(f"revisions: {checkout}: aiayn train failed:\n{proc.stderr[-2000:]}")
+        records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+        rates = [r["tokens_per_s"] for r in records if r.get("split") == "train" and r["step"] > DEMO_STEPS // 2]
+        return sum(rates) / len(rates)
 
 
 def measure(checkout: Path, args: list[str], threads: int) -> float:
@@ -66,10 +89,13 @@ def main() -> None:
     if not (sides["other"] / "benchmarks" / "one_case.py").is_file():
         sys.exit(f"revisions: {args.other} is not an aiayn checkout with benchmarks/one_case.py")
     runs: dict[str, dict[str, list[float]]] = {case: {side: [] for side in sides} for case in args.cases}
+    scratch = Path(tempfile.mkdtemp(prefix="revisions-"))
+    data = learning_curve.prepare_data(scratch) if any(CASES[case] == ["demo"] for case in args.cases) else None
     for rep in range(args.reps):
         for case in args.cases:
             for side in (("this", "other") if rep % 2 == 0 else ("other", "this")):
-                runs[case][side].append(measure(sides[side], CASES[case], args.threads))
+                runs[case][side].append(measure_demo(sides[side], data, args.threads) if CASES[case] == ["demo"]
+                                        else measure(sides[side], CASES[case], args.threads))
             this, other = runs[case]["this"][-1], runs[case]["other"][-1]
             print(f"rep {rep + 1}: {case}: this {this:,.0f} tok/s, other {other:,.0f} tok/s", flush=True)
     import torch
@@ -86,6 +112,7 @@ def main() -> None:
         print(f"{case}: this {this['median']:,.0f} ({this['min']:,.0f}-{this['max']:,.0f}), other "
               f"{other['median']:,.0f} ({other['min']:,.0f}-{other['max']:,.0f}) tok/s: ×{result['ratio_of_medians']:.3f}")
     write_results(args.out or HERE / "results" / "revisions-cpu.json", results)
+    shutil.rmtree(scratch)
 
 
 if __name__ == "__main__":
