@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from aiayn.config import DEMO_MODEL_CHANGES, DEMO_RECIPE, DEMO_RECIPE_NAME, DecodeConfig
-from aiayn.device import cpu_kind
+from aiayn.device import cpu_kind, matmul_peak_flops
 from aiayn.evaluate import score, score_hypotheses
 from aiayn.model import Transformer
 from aiayn.store import load_store
@@ -126,6 +126,9 @@ def main() -> None:
         shutil.rmtree(args.runs)
     args.runs.mkdir(parents=True)
     torch.set_num_threads(args.threads)
+    # What the steps in the budget depend on: this machine's matrix-product peak, on these threads
+    peak = {p: round(matmul_peak_flops(torch.device("cpu"), p) / 1e12, 3) for p in ("bf16", "fp32")}
+    print(f"matmul peak on {args.threads} threads: bf16 {peak['bf16']} TFLOP/s, fp32 {peak['fp32']} TFLOP/s", flush=True)
 
     aiayn_run = args.runs / "aiayn"
     print(f"aiayn: training for {args.minutes:g} min...", flush=True)
@@ -174,6 +177,7 @@ def main() -> None:
 
     write_results(args.out or RESULTS / f"quality-per-hour-{cpu_kind()}.json", {
         "benchmark": "quality-per-hour", "command": command_line(), "machine": machine(torch.device("cpu"), args.threads),
+        "matmul_peak_tflops": peak,
         "settings": {"minutes": args.minutes, "model": model_config, "recipe": DEMO_RECIPE, "decode": DECODE.__dict__,
                      "test_sentences": len(test)},
         "systems": rows,
