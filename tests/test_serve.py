@@ -829,16 +829,19 @@ def test_serve_refuses_a_port_in_use_and_bad_settings_in_one_line(model_dir):
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith(f"aiayn: error: cannot listen on 127.0.0.1:{port}")
     assert done.stderr.count("\n") == 1
-    for option, value, says in (("--max-queue", "0", "--max-queue must be at least 1"),
-                                ("--max-wait-ms", "inf", "--max-wait-ms must be between 0 and 10000, got inf"),
-                                ("--max-wait-ms", "nan", "got nan"),
-                                ("--drain-seconds", "nan", "--drain-seconds must be above 0 and at most 3,600, got nan"),
-                                ("--read-timeout", "0", "--read-timeout must be above 0"),
-                                ("--max-batch-mib", "inf", "--max-batch-mib must be above 0"),
-                                ("--max-connections", "0", "--max-connections must be at least 1")):
-        done = subprocess.run([sys.executable, "-m", "aiayn", "serve", str(model_dir), option, value],
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and says in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    bad = (("--max-queue", "0", "--max-queue must be at least 1"),
+           ("--max-wait-ms", "inf", "--max-wait-ms must be between 0 and 10000, got inf"),
+           ("--max-wait-ms", "nan", "got nan"),
+           ("--drain-seconds", "nan", "--drain-seconds must be above 0 and at most 3,600, got nan"),
+           ("--read-timeout", "0", "--read-timeout must be above 0"),
+           ("--max-batch-mib", "inf", "--max-batch-mib must be above 0"),
+           ("--max-connections", "0", "--max-connections must be at least 1"))
+    # all at once: each is a process start-up, and they share nothing
+    processes = [subprocess.Popen([sys.executable, "-m", "aiayn", "serve", str(model_dir), option, value],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for option, value, _ in bad]
+    for process, (_, _, says) in zip(processes, bad):
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 2 and says in stderr and stderr.count("\n") == 1, stderr
 
 
 # ---------------------------------------------------------------------------------------------

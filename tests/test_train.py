@@ -204,11 +204,12 @@ def losses(run_dir: Path) -> dict:
     return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
 
 
-@pytest.mark.parametrize("source", ["corpus", "data", "compiled"])
+@pytest.mark.parametrize("source", ["data", "compiled"])
 def test_resume_after_sigkill_reaches_the_same_losses(tmp_path, corpus_tsv, source):
-    """From a corpus spec (preprocessed into RUN_DIR/data) and from `aiayn preprocess`'s DATA_DIR:
-    both read memory-mapped ids; and with the compiled step (`--compile true`, in bf16), whose
-    resumed process compiles its graphs afresh, from other batches than the uninterrupted run did."""
+    """From `aiayn preprocess`'s DATA_DIR, eager; and from a corpus spec (preprocessed into
+    RUN_DIR/data) with the compiled step (`--compile true`, in bf16), whose resumed process
+    compiles its graphs afresh, from other batches than the uninterrupted run did. Both read
+    memory-mapped ids. (An eager run from a corpus spec resumes by the same code as these two.)"""
     steps = ["--max-steps", "60", "--save-every", "10"]
     argv = train_argv
     if source == "compiled":
