@@ -86,7 +86,8 @@ def add_overrides(parser: argparse.ArgumentParser, cls, title: str) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        kwargs: dict = {"dest": f"{cls.__name__}.{f.name}", "default": None, "metavar": f.name.upper()}
+        kwargs: dict = {"dest": f"{cls.__name__}.{f.name}", "default": None, "metavar": f.name.upper(),
+                        "help": f.metadata.get("help")}
         if typing.get_origin(hint) is typing.Literal:
             kwargs.update(choices=typing.get_args(hint), metavar=None)
         else:

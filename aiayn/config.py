@@ -30,31 +30,36 @@ class ModelConfig:
     `d_model` or `n_heads` of a preset changes the head sizes with it.
     """
 
-    vocab_size: int = 37000  # shared source/target BPE vocabulary (§5.1)
-    d_model: int = 512
-    n_heads: int = 8  # h
-    d_k: Optional[int] = None
-    d_v: Optional[int] = None
-    d_ff: int = 2048
-    n_layers: int = 6  # N, for both the encoder and the decoder stack
-    dropout: float = 0.1  # P_drop, residual and embedding dropout (§5.4)
-    attention_dropout: float = 0.0  # on attention weights; the paper does not use it
-    activation: Literal["relu", "gelu", "swish"] = "relu"  # FFN non-linearity (§3.3: ReLU)
-    norm_first: bool = False  # False: post-norm LayerNorm(x + Dropout(Sublayer(x))) as §3.1
-    layer_norm_eps: float = 1e-6
-    # Table 3 row E: "learned"; "sinusoidal_concat": §3.5's sinusoids laid out sin | cos (Marian)
-    positional: Literal["sinusoidal", "learned", "sinusoidal_concat"] = "sinusoidal"
-    max_len: int = 1024  # longest position the positional table holds
-    # Restricted self-attention (§4, Table 1): attend only within r // 2 positions; None = all.
-    neighborhood: Optional[int] = None
-    share_embeddings: bool = True  # one matrix for source and target embeddings (§3.4)
-    scale_embedding: bool = True  # multiply the embeddings by √d_model (§3.4); Marian configs may say false
-    tie_output: bool = True  # the pre-softmax projection is the target embedding (§3.4)
-    final_logits_bias: bool = False  # a fixed bias added to the logits (imported Marian models)
-    pad_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
-    unk_id: int = 3
+    vocab_size: int = field(default=37000, metadata={"help": "shared source/target BPE vocabulary (§5.1)"})
+    d_model: int = field(default=512, metadata={"help": "d_model, the width of every layer (§3)"})
+    n_heads: int = field(default=8, metadata={"help": "h, attention heads (§3.2.2)"})
+    d_k: Optional[int] = field(default=None, metadata={"help": "d_k per head (default d_model / h; Table 3 rows A, B)"})
+    d_v: Optional[int] = field(default=None, metadata={"help": "d_v per head (default d_model / h; Table 3 row A)"})
+    d_ff: int = field(default=2048, metadata={"help": "inner width of the feed-forward networks (§3.3)"})
+    n_layers: int = field(default=6, metadata={"help": "N, layers of the encoder and of the decoder (§3.1)"})
+    dropout: float = field(default=0.1, metadata={"help": "P_drop: residual and embedding dropout (§5.4)"})
+    attention_dropout: float = field(default=0.0, metadata={
+        "help": "dropout on attention weights (the paper has none)"})
+    activation: Literal["relu", "gelu", "swish"] = field(default="relu", metadata={
+        "help": "the feed-forward non-linearity (§3.3: ReLU)"})
+    norm_first: bool = field(default=False, metadata={
+        "help": "true: pre-norm x + Sublayer(LayerNorm(x)); false: §3.1's post-norm"})
+    layer_norm_eps: float = field(default=1e-6, metadata={"help": "LayerNorm's ε"})
+    positional: Literal["sinusoidal", "learned", "sinusoidal_concat"] = field(default="sinusoidal", metadata={
+        "help": "§3.5's sinusoids; learned (Table 3 row E); sinusoidal_concat: sin | cos halves (Marian)"})
+    max_len: int = field(default=1024, metadata={"help": "the longest position the positional table holds"})
+    neighborhood: Optional[int] = field(default=None, metadata={
+        "help": "restricted self-attention (§4): attend within r // 2 positions"})
+    share_embeddings: bool = field(default=True, metadata={"help": "one embedding matrix for source and target (§3.4)"})
+    scale_embedding: bool = field(default=True, metadata={"help": "multiply the embeddings by √d_model (§3.4)"})
+    tie_output: bool = field(default=True, metadata={
+        "help": "the pre-softmax projection is the target embedding (§3.4)"})
+    final_logits_bias: bool = field(default=False, metadata={
+        "help": "a fixed bias added to the logits (imported Marian models)"})
+    pad_id: int = field(default=0, metadata={"help": "id of the padding token"})
+    bos_id: int = field(default=1, metadata={"help": "id of the beginning-of-sentence token"})
+    eos_id: int = field(default=2, metadata={"help": "id of the end-of-sentence token"})
+    unk_id: int = field(default=3, metadata={"help": "id of the unknown-piece token"})
 
     def __post_init__(self) -> None:
         def fail(message: str) -> None:
@@ -115,34 +120,47 @@ class TrainConfig:
     """The training recipe of §5. Defaults are the paper's; a 2-core CPU wants smaller batches
     (`max_tokens`) and a shorter warm-up, which the demo sets."""
 
-    corpus: str = "bible-en-es"  # a built-in corpus name or a path (see aiayn.corpora.load_corpus)
-    data: Optional[str] = None  # instead of corpus: a DATA_DIR made by `aiayn preprocess` (aiayn.store)
-    src_lang: Optional[str] = None  # for a folder of aligned files: the suffixes of its two sides
-    tgt_lang: Optional[str] = None
-    max_tokens: int = 25000  # per batch, source and target each (§5.1: ~25,000 + 25,000)
-    accumulate: int = 1  # batches per optimiser step: reaches the paper's batch on fewer devices
-    warmup_steps: int = 4000  # §5.3
-    lr_scale: float = 1.0  # multiplies the §5.3 learning rate
-    adam_eps: float = 1e-9  # Adam's ε (§5.3); fairseq's and Eole's default is 1e-8
-    label_smoothing: float = 0.1  # ε_ls, §5.4
-    max_steps: int = 100_000  # the base model's 100K steps (§5.2)
-    minutes: Optional[float] = None  # stop after this much training time, whichever comes first
-    save_every: int = 1000  # steps between checkpoints
-    save_minutes: Optional[float] = None  # also checkpoint after this many minutes
-    keep_last: int = 5  # checkpoints kept; §6.1 averages the last 5 (base) or 20 (big)
-    log_every: int = 100
-    eval_every: int = 1000  # steps between validations (dev loss and BLEU)
-    eval_bleu_sentences: int = 200  # dev sentences translated for the BLEU at each validation
-    max_sentence_tokens: int = 256  # longer pairs (in tokens, either side) are left out and counted
-    seed: int = 1
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16: autocast (CPU AMX, GPU); fp16: GPU
-    compile: bool = False  # torch.compile the model
+    corpus: str = field(default="bible-en-es", metadata={
+        "help": "a built-in corpus name or a path (see `aiayn corpus`; aiayn.corpora.load_corpus)"})
+    data: Optional[str] = field(default=None, metadata={
+        "help": "instead of --corpus: a DATA_DIR made by `aiayn preprocess`"})
+    src_lang: Optional[str] = field(default=None, metadata={
+        "help": "for a folder of aligned files: the file suffix of the source side"})
+    tgt_lang: Optional[str] = field(default=None, metadata={
+        "help": "for a folder of aligned files: the file suffix of the target side"})
+    max_tokens: int = field(default=25000, metadata={
+        "help": "padded tokens per batch, source and target each (§5.1: about 25,000 + 25,000)"})
+    accumulate: int = field(default=1, metadata={
+        "help": "batches per optimiser step: the paper's batch on fewer devices"})
+    warmup_steps: int = field(default=4000, metadata={"help": "steps of linear learning-rate warm-up (§5.3)"})
+    lr_scale: float = field(default=1.0, metadata={"help": "multiplies the learning rate of §5.3"})
+    adam_eps: float = field(default=1e-9, metadata={"help": "Adam's ε (§5.3; fairseq's and Eole's default is 1e-8)"})
+    label_smoothing: float = field(default=0.1, metadata={"help": "ε_ls of §5.4"})
+    max_steps: int = field(default=100_000, metadata={"help": "stop after this many steps (§5.2: 100K for base)"})
+    minutes: Optional[float] = field(default=None, metadata={
+        "help": "also stop after this many minutes of training, whichever comes first"})
+    save_every: int = field(default=1000, metadata={"help": "steps between checkpoints"})
+    save_minutes: Optional[float] = field(default=None, metadata={"help": "also checkpoint after this many minutes"})
+    keep_last: int = field(default=5, metadata={
+        "help": "checkpoints kept (§6.1 averages the last 5 for base, 20 for big)"})
+    log_every: int = field(default=100, metadata={"help": "steps between training log records"})
+    eval_every: int = field(default=1000, metadata={"help": "steps between validations (dev loss and BLEU)"})
+    eval_bleu_sentences: int = field(default=200, metadata={
+        "help": "dev sentences translated for the BLEU of each validation"})
+    max_sentence_tokens: int = field(default=256, metadata={
+        "help": "longer pairs (in tokens, either side) are left out, and counted"})
+    seed: int = field(default=1, metadata={"help": "seed of the weights, the batch order and dropout"})
+    precision: Literal["fp32", "bf16", "fp16"] = field(default="fp32", metadata={
+        "help": "bf16: autocast (CPUs with AVX512-BF16 or AMX, GPUs); fp16: GPUs"})
+    compile: bool = field(default=False, metadata={
+        "help": "true: torch.compile the model (one graph for all batch shapes; the first steps compile, for a minute or more)"})
     # bf16 only: the step runs on a copy of the model with bf16 weights and no autocast; the fp32
     # model stays the master that Adam updates and checkpoints hold (aiayn.kernels.Bf16Twin)
-    bf16_weights: bool = False
-    device: str = "auto"  # auto: cuda if available, else cpu
-    # Fine-tune: start from this model or run folder's weights and tokenizer (e.g. an import-hf run)
-    init_from: Optional[str] = None
+    bf16_weights: bool = field(default=False, metadata={
+        "help": "with bf16, true: train a bf16 copy of the model, fp32 master weights for Adam"})
+    device: str = field(default="auto", metadata={"help": "auto (cuda if available, else cpu), cpu, cuda, cuda:N"})
+    init_from: Optional[str] = field(default=None, metadata={
+        "help": "fine-tune: start from this model or run folder's weights and tokenizer"})
 
     def __post_init__(self) -> None:
         _check_types(self)

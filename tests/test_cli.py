@@ -1,11 +1,13 @@
 """The command line: output of `aiayn info`, and one-line errors for user mistakes."""
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
 from aiayn.cli import main
+from aiayn.config import ModelConfig, TrainConfig
 
 
 def run(capsys, *argv):
@@ -71,3 +73,14 @@ def test_corpus_export_writes_two_aligned_files(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["corpus", "export", "bible-en-es", "--split", "nope", "--out", str(tmp_path)])
     assert "nope" in capsys.readouterr().err
+
+
+def test_every_training_option_says_what_it_does(capsys):
+    """`aiayn train --help` explains each of ModelConfig's and TrainConfig's flags, as fairseq's and
+    Eole's help do."""
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    shown = "".join(capsys.readouterr().out.split())  # argparse wraps lines, at hyphens too
+    for f in dataclasses.fields(ModelConfig) + dataclasses.fields(TrainConfig):
+        assert f.metadata.get("help"), f"{f.name} has no help text"
+        assert f"--{f.name.replace('_', '-')}" in shown and "".join(f.metadata["help"].split()) in shown, f.name
