@@ -21,6 +21,11 @@ ACTIVATIONS = ("relu", "gelu", "swish")
 POSITIONALS = ("sinusoidal", "learned", "sinusoidal_concat")
 
 
+def _option(default=dataclasses.MISSING, help: str = "", **metadata):
+    """A dataclass field with the help text its command-line flag shows."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and options of a Transformer.
@@ -30,36 +35,30 @@ class ModelConfig:
     `d_model` or `n_heads` of a preset changes the head sizes with it.
     """
 
-    vocab_size: int = field(default=37000, metadata={"help": "shared source/target BPE vocabulary (§5.1)"})
-    d_model: int = field(default=512, metadata={"help": "d_model, the width of every layer (§3)"})
-    n_heads: int = field(default=8, metadata={"help": "h, attention heads (§3.2.2)"})
-    d_k: Optional[int] = field(default=None, metadata={"help": "d_k per head (default d_model / h; Table 3 rows A, B)"})
-    d_v: Optional[int] = field(default=None, metadata={"help": "d_v per head (default d_model / h; Table 3 row A)"})
-    d_ff: int = field(default=2048, metadata={"help": "inner width of the feed-forward networks (§3.3)"})
-    n_layers: int = field(default=6, metadata={"help": "N, layers of the encoder and of the decoder (§3.1)"})
-    dropout: float = field(default=0.1, metadata={"help": "P_drop: residual and embedding dropout (§5.4)"})
-    attention_dropout: float = field(default=0.0, metadata={
-        "help": "dropout on attention weights (the paper has none)"})
-    activation: Literal["relu", "gelu", "swish"] = field(default="relu", metadata={
-        "help": "the feed-forward non-linearity (§3.3: ReLU)"})
-    norm_first: bool = field(default=False, metadata={
-        "help": "true: pre-norm x + Sublayer(LayerNorm(x)); false: §3.1's post-norm"})
-    layer_norm_eps: float = field(default=1e-6, metadata={"help": "LayerNorm's ε"})
-    positional: Literal["sinusoidal", "learned", "sinusoidal_concat"] = field(default="sinusoidal", metadata={
-        "help": "§3.5's sinusoids; learned (Table 3 row E); sinusoidal_concat: sin | cos halves (Marian)"})
-    max_len: int = field(default=1024, metadata={"help": "the longest position the positional table holds"})
-    neighborhood: Optional[int] = field(default=None, metadata={
-        "help": "restricted self-attention (§4): attend within r // 2 positions"})
-    share_embeddings: bool = field(default=True, metadata={"help": "one embedding matrix for source and target (§3.4)"})
-    scale_embedding: bool = field(default=True, metadata={"help": "multiply the embeddings by √d_model (§3.4)"})
-    tie_output: bool = field(default=True, metadata={
-        "help": "the pre-softmax projection is the target embedding (§3.4)"})
-    final_logits_bias: bool = field(default=False, metadata={
-        "help": "a fixed bias added to the logits (imported Marian models)"})
-    pad_id: int = field(default=0, metadata={"help": "id of the padding token"})
-    bos_id: int = field(default=1, metadata={"help": "id of the beginning-of-sentence token"})
-    eos_id: int = field(default=2, metadata={"help": "id of the end-of-sentence token"})
-    unk_id: int = field(default=3, metadata={"help": "id of the unknown-piece token"})
+    vocab_size: int = _option(37000, "shared source/target BPE vocabulary (§5.1)")
+    d_model: int = _option(512, "d_model, the width of every layer (§3)")
+    n_heads: int = _option(8, "h, attention heads (§3.2.2)")
+    d_k: Optional[int] = _option(None, "d_k per head (default d_model / h; Table 3 rows A, B)")
+    d_v: Optional[int] = _option(None, "d_v per head (default d_model / h; Table 3 row A)")
+    d_ff: int = _option(2048, "inner width of the feed-forward networks (§3.3)")
+    n_layers: int = _option(6, "N, layers of the encoder and of the decoder (§3.1)")
+    dropout: float = _option(0.1, "P_drop: residual and embedding dropout (§5.4)")
+    attention_dropout: float = _option(0.0, "dropout on attention weights (the paper has none)")
+    activation: Literal["relu", "gelu", "swish"] = _option("relu", "the feed-forward non-linearity (§3.3: ReLU)")
+    norm_first: bool = _option(False, "true: pre-norm x + Sublayer(LayerNorm(x)); false: §3.1's post-norm")
+    layer_norm_eps: float = _option(1e-6, "LayerNorm's ε")
+    positional: Literal["sinusoidal", "learned", "sinusoidal_concat"] = _option(
+        "sinusoidal", "§3.5's sinusoids; learned (Table 3 row E); sinusoidal_concat: sin | cos halves (Marian)")
+    max_len: int = _option(1024, "the longest position the positional table holds")
+    neighborhood: Optional[int] = _option(None, "restricted self-attention (§4): attend within r // 2 positions")
+    share_embeddings: bool = _option(True, "one embedding matrix for source and target (§3.4)")
+    scale_embedding: bool = _option(True, "multiply the embeddings by √d_model (§3.4)")
+    tie_output: bool = _option(True, "the pre-softmax projection is the target embedding (§3.4)")
+    final_logits_bias: bool = _option(False, "a fixed bias added to the logits (imported Marian models)")
+    pad_id: int = _option(0, "id of the padding token")
+    bos_id: int = _option(1, "id of the beginning-of-sentence token")
+    eos_id: int = _option(2, "id of the end-of-sentence token")
+    unk_id: int = _option(3, "id of the unknown-piece token")
 
     def __post_init__(self) -> None:
         def fail(message: str) -> None:
@@ -120,47 +119,36 @@ class TrainConfig:
     """The training recipe of §5. Defaults are the paper's; a 2-core CPU wants smaller batches
     (`max_tokens`) and a shorter warm-up, which the demo sets."""
 
-    corpus: str = field(default="bible-en-es", metadata={
-        "help": "a built-in corpus name or a path (see `aiayn corpus`; aiayn.corpora.load_corpus)"})
-    data: Optional[str] = field(default=None, metadata={
-        "help": "instead of --corpus: a DATA_DIR made by `aiayn preprocess`"})
-    src_lang: Optional[str] = field(default=None, metadata={
-        "help": "for a folder of aligned files: the file suffix of the source side"})
-    tgt_lang: Optional[str] = field(default=None, metadata={
-        "help": "for a folder of aligned files: the file suffix of the target side"})
-    max_tokens: int = field(default=25000, metadata={
-        "help": "padded tokens per batch, source and target each (§5.1: about 25,000 + 25,000)"})
-    accumulate: int = field(default=1, metadata={
-        "help": "batches per optimiser step: the paper's batch on fewer devices"})
-    warmup_steps: int = field(default=4000, metadata={"help": "steps of linear learning-rate warm-up (§5.3)"})
-    lr_scale: float = field(default=1.0, metadata={"help": "multiplies the learning rate of §5.3"})
-    adam_eps: float = field(default=1e-9, metadata={"help": "Adam's ε (§5.3; fairseq's and Eole's default is 1e-8)"})
-    label_smoothing: float = field(default=0.1, metadata={"help": "ε_ls of §5.4"})
-    max_steps: int = field(default=100_000, metadata={"help": "stop after this many steps (§5.2: 100K for base)"})
-    minutes: Optional[float] = field(default=None, metadata={
-        "help": "also stop after this many minutes of training, whichever comes first"})
-    save_every: int = field(default=1000, metadata={"help": "steps between checkpoints"})
-    save_minutes: Optional[float] = field(default=None, metadata={"help": "also checkpoint after this many minutes"})
-    keep_last: int = field(default=5, metadata={
-        "help": "checkpoints kept (§6.1 averages the last 5 for base, 20 for big)"})
-    log_every: int = field(default=100, metadata={"help": "steps between training log records"})
-    eval_every: int = field(default=1000, metadata={"help": "steps between validations (dev loss and BLEU)"})
-    eval_bleu_sentences: int = field(default=200, metadata={
-        "help": "dev sentences translated for the BLEU of each validation"})
-    max_sentence_tokens: int = field(default=256, metadata={
-        "help": "longer pairs (in tokens, either side) are left out, and counted"})
-    seed: int = field(default=1, metadata={"help": "seed of the weights, the batch order and dropout"})
-    precision: Literal["fp32", "bf16", "fp16"] = field(default="fp32", metadata={
-        "help": "bf16: autocast (CPUs with AVX512-BF16 or AMX, GPUs); fp16: GPUs"})
-    compile: bool = field(default=False, metadata={
-        "help": "true: torch.compile the model (one graph for all batch shapes; the first steps compile, for a minute or more)"})
+    corpus: str = _option("bible-en-es",
+                          "a built-in corpus name or a path (see `aiayn corpus`; aiayn.corpora.load_corpus)")
+    data: Optional[str] = _option(None, "instead of --corpus: a DATA_DIR made by `aiayn preprocess`")
+    src_lang: Optional[str] = _option(None, "for a folder of aligned files: the file suffix of the source side")
+    tgt_lang: Optional[str] = _option(None, "for a folder of aligned files: the file suffix of the target side")
+    max_tokens: int = _option(25000, "padded tokens per batch, source and target each (§5.1: about 25,000 + 25,000)")
+    accumulate: int = _option(1, "batches per optimiser step: the paper's batch on fewer devices")
+    warmup_steps: int = _option(4000, "steps of linear learning-rate warm-up (§5.3)")
+    lr_scale: float = _option(1.0, "multiplies the learning rate of §5.3")
+    adam_eps: float = _option(1e-9, "Adam's ε (§5.3; fairseq's and Eole's default is 1e-8)")
+    label_smoothing: float = _option(0.1, "ε_ls of §5.4")
+    max_steps: int = _option(100_000, "stop after this many steps (§5.2: 100K for base)")
+    minutes: Optional[float] = _option(None, "also stop after this many minutes of training, whichever comes first")
+    save_every: int = _option(1000, "steps between checkpoints")
+    save_minutes: Optional[float] = _option(None, "also checkpoint after this many minutes")
+    keep_last: int = _option(5, "checkpoints kept (§6.1 averages the last 5 for base, 20 for big)")
+    log_every: int = _option(100, "steps between training log records")
+    eval_every: int = _option(1000, "steps between validations (dev loss and BLEU)")
+    eval_bleu_sentences: int = _option(200, "dev sentences translated for the BLEU of each validation")
+    max_sentence_tokens: int = _option(256, "longer pairs (in tokens, either side) are left out, and counted")
+    seed: int = _option(1, "seed of the weights, the batch order and dropout")
+    precision: Literal["fp32", "bf16", "fp16"] = _option(
+        "fp32", "bf16: autocast (CPUs with AVX512-BF16 or AMX, GPUs); fp16: GPUs")
+    compile: bool = _option(False, "true: torch.compile the model (one graph for all batch shapes; the first steps "
+                                   "compile, for a minute or more)")
     # bf16 only: the step runs on a copy of the model with bf16 weights and no autocast; the fp32
     # model stays the master that Adam updates and checkpoints hold (aiayn.kernels.Bf16Twin)
-    bf16_weights: bool = field(default=False, metadata={
-        "help": "with bf16, true: train a bf16 copy of the model, fp32 master weights for Adam"})
-    device: str = field(default="auto", metadata={"help": "auto (cuda if available, else cpu), cpu, cuda, cuda:N"})
-    init_from: Optional[str] = field(default=None, metadata={
-        "help": "fine-tune: start from this model or run folder's weights and tokenizer"})
+    bf16_weights: bool = _option(False, "with bf16, true: train a bf16 copy of the model, fp32 master weights for Adam")
+    device: str = _option("auto", "auto (cuda if available, else cpu), cpu, cuda, cuda:N")
+    init_from: Optional[str] = _option(None, "fine-tune: start from this model or run folder's weights and tokenizer")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -418,10 +406,6 @@ def preset(name: str) -> ModelConfig:
 # (aiayn.cli), so a default is written once, here. `help` says what a field does; `positional`
 # makes it an argument rather than a --flag; `least`/`most` bound a number (checked by
 # `check_options`, which the CLI calls: nan and inf fail too).
-
-
-def _option(default=dataclasses.MISSING, help: str = "", **metadata):
-    return field(default=default, metadata={"help": help, **metadata})
 
 
 MAX_INPUT_TOKENS = 1024  # `aiayn translate`: a longer line is cut to this many tokens

@@ -6,8 +6,9 @@ on both alike, and reports each case's median and range and the ratio this / oth
 
     train   fp32 and bf16: target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens
     decode  bf16 and int8, beam 4: output tokens/s of 64 sentences of 32 tokens
-    demo    `aiayn train` of the demo's model and recipe (learning_curve.py's "pre-norm" run) on
-            bible-en-es, bf16: the target tokens/s its log reports over steps 51-100
+    demo    (only when named in --cases) `aiayn train` of the demo's model and recipe
+            (learning_curve.py's "pre-norm" run) on bible-en-es, bf16: the target tokens/s its
+            log reports over steps 51-100
 
 Make the other checkout with git, e.g. `git worktree add /tmp/before HEAD~3`; each side imports
 the aiayn of its own checkout (PYTHONPATH) with this environment's packages.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,8 +38,8 @@ CASES = {  # label: one_case.py arguments after the common ones
                            "--warmup", "1", "--calls", "1"],
     "decode int8 beam 4": ["decode", "--system", "aiayn", "--precision", "int8", "--beam", "4", "--sentences", "64",
                            "--warmup", "1", "--calls", "1"],
-    "demo train bf16": ["demo"],  # the whole trainer: its loop, data path and memory handling too
 }
+DEMO = "demo train bf16"  # the whole trainer, `aiayn train`: its loop, data path and memory handling too
 DEMO_STEPS = 100  # the demo case's steps; the first half (start-up, warm-up of the allocator) is not timed
 
 
@@ -82,22 +82,22 @@ def main() -> None:
     parser.add_argument("--other", type=Path, required=True, help="the other checkout (a git worktree)")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of every case on each side (default 5)")
     parser.add_argument("--threads", type=int, default=default_threads())
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=[*CASES, DEMO], default=list(CASES))
     parser.add_argument("--out", type=Path, help="result file (default results/revisions-cpu.json)")
     args = parser.parse_args()
     sides = {"this": HERE.parent, "other": args.other.resolve()}
     if not (sides["other"] / "benchmarks" / "one_case.py").is_file():
         sys.exit(f"revisions: {args.other} is not an aiayn checkout with benchmarks/one_case.py")
     runs: dict[str, dict[str, list[float]]] = {case: {side: [] for side in sides} for case in args.cases}
-    scratch = Path(tempfile.mkdtemp(prefix="revisions-"))
-    data = learning_curve.prepare_data(scratch) if any(CASES[case] == ["demo"] for case in args.cases) else None
-    for rep in range(args.reps):
-        for case in args.cases:
-            for side in (("this", "other") if rep % 2 == 0 else ("other", "this")):
-                runs[case][side].append(measure_demo(sides[side], data, args.threads) if CASES[case] == ["demo"]
-                                        else measure(sides[side], CASES[case], args.threads))
-            this, other = runs[case]["this"][-1], runs[case]["other"][-1]
-            print(f"rep {rep + 1}: {case}: this {this:,.0f} tok/s, other {other:,.0f} tok/s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="revisions-") as scratch:
+        data = learning_curve.prepare_data(Path(scratch)) if DEMO in args.cases else None
+        for rep in range(args.reps):
+            for case in args.cases:
+                for side in (("this", "other") if rep % 2 == 0 else ("other", "this")):
+                    runs[case][side].append(measure_demo(sides[side], data, args.threads) if case == DEMO
+                                            else measure(sides[side], CASES[case], args.threads))
+                this, other = runs[case]["this"][-1], runs[case]["other"][-1]
+                print(f"rep {rep + 1}: {case}: this {this:,.0f} tok/s, other {other:,.0f} tok/s", flush=True)
     import torch
 
     results = {
@@ -112,7 +112,6 @@ def main() -> None:
         print(f"{case}: this {this['median']:,.0f} ({this['min']:,.0f}-{this['max']:,.0f}), other "
               f"{other['median']:,.0f} ({other['min']:,.0f}-{other['max']:,.0f}) tok/s: ×{result['ratio_of_medians']:.3f}")
     write_results(args.out or HERE / "results" / "revisions-cpu.json", results)
-    shutil.rmtree(scratch)
 
 
 if __name__ == "__main__":

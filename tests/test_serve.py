@@ -839,9 +839,13 @@ def test_serve_refuses_a_port_in_use_and_bad_settings_in_one_line(model_dir):
     # all at once: each is a process start-up, and they share nothing
     processes = [subprocess.Popen([sys.executable, "-m", "aiayn", "serve", str(model_dir), option, value],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for option, value, _ in bad]
-    for process, (_, _, says) in zip(processes, bad):
-        _, stderr = process.communicate(timeout=120)
-        assert process.returncode == 2 and says in stderr and stderr.count("\n") == 1, stderr
+    try:
+        for process, (_, _, says) in zip(processes, bad):
+            _, stderr = process.communicate(timeout=120)
+            assert process.returncode == 2 and says in stderr and stderr.count("\n") == 1, stderr
+    finally:  # a setting wrongly taken would leave a server running
+        for process in processes:
+            process.kill()
 
 
 # ---------------------------------------------------------------------------------------------
