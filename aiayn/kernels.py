@@ -112,7 +112,12 @@ def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], ca
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))  # (B, h, L_q, L_k)
     if mask is not None:  # the softmax of an all -inf row is NaN; such a query attends to nothing
-        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        sees = mask.any(dim=-1, keepdim=True)  # (..., L_q, 1)
+        # A training batch has no such query (every sentence has its EOS): an eager step on a
+        # CPU skips the pass over the weights. Elsewhere asking would wait for the device, or
+        # break a compiled graph in two (where the compiler fuses the pass anyway).
+        if q.device.type != "cpu" or torch.compiler.is_compiling() or not sees.all():
+            weights = weights.masked_fill(~sees, 0.0)
     weights = weights.to(v.dtype)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)

@@ -395,24 +395,31 @@ class Transformer(_Model):
         memory: Optional[Tensor] = None,
         memory_mask: Optional[Tensor] = None,
         cache: Optional[KVCache] = None,
+        positions: Optional[Tensor] = None,
     ) -> Tensor:
         """tgt: (B, T) decoder input; memory: (B, S, d_model) -> logits (B, T, vocab_size).
 
         With a cache (from `init_cache`), tgt holds only the tokens not yet seen, usually one per
         row, and the memory is not needed: its keys, values and mask are in the cache.
+        With `positions`, (N,) indices into the B·T target positions taken row by row, only
+        those positions' logits come out, (N, vocab_size): training scores the positions that
+        hold a target token and skips the padding's share of the pre-softmax projection.
         """
         _check_tokens("tgt", tgt, self.config.vocab_size, check_range=cache is None)
         if cache is None and memory is None:
             raise ValueError("decode needs the encoder's memory, or a cache from init_cache")
         if cache is None and tgt.size(0) != memory.size(0):
             raise ValueError(f"src and tgt batch sizes differ: {memory.size(0)} vs {tgt.size(0)}")
-        hidden, _ = self.decoder(tgt, memory, memory_mask, cache)
+        hidden, _ = self.decoder(tgt, memory, memory_mask, cache)  # (B, T, d_model)
+        if positions is not None:
+            hidden = hidden.flatten(0, 1).index_select(0, positions)  # (N, d_model)
         return self._logits(hidden, self.decoder.embed)
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """src: (B, S), tgt: (B, T) -> logits (B, T, vocab_size)."""
+    def forward(self, src: Tensor, tgt: Tensor, positions: Optional[Tensor] = None) -> Tensor:
+        """src: (B, S), tgt: (B, T) -> logits (B, T, vocab_size), or (N, vocab_size) for the
+        (N,) flat target `positions` only (see `decode`)."""
         memory, mask = self.encode(src)
-        return self.decode(tgt, memory, mask)
+        return self.decode(tgt, memory, mask, positions=positions)
 
     def init_cache(self, memory: Tensor, memory_mask: Optional[Tensor], max_len: int, beam: int = 1) -> KVCache:
         """The decoding state for up to `max_len` target positions against `memory` (B, S, d_model):

@@ -107,11 +107,16 @@ class TrainStep:
             last = i == len(batches) - 1
             context = self.net.no_sync() if self.world > 1 and not last else contextlib.nullcontext()
             with context:
+                # The target positions that hold a token, found on the host (no device sync):
+                # padding gets no logits, so the pre-softmax projection and the loss skip it.
+                positions = (batch.tgt_out.flatten() != self.pad_id).nonzero().squeeze(1)  # (N,)
                 batch = batch.to(self.device, non_blocking=True)
+                positions = positions.to(self.device, non_blocking=True)
                 # bf16 weights compute in bf16 as they are; otherwise autocast casts for fp32 weights
                 with contextlib.nullcontext() if self.twin else autocast(self.device, self.precision):
-                    logits = self.net(batch.src, batch.tgt_in)  # (B, T, V)
-                loss, nll = label_smoothed_nll(logits, batch.tgt_out, self.label_smoothing, self.pad_id)
+                    logits = self.net(batch.src, batch.tgt_in, positions)  # (N, V)
+                target = batch.tgt_out.flatten().index_select(0, positions)  # (N,)
+                loss, nll = label_smoothed_nll(logits, target, self.label_smoothing, self.pad_id)
                 # DDP averages gradients over ranks; × world makes it a sum over all tokens.
                 scaled = loss * (self.world / n_tokens)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()

@@ -86,6 +86,7 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "pre-norm,warmup-150": ({"norm_first": True}, {"warmup_steps": 150}),
     "pre-norm,no-label-smoothing": ({"norm_first": True}, {"label_smoothing": 0.0}),
     "pre-norm,fp32": ({"norm_first": True}, {"precision": "fp32"}),
+    "pre-norm,bf16-weights": ({"norm_first": True}, {"bf16_weights": True}),  # a bf16 copy trains, fp32 master
 }
 # Variants that start from Eole's initialisation of the shared embedding matrix, xavier_uniform
 # (U(±√(6 / (V + d_model))), std 0.022 here), instead of aiayn's N(0, d_model^-0.5) (std 0.0625).

@@ -161,6 +161,34 @@ def test_a_compiled_step_makes_the_eager_update_within_bf16_rounding_and_compile
     assert step.compiles == 1
 
 
+def test_a_training_step_projects_only_the_positions_that_hold_a_target_token():
+    """A training step gives no logits to the padding: the pre-softmax projection runs on the
+    (N,) target positions that hold a token. Their logits, the step's loss and its gradients
+    (Adam's first moments after one step, (1 - β1)·g) equal what the full (B, T, V) logits give."""
+    from aiayn.loss import label_smoothed_nll
+    from aiayn.optim import make_optimizer
+    from aiayn.train import TrainStep
+
+    c = COPY_MODEL
+    batch = collate(copy_pairs(6, 1), c.pad_id, c.bos_id, c.eos_id)
+    assert (batch.tgt_out == c.pad_id).any()  # rows of several lengths: padding to skip
+    torch.manual_seed(0)
+    model = Transformer(c).train()
+    positions = (batch.tgt_out.flatten() != c.pad_id).nonzero().squeeze(1)  # (N,)
+    full = model(batch.src, batch.tgt_in)  # (B, T, V)
+    kept = model(batch.src, batch.tgt_in, positions)  # (N, V)
+    assert kept.shape == (batch.n_tgt_tokens, c.vocab_size)
+    torch.testing.assert_close(kept, full.flatten(0, 1)[positions])
+    loss, _ = label_smoothed_nll(full, batch.tgt_out, 0.1, c.pad_id)
+    (loss / batch.n_tgt_tokens).backward()
+    want = torch.cat([0.1 * p.grad.flatten() for p in model.parameters()])
+    model.zero_grad(set_to_none=True)
+    optimizer = make_optimizer(model)
+    step = TrainStep(model, optimizer, TrainConfig(precision="fp32", label_smoothing=0.1), torch.device("cpu"))
+    torch.testing.assert_close(step([batch], batch.n_tgt_tokens)[0], loss.detach())
+    torch.testing.assert_close(torch.cat([optimizer.state[p]["exp_avg"].flatten() for p in model.parameters()]), want)
+
+
 def test_adam_eps_reaches_the_optimizer(tmp_path):
     recipe = TrainConfig(max_tokens=256, max_steps=1, adam_eps=1e-8)
     trainer = Trainer(COPY_MODEL, recipe, tmp_path / "run", TrainData(copy_pairs(50, 0)), echo=lambda _: None)
