@@ -173,10 +173,12 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     train = options(args, TrainOptions)
     chosen = recipe(train.recipe)
+    given = given_fields(args, TrainConfig)
+    preset_train = TRAIN_OVERRIDES.get(train.preset, {})
+    precision = given.get("precision", {**preset_train, **chosen.train}.get("precision", TrainConfig.precision))
     model_config, training = run_configs(
         RunDir(train.out), train.resume, preset(train.preset), chosen.model,
-        {**TRAIN_OVERRIDES.get(train.preset, {}), **chosen.train}, given_fields(args, ModelConfig),
-        given_fields(args, TrainConfig))
+        {**preset_train, **chosen.train_changes(precision)}, given_fields(args, ModelConfig), given)
     train_run(model_config, training, Path(train.out), train.resume)
 
 

@@ -146,7 +146,8 @@ class TrainConfig:
                                    "compile, for a minute or more)")
     # bf16 only: the step runs on a copy of the model with bf16 weights and no autocast; the fp32
     # model stays the master that Adam updates and checkpoints hold (aiayn.kernels.Bf16Twin)
-    bf16_weights: bool = _option(False, "with bf16, true: train a bf16 copy of the model, fp32 master weights for Adam")
+    bf16_weights: bool = _option(False, "with bf16, true: train a bf16 copy of the model, fp32 master weights for Adam "
+                                        "(the fast recipe's default in bf16)")
     device: str = _option("auto", "auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     init_from: Optional[str] = _option(None, "fine-tune: start from this model or run folder's weights and tokenizer")
 
@@ -324,24 +325,33 @@ PRESETS["small"] = ModelConfig(
 @dataclass(frozen=True)
 class Recipe:
     """A named way to train: changes to a preset's model (`model`, ModelConfig fields) and to the
-    training config (`train`, TrainConfig fields), applied under any option given explicitly.
+    training config (`train`, TrainConfig fields; `bf16`, those of a run that trains in bf16),
+    applied under any option given explicitly.
     "paper" is §3.1 and §5 as written; any other recipe deviates from the paper, and `about`
     says where."""
 
     model: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
+    bf16: dict = field(default_factory=dict)
     about: str = ""
+
+    def train_changes(self, precision: str) -> dict:
+        """`train`, and `bf16` as well for a run that trains in bf16."""
+        return {**self.train, **(self.bf16 if precision == "bf16" else {})}
 
 
 # Measured by benchmarks/learning_curve.py (docs/learning-curve-amd-epyc.md): at equal steps the
 # paper's post-norm model learns about half as much as the same model in pre-norm form, and its
-# translations loop in the first thousands of steps.
+# translations loop in the first thousands of steps. In bf16, a bf16 copy of the model takes the
+# demo's steps faster than autocast does and learns as much per step (the fourth 40-minute run).
 RECIPES: dict[str, Recipe] = {
     "paper": Recipe(about="§3.1 and §5 as written: post-norm residual blocks LayerNorm(x + Sublayer(x))"),
     "fast": Recipe(
         model={"norm_first": True},
+        bf16={"bf16_weights": True},
         about="pre-norm residual blocks x + Sublayer(LayerNorm(x)) and a final LayerNorm on each stack "
-              "(not the paper's §3.1): learns about twice as much per step on a small corpus"),
+              "(not the paper's §3.1): learns about twice as much per step on a small corpus; in bf16, a "
+              "bf16 copy of the model trains (fp32 master weights for Adam) instead of autocast"),
 }
 
 
@@ -379,7 +389,8 @@ def demo_model(preset_name: str = "small", recipe_name: str = DEMO_RECIPE_NAME) 
 
 def demo_training(recipe_name: str = DEMO_RECIPE_NAME, **changes) -> TrainConfig:
     """The training config `aiayn demo` uses: DEMO_RECIPE with the recipe's changes, then `changes`."""
-    return TrainConfig(**{**DEMO_RECIPE, **recipe(recipe_name).train, **changes})
+    precision = changes.get("precision", TrainConfig.precision)
+    return TrainConfig(**{**DEMO_RECIPE, **recipe(recipe_name).train_changes(precision), **changes})
 
 
 DECODE_PRESETS: dict[str, DecodeConfig] = {

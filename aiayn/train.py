@@ -72,7 +72,8 @@ class TrainStep:
         # bf16 weights: the step runs on a bf16 copy, the fp32 model stays the master
         self.twin = Bf16Twin(model) if recipe.bf16_weights else None
         if self.twin and world > 1:
-            raise ValueError("bf16_weights trains in one process: its gradients would be summed across processes in bf16")
+            raise ValueError("bf16_weights trains in one process: its gradients would be summed across processes in "
+                             "bf16; give --bf16-weights false to train in several")
         self.net = self.twin.model if self.twin else model
         if world > 1:
             self.net = torch.nn.parallel.DistributedDataParallel(

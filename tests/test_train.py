@@ -355,21 +355,29 @@ def test_average_is_the_mean_of_the_last_checkpoints(tmp_path, corpus_tsv):
 
 
 def test_a_recipe_changes_what_no_option_sets_and_a_resumed_run_keeps_its_own(tmp_path, corpus_tsv):
-    """--recipe fast trains the pre-norm model; an explicit option wins over the recipe; --resume
-    reads the run's configs, whatever --recipe says."""
+    """--recipe fast trains the pre-norm model, and in bf16 a bf16 copy of it (fp32 master
+    weights); an explicit option wins over the recipe; --resume reads the run's configs, whatever
+    --recipe says."""
     run = tmp_path / "fast"
     done = subprocess.run(train_argv(corpus_tsv, run, "--max-steps", "2", "--recipe", "fast"),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads((run / "model_config.json").read_text())["norm_first"] is True
+    assert json.loads((run / "train_config.json").read_text())["bf16_weights"] is False  # fp32: nothing to copy
+    bf16 = subprocess.run(train_argv(corpus_tsv, tmp_path / "fast-bf16", "--max-steps", "1", "--recipe", "fast",
+                                     "--precision", "bf16"), capture_output=True, text=True, timeout=300)
+    assert bf16.returncode == 0, bf16.stderr
+    assert json.loads((tmp_path / "fast-bf16" / "train_config.json").read_text())["bf16_weights"] is True
     again = subprocess.run(train_argv(corpus_tsv, run, "--max-steps", "3", "--resume"), capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 0, again.stderr
     assert json.loads((run / "model_config.json").read_text())["norm_first"] is True and max(losses(run)) == 3
     explicit = subprocess.run(train_argv(corpus_tsv, tmp_path / "post", "--max-steps", "1", "--recipe", "fast",
-                                         "--norm-first", "false"), capture_output=True, text=True, timeout=300)
+                                         "--norm-first", "false", "--precision", "bf16", "--bf16-weights", "false"),
+                              capture_output=True, text=True, timeout=300)
     assert explicit.returncode == 0, explicit.stderr
     assert json.loads((tmp_path / "post" / "model_config.json").read_text())["norm_first"] is False
+    assert json.loads((tmp_path / "post" / "train_config.json").read_text())["bf16_weights"] is False
     paper = subprocess.run(train_argv(corpus_tsv, tmp_path / "paper", "--max-steps", "1"), capture_output=True,
                            text=True, timeout=300)
     assert paper.returncode == 0 and json.loads((tmp_path / "paper" / "model_config.json").read_text())["norm_first"] is False
