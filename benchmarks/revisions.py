@@ -7,7 +7,7 @@ on both alike, and reports each case's median and range and the ratio this / oth
     train   fp32 and bf16: target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens
     decode  bf16 and int8, beam 4: output tokens/s of 64 sentences of 32 tokens
     demo    (only when named in --cases) `aiayn train` of the demo's model and recipe
-            (the fast recipe in bf16: learning_curve.py's "pre-norm,bf16-weights" run) on
+            (`--recipe fast` in bf16, as each checkout's own fast recipe has it) on
             bible-en-es: the target tokens/s its log reports over steps 51-100
 
 Make the other checkout with git, e.g. `git worktree add /tmp/before HEAD~3`; each side imports
@@ -48,7 +48,8 @@ def measure_demo(checkout: Path, data: Path, threads: int) -> float:
     on the encoded corpus `data`, as its log reports them."""
     with tempfile.TemporaryDirectory() as scratch:
         run = Path(scratch) / "run"
-        command = learning_curve.train_command("pre-norm,bf16-weights", run, data, DEMO_STEPS, save_every=DEMO_STEPS)
+        command = learning_curve.train_command("pre-norm", run, data, DEMO_STEPS, save_every=DEMO_STEPS)
+        command += ["--recipe", "fast"]  # what the fast recipe adds in bf16 is the checkout's own
         env = thread_env(threads, PYTHONPATH=str(checkout))
         proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=scratch)
         if proc.returncode != 0:
