@@ -141,7 +141,8 @@ class TrainConfig:
     max_sentence_tokens: int = _option(256, "longer pairs (in tokens, either side) are left out, and counted")
     seed: int = _option(1, "seed of the weights, the batch order and dropout")
     precision: Literal["fp32", "bf16", "fp16"] = _option(
-        "fp32", "bf16: autocast (CPUs with AVX512-BF16 or AMX, GPUs); fp16: GPUs")
+        "fp32", "bf16: autocast, or a bf16 copy of the model with --bf16-weights (CPUs with AVX512-BF16 or "
+                "AMX, GPUs); fp16: GPUs")
     compile: bool = _option(False, "true: torch.compile the model (one graph for all batch shapes; the first steps "
                                    "compile, for a minute or more)")
     # bf16 only: the step runs on a copy of the model with bf16 weights and no autocast; the fp32
@@ -335,9 +336,10 @@ class Recipe:
     bf16: dict = field(default_factory=dict)
     about: str = ""
 
-    def train_changes(self, precision: str) -> dict:
-        """`train`, and `bf16` as well for a run that trains in bf16."""
-        return {**self.train, **(self.bf16 if precision == "bf16" else {})}
+    def train_changes(self, precision: str, processes: int = 1) -> dict:
+        """`train`, and `bf16` as well for a run that trains in bf16 in one process (a bf16 copy
+        of the model trains in one process: aiayn.train.TrainStep)."""
+        return {**self.train, **(self.bf16 if precision == "bf16" and processes == 1 else {})}
 
 
 # Measured by benchmarks/learning_curve.py (docs/learning-curve-amd-epyc.md): at equal steps the
@@ -389,8 +391,9 @@ def demo_model(preset_name: str = "small", recipe_name: str = DEMO_RECIPE_NAME) 
 
 def demo_training(recipe_name: str = DEMO_RECIPE_NAME, **changes) -> TrainConfig:
     """The training config `aiayn demo` uses: DEMO_RECIPE with the recipe's changes, then `changes`."""
-    precision = changes.get("precision", TrainConfig.precision)
-    return TrainConfig(**{**DEMO_RECIPE, **recipe(recipe_name).train_changes(precision), **changes})
+    chosen = recipe(recipe_name)
+    precision = {**DEMO_RECIPE, **chosen.train, **changes}.get("precision", TrainConfig.precision)
+    return TrainConfig(**{**DEMO_RECIPE, **chosen.train_changes(precision), **changes})
 
 
 DECODE_PRESETS: dict[str, DecodeConfig] = {
@@ -492,7 +495,7 @@ class DemoOptions:
     out: str = _option("runs/demo", "run folder (reused if present)")
     preset: str = _option("small", "model preset", choices=lambda: sorted(PRESETS))
     precision: Literal["fp32", "bf16", "fp16"] = _option("bf16", "training and decoding")
-    recipe: str = _option("fast", "a new run's recipe: fast (pre-norm) or paper (§3.1's post-norm)",
+    recipe: str = _option("fast", "a new run's recipe: fast (pre-norm; in bf16 a bf16 copy of the model) or paper (§3.1's post-norm)",
                           choices=lambda: sorted(RECIPES))
     seed: int = _option(1, "random seed")
     test_sentences: Optional[int] = _option(None, "translate only the first N test verses", least=1)
@@ -551,7 +554,7 @@ class TrainOptions:
     preset: str = _option("base", "model preset: base, big, a Table 3 row (A1 ... E), tiny, small, parse")
     out: str = _option(help="the run folder: checkpoints, log.jsonl, loss.png, model/")
     resume: bool = _option(False, "continue the run in --out from its last checkpoint")
-    recipe: str = _option("paper", "paper: §3.1 and §5 as written; fast: pre-norm, learns more per step "
+    recipe: str = _option("paper", "paper: §3.1 and §5 as written; fast: pre-norm (and in bf16 a bf16 copy of the model), learns more per step "
                           "(a deviation; see the README)", choices=lambda: sorted(RECIPES))
 
 

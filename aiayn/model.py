@@ -334,7 +334,7 @@ class _Model(nn.Module):
             self.logits_bias = None
 
     def _logits(self, hidden: Tensor, embed: Embeddings) -> Tensor:
-        """The pre-softmax linear transformation: (B, T, d_model) -> (B, T, vocab_size)."""
+        """The pre-softmax linear transformation: (..., d_model) -> (..., vocab_size)."""
         if self.output_proj is None:
             return F.linear(hidden, embed.weight, self.logits_bias)
         logits = self.output_proj(hidden)  # a module: an int8 copy (aiayn.kernels) holds no float weight

@@ -462,6 +462,8 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
         train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
     if resume and run.has_configs():
         model_config, training = run.configs()
+        if train_overrides.get("precision", "bf16") != "bf16" and "bf16_weights" not in train_overrides:
+            train_overrides["bf16_weights"] = False  # a run moved off bf16 trains its fp32 weights
         if training.data and "corpus" in train_overrides and "data" not in train_overrides:
             raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
         if dataclasses.replace(model_config, **model_overrides) != model_config:

@@ -5,7 +5,8 @@ aiayn.train.RELEASE_SECONDS).
     .venv/bin/python benchmarks/train_memory.py --steps 400       # two demo runs, ~10 min -> docs/train-memory-KIND.png
     .venv/bin/python benchmarks/train_memory.py --plot runs/demo --out x.png   # any run folders' logs
 
-Each run is the demo's training (aiayn.config.demo_model and demo_training, bf16, seed 1) for
+Each run is the demo's training (aiayn.config.demo_model and demo_training, bf16, seed 1; since
+2026-11-25 a bf16 copy of the model, the fast recipe's, where the committed results had autocast) for
 --steps steps in a fresh process; the second one has the hand-back switched off. Both read the
 `rss_mib` that `aiayn train` writes into every training record of log.jsonl. Prints each run's
 first, last and largest reading and writes results/train-memory-KIND.json.

@@ -100,8 +100,9 @@ def test_unknown_preset_lists_the_names():
 def test_the_fast_recipe_trains_a_bf16_copy_only_when_the_run_trains_in_bf16():
     """The fast recipe's `bf16` changes apply in bf16 alone: bf16_weights needs bf16, and an fp32
     run or the paper's recipe keeps autocast's fp32 weights."""
-    from aiayn.config import demo_training
+    from aiayn.config import demo_training, recipe
 
     assert demo_training("fast", precision="bf16").bf16_weights is True
     assert demo_training("fast", precision="fp32").bf16_weights is False
     assert demo_training("paper", precision="bf16").bf16_weights is False
+    assert recipe("fast").train_changes("bf16", processes=2) == {}  # the copy trains in one process

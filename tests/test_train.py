@@ -183,9 +183,13 @@ def test_a_training_step_projects_only_the_positions_that_hold_a_target_token():
     (loss / batch.n_tgt_tokens).backward()
     want = torch.cat([0.1 * p.grad.flatten() for p in model.parameters()])
     model.zero_grad(set_to_none=True)
+    projected = []  # the rows the step's pre-softmax projection takes
+    logits = model._logits
+    model._logits = lambda hidden, embed: projected.append(hidden.shape[:-1]) or logits(hidden, embed)
     optimizer = make_optimizer(model)
     step = TrainStep(model, optimizer, TrainConfig(precision="fp32", label_smoothing=0.1), torch.device("cpu"))
     torch.testing.assert_close(step([batch], batch.n_tgt_tokens)[0], loss.detach())
+    assert projected == [(batch.n_tgt_tokens,)]
     torch.testing.assert_close(torch.cat([optimizer.state[p]["exp_avg"].flatten() for p in model.parameters()]), want)
 
 
@@ -368,6 +372,10 @@ def test_a_recipe_changes_what_no_option_sets_and_a_resumed_run_keeps_its_own(tm
                                      "--precision", "bf16"), capture_output=True, text=True, timeout=300)
     assert bf16.returncode == 0, bf16.stderr
     assert json.loads((tmp_path / "fast-bf16" / "train_config.json").read_text())["bf16_weights"] is True
+    moved = subprocess.run(train_argv(corpus_tsv, tmp_path / "fast-bf16", "--max-steps", "2", "--resume", "--precision",
+                                      "fp32"), capture_output=True, text=True, timeout=300)  # e.g. to a CPU without bf16
+    assert moved.returncode == 0, moved.stderr
+    assert json.loads((tmp_path / "fast-bf16" / "train_config.json").read_text())["bf16_weights"] is False
     again = subprocess.run(train_argv(corpus_tsv, run, "--max-steps", "3", "--resume"), capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 0, again.stderr
