@@ -176,11 +176,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     chosen = recipe(train.recipe)
     given = given_fields(args, TrainConfig)
     preset_train = TRAIN_OVERRIDES.get(train.preset, {})
-    precision = given.get("precision", {**preset_train, **chosen.train}.get("precision", TrainConfig.precision))
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     model_config, training = run_configs(
         RunDir(train.out), train.resume, preset(train.preset), chosen.model,
-        {**preset_train, **chosen.train_changes(precision, processes)}, given_fields(args, ModelConfig), given)
+        {**preset_train, **chosen.train_changes(preset_train, given, processes)}, given_fields(args, ModelConfig), given)
     train_run(model_config, training, Path(train.out), train.resume)
 
 

@@ -336,9 +336,11 @@ class Recipe:
     bf16: dict = field(default_factory=dict)
     about: str = ""
 
-    def train_changes(self, precision: str, processes: int = 1) -> dict:
+    def train_changes(self, under: dict, given: dict, processes: int = 1) -> dict:
         """`train`, and `bf16` as well for a run that trains in bf16 in one process (a bf16 copy
-        of the model trains in one process: aiayn.train.TrainStep)."""
+        of the model trains in one process: aiayn.train.TrainStep). The run's precision is the
+        one the TrainConfig fields `under` the recipe, the recipe's and those `given` over it make."""
+        precision = {**under, **self.train, **given}.get("precision", TrainConfig.precision)
         return {**self.train, **(self.bf16 if precision == "bf16" and processes == 1 else {})}
 
 
@@ -391,9 +393,7 @@ def demo_model(preset_name: str = "small", recipe_name: str = DEMO_RECIPE_NAME) 
 
 def demo_training(recipe_name: str = DEMO_RECIPE_NAME, **changes) -> TrainConfig:
     """The training config `aiayn demo` uses: DEMO_RECIPE with the recipe's changes, then `changes`."""
-    chosen = recipe(recipe_name)
-    precision = {**DEMO_RECIPE, **chosen.train, **changes}.get("precision", TrainConfig.precision)
-    return TrainConfig(**{**DEMO_RECIPE, **chosen.train_changes(precision), **changes})
+    return TrainConfig(**{**DEMO_RECIPE, **recipe(recipe_name).train_changes(DEMO_RECIPE, changes), **changes})
 
 
 DECODE_PRESETS: dict[str, DecodeConfig] = {

@@ -110,13 +110,14 @@ class TrainStep:
             with context:
                 # The target positions that hold a token, found on the host (no device sync):
                 # padding gets no logits, so the pre-softmax projection and the loss skip it.
-                positions = (batch.tgt_out.flatten() != self.pad_id).nonzero().squeeze(1)  # (N,)
-                batch = batch.to(self.device, non_blocking=True)
+                flat = batch.tgt_out.flatten()  # (B·T,)
+                positions = (flat != self.pad_id).nonzero().squeeze(1)  # (N,)
+                target = flat[positions].to(self.device, non_blocking=True)  # (N,)
                 positions = positions.to(self.device, non_blocking=True)
+                batch = batch.to(self.device, non_blocking=True)
                 # bf16 weights compute in bf16 as they are; otherwise autocast casts for fp32 weights
                 with contextlib.nullcontext() if self.twin else autocast(self.device, self.precision):
                     logits = self.net(batch.src, batch.tgt_in, positions)  # (N, V)
-                target = batch.tgt_out.flatten().index_select(0, positions)  # (N,)
                 loss, nll = label_smoothed_nll(logits, target, self.label_smoothing, self.pad_id)
                 # DDP averages gradients over ranks; × world makes it a sum over all tokens.
                 scaled = loss * (self.world / n_tokens)

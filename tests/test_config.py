@@ -105,4 +105,4 @@ def test_the_fast_recipe_trains_a_bf16_copy_only_when_the_run_trains_in_bf16():
     assert demo_training("fast", precision="bf16").bf16_weights is True
     assert demo_training("fast", precision="fp32").bf16_weights is False
     assert demo_training("paper", precision="bf16").bf16_weights is False
-    assert recipe("fast").train_changes("bf16", processes=2) == {}  # the copy trains in one process
+    assert recipe("fast").train_changes({}, {"precision": "bf16"}, processes=2) == {}  # the copy trains in one process
