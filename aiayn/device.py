@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -99,28 +99,20 @@ def available_bytes() -> Optional[int]:
         return None
 
 
-@functools.lru_cache(maxsize=None)
-def _malloc_trim() -> Optional[Callable[[int], int]]:
-    """glibc's malloc_trim, where the C library is glibc."""
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
+# oneDNN, which runs PyTorch's bf16 matrix products on the CPU, keeps the kernel it compiled for
+# each problem shape, 1,024 of them by default (each a fraction of a MB). Training batches come in
+# hundreds of shapes, so that cache filled for the whole of a long run: the 60-minute demo's
+# resident set crept from 2.3 to 3.2 GiB. One step needs a few dozen kernels (its layers share
+# their shapes), so a smaller cache keeps every kernel a step reuses (docs/robustness.md).
+KERNEL_CACHE_CAPACITY = 128
 
 
-def release_free_memory() -> None:
-    """Give the C heap's free pages back to the operating system (glibc's malloc_trim).
-
-    Why: every training batch has another shape, so each step frees tens of MB of activations
-    and logits of sizes the last step did not use. glibc serves blocks up to 32 MB from its
-    heaps once it has seen such a block freed (its mmap threshold rises), and memory freed in
-    the middle of a heap stays in the process: the resident set of the `small` demo grew from
-    1.4 to 3.3 GB in its first 400 steps. A trim hands the free pages back (docs/robustness.md),
-    but it walks the whole heap, so the trainer calls it every `RELEASE_SECONDS`, not every
-    step. Elsewhere (no glibc) it does nothing."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+def bound_kernel_cache() -> None:
+    """Cap oneDNN's cache of compiled kernels at KERNEL_CACHE_CAPACITY, unless the user set its
+    size (ONEDNN_ or DNNL_PRIMITIVE_CACHE_CAPACITY). oneDNN reads the variable once, when the
+    process compiles its first kernel, so `import aiayn` calls this."""
+    if not any(f"{prefix}_PRIMITIVE_CACHE_CAPACITY" in os.environ for prefix in ("ONEDNN", "DNNL")):
+        os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(KERNEL_CACHE_CAPACITY)
 
 
 def cpu_kind() -> str:

@@ -37,7 +37,7 @@ from aiayn.batching import Batch, BatchStream, collate, make_batches
 from aiayn.checkpoint import load_checkpoint, read_config
 from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
 from aiayn.device import (
-    autocast, check_precision, init_distributed, matmul_peak_flops, release_free_memory, resident_mib, resolve_device,
+    autocast, check_precision, init_distributed, matmul_peak_flops, resident_mib, resolve_device,
 )
 from aiayn.evaluate import score
 from aiayn.flops import training_flops
@@ -49,10 +49,6 @@ from aiayn.prepare import TrainData, prepare_data
 from aiayn.run import RunDir, resolve_model_dir
 from aiayn.store import Store, load_store
 from aiayn.translate import Translator
-
-# Seconds between hand-backs of the C heap's free memory (aiayn.device.release_free_memory): a
-# trim walks the whole heap, too slow for every step.
-RELEASE_SECONDS = 10.0
 
 
 class TrainStep:
@@ -363,14 +359,11 @@ class Trainer:
         bar = tqdm(total=recipe.max_steps, initial=self.step, desc="train", unit="step",
                    disable=self.rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
         window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "flops": 0.0, "seconds": 0.0}
-        last_save_time = last_release_time = time.monotonic()
+        last_save_time = time.monotonic()
         record: dict = {}
         with StopSignals() as signals:
             while self.step < recipe.max_steps and self.elapsed < budget and not self.stopping:
                 record = self._step_and_report(signals, window, peak, budget, bar) or record
-                if time.monotonic() - last_release_time >= RELEASE_SECONDS:  # bounds the resident set
-                    release_free_memory()
-                    last_release_time = time.monotonic()
                 due = recipe.save_minutes is not None and time.monotonic() - last_save_time >= recipe.save_minutes * 60
                 if self.step % recipe.save_every == 0 or due:
                     self._save()

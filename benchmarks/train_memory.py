@@ -1,13 +1,12 @@
-"""The resident memory of training over its steps, with and without handing the C heap's free
-memory back to the system (aiayn.device.release_free_memory, which the trainer calls every
-aiayn.train.RELEASE_SECONDS).
+"""The resident memory of training over its steps, with oneDNN's cache of compiled kernels bounded
+as aiayn bounds it (aiayn.device.KERNEL_CACHE_CAPACITY) and at oneDNN's own default (1,024).
 
     .venv/bin/python benchmarks/train_memory.py --steps 400       # two demo runs, ~10 min -> docs/train-memory-KIND.png
     .venv/bin/python benchmarks/train_memory.py --plot runs/demo --out x.png   # any run folders' logs
 
 Each run is the demo's training (aiayn.config.demo_model and demo_training, bf16, seed 1; since
 2026-11-25 a bf16 copy of the model, the fast recipe's, where the committed results had autocast) for
---steps steps in a fresh process; the second one has the hand-back switched off. Both read the
+--steps steps in a fresh process; the second one is given ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024. Both read the
 `rss_mib` that `aiayn train` writes into every training record of log.jsonl. Prints each run's
 first, last and largest reading and writes results/train-memory-KIND.json.
 """
@@ -15,7 +14,7 @@ first, last and largest reading and writes results/train-memory-KIND.json.
 from __future__ import annotations
 
 import argparse
-import math
+import os
 import shutil
 import subprocess
 import sys
@@ -24,20 +23,20 @@ from pathlib import Path
 import torch
 
 from aiayn.files import atomic_write
-from aiayn.device import cpu_kind
+from aiayn.device import KERNEL_CACHE_CAPACITY, cpu_kind
 from aiayn.run import LOG, read_log
 from common import RESULTS, command_line, machine, write_results
 
-VARIANTS = {"released": "free memory handed back every 10 s (aiayn's default)", "kept": "glibc's default: never handed back"}
+# Each variant's size of oneDNN's kernel cache, given to a fresh process before it imports aiayn.
+VARIANTS = {"bounded": (str(KERNEL_CACHE_CAPACITY), f"{KERNEL_CACHE_CAPACITY} kernels cached (aiayn's default)"),
+            "onednn": ("1024", "1,024 kernels cached (oneDNN's default)")}
 
 
-def child(run: Path, steps: int, keep: bool) -> None:
+def child(run: Path, steps: int) -> None:
     """One demo training of `steps` steps (in this fresh process)."""
     import aiayn.train
     from aiayn.config import demo_model, demo_training
 
-    if keep:
-        aiayn.train.RELEASE_SECONDS = math.inf
     recipe = demo_training(max_steps=steps, eval_every=10**9, save_every=10**9, precision="bf16", seed=1)
     aiayn.train.train_run(demo_model(), recipe, run, echo=lambda *_: None)
 
@@ -81,8 +80,8 @@ def summary(points: list[tuple[int, float]]) -> dict:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["_child"]:  # _child RUN STEPS released|kept
-        child(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "kept")
+    if sys.argv[1:2] == ["_child"]:  # _child RUN STEPS
+        child(Path(sys.argv[2]), int(sys.argv[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=400, help="training steps of each run (default 400)")
@@ -101,9 +100,10 @@ def main() -> None:
             sys.exit(f"{args.runs} exists: pass --force to replace it")
         shutil.rmtree(args.runs, ignore_errors=True)
         curves = {}
-        for variant, label in VARIANTS.items():
+        for variant, (capacity, label) in VARIANTS.items():
             print(f"training {args.steps} steps: {label}...", flush=True)
-            subprocess.run([sys.executable, __file__, "_child", str(args.runs / variant), str(args.steps), variant], check=True)
+            env = {**os.environ, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": capacity}
+            subprocess.run([sys.executable, __file__, "_child", str(args.runs / variant), str(args.steps)], env=env, check=True)
             curves[label] = readings(args.runs / variant)
     for label, points in curves.items():
         s = summary(points)

@@ -103,6 +103,22 @@ def test_copy_task_reaches_near_perfect_accuracy(tmp_path):
     assert Transformer.load(tmp_path / "run" / "model").config == COPY_MODEL
 
 
+def test_importing_aiayn_bounds_onednns_kernel_cache_unless_the_user_sized_it():
+    """A long run's memory (docs/robustness.md): oneDNN's cache of compiled kernels grows with
+    every batch shape up to its size, read once at the process's first kernel."""
+    from aiayn.device import KERNEL_CACHE_CAPACITY
+
+    def capacity(**env) -> str:
+        given = {k: v for k, v in os.environ.items() if not k.endswith("_PRIMITIVE_CACHE_CAPACITY")}
+        code = "import os, aiayn; print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))"
+        done = subprocess.run([sys.executable, "-c", code], env={**given, **env}, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    assert capacity() == str(KERNEL_CACHE_CAPACITY) != "1024"  # 1,024: oneDNN's own default
+    assert capacity(ONEDNN_PRIMITIVE_CACHE_CAPACITY="7") == "7"
+    assert capacity(DNNL_PRIMITIVE_CACHE_CAPACITY="7") == "None"  # the older name, which oneDNN also reads
+
+
 def test_bf16_weights_train_a_bf16_copy_and_keep_fp32_weights_in_checkpoints_and_on_resume(tmp_path):
     """TrainConfig.bf16_weights: the step runs on the bf16 copy, Adam on the fp32 master, which
     the checkpoints hold; a resumed run rebuilds the copy from the restored master."""
