@@ -1,11 +1,11 @@
 """The resident memory of training over its steps, with oneDNN's cache of compiled kernels bounded
 as aiayn bounds it (aiayn.device.KERNEL_CACHE_CAPACITY) and at oneDNN's own default (1,024).
 
-    .venv/bin/python benchmarks/train_memory.py --steps 400       # two demo runs, ~10 min -> docs/train-memory-KIND.png
+    .venv/bin/python benchmarks/train_memory.py --steps 400       # two demo runs, ~6 min -> docs/train-memory-KIND.png
     .venv/bin/python benchmarks/train_memory.py --plot runs/demo --out x.png   # any run folders' logs
 
 Each run is the demo's training (aiayn.config.demo_model and demo_training, bf16, seed 1; since
-2026-11-25 a bf16 copy of the model, the fast recipe's, where the committed results had autocast) for
+2026-11-25 a bf16 copy of the model, the fast recipe's) for
 --steps steps in a fresh process; the second one is given ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024. Both read the
 `rss_mib` that `aiayn train` writes into every training record of log.jsonl. Prints each run's
 first, last and largest reading and writes results/train-memory-KIND.json.
@@ -52,6 +52,15 @@ def readings(run: Path) -> list[tuple[int, float]]:
     return points
 
 
+def range_from(run: Path, minute: float) -> tuple[float, float]:
+    """The smallest and largest RSS MiB of a run's training records from `minute` of training on."""
+    mib = [r["rss_mib"] for r in read_log(run / LOG)
+           if r.get("split") == "train" and r.get("rss_mib") is not None and r["elapsed_s"] >= minute * 60]
+    if not mib:
+        sys.exit(f"{run} has no rss_mib reading after minute {minute:g}")
+    return min(mib), max(mib)
+
+
 def plot(curves: dict[str, list[tuple[int, float]]], out: Path, title: str) -> None:
     import matplotlib
 
@@ -87,12 +96,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400, help="training steps of each run (default 400)")
     parser.add_argument("--runs", type=Path, default=Path("runs/train-memory"), help="folder of the two run folders")
     parser.add_argument("--plot", nargs="+", type=Path, metavar="RUN_DIR", help="only plot these runs' logs")
+    parser.add_argument("--labels", nargs="+", help="with --plot: the runs' names in the legend (default: their folder names)")
+    parser.add_argument("--from-minutes", nargs="+", type=float, default=[], metavar="M",
+                        help="with --plot: also print each run's smallest and largest reading from minute M of training on")
     parser.add_argument("--out", type=Path, help=f"the PNG (default docs/train-memory-{cpu_kind()}.png)")
     parser.add_argument("--force", action="store_true", help="replace the run folders of an earlier call")
     args = parser.parse_args()
     out = args.out or Path("docs") / f"train-memory-{cpu_kind()}.png"
+    if args.labels and (not args.plot or len(args.labels) != len(args.plot)):
+        sys.exit("--labels needs --plot and one label per run folder")
+    if args.from_minutes and not args.plot:
+        sys.exit("--from-minutes needs --plot")
     if args.plot:
-        curves = {run.name: readings(run) for run in args.plot}
+        curves = {label: readings(run) for label, run in zip(args.labels or [run.name for run in args.plot], args.plot)}
     else:
         if args.steps < 1:
             sys.exit("--steps must be at least 1")
@@ -109,6 +125,10 @@ def main() -> None:
         s = summary(points)
         print(f"{label}: {s['first']['mib']:,} MiB at step {s['first']['step']}, {s['last']['mib']:,} MiB at step "
               f"{s['last']['step']}, largest {s['largest_mib']:,} MiB")
+    for label, run in zip(curves, args.plot or []):
+        for minute in args.from_minutes:
+            low, high = range_from(run, minute)
+            print(f"{label}: from minute {minute:g}: {low:,.0f}-{high:,.0f} MiB")
     plot(curves, out, "Resident memory of the demo's training")
     if not args.plot:
         write_results(RESULTS / f"train-memory-{cpu_kind()}.json", {
