@@ -41,21 +41,25 @@ def child(run: Path, steps: int) -> None:
     aiayn.train.train_run(demo_model(), recipe, run, echo=lambda *_: None)
 
 
-def readings(run: Path) -> list[tuple[int, float]]:
-    """(step, RSS MiB) of every training record of a run's log that has both."""
+def records(run: Path) -> list[dict]:
+    """The training records of a run's log that carry an RSS reading."""
     log = run / LOG
     if not log.is_file():
         sys.exit(f"{log} not found: give run folders of `aiayn train` or `aiayn demo`")
-    points = [(r["step"], r["rss_mib"]) for r in read_log(log) if r.get("split") == "train" and r.get("rss_mib") is not None]
-    if not points:
+    found = [r for r in read_log(log) if r.get("split") == "train" and r.get("rss_mib") is not None]
+    if not found:
         sys.exit(f"{log} has no rss_mib readings (written by aiayn train since this version)")
-    return points
+    return found
+
+
+def readings(run: Path) -> list[tuple[int, float]]:
+    """(step, RSS MiB) of every training record of a run's log that has both."""
+    return [(r["step"], r["rss_mib"]) for r in records(run)]
 
 
 def range_from(run: Path, minute: float) -> tuple[float, float]:
     """The smallest and largest RSS MiB of a run's training records from `minute` of training on."""
-    mib = [r["rss_mib"] for r in read_log(run / LOG)
-           if r.get("split") == "train" and r.get("rss_mib") is not None and r["elapsed_s"] >= minute * 60]
+    mib = [r["rss_mib"] for r in records(run) if r["elapsed_s"] >= minute * 60]
     if not mib:
         sys.exit(f"{run} has no rss_mib reading after minute {minute:g}")
     return min(mib), max(mib)
