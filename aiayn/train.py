@@ -37,7 +37,7 @@ from aiayn.batching import Batch, BatchStream, collate, make_batches
 from aiayn.checkpoint import load_checkpoint, read_config
 from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
 from aiayn.device import (
-    autocast, check_precision, init_distributed, matmul_peak_flops, resident_mib, resolve_device,
+    autocast, check_precision, init_distributed, keep_freed_memory, matmul_peak_flops, resident_mib, resolve_device,
 )
 from aiayn.evaluate import score
 from aiayn.flops import training_flops
@@ -64,6 +64,8 @@ class TrainStep:
         self.model, self.optimizer, self.world = model, optimizer, world
         self.precision, self.label_smoothing, self.pad_id = recipe.precision, recipe.label_smoothing, model.config.pad_id
         self.device = device
+        if device.type == "cpu":
+            keep_freed_memory()  # a step's large activations reuse the last step's pages
         self.scaler = torch.amp.GradScaler("cuda") if recipe.precision == "fp16" else None
         # bf16 weights: the step runs on a bf16 copy, the fp32 model stays the master
         self.twin = Bf16Twin(model) if recipe.bf16_weights else None

@@ -4,7 +4,9 @@ Runs speed.py's aiayn cases (one_case.py, each in a fresh process) from two chec
 repetition after repetition (this, other, this, other, ...), so that the machine's drift falls
 on both alike, and reports each case's median and range and the ratio this / other:
 
-    train   fp32 and bf16: target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens
+    train   fp32 and bf16: target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens, and
+            (only when named in --cases) on speed.py's real batch shapes of 2,000 and 25,000
+            tokens
     decode  bf16 and int8, beam 4: output tokens/s of 64 sentences of 32 tokens
     demo    (only when named in --cases) `aiayn train` of the demo's model and recipe
             (`--recipe fast` in bf16, as each checkout's own fast recipe has it) on
@@ -27,6 +29,8 @@ import tempfile
 from pathlib import Path
 
 import learning_curve
+import speed
+import systems
 from common import command_line, default_threads, machine, spread, write_results
 from peers.harness import thread_env
 
@@ -39,6 +43,10 @@ CASES = {  # label: one_case.py arguments after the common ones
     "decode int8 beam 4": ["decode", "--system", "aiayn", "--precision", "int8", "--beam", "4", "--sentences", "64",
                            "--warmup", "1", "--calls", "1"],
 }
+# speed.py's real batch shapes: (budget, warm-up steps, timed batches); the batches, cut once, are
+# the same for both checkouts
+BUDGETS = {f"train {precision} {budget}-token batches": (precision, budget, warmup, count)
+           for budget, warmup, count in speed.FULL.budgets for precision in speed.PRECISIONS}
 DEMO = "demo train bf16"  # the whole trainer, `aiayn train`: its loop, data path and memory handling too
 DEMO_STEPS = 100  # the demo case's steps; the first half (start-up, warm-up of the allocator) is not timed
 
@@ -83,7 +91,7 @@ def main() -> None:
     parser.add_argument("--other", type=Path, required=True, help="the other checkout (a git worktree)")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of every case on each side (default 5)")
     parser.add_argument("--threads", type=int, default=default_threads())
-    parser.add_argument("--cases", nargs="+", choices=[*CASES, DEMO], default=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=[*CASES, *BUDGETS, DEMO], default=list(CASES))
     parser.add_argument("--out", type=Path, help="result file (default results/revisions-cpu.json)")
     args = parser.parse_args()
     sides = {"this": HERE.parent, "other": args.other.resolve()}
@@ -92,11 +100,20 @@ def main() -> None:
     runs: dict[str, dict[str, list[float]]] = {case: {side: [] for side in sides} for case in args.cases}
     with tempfile.TemporaryDirectory(prefix="revisions-") as scratch:
         data = learning_curve.prepare_data(Path(scratch)) if DEMO in args.cases else None
+        cases = dict(CASES)
+        lengths = systems.corpus_lengths(Path(scratch)) if any(case in BUDGETS for case in args.cases) else None
+        for case in args.cases:
+            if case in BUDGETS:
+                precision, budget, warmup, count = BUDGETS[case]
+                shapes = Path(scratch, f"shapes-{budget}.json")
+                shapes.write_text(json.dumps(systems.corpus_shapes(lengths, budget, count)))
+                cases[case] = ["train", "--system", "aiayn", "--precision", precision, "--shapes", str(shapes),
+                               "--warmup", str(warmup)]
         for rep in range(args.reps):
             for case in args.cases:
                 for side in (("this", "other") if rep % 2 == 0 else ("other", "this")):
                     runs[case][side].append(measure_demo(sides[side], data, args.threads) if case == DEMO
-                                            else measure(sides[side], CASES[case], args.threads))
+                                            else measure(sides[side], cases[case], args.threads))
                 this, other = runs[case]["this"][-1], runs[case]["other"][-1]
                 print(f"rep {rep + 1}: {case}: this {this:,.0f} tok/s, other {other:,.0f} tok/s", flush=True)
     import torch
