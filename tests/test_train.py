@@ -125,8 +125,8 @@ def test_importing_aiayn_bounds_onednns_kernel_cache_unless_the_user_sized_it():
 def test_a_cpu_training_step_reuses_the_pages_of_the_last_steps_large_blocks():
     """aiayn.device.keep_freed_memory: glibc maps a block over 32 MiB afresh at each allocation
     and the kernel faults in (and zeroes) each of its pages at first touch; once a CPU TrainStep
-    exists, a freed block's pages serve the next one. Counted in a fresh process, whose malloc
-    settings no other test has changed."""
+    exists, a freed block's pages serve the next one; unless the user tuned malloc. Counted in
+    fresh processes, whose malloc settings no other test has changed."""
     code = """
 import resource, torch
 from aiayn.config import ModelConfig, TrainConfig
@@ -152,6 +152,10 @@ print(default, faults())
     pages = (64 << 20) // resource.getpagesize()
     # By default 4 × 16,384 faults of 4 KiB pages (4 × 32 with huge pages always on); kept: none
     assert kept < min(pages // 100, default)
+    for tuned in ({"MALLOC_MMAP_THRESHOLD_": "65536"}, {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}):
+        asked = subprocess.run([sys.executable, "-c", "from aiayn.device import keep_freed_memory as k; print(k())"],
+                               env={**os.environ, **tuned}, capture_output=True, text=True, check=True)
+        assert asked.stdout.strip() == "False"  # the user's own malloc settings win
 
 
 def test_bf16_weights_train_a_bf16_copy_and_keep_fp32_weights_in_checkpoints_and_on_resume(tmp_path):
