@@ -89,8 +89,8 @@ def make_batches(lengths, max_tokens: int, seed: int, epoch: int) -> list[np.nda
     """Indices of the pairs in each batch of one epoch.
 
     `lengths[i]` is (source length, target length) of pair i as it will be in the tensors (with
-    EOS / BOS, so at least 1). Pairs are sorted by length (ties in a random order drawn from seed
-    and epoch) and cut greedily so that batch size x longest source <= max_tokens and batch size x
+    EOS / BOS, so at least 1). Pairs are sorted by the longer of their two lengths, then by source
+    and target length (ties in a random order drawn from seed and epoch), and cut greedily so that batch size x longest source <= max_tokens and batch size x
     longest target <= max_tokens: a budget on padded tokens, as fairseq's --max-tokens. A pair
     longer than max_tokens on its own forms a batch of one. The order of the batches is then
     shuffled. The same (seed, epoch) always gives the same batches.
@@ -105,12 +105,22 @@ def make_batches(lengths, max_tokens: int, seed: int, epoch: int) -> list[np.nda
     if len(table) and table.min() < 1:
         raise ValueError("pair lengths count EOS / BOS and must be at least 1")
     shuffled = rng.permutation(len(table))  # (N,)
-    # By source length, then target length, ties in the shuffled order (a stable sort). One key
-    # rather than lexsort's two, and int32 where it fits, so that few N-long arrays are alive
-    # at once: this index is what a process's memory grows by with the corpus.
-    width = int(table[:, 1].max(initial=0)) + 1
-    small = int(table[:, 0].max(initial=0)) * width + width < 2**31
-    key = table[shuffled, 0].astype(np.int32 if small else np.int64) * width + table[shuffled, 1]  # (N,)
+    # By the longer side, then source length, then target length, ties in the shuffled order (a
+    # stable sort). The budget is on the longer side (batch size x longest), so pairs whose longer
+    # sides are equal fill a batch with no padding on that side, whichever side it is; tensor2tensor
+    # (the paper's code) buckets by the longer side as well. One key rather than lexsort's three,
+    # and int32 where it fits, so that few N-long arrays are alive at once: this index is what a
+    # process's memory grows by with the corpus.
+    src_width, tgt_width = (int(table[:, side].max(initial=0)) + 1 for side in (0, 1))
+    small = max(src_width, tgt_width) * src_width * tgt_width < 2**31
+    kind = np.int32 if small else np.int64
+    src, tgt = table[shuffled, 0].astype(kind), table[shuffled, 1].astype(kind)  # (N,)
+    key = np.maximum(src, tgt)  # (N,), then (longer, source, target) in one integer, in place
+    key *= src_width
+    key += src
+    key *= tgt_width
+    key += tgt
+    del src, tgt
     order = shuffled[np.argsort(key, kind="stable")]  # (N,)
     del key, shuffled
     if len(order) < 2**31:

@@ -494,7 +494,9 @@ class DemoOptions:
     minutes: float = _option(10.0, "training time budget", least=0)
     out: str = _option("runs/demo", "run folder (reused if present)")
     preset: str = _option("small", "model preset", choices=lambda: sorted(PRESETS))
-    precision: Literal["fp32", "bf16", "fp16"] = _option("bf16", "training and decoding")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _option(
+        "auto", "training and decoding; auto: bf16 where the device computes it in hardware (a CPU with "
+                "AVX-512 or AMX, a GPU), else fp32")
     recipe: str = _option("fast", "a new run's recipe: fast (pre-norm; in bf16 a bf16 copy of the model) or paper (§3.1's post-norm)",
                           choices=lambda: sorted(RECIPES))
     seed: int = _option(1, "random seed")
@@ -608,7 +610,8 @@ class Table3Options:
     scale: str = _option("small", "miniature size: tiny, small, ... (small: about two hours on a 2-core CPU)")
     steps: Optional[int] = _option(None, "training steps of every row (default: the scale's)", least=1)
     rows: Optional[list[str]] = _option(None, "rows or groups to run (default all), e.g. base A1 C", nargs="+")
-    precision: Literal["fp32", "bf16", "fp16"] = _option("bf16", "training precision")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _option(
+        "auto", "training precision; auto: bf16 where the device computes it in hardware, else fp32")
     seed: int = _option(1, "random seed")
     corpus: str = _option("bible-en-es", "corpus")
 

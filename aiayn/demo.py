@@ -10,7 +10,7 @@ import dataclasses
 import torch
 
 from aiayn.config import DEMO_AVERAGE_LAST, DecodeConfig, DemoOptions, demo_model, demo_training, recipe
-from aiayn.device import cpu_kind, matmul_peak_flops
+from aiayn.device import cpu_kind, matmul_peak_flops, resolve_device, resolve_precision
 from aiayn.evaluate import score
 from aiayn.model import Transformer
 from aiayn.run import RunDir, average_checkpoints
@@ -32,7 +32,8 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
         training = dataclasses.replace(training, minutes=options.minutes)
     else:
         model_config = demo_model(options.preset, options.recipe)
-        training = demo_training(options.recipe, minutes=options.minutes, precision=options.precision, seed=options.seed)
+        precision = resolve_precision(options.precision, resolve_device("auto"))
+        training = demo_training(options.recipe, minutes=options.minutes, precision=precision, seed=options.seed)
         print(f"recipe {options.recipe}: {recipe(options.recipe).about}")
     trainer, store = train_run(model_config, training, run, resume=resume)
     model, tokenizer = trainer.model.eval(), trainer.tokenizer

@@ -32,13 +32,35 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+def fast_bf16(device: torch.device) -> bool:
+    """Whether `device` computes bf16 matrix products in hardware: a GPU with bf16, or a CPU that
+    oneDNN's bf16 kernels run on (AVX-512 or AMX). On any other CPU (an AVX2-only AMD EPYC Zen 3,
+    say) PyTorch computes bf16 products in a generic loop, many times slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """'auto': bf16 where `device` computes it in hardware (`fast_bf16`), else fp32; any other
+    precision is itself."""
+    if precision != "auto":
+        return precision
+    return "bf16" if fast_bf16(device) else "fp32"
+
+
 def check_precision(device: torch.device, precision: str) -> None:
     """fp16 only on a CUDA GPU: it needs loss scaling, and CPUs lack fast fp16. int8 (decoding
-    only) only on a CPU: its kernels are FBGEMM's and oneDNN's."""
+    only) only on a CPU: its kernels are FBGEMM's and oneDNN's. bf16 only where it is computed in
+    hardware (`fast_bf16`): elsewhere it would be a silent slowdown, never a speed-up."""
     if precision == "fp16" and device.type != "cuda":
         raise ValueError("fp16 needs a CUDA GPU (it needs loss scaling and CPUs lack fast fp16); use bf16 on CPU")
     if precision == "int8" and device.type != "cpu":
         raise ValueError("int8 decoding runs on a CPU; use bf16 or fp16 on a GPU")
+    if precision == "bf16" and not fast_bf16(device):
+        where = f"this CPU ({cpu_kind()}, {torch.backends.cpu.get_cpu_capability()})" if device.type == "cpu" else "this GPU"
+        raise ValueError(f"bf16 needs hardware bf16 (a CPU with AVX-512 or AMX, a GPU with bf16); {where} would emulate "
+                         "it many times slower than fp32: use fp32 (or int8 to decode on a CPU)")
 
 
 def autocast(device: torch.device, precision: str):
@@ -140,7 +162,8 @@ def keep_freed_memory() -> bool:
 
 def cpu_kind() -> str:
     """The kind of development machine, for result file names and the docs' tables: intel-xeon
-    (AMX), amd-epyc (Zen 4: AVX-512 with bf16, no AMX), or the CPU's vendor otherwise."""
+    (AMX), amd-epyc (Zen 4: AVX-512 with bf16, no AMX), amd-epyc-avx2 (Zen 3: AVX2, no AVX-512,
+    no hardware bf16), or the CPU's vendor otherwise."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -148,7 +171,7 @@ def cpu_kind() -> str:
     if "GenuineIntel" in text:
         return "intel-xeon"
     if "AuthenticAMD" in text:
-        return "amd-epyc"
+        return "amd-epyc" if " avx512f" in text else "amd-epyc-avx2"
     return platform.machine() or "unknown"
 
 

@@ -207,11 +207,11 @@ def read_results(out: Path) -> dict[str, dict]:
 
 
 def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str]] = None, steps: Optional[int] = None,
-               precision: str = "bf16", seed: int = 1, corpus: str = "bible-en-es",
+               precision: str = "auto", seed: int = 1, corpus: str = "bible-en-es",
                echo: Callable[[str], None] = print) -> dict[str, dict]:
     """Train and score the chosen rows (default: all) in OUT, skipping the ones already done,
     and write the table, its JSON and its plot after each row. Returns every finished row."""
-    from aiayn.device import check_precision, resolve_device
+    from aiayn.device import check_precision, resolve_device, resolve_precision
 
     if scale_name not in SCALES:
         raise ValueError(f"unknown scale {scale_name!r}; choose from {', '.join(SCALES)}")
@@ -221,6 +221,7 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
             raise ValueError(f"--steps must be at least 1, got {steps}")
         scale = dataclasses.replace(scale, steps=steps)
     chosen = select_rows(rows)
+    precision = resolve_precision(precision, resolve_device("auto"))
     check_precision(resolve_device("auto"), precision)
     out = Path(out)
     _check_out(out, _settings(scale_name, scale, precision, seed, corpus))

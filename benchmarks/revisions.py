@@ -6,7 +6,7 @@ on both alike, and reports each case's median and range and the ratio this / oth
 
     train   fp32 and bf16: target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens, and
             (only when named in --cases) on speed.py's real batch shapes of 2,000 and 25,000
-            tokens
+            tokens, each checkout's own batching cutting them from the same sentence lengths
     decode  bf16 and int8, beam 4: output tokens/s of 64 sentences of 32 tokens
     demo    (only when named in --cases) `aiayn train` of the demo's model and recipe
             (`--recipe fast` in bf16, as each checkout's own fast recipe has it) on
@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy
+
 import learning_curve
 import speed
 import systems
@@ -43,8 +45,9 @@ CASES = {  # label: one_case.py arguments after the common ones
     "decode int8 beam 4": ["decode", "--system", "aiayn", "--precision", "int8", "--beam", "4", "--sentences", "64",
                            "--warmup", "1", "--calls", "1"],
 }
-# speed.py's real batch shapes: (budget, warm-up steps, timed batches); the batches, cut once, are
-# the same for both checkouts
+# speed.py's real batch shapes: (budget, warm-up steps, timed batches); each checkout's own batching
+# cuts them from the same sentence lengths (the same shapes wherever the batching is unchanged),
+# so a change of the batching is measured as what a run of that checkout trains on
 BUDGETS = {f"train {precision} {budget}-token batches": (precision, budget, warmup, count)
            for budget, warmup, count in speed.FULL.budgets for precision in speed.PRECISIONS}
 DEMO = "demo train bf16"  # the whole trainer, `aiayn train`: its loop, data path and memory handling too
@@ -65,6 +68,18 @@ def measure_demo(checkout: Path, data: Path, threads: int) -> float:
         records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
         rates = [r["tokens_per_s"] for r in records if r.get("split") == "train" and r["step"] > DEMO_STEPS // 2]
         return sum(rates) / len(rates)
+
+
+def cut_shapes(checkout: Path, lengths: Path, budget: int, count: int, out: Path) -> None:
+    """`checkout`'s speed.py batch shapes (its systems.corpus_shapes) of the lengths saved in
+    `lengths`, written to `out`."""
+    script = ("import json, sys, numpy, systems; json.dump(systems.corpus_shapes(numpy.load(sys.argv[1]), "
+              "int(sys.argv[2]), int(sys.argv[3])), open(sys.argv[4], 'w'))")
+    proc = subprocess.run([sys.executable, "-c", script, str(lengths), str(budget), str(count), str(out)],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(checkout)),
+                          cwd=checkout / "benchmarks")
+    if proc.returncode != 0:
+        sys.exit(f"revisions: {checkout}: cutting the {budget}-token batches failed:\n{proc.stderr[-2000:]}")
 
 
 def measure(checkout: Path, args: list[str], threads: int) -> float:
@@ -100,20 +115,24 @@ def main() -> None:
     runs: dict[str, dict[str, list[float]]] = {case: {side: [] for side in sides} for case in args.cases}
     with tempfile.TemporaryDirectory(prefix="revisions-") as scratch:
         data = learning_curve.prepare_data(Path(scratch)) if DEMO in args.cases else None
-        cases = dict(CASES)
-        lengths = systems.corpus_lengths(Path(scratch)) if any(case in BUDGETS for case in args.cases) else None
+        cases = {side: dict(CASES) for side in sides}
+        if any(case in BUDGETS for case in args.cases):
+            lengths = Path(scratch, "lengths.npy")
+            numpy.save(lengths, systems.corpus_lengths(Path(scratch)))
         for case in args.cases:
             if case in BUDGETS:
                 precision, budget, warmup, count = BUDGETS[case]
-                shapes = Path(scratch, f"shapes-{budget}.json")
-                shapes.write_text(json.dumps(systems.corpus_shapes(lengths, budget, count)))
-                cases[case] = ["train", "--system", "aiayn", "--precision", precision, "--shapes", str(shapes),
-                               "--warmup", str(warmup)]
+                for side, checkout in sides.items():
+                    shapes = Path(scratch, f"shapes-{side}-{budget}.json")
+                    if not shapes.exists():  # a budget's shapes serve both precisions
+                        cut_shapes(checkout, lengths, budget, count, shapes)
+                    cases[side][case] = ["train", "--system", "aiayn", "--precision", precision, "--shapes",
+                                         str(shapes), "--warmup", str(warmup)]
         for rep in range(args.reps):
             for case in args.cases:
                 for side in (("this", "other") if rep % 2 == 0 else ("other", "this")):
                     runs[case][side].append(measure_demo(sides[side], data, args.threads) if case == DEMO
-                                            else measure(sides[side], cases[case], args.threads))
+                                            else measure(sides[side], cases[side][case], args.threads))
                 this, other = runs[case]["this"][-1], runs[case]["other"][-1]
                 print(f"rep {rep + 1}: {case}: this {this:,.0f} tok/s, other {other:,.0f} tok/s", flush=True)
     import torch

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 import systems
-from aiayn.device import resolve_device
+from aiayn.device import fast_bf16, resolve_device
 from common import PEER_ENVS, command_line, default_output, default_threads, machine, run_case, spread, write_results
 
 PRECISIONS = ("fp32", "bf16")
@@ -108,22 +108,25 @@ def budget_warmup(settings: Settings, budget: int) -> int:
 
 def make_cases(tasks: list[str], names: list[str], device: torch.device, compile: bool,
                budgets: list[Optional[int]]) -> list[Case]:
-    """`budgets`: None for the fixed batch, or the token budget of real batch shapes."""
-    cases = [Case("peak", "matmul", p) for p in PRECISIONS]
+    """`budgets`: None for the fixed batch, or the token budget of real batch shapes. bf16 only
+    where the device computes it in hardware (aiayn refuses it elsewhere, and every system would
+    run it many times slower than fp32)."""
+    ours = tuple(p for p in PRECISIONS if p != "bf16" or fast_bf16(device))
+    cases = [Case("peak", "matmul", p) for p in ours]
     if "train" in tasks:
         trainable = [s for s in names if s in systems.TRAINABLE]
         for budget in budgets:
-            cases += [Case("train", s, p, budget=budget) for s in trainable for p in PRECISIONS]
+            cases += [Case("train", s, p, budget=budget) for s in trainable for p in ours]
             cases += [Case("train", s, p, budget=budget) for s in names if s in PEER_ENVS
-                      for p in systems.PEER_PRECISIONS[s] if device.type == "cpu"]  # the peers' harnesses build on the CPU
-            if "aiayn" in names and budget is None:
+                      for p in systems.PEER_PRECISIONS[s] if p in ours and device.type == "cpu"]  # the peers' harnesses build on the CPU
+            if "aiayn" in names and budget is None and "bf16" in ours:
                 cases += [Case("train", "aiayn", "bf16", bf16_weights=True)]
             if compile and "aiayn" in names:
-                cases += [Case("train", "aiayn", p, compile=True, budget=budget) for p in PRECISIONS]
+                cases += [Case("train", "aiayn", p, compile=True, budget=budget) for p in ours]
     if "decode" in tasks:
         for beam in (4, 1):
             for s in names:
-                precisions = systems.ctranslate2_precisions(device) if s == "ctranslate2" else PRECISIONS
+                precisions = systems.ctranslate2_precisions(device) if s == "ctranslate2" else ours
                 if s == "aiayn" and device.type == "cpu":
                     precisions = (*precisions, "int8")  # int8 weights: aiayn.kernels.inference_copy
                 cases += [Case("decode", s, p, beam) for p in precisions]

@@ -3,6 +3,10 @@
 `make test` runs the tests marked `numeric` a second time with ATEN_CPU_CAPABILITY=avx2 (see the
 Makefile): PyTorch's AVX2 kernels instead of the widest this CPU has. That second run is only
 worth something if PyTorch honours the variable, so it is checked here rather than assumed.
+
+Tests marked `bf16` train or decode in bf16 through aiayn, which refuses bf16 on a CPU without
+hardware bf16 (an AVX2-only AMD EPYC, Zen 3): there they are skipped, and the refusal itself is
+tested (tests/test_faults.py).
 """
 
 import os
@@ -28,6 +32,18 @@ def pytest_configure(config):
     # was ignored (torch reads only lower-case names) and the "second" run would repeat the first.
     if requested.lower() == "avx2" and {"avx2", "fma"} <= _cpu_flags() and actual != "AVX2":
         raise pytest.UsageError(f"ATEN_CPU_CAPABILITY={requested} is set but torch runs its {actual} kernels")
+
+
+def pytest_collection_modifyitems(config, items):
+    from aiayn.device import fast_bf16
+
+    if fast_bf16(torch.device("cpu")):
+        return
+    skip = pytest.mark.skip(reason=f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no hardware bf16: "
+                                   "aiayn refuses bf16 here")
+    for item in items:
+        if item.get_closest_marker("bf16"):
+            item.add_marker(skip)
 
 
 def pytest_report_header(config):

@@ -268,16 +268,18 @@ def test_within_length_keeps_pairs_whose_source_and_target_fit_with_eos_and_bos(
     assert subset.subset([1])[0][0].tolist() == [1] * 6
 
 
-def greedy_batches_one_pair_at_a_time(lengths, max_tokens, seed, epoch):
+def greedy_batches_one_pair_at_a_time(lengths, max_tokens, seed, epoch, by_longer_side=True):
     """The §5.1 rule as a plain loop over the sorted pairs (make_batches cuts a batch at a time):
     add the next pair unless the batch, padded to its longest source and target, would then
-    exceed max_tokens."""
+    exceed max_tokens. Sorted by the longer side, then source, then target length; or, with
+    `by_longer_side` false, by source then target length alone."""
     import numpy as np
 
     rng = np.random.default_rng([seed, epoch])
     table = np.asarray(lengths).reshape(-1, 2)
     shuffled = rng.permutation(len(table))
-    order = shuffled[np.lexsort((table[shuffled, 1], table[shuffled, 0]))]
+    keys = (table[shuffled, 1], table[shuffled, 0]) + ((table[shuffled].max(axis=1),) if by_longer_side else ())
+    order = shuffled[np.lexsort(keys)]
     batches, batch, longest = [], [], 0
     for i in order.tolist():
         grown = max(longest, *table[i])
@@ -307,6 +309,23 @@ def test_make_batches_respect_the_padded_token_budget_and_cover_every_pair_once(
         assert len(batch) * max(lengths[i][1] for i in batch) <= 300
     # Bucketing by length keeps padding low: far fewer batches than one pair per batch.
     assert len(batches) < 250
+
+
+def test_make_batches_cut_the_pairs_in_the_order_of_their_longer_side():
+    """The budget holds batch size x longest side, so a batch is cut from pairs of about one
+    longer side, whichever side that is: ordered by their longest, the batches cover ranges of
+    the pairs' longer sides that do not overlap. Sorting by source length alone fails this (a
+    batch of short sources holds long targets)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 40, size=(3000, 2))  # source and target lengths drawn independently
+    longer = sorted((lengths[b].max(axis=1) for b in make_batches(lengths, 400, seed=0, epoch=0)),
+                    key=lambda side: (side.max(), side.min()))  # (batch size,) each
+    assert all(a.max() <= b.min() for a, b in zip(longer, longer[1:]))
+    by_source = sorted((lengths[b].max(axis=1) for b in greedy_batches_one_pair_at_a_time(lengths, 400, 0, 0, by_longer_side=False)),
+                       key=lambda side: (side.max(), side.min()))
+    assert not all(a.max() <= b.min() for a, b in zip(by_source, by_source[1:]))
 
 
 def test_make_batches_are_seeded_by_seed_and_epoch():

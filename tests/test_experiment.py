@@ -8,9 +8,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES
 from aiayn.experiment import PAPER, REPEAT, ROWS, SCALES, findings, miniature, noise_floor, select_rows, table_markdown
+from aiayn.device import resolve_precision
 
 PAPER_ROWS = [row for row in ROWS if row != REPEAT]
 
@@ -137,7 +139,7 @@ def test_table3_refuses_to_mix_settings_and_bad_rows(tmp_path):
     (out / "settings.json").unlink()
     (out / "experiment.json").write_text(json.dumps(
         {"experiment": "table3", "scale": "tiny", **dataclasses.asdict(SCALES["tiny"]), "steps": 9,
-         "precision": "bf16", "seed": 1, "corpus": "bible-en-es"}))
+         "precision": resolve_precision("auto", torch.device("cpu")), "seed": 1, "corpus": "bible-en-es"}))
     mixed = _table3(out, "--rows", "base")
     assert mixed.returncode == 2 and "steps=9, not 4" in mixed.stderr and "Traceback" not in mixed.stderr
     bad = _table3(tmp_path / "other", "--rows", "Z9")

@@ -581,6 +581,22 @@ def test_a_decoding_precision_the_device_cannot_run_is_one_line(model_dir, capsy
         check_precision(torch.device("cuda"), "int8")
 
 
+def test_bf16_on_a_cpu_without_hardware_bf16_is_one_line_and_auto_picks_fp32(model_dir, capsys, monkeypatch):
+    """On a CPU whose bf16 products PyTorch would emulate (AVX2 only), bf16 is refused in one line
+    and `auto` (the demo's and the Table 3 experiment's default) trains and decodes in fp32."""
+    import aiayn.device
+
+    monkeypatch.setattr(aiayn.device, "fast_bf16", lambda device: False)
+    one_line_error(*cli(capsys, "translate", model_dir, "--precision", "bf16")[::2], "bf16 needs hardware bf16",
+                   "use fp32")
+    cpu = torch.device("cpu")
+    assert aiayn.device.resolve_precision("auto", cpu) == "fp32"
+    assert aiayn.device.resolve_precision("bf16", cpu) == "bf16"  # an explicit choice is kept, then checked
+    monkeypatch.setattr(aiayn.device, "fast_bf16", lambda device: True)
+    assert aiayn.device.resolve_precision("auto", cpu) == "bf16"
+    check_precision(cpu, "bf16")
+
+
 def test_import_hf_of_a_bad_folder(tmp_path, model_dir, capsys):
     hf = tmp_path / "hf"
     export_marian(model_dir, hf, echo=lambda _: None)

@@ -191,6 +191,7 @@ def test_int8_model_quantizes_every_linear_layer_and_keeps_decisive_tokens():
 
 
 @pytest.mark.numeric
+@pytest.mark.bf16
 def test_int8_decoding_agrees_with_bf16_token_by_token():
     """Greedy and beam 4 over a fixed set: the share of output tokens that int8 and bf16 decoding
     agree on, position by position, stays high. Both round the same fp32 model (bf16 to 8

@@ -887,7 +887,7 @@ def test_the_page_translates_and_draws_the_attention_in_chromium(server, tmp_pat
     assert seen["sentences"] == ["1.1", "1.2", "2"] and seen["colors"] > 8
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("precision", [pytest.param("bf16", marks=pytest.mark.bf16), "int8"])
 def test_a_low_precision_app_keeps_no_fp32_copy_of_the_weights(model_dir, precision):
     """create_app makes the decoding copy once and keeps no reference to the fp32 model it was
     given (`aiayn serve` lets go of its own too): the server's weights are the copy's alone."""

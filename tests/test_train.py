@@ -19,6 +19,7 @@ import torch
 from aiayn.run import RunDir
 from aiayn.config import ModelConfig, TrainConfig
 from aiayn.batching import collate
+from aiayn.device import resolve_precision
 from aiayn.model import Transformer
 from aiayn.train import TrainData, Trainer
 from aiayn.translate import translate_ids
@@ -159,6 +160,7 @@ print(default, faults())
         assert asked.stdout.strip() == "False"  # the user's own malloc settings win
 
 
+@pytest.mark.bf16
 def test_bf16_weights_train_a_bf16_copy_and_keep_fp32_weights_in_checkpoints_and_on_resume(tmp_path):
     """TrainConfig.bf16_weights: the step runs on the bf16 copy, Adam on the fp32 master, which
     the checkpoints hold; a resumed run rebuilds the copy from the restored master."""
@@ -182,6 +184,7 @@ def test_bf16_weights_train_a_bf16_copy_and_keep_fp32_weights_in_checkpoints_and
         TrainConfig(bf16_weights=True)
 
 
+@pytest.mark.bf16
 def test_a_compiled_step_makes_the_eager_update_within_bf16_rounding_and_compiles_once():
     """TrainConfig.compile: torch.compile of the model in the pure step, in bf16 with dropout on.
     Both steps draw the same dropout masks (aiayn.kernels.Dropout's draws, Inductor's
@@ -295,14 +298,15 @@ def losses(run_dir: Path) -> dict:
 @pytest.mark.parametrize("source", ["data", "compiled"])
 def test_resume_after_sigkill_reaches_the_same_losses(tmp_path, corpus_tsv, source):
     """From `aiayn preprocess`'s DATA_DIR, eager; and from a corpus spec (preprocessed into
-    RUN_DIR/data) with the compiled step (`--compile true`, in bf16), whose resumed process
+    RUN_DIR/data) with the compiled step (`--compile true`, in bf16 where the CPU computes it in
+    hardware, else fp32), whose resumed process
     compiles its graphs afresh, from other batches than the uninterrupted run did. Both read
     memory-mapped ids. (An eager run from a corpus spec resumes by the same code as these two.)"""
     steps = ["--max-steps", "60", "--save-every", "10"]
-    argv = train_argv
+    argv, precision = train_argv, resolve_precision("auto", torch.device("cpu"))
     if source == "compiled":
         # One layer each side: compiling is most of this test's time, and grows with the layers.
-        argv = lambda *args: train_argv(*args, "--compile", "true", "--precision", "bf16", "--n-layers", "1")  # noqa: E731
+        argv = lambda *args: train_argv(*args, "--compile", "true", "--precision", precision, "--n-layers", "1")  # noqa: E731
     if source == "data":
         made = subprocess.run([sys.executable, "-m", "aiayn", "preprocess", "--corpus", str(corpus_tsv), "--out",
                                str(tmp_path / "data"), "--vocab-size", "300"], capture_output=True, text=True, timeout=300)
@@ -414,6 +418,7 @@ def test_average_is_the_mean_of_the_last_checkpoints(tmp_path, corpus_tsv):
     assert (tmp_path / "avg" / "tokenizer.model").exists()
 
 
+@pytest.mark.bf16
 def test_a_recipe_changes_what_no_option_sets_and_a_resumed_run_keeps_its_own(tmp_path, corpus_tsv):
     """--recipe fast trains the pre-norm model, and in bf16 a bf16 copy of it (fp32 master
     weights); an explicit option wins over the recipe; --resume reads the run's configs, whatever

@@ -145,6 +145,7 @@ def test_attention_maps_for_every_layer_and_kind(tmp_path, model_dir):
     assert all((tmp_path / "maps" / n).stat().st_size > 5000 for n in names)
 
 
+@pytest.mark.bf16
 def test_bf16_decoding_uses_a_copy_cast_from_the_current_weights():
     """Dev BLEU during training decodes in bf16: it must see the weights as they are now."""
     from aiayn.translate import decoding_model
