@@ -13,6 +13,7 @@ wall time, and writes the table into results/profile-train-KIND-PRECISION.txt.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import systems
-from aiayn.device import cpu_kind, resolve_device
+from aiayn.device import check_precision, cpu_kind, resolve_device
 from common import RESULTS, command_line, default_threads
 
 
@@ -39,6 +40,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = resolve_device("cpu")
+    try:
+        check_precision(device, args.precision)  # bf16 only where it is hardware
+    except ValueError as error:
+        sys.exit(f"profile_train: {error}")
     system = systems.build("aiayn", device, args.precision, args.threads, bf16_weights=args.bf16_weights)
     if args.budget:
         with tempfile.TemporaryDirectory() as scratch:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from aiayn.files import atomic_write
-from aiayn.device import KERNEL_CACHE_CAPACITY, cpu_kind
+from aiayn.device import KERNEL_CACHE_CAPACITY, check_precision, cpu_kind
 from aiayn.run import LOG, read_log
 from common import RESULTS, command_line, machine, write_results
 
@@ -118,6 +118,10 @@ def main() -> None:
             sys.exit("--steps must be at least 1")
         if args.runs.exists() and not args.force:
             sys.exit(f"{args.runs} exists: pass --force to replace it")
+        try:
+            check_precision(torch.device("cpu"), "bf16")  # the demo's training in bf16: only where it is hardware
+        except ValueError as error:
+            sys.exit(f"train_memory: {error}")
         shutil.rmtree(args.runs, ignore_errors=True)
         curves = {}
         for variant, (capacity, label) in VARIANTS.items():
