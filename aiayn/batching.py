@@ -90,8 +90,9 @@ def make_batches(lengths, max_tokens: int, seed: int, epoch: int) -> list[np.nda
 
     `lengths[i]` is (source length, target length) of pair i as it will be in the tensors (with
     EOS / BOS, so at least 1). Pairs are sorted by the longer of their two lengths, then by source
-    and target length (ties in a random order drawn from seed and epoch), and cut greedily so that batch size x longest source <= max_tokens and batch size x
-    longest target <= max_tokens: a budget on padded tokens, as fairseq's --max-tokens. A pair
+    and target length (ties in a random order drawn from seed and epoch), and cut greedily so
+    that batch size x longest source <= max_tokens and batch size x longest target <=
+    max_tokens: a budget on padded tokens, as fairseq's --max-tokens. A pair
     longer than max_tokens on its own forms a batch of one. The order of the batches is then
     shuffled. The same (seed, epoch) always gives the same batches.
 

@@ -32,12 +32,14 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+@functools.lru_cache(maxsize=None)
 def fast_bf16(device: torch.device) -> bool:
     """Whether `device` computes bf16 matrix products in hardware: a GPU with bf16, or a CPU that
     oneDNN's bf16 kernels run on (AVX-512 or AMX). On any other CPU (an AVX2-only AMD EPYC Zen 3,
-    say) PyTorch computes bf16 products in a generic loop, many times slower than fp32."""
+    say) PyTorch computes bf16 products in a generic loop, many times slower than fp32. Asked
+    once per device: `autocast` checks the precision at every training step."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return torch.cuda.is_bf16_supported(including_emulation=False)
     return device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 

@@ -221,8 +221,9 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
             raise ValueError(f"--steps must be at least 1, got {steps}")
         scale = dataclasses.replace(scale, steps=steps)
     chosen = select_rows(rows)
-    precision = resolve_precision(precision, resolve_device("auto"))
-    check_precision(resolve_device("auto"), precision)
+    device = resolve_device("auto")
+    precision = resolve_precision(precision, device)
+    check_precision(device, precision)
     out = Path(out)
     _check_out(out, _settings(scale_name, scale, precision, seed, corpus))
     with RunDir(out).lock():
