@@ -17,7 +17,7 @@ from typing import Optional, Union
 
 import torch
 
-from aiayn.device import cpu_kind  # noqa: F401  (one definition, for the result names)
+from aiayn.device import check_precision, cpu_kind  # noqa: F401  (cpu_kind: one definition, for the result names)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -33,6 +33,16 @@ PEER_ENVS = {
 def default_threads() -> int:
     """The cores this process may run on (every system gets the same number)."""
     return len(os.sched_getaffinity(0))
+
+
+def require_precision(*precisions: str, device: torch.device = torch.device("cpu")) -> None:
+    """Stop in aiayn's one line where `device` cannot run one of `precisions` (bf16 on a CPU
+    without hardware bf16), before a benchmark starts work that would fail or crawl."""
+    for precision in precisions:
+        try:
+            check_precision(device, precision)
+        except ValueError as error:
+            sys.exit(f"{Path(sys.argv[0]).stem}: {precision}: {error}")
 
 
 def run_case(args: list[str], threads: int, peer: Optional[str] = None) -> dict:

@@ -26,7 +26,7 @@ from aiayn.evaluate import score_hypotheses
 from aiayn.model import Transformer
 from aiayn.tokenizer import has_tokenizer, load_tokenizer
 from aiayn.translate import Translator
-from common import RESULTS, command_line, default_threads, machine, write_results
+from common import RESULTS, command_line, default_threads, machine, require_precision, write_results
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="result file (default results/int8-quality-KIND.json)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    require_precision(*PRECISIONS)
     try:
         model_dir = resolve_model_dir(args.run_dir)
     except (OSError, ValueError) as error:

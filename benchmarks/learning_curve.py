@@ -57,7 +57,7 @@ from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
 from aiayn.run import RunDir, average_checkpoints
 from aiayn.translate import Translator
-from common import RESULTS, command_line, machine, write_results
+from common import RESULTS, command_line, machine, require_precision, write_results
 from peers.harness import run_for, thread_env
 from quality_per_hour import peer, write_pieces
 
@@ -351,6 +351,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         return score_checkpoints(args.score_run, args.runs, args.every, args.sentences, args.threads, args.average,
                                  args.also_score)
+    require_precision(PRECISION, *([args.eole_precision] if args.eole or args.eole_variants else []))
     save_every = args.save_every or args.every
     if min(args.steps, args.every, save_every, args.average, args.sentences, args.jobs, args.threads) < 1:
         sys.exit("--steps, --every, --save-every, --average, --sentences, --jobs and --threads must be positive")

@@ -22,8 +22,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import systems
-from aiayn.device import check_precision, cpu_kind, resolve_device
-from common import RESULTS, command_line, default_threads
+from aiayn.device import cpu_kind, resolve_device
+from common import RESULTS, command_line, default_threads, require_precision
 
 
 def main() -> None:
@@ -40,10 +40,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = resolve_device("cpu")
-    try:
-        check_precision(device, args.precision)  # bf16 only where it is hardware
-    except ValueError as error:
-        sys.exit(f"profile_train: {error}")
+    require_precision(args.precision, device=device)
     system = systems.build("aiayn", device, args.precision, args.threads, bf16_weights=args.bf16_weights)
     if args.budget:
         with tempfile.TemporaryDirectory() as scratch:

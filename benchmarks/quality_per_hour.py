@@ -46,7 +46,7 @@ from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
 from aiayn.run import RunDir
 from aiayn.translate import Translator
-from common import PEER_ENVS, RESULTS, command_line, default_threads, machine, write_results
+from common import PEER_ENVS, RESULTS, command_line, default_threads, machine, require_precision, write_results
 from peers.harness import run_for, thread_env
 
 # Each peer's fastest training precision on a CPU (see its harness's docstring).
@@ -120,6 +120,7 @@ def main() -> None:
         sys.exit("--minutes must be positive")
     if "aiayn" not in args.systems:
         sys.exit("aiayn must be among --systems: its run trains the shared vocabulary")
+    require_precision(AIAYN_PRECISION, *(PEER_PRECISION.get(s, "fp32") for s in args.systems))
     if args.runs.exists() and not args.force:
         sys.exit(f"{args.runs} exists: pass --force to replace it")
     if args.runs.exists():

@@ -29,11 +29,13 @@ import tempfile
 from pathlib import Path
 
 import numpy
+import torch
 
 import learning_curve
 import speed
 import systems
-from common import command_line, default_threads, machine, spread, write_results
+from aiayn.device import fast_bf16, matmul_peak_flops
+from common import command_line, cpu_kind, default_threads, machine, require_precision, spread, write_results
 from peers.harness import thread_env
 
 HERE = Path(__file__).resolve().parent
@@ -106,9 +108,13 @@ def main() -> None:
     parser.add_argument("--other", type=Path, required=True, help="the other checkout (a git worktree)")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of every case on each side (default 5)")
     parser.add_argument("--threads", type=int, default=default_threads())
-    parser.add_argument("--cases", nargs="+", choices=[*CASES, *BUDGETS, DEMO], default=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=[*CASES, *BUDGETS, DEMO],
+                        help="default: the fixed-shape cases, without bf16 on a CPU that has no hardware bf16")
     parser.add_argument("--out", type=Path, help="result file (default results/revisions-cpu.json)")
     args = parser.parse_args()
+    cpu = torch.device("cpu")
+    args.cases = args.cases or [case for case in CASES if "bf16" not in case or fast_bf16(cpu)]
+    require_precision(*{"bf16" if "bf16" in case else "fp32" for case in args.cases})
     sides = {"this": HERE.parent, "other": args.other.resolve()}
     if not (sides["other"] / "benchmarks" / "one_case.py").is_file():
         sys.exit(f"revisions: {args.other} is not an aiayn checkout with benchmarks/one_case.py")
@@ -116,6 +122,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="revisions-") as scratch:
         data = learning_curve.prepare_data(Path(scratch)) if DEMO in args.cases else None
         cases = {side: dict(CASES) for side in sides}
+        timed_shapes = {case: {} for case in args.cases if case in BUDGETS}  # each side's (rows, source, target)
         if any(case in BUDGETS for case in args.cases):
             lengths = Path(scratch, "lengths.npy")
             numpy.save(lengths, systems.corpus_lengths(Path(scratch)))
@@ -128,6 +135,7 @@ def main() -> None:
                         cut_shapes(checkout, lengths, budget, count, shapes)
                     cases[side][case] = ["train", "--system", "aiayn", "--precision", precision, "--shapes",
                                          str(shapes), "--warmup", str(warmup)]
+                    timed_shapes[case][side] = json.loads(shapes.read_text())
         for rep in range(args.reps):
             for case in args.cases:
                 for side in (("this", "other") if rep % 2 == 0 else ("other", "this")):
@@ -135,11 +143,14 @@ def main() -> None:
                                             else measure(sides[side], cases[side][case], args.threads))
                 this, other = runs[case]["this"][-1], runs[case]["other"][-1]
                 print(f"rep {rep + 1}: {case}: this {this:,.0f} tok/s, other {other:,.0f} tok/s", flush=True)
-    import torch
-
+    precisions = sorted({"bf16" if "bf16" in case else "fp32" for case in args.cases})
+    torch.set_num_threads(args.threads)
     results = {
-        "benchmark": "revisions", "command": command_line(), "machine": machine(torch.device("cpu"), args.threads),
+        "benchmark": "revisions", "command": command_line(), "cpu_kind": cpu_kind(), "machine": machine(cpu, args.threads),
+        # measured after the runs, on the threads they used: what their shares of the machine divide by
+        "matmul_peak_tflops": {p: round(matmul_peak_flops(cpu, p) / 1e12, 3) for p in precisions},
         "this": revision(sides["this"]), "other": revision(sides["other"]),
+        "shapes": timed_shapes,
         "cases": {case: {side: spread(values) for side, values in by_side.items()} | {
             "ratio_of_medians": spread(by_side["this"])["median"] / spread(by_side["other"])["median"],
             "runs": by_side} for case, by_side in runs.items()},

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from aiayn.files import atomic_write
-from aiayn.device import KERNEL_CACHE_CAPACITY, check_precision, cpu_kind
+from aiayn.device import KERNEL_CACHE_CAPACITY, cpu_kind
 from aiayn.run import LOG, read_log
-from common import RESULTS, command_line, machine, write_results
+from common import RESULTS, command_line, machine, require_precision, write_results
 
 # Each variant's size of oneDNN's kernel cache, given to a fresh process before it imports aiayn.
 VARIANTS = {"bounded": (str(KERNEL_CACHE_CAPACITY), f"{KERNEL_CACHE_CAPACITY} kernels cached (aiayn's default)"),
@@ -118,10 +118,7 @@ def main() -> None:
             sys.exit("--steps must be at least 1")
         if args.runs.exists() and not args.force:
             sys.exit(f"{args.runs} exists: pass --force to replace it")
-        try:
-            check_precision(torch.device("cpu"), "bf16")  # the demo's training in bf16: only where it is hardware
-        except ValueError as error:
-            sys.exit(f"train_memory: {error}")
+        require_precision("bf16")  # the demo's training in bf16
         shutil.rmtree(args.runs, ignore_errors=True)
         curves = {}
         for variant, (capacity, label) in VARIANTS.items():
