@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 from aiayn.serve.process import ServerProcess
-from common import HERE, RESULTS, command_line, cpu_kind, default_threads, machine, spread, status_mib, write_results
+from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, spread, status_mib,
+                    write_results)
 
 
 def get(port: int, path: str) -> dict:
@@ -120,7 +121,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=30.0, help="per mode and repetition (default 30)")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"])
     parser.add_argument("--memory-minutes", type=float, help="instead: one run of --clients for this long, memory sampled")
     parser.add_argument("--compare-with", type=Path, metavar="CHECKOUT",
                         help="also serve the model with the aiayn of this source tree (e.g. a git worktree of an older "
@@ -129,6 +130,7 @@ def main() -> None:
     args = parser.parse_args()
     if not Path(args.run_dir).exists():
         parser.exit(2, f"error: {args.run_dir} does not exist (make demo trains runs/demo)\n")
+    require_precision(args.precision)
     verses = test_verses()
     kind = cpu_kind()
     options = ("--precision", args.precision)
