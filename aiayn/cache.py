@@ -95,6 +95,20 @@ class KVCache:
         new[kept:, :, : self.length - drop] = 0
         self._buffers[i], self._stores[i] = new, [spare, current]
 
+    def _add_rows(self, i: int, new_rows: int) -> None:
+        """Buffer i followed by `new_rows` rows of zeros, in place where its storage has room
+        (rows are outermost, so the rows there keep their places: nothing is copied), else by
+        `_move` into the other storage."""
+        buf, current = self._buffers[i], self._stores[i][0]
+        rows, heads, capacity, d = buf.shape
+        need = (rows + new_rows) * heads * capacity * d
+        if capacity <= self.length or current.numel() < need or buf.requires_grad:
+            self._move(i, None, min(self.length + 1, self.max_len), new_rows=new_rows)
+            return
+        grown = current[:need].view(rows + new_rows, heads, capacity, d)  # buf is current's prefix: the same rows
+        grown[rows:, :, : self.length] = 0
+        self._buffers[i] = grown
+
     def positions_end(self, new: int) -> int:
         """One past the largest position of a step of `new` positions, known on the host."""
         return self.length + new - min(self._starts, default=0)
@@ -190,7 +204,7 @@ class KVCache:
         self.memory_mask = torch.cat([padded(self.memory_mask, had, had_len), padded(memory_mask, new, new_len)])
         self.max_len = max(self.max_len, self.length + max_len)
         for i in range(len(self._buffers)):
-            self._move(i, None, min(self.length + 1, self.max_len), new_rows=new * rows_each)
+            self._add_rows(i, new * rows_each)
         rows = self._buffers[0].size(0)
         old = self.start if self.start is not None else torch.zeros(rows - new * rows_each, dtype=torch.long,
                                                                     device=self._buffers[0].device)

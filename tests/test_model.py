@@ -236,6 +236,30 @@ def test_a_sentence_that_joins_a_decoding_cache_gets_its_own_full_forward(change
 
 
 @pytest.mark.numeric
+def test_a_join_into_the_room_of_sentences_that_left_copies_nothing_and_reads_nothing_stale():
+    """Once sentences have left, a buffer's storage has room for the rows of those that join:
+    the rows are added in place (the keys already written stay where they are, not copied), and
+    what that room held before (NaN here) is never read."""
+    with torch.no_grad():  # as decoding runs: a cache that records gradients is always copied
+        model = tiny()
+        src, later = tokens([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]), tokens([[15, 16, 17, 18]])
+        tgt = torch.randint(4, 50, (2, 4))
+        memory, mask = model.encode(src)
+        cache = model.init_cache(memory, mask, max_len=8)
+        model.decode(torch.cat([tgt[:1, :2], tgt[:1, :2], tgt[:1, :2]]), cache=cache)
+        cache.reorder(torch.tensor([0]), torch.tensor([0]), beam=1)  # two of the three leave
+        for buffer, (storage, _) in zip(cache._buffers, cache._stores):
+            storage[buffer.numel():] = float("nan")
+        written = [buffer.data_ptr() for buffer in cache._buffers]
+        cache.join(model.memory_keys_values(model.encode(later)[0]), model.encode(later)[1], rows_each=1, max_len=4)
+        assert [buffer.data_ptr() for buffer in cache._buffers] == written  # in place
+        for t in range(2):  # row 0 at positions 2 and 3, the new row at 0 and 1
+            step = model.decode(torch.stack([tgt[0, 2 + t], tgt[1, t]]).unsqueeze(1), cache=cache)  # (2, 1, V)
+            torch.testing.assert_close(step[0, 0], model(src[:1], tgt[:1, : 3 + t])[0, -1], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(step[1, 0], model(later, tgt[1:, : 1 + t])[0, -1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.numeric
 def test_cache_reorder_follows_the_rows():
     """As a beam search of beam 2 uses it: widen each sentence to its beams, let a sentence
     leave, move beams within sentences; every step equals the full forward of its row."""
