@@ -1,14 +1,18 @@
 """The measurements behind aiayn.kernels' choices for decoding on a CPU, at Transformer-base's
 shapes (d_model 512, 8 heads of 64, d_ff 2048, vocabulary 8,000) with 256 rows (64 sentences ×
-beam 4) and 64 rows (greedy):
+beam 4), 64 rows (greedy) and 4 rows (one sentence, beam 4: a server answering one request):
 
     linear     y = xWᵀ + b in fp32, bf16, int8 weights with dynamic int8 activations (FBGEMM /
                oneDNN: what `--precision int8` uses) and int8 weights with bf16 activations
-               (torch._weight_int8pack_mm, weight-only)
+               (torch._weight_int8pack_mm, weight-only); and fp32 and bf16 with the weight packed
+               once for oneDNN (torch.ops.mkldnn._linear_pointwise, as Inductor's frozen graphs
+               run it), which aiayn does not use yet
     attention  one decoding step's attention, the fused kernel against two matrix products:
                self-attention (1 query per row against 17 cached positions) and the beams of a
                sentence against its memory (4 queries against 32 source positions); and a whole
                sequence (32 and 128 queries), where the fused kernel should win
+
+bf16 cases only where the CPU computes bf16 in hardware (aiayn.device.fast_bf16).
 
 Each timing is the median of --reps interleaved repetitions of --calls calls.
 
@@ -24,14 +28,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from aiayn.device import cpu_kind
+from aiayn.device import cpu_kind, fast_bf16
 from aiayn.kernels import fused_attention, inference_copy, matmul_attention
 from common import RESULTS, command_line, default_threads, machine, spread, write_results
 
 D_MODEL, HEADS, D_HEAD, D_FF, VOCAB = 512, 8, 64, 2048, 8000
 
 
-def linear_cases(rows: int) -> dict[str, Callable[[], torch.Tensor]]:
+def linear_cases(rows: int, bf16: bool) -> dict[str, Callable[[], torch.Tensor]]:
     """name -> a call, for each weight shape of the decoder and each way of computing it."""
     cases = {}
     for out_features, in_features in ((D_MODEL, D_MODEL), (D_FF, D_MODEL), (D_MODEL, D_FF), (VOCAB, D_MODEL)):
@@ -44,13 +48,23 @@ def linear_cases(rows: int) -> dict[str, Callable[[], torch.Tensor]]:
         wb, bb, xb = w.bfloat16(), b.bfloat16(), x.bfloat16()
         shape = f"{rows}x{in_features}->{out_features}"
         cases[f"linear {shape} fp32"] = lambda x=x, w=w, b=b: F.linear(x, w, b)
-        cases[f"linear {shape} bf16"] = lambda x=xb, w=wb, b=bb: F.linear(x, w, b)
+        cases[f"linear {shape} fp32 packed (oneDNN)"] = packed_linear(x, w, b, rows)
         cases[f"linear {shape} int8 dynamic"] = lambda x=x, m=dynamic: m(x)
-        cases[f"linear {shape} int8 weight-only bf16"] = lambda x=xb, w=w8, s=scale.bfloat16(): torch._weight_int8pack_mm(x, w, s)
+        if bf16:
+            cases[f"linear {shape} bf16"] = lambda x=xb, w=wb, b=bb: F.linear(x, w, b)
+            cases[f"linear {shape} bf16 packed (oneDNN)"] = packed_linear(xb, wb, bb, rows)
+            cases[f"linear {shape} int8 weight-only bf16"] = lambda x=xb, w=w8, s=scale.bfloat16(): torch._weight_int8pack_mm(x, w, s)
     return cases
 
 
-def attention_cases() -> dict[str, Callable[[], torch.Tensor]]:
+def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, rows: int) -> Callable[[], torch.Tensor]:
+    """F.linear(x, w, b) with w packed once into oneDNN's layout for `rows` rows."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+    torch.testing.assert_close(torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], ""), F.linear(x, w, b))
+    return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+
+
+def attention_cases(bf16: bool) -> dict[str, Callable[[], torch.Tensor]]:
     cases = {}
     generator = torch.Generator().manual_seed(0)
     shapes = {  # name: (rows, queries, keys, causal)
@@ -59,7 +73,7 @@ def attention_cases() -> dict[str, Callable[[], torch.Tensor]]:
         "encoder self-attention, 32 vs 32": (64, 32, 32, False),
         "encoder self-attention, 128 vs 128": (64, 128, 128, False),
     }
-    for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+    for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))[: 2 if bf16 else 1]:
         for name, (rows, queries, keys, causal) in shapes.items():
             q = torch.randn(rows, HEADS, queries, D_HEAD, generator=generator).to(dtype)
             k = torch.randn(rows, HEADS, keys, D_HEAD, generator=generator).to(dtype)
@@ -78,7 +92,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=default_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cases = {**linear_cases(256), **linear_cases(64), **attention_cases()}
+    bf16 = fast_bf16(torch.device("cpu"))
+    cases = {**linear_cases(256, bf16), **linear_cases(64, bf16), **linear_cases(4, bf16), **attention_cases(bf16)}
     times: dict[str, list[float]] = {name: [] for name in cases}
     with torch.inference_mode():
         for call in cases.values():  # warm-up: packing, first-touch, oneDNN primitives
