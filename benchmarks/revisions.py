@@ -7,7 +7,8 @@ on both alike, and reports each case's median and range and the ratio this / oth
     train   fp32 and bf16: target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens, and
             (only when named in --cases) on speed.py's real batch shapes of 2,000 and 25,000
             tokens, each checkout's own batching cutting them from the same sentence lengths
-    decode  bf16 and int8, beam 4: output tokens/s of 64 sentences of 32 tokens
+    decode  fp32 (beam 4 and greedy), bf16 and int8 (beam 4): output tokens/s of 64 sentences
+            of 32 tokens
     demo    (only when named in --cases) `aiayn train` of the demo's model and recipe
             (`--recipe fast` in bf16, as each checkout's own fast recipe has it) on
             bible-en-es: the target tokens/s its log reports over steps 51-100
@@ -42,6 +43,10 @@ HERE = Path(__file__).resolve().parent
 CASES = {  # label: one_case.py arguments after the common ones
     "train fp32": ["train", "--system", "aiayn", "--precision", "fp32", "--rows", "64", "--warmup", "2", "--steps", "5"],
     "train bf16": ["train", "--system", "aiayn", "--precision", "bf16", "--rows", "64", "--warmup", "2", "--steps", "5"],
+    "decode fp32 beam 4": ["decode", "--system", "aiayn", "--precision", "fp32", "--beam", "4", "--sentences", "64",
+                           "--warmup", "1", "--calls", "1"],
+    "decode fp32 greedy": ["decode", "--system", "aiayn", "--precision", "fp32", "--beam", "1", "--sentences", "64",
+                           "--warmup", "1", "--calls", "1"],
     "decode bf16 beam 4": ["decode", "--system", "aiayn", "--precision", "bf16", "--beam", "4", "--sentences", "64",
                            "--warmup", "1", "--calls", "1"],
     "decode int8 beam 4": ["decode", "--system", "aiayn", "--precision", "int8", "--beam", "4", "--sentences", "64",

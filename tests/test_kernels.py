@@ -151,6 +151,45 @@ def sharp_model(seed=0) -> Transformer:
     return model
 
 
+def keeps_decisive_tokens(model: Transformer, copy: torch.nn.Module, share: float) -> None:
+    """Where the model's best token leads the next by more than twice the largest move of that
+    position's logits in `copy`, the argmax cannot change: more than `share` of the positions of
+    a fixed set are such, and there `copy` picks the model's token."""
+    src = torch.randint(4, 50, (16, 12), generator=torch.Generator().manual_seed(3))
+    tgt = torch.cat([torch.ones(16, 1, dtype=torch.long), torch.randint(4, 50, (16, 10))], dim=1)
+    with torch.no_grad():
+        exact, other = model(src, tgt), copy(src, tgt)  # (16, 11, V)
+    move = (other - exact).abs().amax(-1)  # (16, 11)
+    top2 = exact.topk(2, dim=-1).values
+    decisive = (top2[..., 0] - top2[..., 1]) > 2 * move  # (16, 11)
+    assert decisive.float().mean() > share
+    assert torch.equal(other.argmax(-1)[decisive], exact.argmax(-1)[decisive])
+
+
+@pytest.mark.numeric
+def test_an_fp32_decoding_copy_packs_every_linear_layer_and_computes_what_the_model_does():
+    """On a CPU the fp32 decoding copy computes every linear layer with its weight packed once
+    for oneDNN (kernels.PackedLinear): the same products summed in another order, so each output
+    is within float32 roundoff of the model's, n·2⁻²⁴·Σ|x_i·W_ji| for n terms, and the searches
+    pick the same tokens wherever the best leads the next by more than the logits moved. Under
+    reference_math(), and given a copy already made, nothing is copied."""
+    model = sharp_model()
+    packed = decoding_model(model, "fp32")
+    assert decoding_model(packed, "fp32") is packed and packed is not model
+    assert not any(type(m) is torch.nn.Linear for m in packed.modules())
+    assert sum(type(m) is kernels.PackedLinear for m in packed.modules()) == 4 * 2 + 2 * 2 + 8 * 2 + 2 * 2 + 1
+    with reference_math():
+        assert decoding_model(model, "fp32") is model
+    layer = torch.nn.Linear(64, 48)  # a bias that is not zero, unlike the model's at initialisation
+    x = torch.randn(10, layer.in_features, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        exact = x.double() @ layer.weight.double().T + layer.bias.double()
+        bound = layer.in_features * 2.0**-24 * (x.abs() @ layer.weight.abs().T + layer.bias.abs()).double()
+        assert torch.all((kernels.PackedLinear(layer)(x).double() - exact).abs() <= bound)
+        assert torch.all((layer(x).double() - exact).abs() <= bound)  # the bound holds for F.linear too
+    keeps_decisive_tokens(model, packed, share=0.9)
+
+
 @pytest.mark.numeric
 def test_an_int8_linear_layer_is_within_its_rounding_bound():
     """y = xWᵀ + b with W rounded to int8 per output row (step s_j = max|W_j| / 127) and x to
@@ -179,15 +218,7 @@ def test_int8_model_quantizes_every_linear_layer_and_keeps_decisive_tokens():
     assert decoding_model(low, "int8") is low and low is not model
     assert not any(type(m) is torch.nn.Linear for m in low.modules())
     assert sum(type(m).__name__ == "Linear" for m in low.modules()) == 4 * 2 + 2 * 2 + 8 * 2 + 2 * 2 + 1
-    src = torch.randint(4, 50, (16, 12), generator=torch.Generator().manual_seed(3))
-    tgt = torch.cat([torch.ones(16, 1, dtype=torch.long), torch.randint(4, 50, (16, 10))], dim=1)
-    with torch.no_grad():
-        exact, quantized = model(src, tgt), low(src, tgt)  # (16, 11, V)
-    move = (quantized - exact).abs().amax(-1)  # (16, 11)
-    top2 = exact.topk(2, dim=-1).values
-    decisive = (top2[..., 0] - top2[..., 1]) > 2 * move  # (16, 11)
-    assert decisive.float().mean() > 0.5
-    assert torch.equal(quantized.argmax(-1)[decisive], exact.argmax(-1)[decisive])
+    keeps_decisive_tokens(model, low, share=0.5)
 
 
 @pytest.mark.numeric

@@ -329,6 +329,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     the checks of a request and the error answers live apart (`_read_request`,
     `_add_error_handlers`)."""
     decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision)
+    parameters = model.num_parameters()  # the model's own: a decoding copy keeps packed or int8 weights as buffers
     translator = ServedModel(Translator(model.eval(), tokenizer, decode))
     config = translator.model.config
     extra_len = SECTION_6_1.extra_len
@@ -387,7 +388,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     async def info() -> dict:
         return {
             # The folder's name, not its path: the server's file system is nobody's business.
-            "model": config.to_dict(), "parameters": translator.model.num_parameters(), "source": Path(source).name,
+            "model": config.to_dict(), "parameters": parameters, "source": Path(source).name,
             "tokenizer": {"kind": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size},
             "precision": precision, "device": str(translator.device),
             "decoding": {name: TranslateRequest.model_fields[name].default for name in ("beam", "alpha")}
