@@ -388,7 +388,7 @@ class Bf16Twin:
 class PackedLinear(nn.Module):
     """An nn.Linear's y = xWᵀ + b with W packed once into oneDNN's blocked layout (the kernel
     Inductor's frozen CPU graphs call). At decoding's shapes on an AMD EPYC Zen 3, fp32, it was
-    1.5-4.4× F.linear at 4 rows (one sentence, beam 4), 1.3-1.6× at 64 and 0.9-1.3× at 256
+    1.1-4.0× F.linear at 4 rows (one sentence, beam 4), 0.95-1.9× at 64 and 1.0-1.8× at 256
     (benchmarks/decode_kernels.py). Inference only: it records no gradient."""
 
     ROWS = 64  # the rows oneDNN picks its layout for; any number of rows is computed

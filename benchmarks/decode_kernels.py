@@ -5,8 +5,8 @@ beam 4), 64 rows (greedy) and 4 rows (one sentence, beam 4: a server answering o
     linear     y = xWᵀ + b in fp32, bf16, int8 weights with dynamic int8 activations (FBGEMM /
                oneDNN: what `--precision int8` uses) and int8 weights with bf16 activations
                (torch._weight_int8pack_mm, weight-only); and fp32 and bf16 with the weight packed
-               once for oneDNN (torch.ops.mkldnn._linear_pointwise, as Inductor's frozen graphs
-               run it), which aiayn does not use yet
+               once for oneDNN (aiayn.kernels.PackedLinear: what an fp32 decoding copy runs on a
+               CPU; its layout is chosen for 64 rows at every row count)
     attention  one decoding step's attention, the fused kernel against two matrix products:
                self-attention (1 query per row against 17 cached positions) and the beams of a
                sentence against its memory (4 queries against 32 source positions); and a whole
@@ -22,6 +22,7 @@ Each timing is the median of --reps interleaved repetitions of --calls calls.
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 from typing import Callable
 
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.device import cpu_kind, fast_bf16
-from aiayn.kernels import fused_attention, inference_copy, matmul_attention
+from aiayn.kernels import PackedLinear, fused_attention, inference_copy, matmul_attention
 from common import RESULTS, command_line, default_threads, machine, spread, write_results
 
 D_MODEL, HEADS, D_HEAD, D_FF, VOCAB = 512, 8, 64, 2048, 8000
@@ -48,20 +49,20 @@ def linear_cases(rows: int, bf16: bool) -> dict[str, Callable[[], torch.Tensor]]
         wb, bb, xb = w.bfloat16(), b.bfloat16(), x.bfloat16()
         shape = f"{rows}x{in_features}->{out_features}"
         cases[f"linear {shape} fp32"] = lambda x=x, w=w, b=b: F.linear(x, w, b)
-        cases[f"linear {shape} fp32 packed (oneDNN)"] = packed_linear(x, w, b, rows)
+        cases[f"linear {shape} fp32 packed (oneDNN)"] = packed_linear(x, layer)
         cases[f"linear {shape} int8 dynamic"] = lambda x=x, m=dynamic: m(x)
         if bf16:
             cases[f"linear {shape} bf16"] = lambda x=xb, w=wb, b=bb: F.linear(x, w, b)
-            cases[f"linear {shape} bf16 packed (oneDNN)"] = packed_linear(xb, wb, bb, rows)
+            cases[f"linear {shape} bf16 packed (oneDNN)"] = packed_linear(xb, copy.deepcopy(layer).bfloat16())
             cases[f"linear {shape} int8 weight-only bf16"] = lambda x=xb, w=w8, s=scale.bfloat16(): torch._weight_int8pack_mm(x, w, s)
     return cases
 
 
-def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, rows: int) -> Callable[[], torch.Tensor]:
-    """F.linear(x, w, b) with w packed once into oneDNN's layout for `rows` rows."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
-    torch.testing.assert_close(torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], ""), F.linear(x, w, b))
-    return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+def packed_linear(x: torch.Tensor, layer: torch.nn.Linear) -> Callable[[], torch.Tensor]:
+    """`layer`(x) through aiayn.kernels.PackedLinear, checked against the layer itself."""
+    packed = PackedLinear(layer)
+    torch.testing.assert_close(packed(x), layer(x), atol=1e-2 if x.dtype == torch.bfloat16 else 1e-5, rtol=1e-2)
+    return lambda: packed(x)
 
 
 def attention_cases(bf16: bool) -> dict[str, Callable[[], torch.Tensor]]:

@@ -170,7 +170,8 @@ def keeps_decisive_tokens(model: Transformer, copy: torch.nn.Module, share: floa
 def test_an_fp32_decoding_copy_packs_every_linear_layer_and_computes_what_the_model_does():
     """On a CPU the fp32 decoding copy computes every linear layer with its weight packed once
     for oneDNN (kernels.PackedLinear): the same products summed in another order, so each output
-    is within float32 roundoff of the model's, n·2⁻²⁴·Σ|x_i·W_ji| for n terms, and the searches
+    is within float32 roundoff of the exact sum, γ_n·Σ|terms| with γ_n = n·u / (1 - n·u), u = 2⁻²⁴,
+    for the n = in_features + 1 terms (the bias is one) in any order, and the searches
     pick the same tokens wherever the best leads the next by more than the logits moved. Under
     reference_math(), and given a copy already made, nothing is copied."""
     model = sharp_model()
@@ -183,8 +184,10 @@ def test_an_fp32_decoding_copy_packs_every_linear_layer_and_computes_what_the_mo
     layer = torch.nn.Linear(64, 48)  # a bias that is not zero, unlike the model's at initialisation
     x = torch.randn(10, layer.in_features, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        exact = x.double() @ layer.weight.double().T + layer.bias.double()
-        bound = layer.in_features * 2.0**-24 * (x.abs() @ layer.weight.abs().T + layer.bias.abs()).double()
+        w, b = layer.weight.double(), layer.bias.double()
+        exact = x.double() @ w.T + b
+        n, u = layer.in_features + 1, 2.0**-24
+        bound = n * u / (1 - n * u) * (x.double().abs() @ w.abs().T + b.abs())
         assert torch.all((kernels.PackedLinear(layer)(x).double() - exact).abs() <= bound)
         assert torch.all((layer(x).double() - exact).abs() <= bound)  # the bound holds for F.linear too
     keeps_decisive_tokens(model, packed, share=0.9)
