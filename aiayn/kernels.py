@@ -25,12 +25,11 @@ reference math:
 - `Bf16Twin`: bf16 training with fp32 master weights: a bf16 copy of the model runs the step, the
   fp32 model takes Adam's update.
 - `inference_copy`: the model to decode with, its weights cast once to bf16/fp16 or quantized to
-  int8 (per output channel, dynamic activation scales), or in fp32 on a CPU packed once for
-  oneDNN (`PackedLinear`).
+  int8 (per output channel, dynamic activation scales).
 
 One switch turns every trick off: inside `with reference_math():` attention runs the reference
 `softmax(QKᵀ/√d_k)V` of aiayn.attention, dropout is `nn.Dropout`, the loss is autograd through
-`log_softmax` (aiayn.loss) and nothing is cast or packed.
+`log_softmax` (aiayn.loss) and nothing is cast.
 """
 
 from __future__ import annotations
@@ -385,43 +384,12 @@ class Bf16Twin:
             low.copy_(master)
 
 
-class PackedLinear(nn.Module):
-    """An nn.Linear's y = xWᵀ + b with W packed once into oneDNN's blocked layout (the kernel
-    Inductor's frozen CPU graphs call). At decoding's shapes on an AMD EPYC Zen 3, fp32, it was
-    1.1-4.0× F.linear at 4 rows (one sentence, beam 4), 0.95-1.9× at 64 and 1.0-1.8× at 256
-    (benchmarks/decode_kernels.py). Inference only: it records no gradient."""
-
-    ROWS = 64  # the rows oneDNN picks its layout for; any number of rows is computed
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), self.ROWS))
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
-
-    def forward(self, x: Tensor) -> Tensor:  # (..., in_features) -> (..., out_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-
-def _untied(model: nn.Module) -> nn.Module:
-    """An eval-mode fp32 copy whose pre-softmax projection, where it is tied (§3.4), is a
-    linear layer of its own holding a copy of the embedding, so that it can be packed or
-    quantized like the others."""
-    copied = copy.deepcopy(model).float().eval()
-    if hasattr(copied, "output_proj") and copied.output_proj is None:
-        embed = copied.decoder.embed.weight if hasattr(copied, "decoder") else copied.encoder.embed.weight
-        copied.output_proj = nn.Linear(embed.size(1), embed.size(0), bias=False)
-        copied.output_proj.weight = nn.Parameter(embed.detach().clone())
-    return copied
-
-
 def inference_copy(model: nn.Module, precision: str) -> nn.Module:
-    """The model to decode with in `precision`: itself when its weights already are in it (and
-    for fp32 on a GPU, or under `reference_math()`); else an eval-mode copy: in fp32 on a CPU,
-    every linear layer (W^Q, W^K, W^V, W^O, the feed-forward network and the pre-softmax
-    projection) a `PackedLinear`; weights cast once (bf16, fp16: no step casts activations in and
-    out of autocast); or, for int8, every linear layer with int8 weights, one scale per output
-    row, and activations quantized per call (dynamic quantization, the FBGEMM / oneDNN int8 GEMM).
+    """The model to decode with in `precision`: itself for fp32 or when its weights already are
+    in it; else an eval-mode copy, weights cast once (bf16, fp16: no step casts activations in and
+    out of autocast) or, for int8, every linear layer (W^Q, W^K, W^V, W^O, the feed-forward
+    network and the pre-softmax projection) with int8 weights, one scale per output row, and
+    activations quantized per call (dynamic quantization, the FBGEMM / oneDNN int8 GEMM).
     At decoding's shapes these GEMMs are 1.2-3.3× faster than bf16 ones on an AMD EPYC (Zen 4),
     where int8 weights with bf16 activations (weight-only) are 1.4-2.5× slower than bf16
     (benchmarks/decode_kernels.py). A precision the device cannot run is refused
@@ -430,21 +398,15 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         raise ValueError(f"unknown precision {precision!r}")
     weight = next(model.parameters())
     check_precision(weight.device, precision)
-    if getattr(model, "inference_precision", None) == precision:
+    if precision == "fp32" or getattr(model, "inference_precision", None) == precision:
         return model
-    if precision == "fp32":
-        if weight.device.type != "cpu" or _reference or not torch.backends.mkldnn.is_available():
-            return model
-        packed = _untied(model)
-        for module in list(packed.modules()):
-            for name, child in list(module.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(module, name, PackedLinear(child))
-        packed.inference_precision = precision
-        return packed
     if precision != "int8":
         return model if weight.dtype == DTYPES[precision] else copy.deepcopy(model).to(DTYPES[precision]).eval()
-    low = _untied(model)
+    low = copy.deepcopy(model).float().eval()
+    if hasattr(low, "output_proj") and low.output_proj is None:  # tied (§3.4): a copy of the embedding to quantize
+        embed = low.decoder.embed.weight if hasattr(low, "decoder") else low.encoder.embed.weight
+        low.output_proj = nn.Linear(embed.size(1), embed.size(0), bias=False)
+        low.output_proj.weight = nn.Parameter(embed.detach().clone())
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     with warnings.catch_warnings():  # torch 2.13 marks torch.ao as moving to torchao; the kernels are the same

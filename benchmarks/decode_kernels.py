@@ -5,8 +5,12 @@ beam 4), 64 rows (greedy) and 4 rows (one sentence, beam 4: a server answering o
     linear     y = xWᵀ + b in fp32, bf16, int8 weights with dynamic int8 activations (FBGEMM /
                oneDNN: what `--precision int8` uses) and int8 weights with bf16 activations
                (torch._weight_int8pack_mm, weight-only); and fp32 and bf16 with the weight packed
-               once for oneDNN (aiayn.kernels.PackedLinear: what an fp32 decoding copy runs on a
-               CPU; its layout is chosen for 64 rows at every row count)
+               once for oneDNN (its layout chosen for 64 rows, used at every row count: the
+               kernel Inductor's frozen CPU graphs call)
+    kept       the memory a process keeps after computing the 512 -> 2,048 layer at each row
+               count from 1 to --kept-rows, by F.linear and by the packed weight: oneDNN makes
+               and keeps a kernel for every row count it meets, and decoding meets many (each
+               beam, batch and step differs). This is why aiayn does not pack fp32 weights.
     attention  one decoding step's attention, the fused kernel against two matrix products:
                self-attention (1 query per row against 17 cached positions) and the beams of a
                sentence against its memory (4 queries against 32 source positions); and a whole
@@ -14,7 +18,8 @@ beam 4), 64 rows (greedy) and 4 rows (one sentence, beam 4: a server answering o
 
 bf16 cases only where the CPU computes bf16 in hardware (aiayn.device.fast_bf16).
 
-Each timing is the median of --reps interleaved repetitions of --calls calls.
+Each timing is the median of --reps interleaved repetitions of --calls calls. The memory kept is
+the growth of the resident set (Linux /proc), each way in a fresh process.
 
     .venv/bin/python benchmarks/decode_kernels.py          # about 1 minute -> results/decode-kernels-KIND.json
 """
@@ -23,6 +28,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import subprocess
+import sys
 import time
 from typing import Callable
 
@@ -30,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.device import cpu_kind, fast_bf16
-from aiayn.kernels import PackedLinear, fused_attention, inference_copy, matmul_attention
+from aiayn.kernels import fused_attention, inference_copy, matmul_attention
 from common import RESULTS, command_line, default_threads, machine, spread, write_results
 
 D_MODEL, HEADS, D_HEAD, D_FF, VOCAB = 512, 8, 64, 2048, 8000
@@ -58,11 +66,53 @@ def linear_cases(rows: int, bf16: bool) -> dict[str, Callable[[], torch.Tensor]]
     return cases
 
 
+class Packed:
+    """y = xWᵀ + b with W reordered once into oneDNN's blocked layout for PACK_ROWS rows."""
+
+    PACK_ROWS = 64
+
+    def __init__(self, layer: torch.nn.Linear) -> None:
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), self.PACK_ROWS)
+        self.bias = layer.bias.detach()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (rows, in_features) -> (rows, out_features)
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
 def packed_linear(x: torch.Tensor, layer: torch.nn.Linear) -> Callable[[], torch.Tensor]:
-    """`layer`(x) through aiayn.kernels.PackedLinear, checked against the layer itself."""
-    packed = PackedLinear(layer)
+    """`layer`(x) with the weight packed, checked against the layer itself."""
+    packed = Packed(layer)
     torch.testing.assert_close(packed(x), layer(x), atol=1e-2 if x.dtype == torch.bfloat16 else 1e-5, rtol=1e-2)
     return lambda: packed(x)
+
+
+def resident_mib() -> float:
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+    return int(status["VmRSS"].split()[0]) / 1024
+
+
+def kept_mib(way: str, rows: int) -> dict:
+    """In this process: the resident set's growth over two passes of the 512 -> 2,048 layer at
+    every row count from 1 to `rows` (the second pass: what the first left for good is reused)."""
+    layer = torch.nn.Linear(D_MODEL, D_FF).eval()
+    call = Packed(layer) if way == "packed" else layer
+    start, passes = resident_mib(), []
+    with torch.inference_mode():
+        for _ in range(2):
+            for n in range(1, rows + 1):
+                call(torch.randn(n, D_MODEL))
+            passes.append(round(resident_mib() - start, 1))
+    return {"way": way, "row_counts": rows, "kept_mib_after_each_pass": passes}
+
+
+def kept_cases(rows: int, threads: int) -> list[dict]:
+    """kept_mib of each way, each in a fresh process."""
+    results = []
+    for way in ("F.linear", "packed"):
+        out = subprocess.run([sys.executable, __file__, "--kept-child", way, "--kept-rows", str(rows),
+                              "--threads", str(threads)], check=True, capture_output=True, text=True).stdout
+        results.append(json.loads(out.splitlines()[-1]))
+    return results
 
 
 def attention_cases(bf16: bool) -> dict[str, Callable[[], torch.Tensor]]:
@@ -91,8 +141,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--kept-rows", type=int, default=200, help="row counts of the memory case (default 200)")
+    parser.add_argument("--kept-child", choices=["F.linear", "packed"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.kept_child:
+        print(json.dumps(kept_mib(args.kept_child, args.kept_rows)))
+        return
     bf16 = fast_bf16(torch.device("cpu"))
     cases = {**linear_cases(256, bf16), **linear_cases(64, bf16), **linear_cases(4, bf16), **attention_cases(bf16)}
     times: dict[str, list[float]] = {name: [] for name in cases}
@@ -108,9 +163,13 @@ def main() -> None:
     rows = [{"case": name, "ms": spread(values)} for name, values in times.items()]
     for row in rows:
         print(f"{row['case']:75s} {row['ms']['median']:8.3f} ms")
+    kept = kept_cases(args.kept_rows, args.threads)
+    for row in kept:
+        print(f"kept after {row['row_counts']} row counts, {row['way']:8s}: {row['kept_mib_after_each_pass']} MiB")
     write_results(RESULTS / f"decode-kernels-{cpu_kind()}.json", {
         "benchmark": "decode-kernels", "command": command_line(),
         "machine": machine(torch.device("cpu"), args.threads), "reps": args.reps, "calls": args.calls, "rows": rows,
+        "kept": kept,
     })
 
 

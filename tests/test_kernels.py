@@ -167,33 +167,6 @@ def keeps_decisive_tokens(model: Transformer, copy: torch.nn.Module, share: floa
 
 
 @pytest.mark.numeric
-def test_an_fp32_decoding_copy_packs_every_linear_layer_and_computes_what_the_model_does():
-    """On a CPU the fp32 decoding copy computes every linear layer with its weight packed once
-    for oneDNN (kernels.PackedLinear): the same products summed in another order, so each output
-    is within float32 roundoff of the exact sum, γ_n·Σ|terms| with γ_n = n·u / (1 - n·u), u = 2⁻²⁴,
-    for the n = in_features + 1 terms (the bias is one) in any order, and the searches
-    pick the same tokens wherever the best leads the next by more than the logits moved. Under
-    reference_math(), and given a copy already made, nothing is copied."""
-    model = sharp_model()
-    packed = decoding_model(model, "fp32")
-    assert decoding_model(packed, "fp32") is packed and packed is not model
-    assert not any(type(m) is torch.nn.Linear for m in packed.modules())
-    assert sum(type(m) is kernels.PackedLinear for m in packed.modules()) == 4 * 2 + 2 * 2 + 8 * 2 + 2 * 2 + 1
-    with reference_math():
-        assert decoding_model(model, "fp32") is model
-    layer = torch.nn.Linear(64, 48)  # a bias that is not zero, unlike the model's at initialisation
-    x = torch.randn(10, layer.in_features, generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        w, b = layer.weight.double(), layer.bias.double()
-        exact = x.double() @ w.T + b
-        n, u = layer.in_features + 1, 2.0**-24
-        bound = n * u / (1 - n * u) * (x.double().abs() @ w.abs().T + b.abs())
-        assert torch.all((kernels.PackedLinear(layer)(x).double() - exact).abs() <= bound)
-        assert torch.all((layer(x).double() - exact).abs() <= bound)  # the bound holds for F.linear too
-    keeps_decisive_tokens(model, packed, share=0.9)
-
-
-@pytest.mark.numeric
 def test_an_int8_linear_layer_is_within_its_rounding_bound():
     """y = xWᵀ + b with W rounded to int8 per output row (step s_j = max|W_j| / 127) and x to
     at most 8 bits per call (step s_x = range(x) / 127 where the kernel keeps 7 bits): each

@@ -154,7 +154,7 @@ def test_bf16_decoding_uses_a_copy_cast_from_the_current_weights():
     model = Transformer(ModelConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=2)).eval()
     low = decoding_model(model, "bf16")
     assert low is not model and next(low.parameters()).dtype == torch.bfloat16
-    assert decoding_model(low, "bf16") is low
+    assert decoding_model(low, "bf16") is low and decoding_model(model, "fp32") is model
     with torch.no_grad():
         for p in model.parameters():  # as an optimiser step does, in place
             p.add_(1.0)
