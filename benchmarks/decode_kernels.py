@@ -8,9 +8,10 @@ beam 4), 64 rows (greedy) and 4 rows (one sentence, beam 4: a server answering o
                once for oneDNN (its layout chosen for 64 rows, used at every row count: the
                kernel Inductor's frozen CPU graphs call)
     kept       the memory a process keeps after computing the 512 -> 2,048 layer at each row
-               count from 1 to --kept-rows, by F.linear and by the packed weight: oneDNN makes
-               and keeps a kernel for every row count it meets, and decoding meets many (each
-               beam, batch and step differs). This is why aiayn does not pack fp32 weights.
+               count from 1 to --kept-rows, by F.linear in fp32 (and bf16), int8 dynamic, and
+               the packed fp32 weight: oneDNN makes and keeps a kernel for every row count it
+               meets, and decoding meets many (each beam, batch and step differs). This is why
+               aiayn does not pack fp32 weights.
     attention  one decoding step's attention, the fused kernel against two matrix products:
                self-attention (1 query per row against 17 cached positions) and the beams of a
                sentence against its memory (4 queries against 32 source positions); and a whole
@@ -91,24 +92,29 @@ def resident_mib() -> float:
     return int(status["VmRSS"].split()[0]) / 1024
 
 
+KEPT_WAYS = ("fp32 F.linear", "fp32 packed", "int8 dynamic", "bf16 F.linear")
+
+
 def kept_mib(way: str, rows: int) -> dict:
     """In this process: the resident set's growth over two passes of the 512 -> 2,048 layer at
     every row count from 1 to `rows` (the second pass: what the first left for good is reused)."""
     layer = torch.nn.Linear(D_MODEL, D_FF).eval()
-    call = Packed(layer) if way == "packed" else layer
+    dtype = torch.bfloat16 if way.startswith("bf16") else torch.float32
+    call = {"fp32 F.linear": lambda: layer, "fp32 packed": lambda: Packed(layer), "bf16 F.linear": lambda: layer.bfloat16(),
+            "int8 dynamic": lambda: inference_copy(torch.nn.Sequential(layer), "int8")}[way]()
     start, passes = resident_mib(), []
     with torch.inference_mode():
         for _ in range(2):
             for n in range(1, rows + 1):
-                call(torch.randn(n, D_MODEL))
+                call(torch.randn(n, D_MODEL, dtype=dtype))
             passes.append(round(resident_mib() - start, 1))
     return {"way": way, "row_counts": rows, "kept_mib_after_each_pass": passes}
 
 
-def kept_cases(rows: int, threads: int) -> list[dict]:
+def kept_cases(rows: int, threads: int, bf16: bool) -> list[dict]:
     """kept_mib of each way, each in a fresh process."""
     results = []
-    for way in ("F.linear", "packed"):
+    for way in KEPT_WAYS[: None if bf16 else -1]:
         out = subprocess.run([sys.executable, __file__, "--kept-child", way, "--kept-rows", str(rows),
                               "--threads", str(threads)], check=True, capture_output=True, text=True).stdout
         results.append(json.loads(out.splitlines()[-1]))
@@ -142,7 +148,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--kept-rows", type=int, default=200, help="row counts of the memory case (default 200)")
-    parser.add_argument("--kept-child", choices=["F.linear", "packed"], help=argparse.SUPPRESS)
+    parser.add_argument("--kept-child", choices=KEPT_WAYS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.kept_child:
@@ -163,9 +169,9 @@ def main() -> None:
     rows = [{"case": name, "ms": spread(values)} for name, values in times.items()]
     for row in rows:
         print(f"{row['case']:75s} {row['ms']['median']:8.3f} ms")
-    kept = kept_cases(args.kept_rows, args.threads)
+    kept = kept_cases(args.kept_rows, args.threads, bf16)
     for row in kept:
-        print(f"kept after {row['row_counts']} row counts, {row['way']:8s}: {row['kept_mib_after_each_pass']} MiB")
+        print(f"kept after {row['row_counts']} row counts, {row['way']:13s}: {row['kept_mib_after_each_pass']} MiB")
     write_results(RESULTS / f"decode-kernels-{cpu_kind()}.json", {
         "benchmark": "decode-kernels", "command": command_line(),
         "machine": machine(torch.device("cpu"), args.threads), "reps": args.reps, "calls": args.calls, "rows": rows,
