@@ -143,13 +143,25 @@ def reproducible_compilation() -> Iterator[None]:
       which graph serves a batch would depend on the batches before it;
     - deterministic algorithms: Inductor then leaves the embedding's backward (an indexed
       accumulation) to ATen instead of adding with atomics from several threads, in an order
-      that changes from run to run. Memory is not filled on allocation, as a real run wants."""
+      that changes from run to run. Memory is not filled on allocation, as a real run wants;
+    - no graphs from Inductor's on-disk caches (the FX graph and AOTAutograd caches): an entry
+      written by another process is served on a key that leaves out state the compiled code
+      depends on. Measured on an AMD EPYC Zen 5 with torch 2.13: a graph that a process with
+      other settings had cached gave a first loss 3e-5 away from a fresh compile's, and one
+      cached under ATEN_CPU_CAPABILITY=avx2 corrupted the heap of a later run without it. Each
+      process compiles its own graph (the C++ kernels' cache, keyed by their source and
+      compiler flags, still serves)."""
+    import torch._functorch.config
+    import torch._inductor.config  # here, not at the top: it takes most of a second to import
+
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
                 torch.utils.deterministic.fill_uninitialized_memory)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = False
     try:
-        with torch.fx.experimental._config.patch(use_duck_shape=False):
+        with torch.fx.experimental._config.patch(use_duck_shape=False), \
+                torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
             yield
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])

@@ -193,8 +193,12 @@ def test_a_compiled_step_makes_the_eager_update_within_bf16_rounding_and_compile
     test_bf16_weights_hand_the_master_gradients_within_bf16_rounding_of_fp32 derives for 2 + 2
     layers (u = 2^-8; this model has 1 + 1), so their difference stays under 32u, normwise,
     compared through Adam's first moments (exp_avg = (1 - β1)·g after one step). Batches of other
-    shapes reuse the one graph. The model is the one `train_argv` trains, so the compiled resume
-    test below finds its graphs in Inductor's cache."""
+    shapes reuse the one graph. Inductor's on-disk graph caches are never asked: the model is the
+    one `train_argv` trains, and a graph cached here (one thread, this process's settings) served
+    to the compiled resume test below gave its first loss 3e-5 away from a fresh compile's
+    (aiayn.train.reproducible_compilation)."""
+    from torch._dynamo.utils import counters
+
     from aiayn.config import PRESETS
     from aiayn.optim import make_optimizer
     from aiayn.train import TrainStep
@@ -214,6 +218,9 @@ def test_a_compiled_step_makes_the_eager_update_within_bf16_rounding_and_compile
     assert ((got - want).norm() / want.norm()).item() < 32 * 2**-8
     torch.testing.assert_close(losses[True], losses[False], rtol=32 * 2**-8, atol=0)
     assert step.compiles == 1 and step.compile_seconds > 0
+    asked = {name: count for group in ("inductor", "aot_autograd") for name, count in counters[group].items()
+             if name.startswith(("fxgraph_cache_", "autograd_cache_"))}
+    assert not asked, asked
     for seed in (2, 3):  # other rows and lengths
         other = collate(copy_pairs(5 + seed, seed), config.pad_id, config.bos_id, config.eos_id)
         step([other], other.n_tgt_tokens)
