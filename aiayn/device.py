@@ -7,6 +7,7 @@ import ctypes
 import functools
 import os
 import platform
+import re
 import signal
 import sys
 import time
@@ -162,17 +163,24 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, -1))  # -1: never trim
 
 
-def cpu_kind() -> str:
+def cpu_kind(cpuinfo: Optional[str] = None) -> str:
     """The kind of development machine, for result file names and the docs' tables: intel-xeon
-    (AMX), amd-epyc (Zen 4: AVX-512 with bf16, no AMX), amd-epyc-avx2 (Zen 3: AVX2, no AVX-512,
-    no hardware bf16), or the CPU's vendor otherwise."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
+    (AMX), amd-epyc (Zen 4: AVX-512 with bf16, no AMX), amd-epyc-zen5 (CPU family 26: AVX-512
+    with bf16 on full 512-bit units, no AMX), amd-epyc-avx2 (Zen 3: AVX2, no AVX-512, no
+    hardware bf16), or the CPU's vendor otherwise. lscpu names all three AMD kinds "AMD EPYC".
+    `cpuinfo`: the text of /proc/cpuinfo (read from there when not given)."""
+    text = cpuinfo
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            text = ""
     if "GenuineIntel" in text:
         return "intel-xeon"
     if "AuthenticAMD" in text:
+        family = re.search(r"^cpu family\s*:\s*(\d+)", text, re.MULTILINE)
+        if family and int(family.group(1)) >= 26:
+            return "amd-epyc-zen5"
         return "amd-epyc" if " avx512f" in text else "amd-epyc-avx2"
     return platform.machine() or "unknown"
 

@@ -16,7 +16,7 @@ writes no ids: OpenNMT-py encodes again at every epoch of training), --reps time
 The peer lives in benchmarks/.venv-peers (benchmarks/setup_preprocess_peers.sh); fairseq, whose
 fairseq-preprocess would be the like-for-like peer, does not run on Python 3.11 (see there).
 
-Writes results/data-scale-KIND.json (KIND: the CPU kind, intel-xeon or amd-epyc); docs/data.md
+Writes results/data-scale-KIND.json (KIND: the CPU kind, aiayn.device.cpu_kind); docs/data.md
 quotes the medians.
 
     python benchmarks/data_scale.py                                   # 1M and 4.5M pairs, 3 reps

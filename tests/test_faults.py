@@ -597,6 +597,18 @@ def test_bf16_on_a_cpu_without_hardware_bf16_is_one_line_and_auto_picks_fp32(mod
     check_precision(cpu, "bf16")
 
 
+def test_cpu_kind_tells_the_amd_epyc_kinds_apart():
+    """Result files and the docs' tables are per CPU kind, and lscpu says "AMD EPYC" for Zen 3, 4
+    and 5 alike: the kind comes from /proc/cpuinfo's family and flags (excerpts of the real ones)."""
+    from aiayn.device import cpu_kind
+
+    amd = "vendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\nflags\t\t: fpu avx2 fma{more}\n"
+    assert cpu_kind(amd.format(family=25, model=1, more="")) == "amd-epyc-avx2"  # Zen 3
+    assert cpu_kind(amd.format(family=25, model=17, more=" avx512f avx512_bf16")) == "amd-epyc"  # Zen 4
+    assert cpu_kind(amd.format(family=26, model=2, more=" avx512f avx512_bf16 avx512_vp2intersect")) == "amd-epyc-zen5"
+    assert cpu_kind("vendor_id\t: GenuineIntel\ncpu family\t: 6\nflags\t\t: avx512f amx_bf16\n") == "intel-xeon"
+
+
 def test_import_hf_of_a_bad_folder(tmp_path, model_dir, capsys):
     hf = tmp_path / "hf"
     export_marian(model_dir, hf, echo=lambda _: None)
