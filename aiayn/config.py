@@ -13,6 +13,7 @@ configuration class and preset; split, the defaults would again live in several 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -237,10 +238,15 @@ def _fits(value, hint) -> bool:
     return isinstance(value, hint)
 
 
+# Once per class: resolving the annotations costs 0.4 ms, and a server makes a DecodeConfig for
+# every sentence that joins the running search.
+_type_hints = functools.cache(typing.get_type_hints)
+
+
 def _check_types(config) -> None:
     """One-line errors for values of the wrong type, as a config.json edited by hand can hold
     (`"dropout": "0.1"`), before any check compares them."""
-    hints = typing.get_type_hints(type(config))
+    hints = _type_hints(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if not _fits(value, hints[f.name]):
