@@ -127,7 +127,8 @@ def training_table(cases: list[dict], s: dict) -> list[str]:
     compiled = [c for c in training if "compile_s" in c]
     if compiled:
         lines += ["", "torch.compile (`TrainConfig.compile`): graphs compiled per process and the seconds of the steps "
-                  "that compiled them (warm-up steps, not timed; the first process compiles without Inductor's cache):", ""]
+                  "that compiled them (warm-up steps, not timed; since 2026-11-25 every process compiles afresh, "
+                  "without Inductor's on-disk graph caches; before, only the first process did):", ""]
         lines += [f"- {PRECISIONS[c['precision']]}: {c['compiles']['max']} graph(s), {number(c['compile_s']['median'])} s "
                   f"({number(c['compile_s']['min'])}–{number(c['compile_s']['max'])})" for c in compiled]
     return lines + [""]
