@@ -23,7 +23,7 @@ from aiayn.attention import MultiHeadAttention
 from aiayn.cache import KVCache
 from aiayn.checkpoint import load_model, save_model
 from aiayn.config import ModelConfig
-from aiayn.kernels import Dropout, cache_dtype
+from aiayn.kernels import Dropout, cache_dtype, relu
 
 # --------------------------------------------------------------------------------------------
 # §3.5 Positional encoding
@@ -109,7 +109,7 @@ class Embeddings(nn.Module):
 # --------------------------------------------------------------------------------------------
 # §3.3 Position-wise feed-forward network
 
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+_ACTIVATIONS = {"relu": relu, "gelu": F.gelu, "swish": F.silu}
 
 
 class FeedForward(nn.Module):

@@ -5,6 +5,11 @@ shapes of a token budget), grouped by operator.
     .venv/bin/python benchmarks/profile_train.py --precision bf16                 # autocast
     .venv/bin/python benchmarks/profile_train.py --precision bf16 --bf16-weights  # bf16 weights, fp32 master
     .venv/bin/python benchmarks/profile_train.py --precision bf16 --budget 2000   # speed.py's 2,000-token batches
+    .venv/bin/python benchmarks/profile_train.py --precision bf16 --budget 2000 --compile  # the compiled step
+
+With --compile the warm-up steps compile the step (TrainConfig.compile), and each kernel Inductor
+generates is its own row (its cpp.enable_kernel_profile), so the table shows which fused kernels
+take the time the matrix products leave.
 
 Prints the operators that take the most self time on the CPU, with their share of the steps'
 wall time, and writes the table into results/profile-train-KIND-PRECISION.txt.
@@ -30,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
     parser.add_argument("--bf16-weights", action="store_true", help="bf16 weights with fp32 master weights")
+    parser.add_argument("--compile", action="store_true", help="the compiled step, each generated kernel a row")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps, after 2 untimed ones (default 3)")
     parser.add_argument("--threads", type=int, default=default_threads())
     batches = parser.add_mutually_exclusive_group()
@@ -41,7 +47,12 @@ def main() -> None:
     torch.manual_seed(0)
     device = resolve_device("cpu")
     require_precision(args.precision, device=device)
-    system = systems.build("aiayn", device, args.precision, args.threads, bf16_weights=args.bf16_weights)
+    if args.compile:
+        import torch._inductor.config
+
+        torch._inductor.config.cpp.enable_kernel_profile = True
+    system = systems.build("aiayn", device, args.precision, args.threads, compile=args.compile,
+                           bf16_weights=args.bf16_weights)
     if args.budget:
         with tempfile.TemporaryDirectory() as scratch:
             shapes = systems.corpus_shapes(systems.corpus_lengths(Path(scratch)), args.budget, args.steps)
@@ -58,7 +69,7 @@ def main() -> None:
     tokens_per_s = systems.target_tokens(shapes) / seconds
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total_us = seconds * 1e6
-    label = f"{args.precision}{' bf16 weights' if args.bf16_weights else ''}" + \
+    label = f"{args.precision}{' bf16 weights' if args.bf16_weights else ''}{' compiled' if args.compile else ''}" + \
         (f", {args.budget}-token batches" if args.budget else f", {args.rows} x 32 + 32")
     lines = [f"# {command_line()}", f"# aiayn Transformer-base training, {label}, {cpu_kind()}, {args.threads} threads: "
              f"{tokens_per_s:,.0f} target tokens/s over {args.steps} profiled steps ({seconds:.2f} s)",
@@ -70,6 +81,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     out = RESULTS / (f"profile-train-{cpu_kind()}-{args.precision}{'-bf16-weights' if args.bf16_weights else ''}"
+                     f"{'-compiled' if args.compile else ''}"
                      f"{f'-{args.budget}' if args.budget else ''}.txt")
     out.write_text(text)
     print(f"wrote {out}")

@@ -122,8 +122,9 @@ def test_the_switch_turns_every_trick_off_and_changes_no_result(changes):
 
 
 def test_cpu_dropout_drops_at_rate_p_and_rescales():
-    """The CPU dropout draws 15 bits per element instead of a Bernoulli variable: P_drop must
-    still be p (to 2^-16), the kept values scaled by 1 / (1 - p), and the gradient the same mask."""
+    """The CPU dropout draws 16 bits per element instead of a Bernoulli variable: P_drop must
+    still be p (to 2^-17), the kept values scaled by 1 / (1 - p), and the gradient the same mask;
+    in bf16 too, where the mask is made in bf16 and a kept value is x / (1 - p) rounded once."""
     torch.manual_seed(0)
     drop = kernels.Dropout(0.1).train()
     x = torch.ones(1000, 1000, requires_grad=True)
@@ -136,6 +137,44 @@ def test_cpu_dropout_drops_at_rate_p_and_rescales():
     assert torch.equal(drop.eval()(x), x)
     with reference_math():  # nn.Dropout's own draw: the same rate
         assert abs((drop.train()(x) == 0).float().mean().item() - 0.1) < 0.002
+    low = torch.linspace(1, 2, 1_000_000).bfloat16().view(1000, 1000).requires_grad_()
+    y = drop(low)
+    kept = y != 0
+    assert y.dtype == torch.bfloat16 and abs(1 - kept.float().mean().item() - 0.1) < 0.002
+    assert torch.equal(y[kept], (low.detach() * (1 / 0.9))[kept])
+    y.float().sum().backward()
+    assert torch.equal(low.grad, kept.bfloat16() * torch.tensor(1 / 0.9).bfloat16())
+
+
+def test_a_compiled_training_step_saves_no_bool_mask_of_a_layer():
+    """Under torch.compile, AOTAutograd saves for the backward the smallest tensors it needs, and
+    for ReLU, dropout and the attention masks those were bool masks the size of a layer's
+    activations, which Inductor (torch 2.13) writes and reads one element at a time on a CPU
+    (aiayn.kernels.relu). The forward graph, partitioned as Inductor partitions it, must save no
+    bool tensor larger than one per token (the padding masks)."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    saved = []
+
+    def forward_compiler(graph_module, example_inputs):
+        outputs = next(node for node in graph_module.graph.nodes if node.op == "output").args[0]
+        saved.extend(node.meta["val"] for node in outputs if isinstance(node, torch.fx.Node))
+        return make_boxed_func(graph_module)
+
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda graph_module, _: make_boxed_func(graph_module),
+                           partition_fn=min_cut_rematerialization_partition)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(TINY, dropout=0.1)).train()
+    src, tgt = torch.randint(3, 50, (4, 7)), torch.randint(3, 50, (4, 6))
+    src[0, 5:] = TINY.pad_id  # padding: key masks
+    with torch.autocast("cpu", torch.bfloat16):  # the matmul attention kernel of bf16 training
+        torch.compile(model, backend=backend, dynamic=False)(src, tgt).float().sum().backward()
+    torch._dynamo.reset()
+    assert saved, "the forward graph was not captured"
+    masks = [tuple(t.shape) for t in saved if t.dtype == torch.bool and t.numel() > src.numel()]
+    assert not masks, masks
 
 
 # --- int8 weights ------------------------------------------------------------------------------
