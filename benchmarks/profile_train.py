@@ -48,9 +48,9 @@ def main() -> None:
     device = resolve_device("cpu")
     require_precision(args.precision, device=device)
     if args.compile:
-        import torch._inductor.config
+        from torch._inductor import config as inductor_config
 
-        torch._inductor.config.cpp.enable_kernel_profile = True
+        inductor_config.cpp.enable_kernel_profile = True
     system = systems.build("aiayn", device, args.precision, args.threads, compile=args.compile,
                            bf16_weights=args.bf16_weights)
     if args.budget:
