@@ -6,7 +6,8 @@ on both alike, and reports each case's median and range and the ratio this / oth
 
     train   fp32 and bf16: target tokens/s of Adam steps on 64 pairs of 32 + 32 tokens, and
             (only when named in --cases) on speed.py's real batch shapes of 2,000 and 25,000
-            tokens, each checkout's own batching cutting them from the same sentence lengths
+            tokens, each checkout's own batching cutting them from the same sentence lengths,
+            eager or compiled ("... compiled": TrainConfig.compile, compiling in the warm-up)
     decode  fp32 (beam 4 and greedy), bf16 and int8 (beam 4): output tokens/s of 64 sentences
             of 32 tokens
     demo    (only when named in --cases) `aiayn train` of the demo's model and recipe
@@ -52,11 +53,14 @@ CASES = {  # label: one_case.py arguments after the common ones
     "decode int8 beam 4": ["decode", "--system", "aiayn", "--precision", "int8", "--beam", "4", "--sentences", "64",
                            "--warmup", "1", "--calls", "1"],
 }
-# speed.py's real batch shapes: (budget, warm-up steps, timed batches); each checkout's own batching
-# cuts them from the same sentence lengths (the same shapes wherever the batching is unchanged),
-# so a change of the batching is measured as what a run of that checkout trains on
-BUDGETS = {f"train {precision} {budget}-token batches": (precision, budget, warmup, count)
-           for budget, warmup, count in speed.FULL.budgets for precision in speed.PRECISIONS}
+# speed.py's real batch shapes: (precision, budget, warm-up steps, timed batches, compiled); each
+# checkout's own batching cuts them from the same sentence lengths (the same shapes wherever the
+# batching is unchanged), so a change of the batching is measured as what a run of that checkout
+# trains on. The compiled cases compile in their warm-up steps, untimed.
+BUDGETS = {f"train {precision} {budget}-token batches{' compiled' if compiled else ''}":
+           (precision, budget, warmup, count, compiled)
+           for budget, warmup, count in speed.FULL.budgets for precision in speed.PRECISIONS
+           for compiled in (False, True)}
 DEMO = "demo train bf16"  # the whole trainer, `aiayn train`: its loop, data path and memory handling too
 DEMO_STEPS = 100  # the demo case's steps; the first half (start-up, warm-up of the allocator) is not timed
 
@@ -133,13 +137,13 @@ def main() -> None:
             numpy.save(lengths, systems.corpus_lengths(Path(scratch)))
         for case in args.cases:
             if case in BUDGETS:
-                precision, budget, warmup, count = BUDGETS[case]
+                precision, budget, warmup, count, compiled = BUDGETS[case]
                 for side, checkout in sides.items():
                     shapes = Path(scratch, f"shapes-{side}-{budget}.json")
                     if not shapes.exists():  # a budget's shapes serve both precisions
                         cut_shapes(checkout, lengths, budget, count, shapes)
                     cases[side][case] = ["train", "--system", "aiayn", "--precision", precision, "--shapes",
-                                         str(shapes), "--warmup", str(warmup)]
+                                         str(shapes), "--warmup", str(warmup), *(["--compile"] if compiled else [])]
                     timed_shapes[case][side] = json.loads(shapes.read_text())
         for rep in range(args.reps):
             for case in args.cases:
