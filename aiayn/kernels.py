@@ -110,7 +110,7 @@ def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], ca
     """softmax(QKᵀ / √d_k) V as two plain matrix products, the softmax in fp32 at least."""
     scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, L_q, L_k)
     mask = attention_mask(mask, causal, None, q.size(-2), k.size(-2), q.device)
-    if mask is not None:
+    if mask is not None and torch.is_grad_enabled():
         # The dtype's lowest number added where masked, rather than -inf filled in: the backward
         # then needs no mask, and a compiled step saves no bool (B, h, L_q, L_k) tensor for it
         # (see `relu`). A masked key's weight is still exactly 0 (exp underflows), and a query
@@ -118,6 +118,8 @@ def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], ca
         # the gradients through the addition.
         lowest = torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype, device=scores.device)
         scores = scores + torch.where(mask, 0.0, lowest)  # (B, h, L_q, L_k)
+    elif mask is not None:  # no backward (decoding): the fill is the cheaper op at a step's few queries
+        scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))  # (B, h, L_q, L_k)
     if mask is not None:  # the softmax of an all -inf row is NaN; such a query attends to nothing
         sees = mask.any(dim=-1, keepdim=True)  # (..., L_q, 1)
@@ -241,8 +243,8 @@ class Dropout(nn.Dropout):
     P_drop is p to within 2^-17 (0.1 becomes 0.100006). On a GPU, and under `reference_math()`,
     it is `nn.Dropout` itself.
 
-    The mask is made in x's dtype once: a bool mask would be cast again by the product in the
-    forward and again in the backward (a third of the dropout's time in a bf16 training step).
+    The mask is made in x's dtype once: a bool mask would be cast to it again by the product in
+    the forward, and again in the backward.
 
     The draws are one out-of-place `torch.randint`, which torch.compile traces without a graph
     break; a compiled step (aiayn.train.TrainStep, Inductor's `fallback_random`) then draws them
@@ -287,9 +289,11 @@ def relu(x: Tensor) -> Tensor:
     gradient compares, and AOTAutograd saves the smallest tensor a backward needs: the (N, d_ff)
     bool mask of that comparison. Inductor (torch 2.13) writes a bool tensor on a CPU through a
     scalar loop (at::vec's generic mask-to-bool conversion) and reads it back the same way: the
-    two kernels took 10 and 6 ms per layer at 2,000-token batches on an AMD EPYC (Zen 5), against
-    1.7 ms for the eager ReLU, and made the compiled step slower than the eager one. Eager, ATen's
-    ReLU gradient is one pass, where g · sign(y) is two."""
+    two kernels took 11 and 6 ms per layer at 2,000-token batches on an AMD EPYC (Zen 5), where
+    the eager ReLU and its gradient take 0.4 ms each (benchmarks/results/profile-train-amd-epyc-
+    zen5-bf16-compiled-2000-e3e5578.txt and profile-train-amd-epyc-zen5-bf16-2000.txt), and made
+    the compiled step slower than the eager one. Eager, ATen's ReLU gradient is one pass, where
+    g · sign(y) is two."""
     if torch.compiler.is_compiling() and not _reference:
         return _ReLUFromOutput.apply(x)
     return F.relu(x)

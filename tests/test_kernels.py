@@ -38,13 +38,16 @@ def masks(q_len, k_len):
 @pytest.mark.parametrize("kernel", [fused_attention, matmul_attention], ids=["fused", "matmul"])
 @pytest.mark.parametrize("mask_name", ["none", "padding", "per-query", "a query sees nothing"])
 @pytest.mark.parametrize("causal, q_len, k_len", [(False, 5, 7), (True, 6, 6), (True, 2, 6)])
-def test_kernels_equal_the_reference(kernel, mask_name, causal, q_len, k_len):
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "decoding"])
+def test_kernels_equal_the_reference(kernel, mask_name, causal, q_len, k_len, grad):
     """Self- and cross-attention, causal with a cache (the queries are the newest positions), and
-    a query with every key masked: zero output, as the reference (not NaN)."""
+    a query with every key masked: zero output, as the reference (not NaN). With and without
+    autograd: the matmul kernel adds its mask where a backward follows, else fills it in."""
     q, k, v = qkv(q_len=q_len, k_len=k_len)
     mask = masks(q_len, k_len)[mask_name]
     expected, _ = scaled_dot_product_attention(q, k, v, attention_mask(mask, causal, None, q_len, k_len, q.device))
-    got = kernel(q, k, v, mask, causal, 0.0)
+    with torch.set_grad_enabled(grad):
+        got = kernel(q, k, v, mask, causal, 0.0)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     if mask_name == "a query sees nothing" and not causal:
         assert torch.equal(got[:, :, 1], torch.zeros_like(got[:, :, 1]))
