@@ -107,11 +107,12 @@ def budget_warmup(settings: Settings, budget: int) -> int:
 
 
 def make_cases(tasks: list[str], names: list[str], device: torch.device, compile: bool,
-               budgets: list[Optional[int]]) -> list[Case]:
+               budgets: list[Optional[int]], precisions: tuple[str, ...] = PRECISIONS) -> list[Case]:
     """`budgets`: None for the fixed batch, or the token budget of real batch shapes. bf16 only
     where the device computes it in hardware (aiayn refuses it elsewhere, and every system would
-    run it many times slower than fp32)."""
-    ours = tuple(p for p in PRECISIONS if p != "bf16" or fast_bf16(device))
+    run it many times slower than fp32). `precisions`: those to measure (int8 decoding comes
+    with fp32)."""
+    ours = tuple(p for p in precisions if p != "bf16" or fast_bf16(device))
     cases = [Case("peak", "matmul", p) for p in ours]
     if "train" in tasks:
         trainable = [s for s in names if s in systems.TRAINABLE]
@@ -127,7 +128,7 @@ def make_cases(tasks: list[str], names: list[str], device: torch.device, compile
         for beam in (4, 1):
             for s in names:
                 precisions = systems.ctranslate2_precisions(device) if s == "ctranslate2" else ours
-                if s == "aiayn" and device.type == "cpu":
+                if s == "aiayn" and device.type == "cpu" and "fp32" in ours:
                     precisions = (*precisions, "int8")  # int8 weights: aiayn.kernels.inference_copy
                 cases += [Case("decode", s, p, beam) for p in precisions]
     return cases
@@ -195,6 +196,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also train aiayn under torch.compile")
     parser.add_argument("--batches", nargs="+", help="training batches: 'fixed' (64 pairs of 32 + 32 tokens) and/or the "
                         "token budgets of real batch shapes (default: fixed and every budget of the settings)")
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
+                        help="those to measure (default: all); a 25,000-token fp32 repetition takes half an hour on 2 cores")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks that every case runs")
     parser.add_argument("--out", type=Path, help="result file (default results/speed-DEVICE.json)")
     args = parser.parse_args()
@@ -215,7 +218,7 @@ def main() -> None:
         parser.error(f"--batches takes fixed and the budgets {', '.join(known)}")
     budgets = [None if b == "fixed" else int(b) for b in args.batches or ["fixed", *known]]
     settings = Settings(**{**asdict(settings), "budgets": tuple(b for b in settings.budgets if b[0] in budgets)})
-    cases = make_cases(args.tasks, args.systems, device, args.compile, budgets)
+    cases = make_cases(args.tasks, args.systems, device, args.compile, budgets, tuple(args.precisions))
     runs = []
     peer_notes: dict[str, list[str]] = {}  # what each peer's harness says differs from the common shape
     with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as scratch:
