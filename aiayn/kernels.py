@@ -213,10 +213,6 @@ def attention_kernel(q: Tensor, k: Tensor, mask: Optional[Tensor], neighborhood:
     return lambda q, k, v, *rest: kernel(q.to(k.dtype), k, v, *rest).to(q.dtype)
 
 
-# --------------------------------------------------------------------------------------------
-# Dropout (§5.4)
-
-
 def fold_queries(q: Tensor, kv_rows: int) -> Tensor:
     """Queries (B, h, L_q, d) whose B = g·kv_rows rows come in groups of g consecutive rows that
     share one row of keys and values (the beams of a sentence share its encoder-decoder keys and
@@ -235,6 +231,10 @@ def unfold_queries(x: Tensor, batch: int) -> Tensor:
     group = batch // kv_rows
     x = x.reshape(kv_rows, heads, group, folded // group, width).transpose(1, 2)  # (B / g, g, h, L_q, d)
     return x.reshape(batch, heads, folded // group, width)  # (B, h, L_q, d)
+
+
+# --------------------------------------------------------------------------------------------
+# Dropout (§5.4)
 
 
 class Dropout(nn.Dropout):
@@ -264,6 +264,10 @@ class Dropout(nn.Dropout):
         else:
             keep = (bits >= threshold).to(x.dtype)  # 1 where kept, 0 where dropped
         return x * keep * (1.0 / (1.0 - self.p))
+
+
+# --------------------------------------------------------------------------------------------
+# ReLU (§3.3)
 
 
 class _ReLUFromOutput(torch.autograd.Function):
