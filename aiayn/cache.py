@@ -16,7 +16,8 @@ server's new requests enter the running search between steps). Every row writes 
 at the same column, so a sentence that joins at column c has its positions 0, 1, ... at columns
 c, c + 1, ...: its row is padded on the left, and the columns before c are masked out of its
 self-attention. Once the sentences that joined first have left, the columns no row reads are
-dropped (`reorder`), so the buffers stay as wide as the oldest sentence still decoding.
+dropped (`reorder`), so the buffers stay as wide as the oldest sentence still decoding, and the
+memories as wide as the longest source still decoding needs (`kernels.source_width`).
 
 State tensors (B = batch rows = M sentences × beam; h = heads; S = source length):
   self_k[i]: (B, h, capacity, d_k)   self_v[i]: (B, h, capacity, d_v), length ≤ capacity ≤ max_len
@@ -33,6 +34,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from aiayn import kernels
 
 
 class KVCache:
@@ -163,7 +166,7 @@ class KVCache:
             self._starts = [self._starts[j] for j in kept]
             if self._sources is not None:  # memories padded for a longer source that has left: cut
                 self._sources = [self._sources[j] for j in kept]
-                width = max(self._sources, default=0)
+                width = min(kernels.source_width(max(self._sources, default=0)), self.cross[0][0].size(2))
                 self.cross = [(k[:, :, :width], v[:, :, :width]) for k, v in self.cross]
                 self.memory_mask = self.memory_mask[..., :width]
             drop = min(self._starts, default=0)  # columns no sentence still decoding reads

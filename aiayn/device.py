@@ -130,14 +130,21 @@ def available_bytes() -> Optional[int]:
 # 2,333 MiB with it and 1,625 MiB with 128 kernels (docs/robustness.md). A step's layers share
 # their shapes, so the kernels a step reuses fit in 128: the demo trained no slower.
 KERNEL_CACHE_CAPACITY = 128
+# A server's decoding steps come in more shapes than a training step's: the rows decoding times
+# the columns of the keys attended, which change with every step and every join. With 128 kernels
+# a 16-sentence search compiled about 2 kernels a step, about 0.3 ms each (benchmarks/
+# decode_steps.py, AMD EPYC Zen 5); oneDNN's own 1,024 keep them, for a bounded 100-250 MiB.
+SERVING_KERNEL_CACHE_CAPACITY = 1024
+_USER_SIZED = any(f"{prefix}_PRIMITIVE_CACHE_CAPACITY" in os.environ for prefix in ("ONEDNN", "DNNL"))
 
 
-def bound_kernel_cache() -> None:
-    """Cap oneDNN's cache of compiled kernels at KERNEL_CACHE_CAPACITY, unless the user set its
-    size (ONEDNN_ or DNNL_PRIMITIVE_CACHE_CAPACITY). oneDNN reads the variable once, when the
-    process compiles its first kernel, so `import aiayn` calls this."""
-    if not any(f"{prefix}_PRIMITIVE_CACHE_CAPACITY" in os.environ for prefix in ("ONEDNN", "DNNL")):
-        os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(KERNEL_CACHE_CAPACITY)
+def bound_kernel_cache(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
+    """Cap oneDNN's cache of compiled kernels at `capacity`, unless the user set its size
+    (ONEDNN_ or DNNL_PRIMITIVE_CACHE_CAPACITY). oneDNN reads the variable once, when the process
+    compiles its first kernel, so `import aiayn` calls this, and `aiayn serve` again with
+    SERVING_KERNEL_CACHE_CAPACITY before it loads a model."""
+    if not _USER_SIZED:
+        os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(capacity)
 
 
 # glibc's malloc serves a block over its mmap threshold (which grows to 32 MiB at most) with fresh

@@ -123,11 +123,12 @@ def translate_nbest(
     return results
 
 
-def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig) -> tuple[Tensor, Tensor]:
-    """Sources (token ids without EOS) as one batch: src (N, S) with EOS, padded; max_len (N,)
-    the most output tokens of each (source + `extra_len`, at most `max_output_len`, and no more
-    than learned positions allow)."""
-    longest = max(len(ids) + 1 for ids in sources)
+def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig,
+                 width: Callable[[int], int] = lambda longest: longest) -> tuple[Tensor, Tensor]:
+    """Sources (token ids without EOS) as one batch: src (N, S) with EOS, padded to S = `width`
+    of the longest; max_len (N,) the most output tokens of each (source + `extra_len`, at most
+    `max_output_len`, and no more than learned positions allow)."""
+    longest = width(max(len(ids) + 1 for ids in sources))
     src = torch.full((len(sources), longest), config.pad_id, dtype=torch.long)
     for row, ids in enumerate(sources):
         src[row, : len(ids) + 1] = torch.tensor(list(ids) + [config.eos_id])
@@ -164,7 +165,7 @@ class ContinuousDecoding:
         """Sources (token ids without EOS) join; `step` gives their `keys` back as they finish."""
         self.search.check_n_best(n_best)
         decode = dataclasses.replace(self.decode, max_output_len=max_output_len)
-        src, max_len = padded_batch(self.config, sources, decode)
+        src, max_len = padded_batch(self.config, sources, decode, kernels.source_width)
         src, positions = src.to(self.device), int(max_len.max()) + 1
         with torch.inference_mode():
             # The model's state first: should encoding fail, the search has not changed.

@@ -400,3 +400,26 @@ def test_folded_beam_queries_attend_as_rows_with_copied_keys():
     folded = kernels.unfold_queries(scaled_dot_product_attention(kernels.fold_queries(q, 2), k, v)[0], 6)
     copied = scaled_dot_product_attention(q, k.repeat_interleave(3, 0), v.repeat_interleave(3, 0))[0]
     torch.testing.assert_close(folded, copied)  # fp32 defaults: the same products, summed in another order at most
+
+
+def test_a_continuous_batch_keeps_its_memory_at_a_few_widths():
+    """kernels.source_width: sources join padded to a multiple of 8 positions (the reference math
+    pads nothing), and once the longest has left the memory is cut to the width the longest
+    source still decoding needs, also a multiple of 8: the products meet few shapes. That the
+    padding changes no output is test_search's joined sentences decoding as they do alone."""
+    from aiayn.config import DECODE_PRESETS
+    from aiayn.translate import ContinuousDecoding
+
+    assert [kernels.source_width(n) for n in (1, 8, 9, 17)] == [8, 8, 16, 24]
+    with reference_math():
+        assert kernels.source_width(9) == 9
+    torch.manual_seed(0)
+    decoding = ContinuousDecoding(Transformer(TINY).eval(), dataclasses.replace(DECODE_PRESETS["translate"], extra_len=6))
+    decoding.join([list(range(5, 25))], ["long"], alpha=0.6, max_output_len=1)  # 21 positions with EOS
+    decoding.join([[5, 6]], ["short"], alpha=0.6)
+    widths = {decoding.state.cache.cross[0][0].size(2)}
+    while "long" not in dict(decoding.step()):
+        pass
+    assert decoding.live == 1
+    widths.add(decoding.state.cache.cross[0][0].size(2))
+    assert widths == {24, 8}

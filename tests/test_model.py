@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from aiayn import kernels
 from aiayn.config import ModelConfig
 from aiayn.model import (
     DecoderModel,
@@ -210,7 +211,7 @@ def test_a_sentence_that_joins_a_decoding_cache_gets_its_own_full_forward(change
     first two leave, the columns only they read are dropped. Every step equals the full forward
     of its row."""
     model = tiny(**changes)
-    src, later = tokens([[5, 6, 7, 8, 9], [10, 11]]), tokens([[12, 13, 14, 15, 16, 17, 18]])
+    src, later = tokens([[5, 6, 7, 8, 9], [10, 11]]), tokens([[12, 13, 14, 15, 16, 17, 18, 21, 22]])
     tgt = torch.randint(4, 50, (3, 6))
     memory, mask = model.encode(src)
     cache = model.init_cache(memory, mask, max_len=7)
@@ -226,11 +227,14 @@ def test_a_sentence_that_joins_a_decoding_cache_gets_its_own_full_forward(change
     assert cache.length == 2 and cache.start is None  # their three columns dropped
     step = model.decode(tgt[2:, 2:3], cache=cache)
     torch.testing.assert_close(step[0, 0], model(later, tgt[2:, :3])[0, -1], atol=1e-5, rtol=1e-5)
-    short = tokens([[19, 20]])  # joins; then the long source leaves, and the memories are cut to 2
+    # The short source joins; then the long one (9 positions) leaves, and the memories are cut to
+    # what the short one's 2 need, at the widths a continuous batch keeps (kernels.source_width).
+    short = tokens([[19, 20]])
     cache.join(model.memory_keys_values(model.encode(short)[0]), model.encode(short)[1], rows_each=1, max_len=4)
     model.decode(torch.cat([tgt[2:, 3], tgt[:1, 0]]).unsqueeze(1), cache=cache)
     cache.reorder(torch.tensor([1]), torch.tensor([1]), beam=1)
-    assert cache.memory_mask.shape == (1, 1, 1, 2) and cache.cross[0][0].size(2) == 2
+    width = kernels.source_width(2)
+    assert width < 9 and cache.memory_mask.shape == (1, 1, 1, width) and cache.cross[0][0].size(2) == width
     step = model.decode(tgt[:1, 1:2], cache=cache)
     torch.testing.assert_close(step[0, 0], model(short, tgt[:1, :2])[0, -1], atol=1e-5, rtol=1e-5)
 

@@ -21,7 +21,7 @@ import torch
 from aiayn.model import Transformer
 from aiayn.serve import batcher as batcher_module
 from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
-from aiayn.config import SERVE
+from aiayn.config import DECODE_PRESETS, SERVE
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.process import ServerProcess, free_port
 from aiayn.sentences import interleave, split_sentences
@@ -885,6 +885,36 @@ def test_the_page_translates_and_draws_the_attention_in_chromium(server, tmp_pat
     _, expected, _ = request(server, "POST", "/translate", {"text": text.split("\n"), "split_sentences": True})
     assert seen["translations"] == [" ".join(t.split()) for t in expected["translations"]]
     assert seen["sentences"] == ["1.1", "1.2", "2"] and seen["colors"] > 8
+
+
+def test_a_server_widens_onednns_kernel_cache_before_it_loads_a_model(monkeypatch, model_dir):
+    """aiayn.device: a server's decoding steps come in more shapes than training's, so `serve`
+    sizes oneDNN's cache of compiled kernels for them before the process's first product (the
+    model's loading), unless the user sized it."""
+    import os
+
+    from aiayn import device
+    from aiayn.config import ServeOptions
+    from aiayn.serve import server
+
+    class Loading(Exception):
+        pass
+
+    seen = []
+
+    def load(run_dir, on):
+        seen.append(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"))
+        raise Loading
+
+    monkeypatch.setattr(server, "load_for_inference", load)
+    # As `import aiayn` left it, then as a user set it.
+    for capacity, user_sized in ((device.KERNEL_CACHE_CAPACITY, False), (7, True)):
+        monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(capacity))
+        monkeypatch.setattr(device, "_USER_SIZED", user_sized)
+        with pytest.raises(Loading):
+            server.serve(ServeOptions(run_dir=str(model_dir), port=0), DECODE_PRESETS["translate"])
+    assert seen == [str(device.SERVING_KERNEL_CACHE_CAPACITY), "7"]
+    assert device.SERVING_KERNEL_CACHE_CAPACITY > device.KERNEL_CACHE_CAPACITY
 
 
 @pytest.mark.parametrize("precision", [pytest.param("bf16", marks=pytest.mark.bf16), "int8"])

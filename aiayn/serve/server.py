@@ -16,7 +16,7 @@ import threading
 import uvicorn
 
 from aiayn.config import DecodeConfig, ServeOptions
-from aiayn.device import resolve_device
+from aiayn.device import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache, resolve_device
 from aiayn.run import languages_of, load_for_inference
 from aiayn.serve.app import LOOPBACK_NAMES, create_app
 from aiayn.serve.connections import guarded_protocol
@@ -41,11 +41,21 @@ def _languages(options: ServeOptions) -> Languages:
     return Languages(options.source_lang or source, options.target_lang or target)
 
 
+def _load(options: ServeOptions, listener: socket.socket):
+    """(device, model, tokenizer); a model that does not load frees the port at once."""
+    bound_kernel_cache(SERVING_KERNEL_CACHE_CAPACITY)  # before the process's first matrix product
+    try:
+        device = resolve_device(options.device)
+        return (device, *load_for_inference(options.run_dir, device))
+    except BaseException:
+        listener.close()
+        raise
+
+
 def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     keys = read_keys(options.api_keys) if options.api_keys else None
     listener = _listen(options.host, options.port)
-    device = resolve_device(options.device)
-    model, tokenizer = load_for_inference(options.run_dir, device)
+    device, model, tokenizer = _load(options, listener)
     # On a loopback address only loopback names are answered (no DNS rebinding); a server on
     # another address is meant to be reached by names this process cannot know.
     address = listener.getsockname()[0]
