@@ -255,7 +255,9 @@ class Dropout(nn.Dropout):
     per-element random numbers were several times slower than these draws on a CPU."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0 or x.device.type != "cpu" or _reference:
+        if not self.training or self.p == 0.0:  # the identity, as nn.Dropout's, without its call
+            return x
+        if x.device.type != "cpu" or _reference:
             return super().forward(x)
         n = x.numel()
         draws = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)  # 64 random bits each

@@ -1,6 +1,7 @@
 """What bounds continuous batching on this machine: the time of one decoding step of
 `aiayn.translate.ContinuousDecoding` with 1 and with N sentences decoding (beam 4), and of one
-sentence joining, on test verses of bible-en-es, in process (no HTTP).
+sentence joining, on test verses of bible-en-es, in process (no HTTP), with oneDNN's kernel
+cache sized as `aiayn serve` sizes it.
 
 With N clients each waiting for its answer before sending the next text, a server at best
 answers N sentences in the time one step of N takes times the steps of a sentence, against one
@@ -24,7 +25,7 @@ import torch
 
 from aiayn.config import DECODE_PRESETS
 from aiayn.corpora import load_corpus
-from aiayn.device import matmul_peak_flops
+from aiayn.device import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache, matmul_peak_flops
 from aiayn.translate import ContinuousDecoding, Translator
 from common import RESULTS, command_line, cpu_kind, default_threads, machine, spread, write_results
 
@@ -59,6 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.run_dir.exists():
         parser.exit(2, f"error: {args.run_dir} does not exist\n")
+    bound_kernel_cache(SERVING_KERNEL_CACHE_CAPACITY)  # as `aiayn serve` does, before the first product
     translator = Translator.load(args.run_dir, decode=dataclasses.replace(DECODE_PRESETS["translate"],
                                                                           precision=args.precision))
     verses = [source for source, _ in load_corpus("bible-en-es").splits["test"]]

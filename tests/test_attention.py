@@ -239,3 +239,22 @@ def test_local_attention_backward_matches_dense():
     scaled_dot_product_attention(q, k, v, attention_mask(None, False, 4, 13, 13, q.device))[0].sum().backward()
     for got, expected in zip(local_grads, (q.grad, k.grad, v.grad)):
         torch.testing.assert_close(got, expected)
+
+
+def test_the_shape_checks_broadcast_as_torch_does():
+    """attention._broadcast, the checks' plain-Python torch.broadcast_shapes: the same shape, or
+    None where torch raises, over random shapes with sizes 0, 1 and others."""
+    from aiayn.attention import _broadcast
+
+    gen, sizes = torch.Generator().manual_seed(0), torch.tensor([0, 1, 1, 2, 3])
+    draw = lambda n: int(torch.randint(0, n, (1,), generator=gen))  # noqa: E731
+    outcomes = []
+    for _ in range(500):
+        shapes = [torch.Size(sizes[torch.randint(0, 5, (draw(4),), generator=gen)].tolist()) for _ in range(1 + draw(3))]
+        try:
+            expected = torch.broadcast_shapes(*shapes)
+        except RuntimeError:
+            expected = None
+        assert _broadcast(*shapes) == expected, shapes
+        outcomes.append(expected is None)
+    assert 50 < sum(outcomes) < 450  # both kinds, often
