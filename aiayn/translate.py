@@ -165,7 +165,8 @@ class ContinuousDecoding:
         """Sources (token ids without EOS) join; `step` gives their `keys` back as they finish."""
         self.search.check_n_best(n_best)
         decode = dataclasses.replace(self.decode, max_output_len=max_output_len)
-        src, max_len = padded_batch(self.config, sources, decode, kernels.source_width)
+        room = self.config.max_len if self.config.positional == "learned" else float("inf")  # no position past it
+        src, max_len = padded_batch(self.config, sources, decode, lambda n: min(kernels.source_width(n), room))
         src, positions = src.to(self.device), int(max_len.max()) + 1
         with torch.inference_mode():
             # The model's state first: should encoding fail, the search has not changed.

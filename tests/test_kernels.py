@@ -423,3 +423,8 @@ def test_a_continuous_batch_keeps_its_memory_at_a_few_widths():
     assert decoding.live == 1
     widths.add(decoding.state.cache.cross[0][0].size(2))
     assert widths == {24, 8}
+    # A model of learned positions has none past max_len: its sources are padded up to it at most.
+    learned = Transformer(dataclasses.replace(TINY, positional="learned", max_len=20)).eval()
+    decoding = ContinuousDecoding(learned, dataclasses.replace(DECODE_PRESETS["translate"], max_output_len=2))
+    decoding.join([list(range(5, 24))], ["longest"], alpha=0.6)  # 20 positions with EOS
+    assert decoding.state.cache.cross[0][0].size(2) == 20
