@@ -135,7 +135,11 @@ KERNEL_CACHE_CAPACITY = 128
 # a 16-sentence search compiled about 2 kernels a step, about 0.3 ms each (benchmarks/
 # decode_steps.py, AMD EPYC Zen 5); oneDNN's own 1,024 keep them, for a bounded 100-250 MiB.
 SERVING_KERNEL_CACHE_CAPACITY = 1024
-_USER_SIZED = any(f"{prefix}_PRIMITIVE_CACHE_CAPACITY" in os.environ for prefix in ("ONEDNN", "DNNL"))
+# The size aiayn set, beside oneDNN's variable: a child process inherits both (a server started
+# by a program that imported aiayn), and must not take aiayn's own setting for the user's.
+_OURS = "AIAYN_ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+_USER_SIZED = "DNNL_PRIMITIVE_CACHE_CAPACITY" in os.environ or \
+    os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", os.environ.get(_OURS)) != os.environ.get(_OURS)
 
 
 def bound_kernel_cache(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
@@ -144,7 +148,7 @@ def bound_kernel_cache(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
     compiles its first kernel, so `import aiayn` calls this, and `aiayn serve` again with
     SERVING_KERNEL_CACHE_CAPACITY before it loads a model."""
     if not _USER_SIZED:
-        os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(capacity)
+        os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = os.environ[_OURS] = str(capacity)
 
 
 # glibc's malloc serves a block over its mmap threshold (which grows to 32 MiB at most) with fresh
