@@ -133,13 +133,14 @@ KERNEL_CACHE_CAPACITY = 128
 # A server's decoding steps come in more shapes than a training step's: the rows decoding times
 # the columns of the keys attended, which change with every step and every join. With 128 kernels
 # a 16-sentence search compiled about 2 kernels a step, about 0.3 ms each (benchmarks/
-# decode_steps.py, AMD EPYC Zen 5); oneDNN's own 1,024 keep them, for a bounded 100-250 MiB.
+# decode_steps.py, AMD EPYC Zen 5); oneDNN's own 1,024 keep them, for about 210 MiB more in the
+# demo model's server (README, "Serving under load").
 SERVING_KERNEL_CACHE_CAPACITY = 1024
 # The size aiayn set, beside oneDNN's variable: a child process inherits both (a server started
 # by a program that imported aiayn), and must not take aiayn's own setting for the user's.
 _OURS = "AIAYN_ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-_USER_SIZED = "DNNL_PRIMITIVE_CACHE_CAPACITY" in os.environ or \
-    os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", os.environ.get(_OURS)) != os.environ.get(_OURS)
+_GIVEN = os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+_USER_SIZED = "DNNL_PRIMITIVE_CACHE_CAPACITY" in os.environ or (_GIVEN is not None and _GIVEN != os.environ.get(_OURS))
 
 
 def bound_kernel_cache(capacity: int = KERNEL_CACHE_CAPACITY) -> None:

@@ -415,9 +415,10 @@ def cache_dtype(model: nn.Module, memory: Tensor, beam: int) -> torch.dtype:
 # oneDNN runs a CPU's bf16 matrix products with a kernel compiled for each problem shape, kept
 # in a cache of a few hundred (aiayn.device). A server's sentences join one at a time, each with
 # its own length: every new length meant compiling the encoder's products and the encoder-decoder
-# attention's anew, about 0.3 ms each, and a sentence's join cost 3.9 ms instead of 2.7 ms on an
-# AMD EPYC (Zen 5; benchmarks/decode_steps.py). Padded to a multiple of 8, the lengths of a
-# bible verse fall into about a dozen widths; the padding is masked, as in any batch.
+# attention's anew, about 0.3 ms each. A join took 3.9 ms on an AMD EPYC (Zen 5), and 3.0 ms with
+# padded widths and the server's kernel cache (benchmarks/decode_steps.py). Padded to a multiple
+# of 8, the lengths of a bible verse fall into about a dozen widths; the padding is masked, as in
+# any batch.
 SOURCE_WIDTH_MULTIPLE = 8
 
 

@@ -109,17 +109,23 @@ def test_copy_task_reaches_near_perfect_accuracy(tmp_path):
 def test_importing_aiayn_bounds_onednns_kernel_cache_unless_the_user_sized_it():
     """A long run's memory (docs/robustness.md): oneDNN's cache of compiled kernels grows with
     every batch shape up to its size, read once at the process's first kernel."""
-    from aiayn.device import KERNEL_CACHE_CAPACITY
+    from aiayn.device import _OURS, KERNEL_CACHE_CAPACITY, SERVING_KERNEL_CACHE_CAPACITY
 
-    def capacity(**env) -> str:
+    def capacity(serving: bool = False, **env) -> str:
         given = {k: v for k, v in os.environ.items() if not k.endswith("_PRIMITIVE_CACHE_CAPACITY")}
-        code = "import os, aiayn; print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))"
+        code = ("import os, aiayn.device as d; " + ("d.bound_kernel_cache(d.SERVING_KERNEL_CACHE_CAPACITY); " * serving)
+                + "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))")
         done = subprocess.run([sys.executable, "-c", code], env={**given, **env}, capture_output=True, text=True, check=True)
         return done.stdout.strip()
 
     assert capacity() == str(KERNEL_CACHE_CAPACITY) != "1024"  # 1,024: oneDNN's own default
     assert capacity(ONEDNN_PRIMITIVE_CACHE_CAPACITY="7") == "7"
     assert capacity(DNNL_PRIMITIVE_CACHE_CAPACITY="7") == "None"  # the older name, which oneDNN also reads
+    # `aiayn serve` widens it, also when a program that imported aiayn started it (ServerProcess),
+    # whose setting the server inherits and must not take for the user's; a user's size still wins.
+    inherited = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(KERNEL_CACHE_CAPACITY), _OURS: str(KERNEL_CACHE_CAPACITY)}
+    assert capacity(serving=True) == capacity(serving=True, **inherited) == str(SERVING_KERNEL_CACHE_CAPACITY)
+    assert capacity(serving=True, **{**inherited, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "7"}) == "7"
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a glibc malloc setting")
