@@ -197,16 +197,56 @@ def cpu_kind(cpuinfo: Optional[str] = None) -> str:
     return platform.machine() or "unknown"
 
 
-def init_distributed() -> tuple[int, int]:
-    """(rank, world size), joining the process group when launched by torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
+# Set to 1, a training process takes PyTorch's deterministic algorithms (`deterministic_from_environment`).
+DETERMINISTIC = "AIAYN_DETERMINISTIC"
+
+
+def deterministic_from_environment() -> bool:
+    """With AIAYN_DETERMINISTIC=1, every operation from here on takes PyTorch's deterministic
+    algorithm, and one that has none stops the process with an error that names it
+    (torch.use_deterministic_algorithms). Returns whether it is on.
+
+    An eager CPU step gives the same bits however often it is computed; a GPU step does not by
+    default: the backward of the fused attention kernels (flash, memory-efficient) adds partial
+    gradients with atomics, in an order that changes from run to run, so a resumed run drifts
+    from the uninterrupted one by rounding, then by more. Deterministic, those kernels sum in a
+    fixed order (only when an error, not a warning, is asked for: PyTorch's warn-only mode keeps
+    the atomics). cuBLAS needs a fixed workspace for it, read when its first handle is made;
+    memory is not filled on allocation, since aiayn reads none it has not written. Slower: for
+    tests, and for proving a run reproducible."""
+    if os.environ.get(DETERMINISTIC) != "1":
+        return False
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    return True
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun started this process: its agent gives every worker TORCHELASTIC_RUN_ID,
+    however many workers it starts."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def init_distributed(device: str = "auto") -> tuple[int, int]:
+    """(rank, world size), joining the process group when launched by torchrun, whatever the
+    number of processes: NCCL where `device` (a TrainConfig device) is a GPU, each process on the
+    GPU of its LOCAL_RANK, else gloo. `torchrun --nproc-per-node 1` thus trains by the code each
+    of 8 processes runs (DDP, the all-reduces); a process started otherwise (WORLD_SIZE unset or
+    1) joins nothing. The backend follows the device rather than the machine: a CPU run on a
+    machine with a GPU all-reduces CPU tensors, which NCCL cannot."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not launched_by_torchrun():
         return 0, 1
-    if not dist.is_initialized():
-        _stop_with_launcher()
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
-    return dist.get_rank(), world
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    _stop_with_launcher()
+    if resolve_device(device).type == "cuda":
+        # before NCCL starts: its communicator, and every object collective, use the current GPU
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
 
 
 def _stop_with_launcher() -> None:

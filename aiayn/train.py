@@ -6,9 +6,10 @@ the loop around it: token-budget batches, the learning-rate schedule, validation
 checkpoints in a `RunDir`.
 
 One process trains on the CPU or one GPU; under `torchrun` every process takes its share of each
-step's batches and DDP averages the gradients (gloo on CPU, NCCL on GPU). The loss of a step is
-summed over all of its target tokens (on every rank, across accumulated batches) and divided by
-their total count, so 2 processes × 1 batch make exactly the update of 1 process × 2 batches.
+step's batches and DDP averages the gradients (gloo on CPU, NCCL on GPU), even where torchrun
+starts one process: that one trains by the code of many. The loss of a step is summed over all of
+its target tokens (on every rank, across accumulated batches) and divided by their total count, so
+2 processes × 1 batch make exactly the update of 1 process × 2 batches.
 
 Nothing is lost to a crash: checkpoints are written atomically and hold the model, Adam's
 moments and the data position; a resumed run continues with the very same losses.
@@ -37,7 +38,8 @@ from aiayn.batching import Batch, BatchStream, collate, make_batches
 from aiayn.checkpoint import load_checkpoint, read_config
 from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
 from aiayn.device import (
-    autocast, check_precision, init_distributed, keep_freed_memory, matmul_peak_flops, resident_mib, resolve_device,
+    DETERMINISTIC, autocast, check_precision, deterministic_from_environment, init_distributed, keep_freed_memory,
+    matmul_peak_flops, resident_mib, resolve_device,
 )
 from aiayn.evaluate import score
 from aiayn.flops import training_flops
@@ -55,9 +57,9 @@ class TrainStep:
     """One optimiser update (§5.3, §5.4) of `model` on a list of batches, whatever the loop
     around it: each batch's forward (under bf16/fp16 autocast, or on a bf16 copy of the weights
     with `bf16_weights`), its label-smoothed loss summed over its target tokens and divided by
-    the step's `n_tokens`, its backward; then Adam's step. With `world` > 1 the model is wrapped
-    in DDP and only the last batch all-reduces the gradients. The learning rate and the random
-    seed are the caller's to set."""
+    the step's `n_tokens`, its backward; then Adam's step. In a process group (torchrun, of any
+    size) the model is wrapped in DDP and only the last batch all-reduces the gradients. The
+    learning rate and the random seed are the caller's to set."""
 
     def __init__(self, model: Transformer, optimizer: torch.optim.Optimizer, recipe: TrainConfig,
                  device: torch.device, world: int = 1) -> None:
@@ -73,7 +75,9 @@ class TrainStep:
             raise ValueError("bf16_weights trains in one process: its gradients would be summed across processes in "
                              "bf16; give --bf16-weights false to train in several")
         self.net = self.twin.model if self.twin else model
-        if world > 1:
+        # A bf16 copy trains in one process (refused above for more), so there is nothing to reduce.
+        self.ddp = dist.is_available() and dist.is_initialized() and not self.twin
+        if self.ddp:
             self.net = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None
             )
@@ -104,7 +108,7 @@ class TrainStep:
         totals = torch.zeros(2)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
-            context = self.net.no_sync() if self.world > 1 and not last else contextlib.nullcontext()
+            context = self.net.no_sync() if self.ddp and not last else contextlib.nullcontext()
             with context:
                 # The target positions that hold a token, found on the host (no device sync):
                 # padding gets no logits, so the pre-softmax projection and the loss skip it.
@@ -233,8 +237,13 @@ class Trainer:
         self.run = run if isinstance(run, RunDir) else RunDir(run)
         self.data = data
         self.tokenizer = tokenizer
-        self.rank, self.world = init_distributed()
+        self.rank, self.world = init_distributed(train_config.device)
+        self.distributed = dist.is_available() and dist.is_initialized()  # torchrun's, of any size
         self.echo = echo if self.rank == 0 else (lambda _: None)
+        if self.distributed:
+            self.echo(f"process group: {dist.get_backend()}, {self.world} process{'es' if self.world > 1 else ''}")
+        if deterministic_from_environment():
+            self.echo(f"{DETERMINISTIC}=1: deterministic algorithms only")
         if len(data.train) == 0:
             raise ValueError("no training pairs left (all empty or longer than max_sentence_tokens?)")
         check_settings(model_config, train_config)
@@ -264,7 +273,7 @@ class Trainer:
 
     def _device(self) -> torch.device:
         device = resolve_device(self.recipe.device)
-        if device.type == "cuda" and self.world > 1:
+        if device.type == "cuda" and self.distributed:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
         if self.world > 1 and self.recipe.accumulate != 1:
@@ -320,9 +329,7 @@ class Trainer:
         A stop asked for on any rank (`stop_requested`) makes every rank stop after this step."""
         batches = [next(self.stream) for _ in range(self.recipe.accumulate)]
         local = torch.tensor([float(sum(b.n_tgt_tokens for b in batches)), float(stop_requested)])
-        if self.world > 1:
-            dist.all_reduce(local)
-        n_tokens, stops = local.tolist()
+        n_tokens, stops = self._sum_over_ranks(local).tolist()
         self.stopping = stops > 0
         set_lr(self.optimizer, noam_lr(self.step + 1, self.config.d_model, self.recipe.warmup_steps, self.recipe.lr_scale))
         torch.manual_seed(step_seed(self.recipe.seed, self.rank, self.step))
@@ -330,9 +337,17 @@ class Trainer:
         flops = sum(b.src.size(0) * training_flops(self.config, b.n_src_tokens / b.src.size(0), b.n_tgt_tokens / b.src.size(0))
                     for b in batches)
         self.step += 1
-        if self.world > 1:
-            dist.all_reduce(totals)
+        totals = self._sum_over_ranks(totals)
         return totals[0].item(), totals[1].item(), int(n_tokens), flops * self.world
+
+    def _sum_over_ranks(self, values: Tensor) -> Tensor:
+        """`values` (a CPU tensor) summed over the ranks of the process group, if there is one.
+        NCCL reduces GPU tensors only: on a GPU they go there and back (a few numbers a step)."""
+        if not self.distributed:
+            return values
+        values = values.to(self.device)
+        dist.all_reduce(values)
+        return values.cpu()
 
     # -- validation ------------------------------------------------------------------------
 
@@ -388,7 +403,7 @@ class Trainer:
             if self.rank == 0:
                 self.run.save_final(self.model, self.tokenizer)
                 self.plot()
-            if self.world > 1:
+            if self.distributed:
                 dist.barrier()
         if self.stopping:
             self.echo(f"stopped by {signals.name} at step {self.step}; checkpoint saved in "
@@ -495,7 +510,7 @@ def train_run(
     the trainer (its model holds the last weights) and the data store."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     check_settings(model_config, recipe)
-    rank, _ = init_distributed()
+    rank, _ = init_distributed(recipe.device)
     echo = echo if rank == 0 else (lambda *_: None)
     # Rank 0 writes the run folder, and holds its lock until the run ends.
     with run.lock() if rank == 0 else contextlib.nullcontext():

@@ -45,13 +45,18 @@ def require_precision(*precisions: str, device: torch.device = torch.device("cpu
             sys.exit(f"{Path(sys.argv[0]).stem}: {precision}: {error}")
 
 
-def run_case(args: list[str], threads: int, peer: Optional[str] = None) -> dict:
+def run_case(args: list[str], threads: int, peer: Optional[str] = None, peer_python: Optional[Path] = None) -> dict:
     """Run one measurement in a fresh process (`one_case.py ARGS`, or a peer's harness in the
-    peer's environment) and return its JSON line, or {"error": ...} so that one failure does not
-    end a long run. Thread counts are also fixed through the environment, for the OpenMP pools
-    that torch.set_num_threads does not reach."""
+    peer's environment, or under `peer_python` where the peer is installed elsewhere) and return
+    its JSON line, or {"error": ...} so that one failure does not end a long run. Thread counts
+    are also fixed through the environment, for the OpenMP pools that torch.set_num_threads does
+    not reach."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    program = [str(path) for path in PEER_ENVS[peer]] if peer else [sys.executable, str(ONE_CASE)]
+    if peer:
+        python, harness = PEER_ENVS[peer]
+        program = [str(peer_python or python), str(harness)]
+    else:
+        program = [sys.executable, str(ONE_CASE)]
     proc = subprocess.run([*program, *args], capture_output=True, text=True, env=env)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
@@ -150,7 +155,11 @@ def default_output(kind: str, device: torch.device, quick: bool) -> Path:
     return RESULTS / f"{kind}-{device.type}{'-quick' if quick else ''}.json"
 
 
-def write_results(path: Path, results: dict) -> None:
+def write_results(path: Path, results: dict, quiet: bool = False) -> None:
+    """Write atomically: a run stopped while writing leaves the previous file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {path}")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(results, indent=1) + "\n")
+    os.replace(partial, path)
+    if not quiet:
+        print(f"wrote {path}")

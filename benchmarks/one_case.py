@@ -7,6 +7,9 @@ another's memory peak, allocator state or warmed-up caches. Subcommands:
             fixed batch or on real batch shapes
     decode  output tokens/s and peak memory of decoding the same sentences with one system
     peak    the matmul FLOP/s roof (aiayn.device.matmul_peak_flops)
+
+--model picks Table 3's base or big shape for every system; precision tf32 (a CUDA GPU only) is
+fp32 with TF32 matrix products, which PyTorch leaves off by default.
     layer   time and memory of one encoder layer forward + backward (the sequence-length sweep)
     convert save the Marian model and convert it for CTranslate2 (no measurement)
 """
@@ -22,6 +25,18 @@ import torch
 import systems
 from aiayn.device import autocast, matmul_peak_flops, resolve_device
 from common import Timer, memory_mib, peak_memory_mib
+
+
+def matmul_precision(precision: str, device: torch.device) -> str:
+    """The precision the systems are built with: tf32 is fp32 with TF32 matrix products allowed
+    (cuBLAS and cuDNN) for the whole process."""
+    if precision != "tf32":
+        return precision
+    if device.type != "cuda":
+        raise SystemExit("tf32 is a CUDA GPU's format; use fp32 on a CPU")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return "fp32"
 
 
 def train(args, device: torch.device) -> dict:
@@ -101,11 +116,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0, help="torch seed for the weights")
+    parser.add_argument("--model", choices=systems.MODELS, default="base", help="Table 3's shape for every system")
     tasks = parser.add_subparsers(dest="task", required=True)
 
     p = tasks.add_parser("train")
     p.add_argument("--system", choices=systems.TRAINABLE, required=True)
-    p.add_argument("--precision", choices=("fp32", "bf16"), required=True)
+    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), required=True)
     shape = p.add_mutually_exclusive_group(required=True)
     shape.add_argument("--rows", type=int, help="the fixed batch: this many pairs of 32 + 32 tokens")
     shape.add_argument("--shapes", help="a JSON list of batch shapes (systems.Shape), each timed once")
@@ -116,7 +132,7 @@ def main() -> None:
 
     p = tasks.add_parser("decode")
     p.add_argument("--system", choices=systems.SYSTEMS, required=True)
-    p.add_argument("--precision", choices=tuple(systems.CT2_TYPES), required=True)
+    p.add_argument("--precision", choices=systems.DECODE_PRECISIONS, required=True)
     p.add_argument("--beam", type=int, required=True)
     p.add_argument("--sentences", type=int, required=True)
     p.add_argument("--warmup", type=int, required=True, help="untimed calls over all sentences")
@@ -124,7 +140,7 @@ def main() -> None:
     p.add_argument("--ct2-dir", help="the converted model (ctranslate2 only)")
 
     p = tasks.add_parser("peak")
-    p.add_argument("--precision", choices=("fp32", "bf16"), required=True)
+    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), required=True)
 
     p = tasks.add_parser("layer")
     p.add_argument("--n", type=int, required=True, help="sequence length")
@@ -143,6 +159,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = resolve_device(args.device)
+    systems.use_model(args.model)
+    if hasattr(args, "precision"):
+        args.precision = matmul_precision(args.precision, device)
     task = {"train": train, "decode": decode, "peak": peak, "layer": layer, "convert": convert}[args.task]
     print(json.dumps(task(args, device)))
 

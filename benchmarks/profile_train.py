@@ -6,13 +6,16 @@ shapes of a token budget), grouped by operator.
     .venv/bin/python benchmarks/profile_train.py --precision bf16 --bf16-weights  # bf16 weights, fp32 master
     .venv/bin/python benchmarks/profile_train.py --precision bf16 --budget 2000   # speed.py's 2,000-token batches
     .venv/bin/python benchmarks/profile_train.py --precision bf16 --budget 2000 --compile  # the compiled step
+    python benchmarks/profile_train.py --device cuda --model big --precision bf16 --budget 25000  # a GPU
 
 With --compile the warm-up steps compile the step (TrainConfig.compile), and each kernel Inductor
 generates is its own row (its cpp.enable_kernel_profile), so the table shows which fused kernels
 take the time the matrix products leave.
 
-Prints the operators that take the most self time on the CPU, with their share of the steps'
-wall time, and writes the table into results/profile-train-KIND-PRECISION.txt.
+Prints the operators that take the most self time on the CPU (on a GPU: the kernels that take
+the most GPU time, and the share of the steps' wall time the GPU was busy), with their share of
+the steps' wall time, and writes the table into results/profile-train-KIND-PRECISION.txt (KIND:
+the CPU kind, or cuda-GPU NAME), or --out.
 """
 
 from __future__ import annotations
@@ -20,20 +23,43 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import systems
 from aiayn.device import cpu_kind, resolve_device
-from common import RESULTS, command_line, default_threads, require_precision
+from common import RESULTS, Timer, command_line, default_threads, require_precision
+
+
+# What a GPU kernel computes, read from its name (cuBLAS, CUTLASS, PyTorch's attention kernels).
+KERNEL_KINDS = (("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "splitk")),
+                ("attention (fused)", ("flash", "fmha", "attention")),
+                ("softmax / log-softmax", ("softmax",)),
+                ("layer norm", ("layer_norm", "layernorm")),
+                ("Adam", ("adam",)),
+                ("reductions", ("reduce",)))
+
+
+def kernel_kinds(events: list, own) -> dict[str, float]:
+    """GPU time (µs) by kind of kernel, the rest as element-wise and other."""
+    totals: dict[str, float] = {}
+    for event in events:
+        name = event.key.lower()
+        kind = next((k for k, marks in KERNEL_KINDS if any(m in name for m in marks)), "element-wise and other")
+        totals[kind] = totals.get(kind, 0.0) + own(event)
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--model", choices=systems.MODELS, default="base", help="Table 3's shape (default base)")
+    parser.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="bf16", help="tf32: a GPU's fp32 "
+                        "with TF32 matrix products")
+    parser.add_argument("--out", type=Path, help="the table's file (default results/profile-train-...txt)")
     parser.add_argument("--bf16-weights", action="store_true", help="bf16 weights with fp32 master weights")
     parser.add_argument("--compile", action="store_true", help="the compiled step, each generated kernel a row")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps, after 2 untimed ones (default 3)")
@@ -45,13 +71,24 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    device = resolve_device("cpu")
-    require_precision(args.precision, device=device)
-    if args.compile:
+    try:
+        device = resolve_device(args.device)
+    except ValueError as error:
+        sys.exit(f"profile_train.py: {error}")
+    precision = args.precision
+    if precision == "tf32":
+        if device.type != "cuda":
+            sys.exit("profile_train.py: tf32 is a CUDA GPU's format; use fp32 on a CPU")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        precision = "fp32"
+    require_precision(precision, device=device)
+    systems.use_model(args.model)
+    gpu = device.type == "cuda"
+    if args.compile and not gpu:
         from torch._inductor import config as inductor_config
 
         inductor_config.cpp.enable_kernel_profile = True
-    system = systems.build("aiayn", device, args.precision, args.threads, compile=args.compile,
+    system = systems.build("aiayn", device, precision, args.threads, compile=args.compile,
                            bf16_weights=args.bf16_weights)
     if args.budget:
         with tempfile.TemporaryDirectory() as scratch:
@@ -61,28 +98,39 @@ def main() -> None:
     batches = [systems.shaped_batch(shape, system.specials, device) for shape in shapes]
     for batch in batches[:2]:
         system.train_step(*batch)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if gpu else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof, Timer(device) as timer:
         for batch in batches:
             system.train_step(*batch)
-        seconds = time.perf_counter() - start
+    seconds = timer.seconds
     tokens_per_s = systems.target_tokens(shapes) / seconds
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    # The time that counts: the GPU's kernels on a GPU (the host only launches them), the
+    # operators' own CPU time on a CPU.
+    own = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
+    events = [e for e in prof.key_averages() if own(e) > 0 and (not gpu or e.device_type == DeviceType.CUDA)]
+    events.sort(key=own, reverse=True)
     total_us = seconds * 1e6
     label = f"{args.precision}{' bf16 weights' if args.bf16_weights else ''}{' compiled' if args.compile else ''}" + \
         (f", {args.budget}-token batches" if args.budget else f", {args.rows} x 32 + 32")
-    lines = [f"# {command_line()}", f"# aiayn Transformer-base training, {label}, {cpu_kind()}, {args.threads} threads: "
-             f"{tokens_per_s:,.0f} target tokens/s over {args.steps} profiled steps ({seconds:.2f} s)",
-             f"{'operator':<48} {'self ms/step':>12} {'share':>7} {'calls/step':>10}"]
-    for event in events[:25]:
-        per_step = event.self_cpu_time_total / args.steps / 1e3
-        lines.append(f"{event.key[:48]:<48} {per_step:>12.1f} {event.self_cpu_time_total / total_us:>7.1%} "
-                     f"{event.count / args.steps:>10.0f}")
+    kind = f"cuda-{torch.cuda.get_device_name(device).replace(' ', '-')}" if gpu else cpu_kind()
+    flops = systems.flops_per_token(shapes) * tokens_per_s
+    lines = [f"# {command_line()}", f"# aiayn Transformer-{args.model} training, {label}, {kind}, {args.threads} threads: "
+             f"{tokens_per_s:,.0f} target tokens/s, {flops / 1e12:.1f} model TFLOP/s, over {args.steps} profiled steps "
+             f"({seconds:.2f} s)"]
+    if gpu:
+        busy = sum(own(e) for e in events)
+        lines.append(f"# GPU kernels busy {busy / total_us:.1%} of the wall time (kernels of side streams may overlap)")
+        for kind_name, share in kernel_kinds(events, own).items():
+            lines.append(f"#   {kind_name:<28} {share / args.steps / 1e3:>8.2f} ms/step {share / total_us:>7.1%}")
+    lines.append(f"{'kernel' if gpu else 'operator':<64} {'self ms/step':>12} {'share':>7} {'calls/step':>10}")
+    for event in events[:40 if gpu else 25]:
+        per_step = own(event) / args.steps / 1e3
+        lines.append(f"{event.key[:64]:<64} {per_step:>12.2f} {own(event) / total_us:>7.1%} {event.count / args.steps:>10.0f}")
     text = "\n".join(lines) + "\n"
     print(text)
-    out = RESULTS / (f"profile-train-{cpu_kind()}-{args.precision}{'-bf16-weights' if args.bf16_weights else ''}"
-                     f"{'-compiled' if args.compile else ''}"
-                     f"{f'-{args.budget}' if args.budget else ''}.txt")
+    out = args.out or RESULTS / (f"profile-train-{kind}-{args.model + '-' if args.model != 'base' else ''}{args.precision}"
+                                 f"{'-bf16-weights' if args.bf16_weights else ''}{'-compiled' if args.compile else ''}"
+                                 f"{f'-{args.budget}' if args.budget else ''}.txt")
     out.write_text(text)
     print(f"wrote {out}")
 

@@ -27,7 +27,12 @@ from systems import PEER_NAMES  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = {"aiayn": "aiayn", "torch": "torch.nn.Transformer", "marian": "HF MarianMTModel",
          "ctranslate2": "CTranslate2", "matmul": "matmul", **PEER_NAMES}
-PRECISIONS = {"fp32": "fp32", "bf16": "bf16", "int8": "int8"}
+PRECISIONS = {"fp32": "fp32", "tf32": "fp32 (TF32)", "bf16": "bf16", "fp16": "fp16", "int8": "int8"}
+
+
+def model_cell(case: dict) -> list[str]:
+    """The Model column's cell, where a result holds more than Table 3's base."""
+    return [case.get("model", "base")]
 
 
 def number(x: Optional[float]) -> str:
@@ -115,21 +120,23 @@ def training_table(cases: list[dict], s: dict) -> list[str]:
     lines += ["TFLOP/s count the same model FLOPs for every system (padding not counted); the share is of the "
               "matmul peak of the same precision measured in this run.", ""]
     rows = []
+    models = any(c.get("model", "base") != "base" for c in cases)
     for c in training:
         median, rng = spread(c.get("tokens_per_s"))
         share = f"{c['peak_fraction']:.0%}" if "peak_fraction" in c else "–"
         params = f"{c['parameters'] / 1e6:.2f}" if "parameters" in c else "–"
         batches = f"{c['budget']:,} tokens" if c.get("budget") else "fixed"
-        rows.append([batches, system_name(c), params, PRECISIONS[c["precision"]], median, rng, speed_ratio(c),
-                     spread(c.get("tflops"))[0], share, spread(c.get("peak_mib"))[0], ratio(c.get("memory_ratio"))])
-    lines += table(["Batches", "System", "Parameters (M)", "Precision", "tokens/s", "min–max", "vs aiayn", "TFLOP/s",
-                    "of peak", "peak MiB", "memory vs aiayn"], rows)
+        rows.append([*(model_cell(c) if models else []), batches, system_name(c), params, PRECISIONS[c["precision"]],
+                     median, rng, speed_ratio(c), spread(c.get("tflops"))[0], share, spread(c.get("peak_mib"))[0],
+                     ratio(c.get("memory_ratio"))])
+    lines += table([*(["Model"] if models else []), "Batches", "System", "Parameters (M)", "Precision", "tokens/s",
+                    "min–max", "vs aiayn", "TFLOP/s", "of peak", "peak MiB", "memory vs aiayn"], rows)
     compiled = [c for c in training if "compile_s" in c]
     if compiled:
         lines += ["", "torch.compile (`TrainConfig.compile`): graphs compiled per process and the seconds of the steps "
                   "that compiled them (warm-up steps, not timed; since 2026-11-25 every process compiles afresh, "
                   "without Inductor's on-disk graph caches; before, only the first process did):", ""]
-        lines += [f"- {PRECISIONS[c['precision']]}: {c['compiles']['max']} graph(s), {number(c['compile_s']['median'])} s "
+        lines += [f"- {c.get('model', 'base')} {PRECISIONS[c['precision']]}: {c['compiles']['max']} graph(s), {number(c['compile_s']['median'])} s "
                   f"({number(c['compile_s']['min'])}–{number(c['compile_s']['max'])})" for c in compiled]
     return lines + [""]
 
@@ -140,11 +147,13 @@ def decoding_table(cases: list[dict], s: dict) -> list[str]:
               f"{s['out_len']} tokens (checked); {s['decode_warmup']} warm-up + {s['decode_calls']} timed call(s) "
               "over all sentences per process.", ""]
     rows = []
+    models = any(c.get("model", "base") != "base" for c in cases)
     for c in (c for c in cases if c["task"] == "decode"):
         median, rng = spread(c.get("tokens_per_s"))
-        rows.append([str(c["beam"]), system_name(c), PRECISIONS[c["precision"]], median, rng, speed_ratio(c),
-                     spread(c.get("peak_mib"))[0], ratio(c.get("memory_ratio"))])
-    lines += table(["Beam", "System", "Precision", "tokens/s", "min–max", "vs aiayn", "peak MiB", "memory vs aiayn"], rows)
+        rows.append([*(model_cell(c) if models else []), str(c["beam"]), system_name(c), PRECISIONS[c["precision"]],
+                     median, rng, speed_ratio(c), spread(c.get("peak_mib"))[0], ratio(c.get("memory_ratio"))])
+    lines += table([*(["Model"] if models else []), "Beam", "System", "Precision", "tokens/s", "min–max", "vs aiayn",
+                    "peak MiB", "memory vs aiayn"], rows)
     lines += [""]
     for beam in sorted({c["beam"] for c in cases if c["task"] == "decode"}, reverse=True):
         peer = next((c for c in cases if c["task"] == "decode" and c["beam"] == beam and c["system"] == "ctranslate2"
@@ -249,10 +258,12 @@ def main() -> None:
     if not loaded:
         parser.error(f"neither {args.speed} nor {args.sweep} exists: run benchmarks/speed.py and benchmarks/sweep.py first")
     readme = os.path.relpath(ROOT / "benchmarks" / "README.md", args.out.resolve().parent)
+    models = {c.get("model", "base") for results in loaded.values() for c in results.get("cases", [])}
+    shapes = ["Transformer-base (6 + 6 layers, d_model 512, 8 heads, d_ff 2048)"] if "base" in models or not models else []
+    shapes += ["Transformer-big (6 + 6 layers, d_model 1024, 16 heads, d_ff 4096)"] if "big" in models else []
     lines = ["# Benchmarks", "",
-             "aiayn against peer implementations of the same Transformer-base shape (6 + 6 layers, d_model 512, "
-             f"8 heads, d_ff 2048, shared vocabulary of 8,000, random weights). Made by the commands in "
-             f"[benchmarks/]({readme}):", "", "```bash"]
+             f"aiayn against peer implementations of the same shape: {' and '.join(shapes)}, a shared vocabulary "
+             f"of 8,000, random weights. Made by the commands in [benchmarks/]({readme}):", "", "```bash"]
     lines += [results["command"] for results in loaded.values()]
     lines += [command_line(), "```", ""]
     if any(results["quick"] for results in loaded.values()):

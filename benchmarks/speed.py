@@ -5,18 +5,24 @@ Cases (system × precision × task), each measured in a fresh process (one_case.
 slow drifts of the machine (heat, other load) spread over all systems alike.
 
     train    target tokens/s of Adam steps, label smoothing 0.1, on the fixed batch (64 pairs of
-             32 + 32 tokens) and on real batch shapes: token budgets (2,000 and 25,000, the paper's
-             per-step batch) cut by aiayn's batching from the sentence lengths of the built-in
-             corpus (systems.corpus_shapes), the same batches for every system, tokens counted
-             on real (non-pad) targets; achieved TFLOP/s and its share of the matmul peak of the
-             same precision
+             32 + 32 tokens) and on real batch shapes: token budgets cut by aiayn's batching from
+             the sentence lengths of the built-in corpus (systems.corpus_shapes), the same batches
+             for every system, tokens counted on real (non-pad) targets; achieved TFLOP/s and its
+             share of the matmul peak of the same precision. Budgets: 2,000 and 25,000 (the
+             paper's per-step batch) on a CPU; on a GPU 3,125 (the paper's per-GPU share: 25,000
+             over 8 GPUs) and 25,000
     decode   output tokens/s for 64 sentences of 32 tokens, every output forced to 32 tokens,
              beam 4 and greedy
-    peak     the matmul FLOP/s roof, fp32 and bf16, measured among the other cases
+    peak     the matmul FLOP/s roof of each precision, measured among the other cases
 
-Writes results/speed-DEVICE.json: every repetition, the median and range of each case, and the
-ratio of its median to aiayn's for the same task and precision (aiayn decodes in fp32, bf16 and,
-on a CPU, int8, as CTranslate2 does).
+--models base big measures Table 3's two shapes (default base). Precisions: fp32 and bf16 on a
+CPU (int8 decoding comes with fp32); on a GPU tf32 (fp32 with TF32 matrix products) and bf16
+(fp16 and int8 decoding come with bf16: aiayn decodes in fp16, CTranslate2 in fp16 and
+int8_float16).
+
+Writes results/speed-DEVICE.json after every case (a stopped run keeps what it measured): every
+repetition, the median and range of each case, and the ratio of its median to aiayn's for the
+same task, model and precision (aiayn's bf16, then fp32, where aiayn lacks the precision).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import systems
 from aiayn.device import fast_bf16, resolve_device
 from common import PEER_ENVS, command_line, default_output, default_threads, machine, run_case, spread, write_results
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16")  # of training and the peak; decoding adds its own (make_cases)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,9 @@ class Settings:
 
 FULL = Settings(reps=3, rows=64, train_warmup=2, train_steps=5, sentences=64, decode_warmup=1, decode_calls=1,
                 budgets=((2000, 2, 8), (25000, 1, 3)))
+# On a GPU a step of a budget's batch takes milliseconds: more of them, and the paper's per-GPU share.
+CUDA = Settings(reps=3, rows=64, train_warmup=3, train_steps=10, sentences=64, decode_warmup=1, decode_calls=3,
+                budgets=((3125, 3, 12), (25000, 3, 8)))
 # A smoke test of every case (CTranslate2 conversion included): the numbers mean nothing.
 QUICK = Settings(reps=1, rows=4, train_warmup=1, train_steps=1, sentences=4, decode_warmup=1, decode_calls=1,
                  budgets=((200, 1, 2),))
@@ -68,15 +77,17 @@ class Case:
     compile: bool = False  # aiayn under torch.compile
     bf16_weights: bool = False  # aiayn with bf16 weights and fp32 master weights (TrainConfig.bf16_weights)
     budget: Optional[int] = None  # train only: real batch shapes of this token budget; None: the fixed batch
+    model: str = "base"  # Table 3's row (systems.MODELS)
 
     @property
     def label(self) -> str:
         system = self.system + (" (compiled)" if self.compile else "") + (" (bf16 weights)" if self.bf16_weights else "")
+        model = f" {self.model}" if self.task != "peak" and self.model != "base" else ""
         beam = f" beam {self.beam}" if self.beam else ""
         batches = f" {self.budget}-token batches" if self.budget else ""
-        return f"{self.task} {system} {self.precision}{beam}{batches}"
+        return f"{self.task} {system}{model} {self.precision}{beam}{batches}"
 
-    def args(self, settings: Settings, device: torch.device, threads: int, ct2_dirs: dict[str, Path],
+    def args(self, settings: Settings, device: torch.device, threads: int, ct2_dirs: dict[tuple[str, str], Path],
              shape_files: dict[int, Path]) -> list[str]:
         """The command line of one_case.py (or of the peer's harness) that measures this case."""
         if self.task == "train":
@@ -84,9 +95,12 @@ class Case:
                        if self.budget else
                        ["--rows", settings.rows, "--warmup", settings.train_warmup, "--steps", settings.train_steps])
         if self.system in PEER_ENVS:
-            return [str(a) for a in ("speed", "--precision", self.precision, *batches, "--src-len", systems.SRC_LEN,
+            precision = ["--precision", "fp32", "--tf32"] if self.precision == "tf32" else ["--precision", self.precision]
+            on = ["--device", device.type] if device.type != "cpu" else []  # older harnesses know no --device
+            model = ["--model", self.model] if self.model != "base" else []
+            return [str(a) for a in ("speed", *precision, *on, *model, *batches, "--src-len", systems.SRC_LEN,
                                      "--tgt-len", systems.TGT_LEN, "--vocab", systems.VOCAB, "--threads", threads)]
-        common = ["--device", str(device), "--threads", str(threads)]
+        common = ["--device", str(device), "--threads", str(threads), "--model", self.model]
         if self.task == "peak":
             return [*common, "peak", "--precision", self.precision]
         args = [*common, self.task, "--system", self.system, "--precision", self.precision]
@@ -98,7 +112,7 @@ class Case:
             args += ["--beam", self.beam, "--sentences", settings.sentences,
                      "--warmup", settings.decode_warmup, "--calls", settings.decode_calls]
             if self.system == "ctranslate2":
-                args += ["--ct2-dir", ct2_dirs[self.precision]]
+                args += ["--ct2-dir", ct2_dirs[self.model, self.precision]]
         return [str(a) for a in args]
 
 
@@ -106,35 +120,50 @@ def budget_warmup(settings: Settings, budget: int) -> int:
     return next(warmup for b, warmup, _ in settings.budgets if b == budget)
 
 
+def default_precisions(device: torch.device) -> tuple[str, ...]:
+    return ("tf32", "bf16") if device.type == "cuda" else ("fp32", "bf16")
+
+
 def make_cases(tasks: list[str], names: list[str], device: torch.device, compile: bool,
-               budgets: list[Optional[int]], precisions: tuple[str, ...] = PRECISIONS) -> list[Case]:
+               budgets: list[Optional[int]], precisions: tuple[str, ...] = ("fp32", "bf16"),
+               models: tuple[str, ...] = ("base",)) -> list[Case]:
     """`budgets`: None for the fixed batch, or the token budget of real batch shapes. bf16 only
     where the device computes it in hardware (aiayn refuses it elsewhere, and every system would
-    run it many times slower than fp32). `precisions`: those to measure (int8 decoding comes
-    with fp32)."""
-    ours = tuple(p for p in precisions if p != "bf16" or fast_bf16(device))
+    run it many times slower than fp32); tf32 only on a GPU. `precisions`: those to measure (int8
+    decoding comes with fp32 on a CPU, fp16 and int8 with bf16 on a GPU). `compile`: aiayn's
+    compiled step too, at every budget and precision."""
+    ours = tuple(p for p in precisions if (p != "bf16" or fast_bf16(device)) and (p != "tf32" or device.type == "cuda"))
     cases = [Case("peak", "matmul", p) for p in ours]
     if "train" in tasks:
         trainable = [s for s in names if s in systems.TRAINABLE]
-        for budget in budgets:
-            cases += [Case("train", s, p, budget=budget) for s in trainable for p in ours]
-            cases += [Case("train", s, p, budget=budget) for s in names if s in PEER_ENVS
-                      for p in systems.PEER_PRECISIONS[s] if p in ours and device.type == "cpu"]  # the peers' harnesses build on the CPU
-            if "aiayn" in names and budget is None and "bf16" in ours:
-                cases += [Case("train", "aiayn", "bf16", bf16_weights=True)]
-            if compile and "aiayn" in names:
-                cases += [Case("train", "aiayn", p, compile=True, budget=budget) for p in ours]
+        for model in models:
+            for budget in budgets:
+                cases += [Case("train", s, p, budget=budget, model=model) for s in trainable for p in ours]
+                cases += [Case("train", s, p, budget=budget, model=model) for s in names if s in PEER_ENVS
+                          and device.type in systems.PEER_DEVICES[s] for p in systems.PEER_PRECISIONS[s] if p in ours]
+                if "aiayn" in names and budget is None and "bf16" in ours:
+                    cases += [Case("train", "aiayn", "bf16", bf16_weights=True, model=model)]
+                if compile and "aiayn" in names:
+                    cases += [Case("train", "aiayn", p, compile=True, budget=budget, model=model) for p in ours]
     if "decode" in tasks:
-        asked = (*precisions, "int8") if "fp32" in precisions else precisions
-        for beam in (4, 1):
-            for s in names:
-                if s == "ctranslate2":  # its own precisions, as many as asked for (bf16 where it has it)
-                    decoded = [p for p in systems.ctranslate2_precisions(device) if p in asked]
-                elif s == "aiayn" and device.type == "cpu":
-                    decoded = [p for p in (*ours, "int8") if p in asked]  # int8 weights: aiayn.kernels.inference_copy
-                else:
-                    decoded = ours
-                cases += [Case("decode", s, p, beam) for p in decoded]
+        if device.type == "cuda":
+            asked = (*ours, "fp16", "int8") if "bf16" in ours else ours
+        else:
+            asked = (*ours, "int8") if "fp32" in ours else ours
+        as_torch = tuple("fp32" if p == "tf32" else p for p in ours)  # tf32 decoding is not measured: fp32
+        for model in models:
+            for beam in (4, 1):
+                for s in names:
+                    if s == "ctranslate2":  # its own precisions, as many as asked for (bf16 where it has it)
+                        decoded = [p for p in systems.ctranslate2_precisions(device) if p in asked]
+                    elif s == "aiayn":  # int8 weights on a CPU (aiayn.kernels.inference_copy), fp16 on a GPU
+                        extra = "int8" if device.type == "cpu" else "fp16"
+                        decoded = [*as_torch, *([extra] if extra in asked else [])]
+                    elif s in systems.SYSTEMS:
+                        decoded = as_torch
+                    else:
+                        decoded = []  # the peers' harnesses measure training only
+                    cases += [Case("decode", s, p, beam, model=model) for p in dict.fromkeys(decoded)]
     return cases
 
 
@@ -163,8 +192,9 @@ def summarize(cases: list[Case], runs: list[dict]) -> list[dict]:
         if row["task"] == "peak" or "tokens_per_s" not in row:
             continue
         aiayn = dict(task=row["task"], system="aiayn", compile=False, bf16_weights=False, beam=row["beam"],
-                     budget=row["budget"])
-        ref = find("tokens_per_s", **aiayn, precision=row["precision"]) or find("tokens_per_s", **aiayn, precision="fp32")
+                     budget=row["budget"], model=row["model"])
+        ref = (find("tokens_per_s", **aiayn, precision=row["precision"]) or find("tokens_per_s", **aiayn, precision="bf16")
+               or find("tokens_per_s", **aiayn, precision="fp32"))
         if ref:
             row["reference"] = ref["label"]
             row["reference_precision"] = ref["precision"]
@@ -197,11 +227,16 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", choices=("train", "decode"), default=["train", "decode"])
     parser.add_argument("--systems", nargs="+", choices=(*systems.SYSTEMS, *PEER_ENVS), default=list(systems.SYSTEMS),
                         help="eole and onmt (training only) need `bash benchmarks/setup_train_peers.sh`")
+    parser.add_argument("--peer-python", nargs="+", default=[], metavar="PEER=PYTHON",
+                        help="run a peer's harness with this interpreter instead of its environment's (a machine "
+                             "where the peer is installed another way), e.g. eole=python3")
+    parser.add_argument("--models", nargs="+", choices=systems.MODELS, default=["base"], help="Table 3's shapes (default base)")
     parser.add_argument("--compile", action="store_true", help="also train aiayn under torch.compile")
     parser.add_argument("--batches", nargs="+", help="training batches: 'fixed' (64 pairs of 32 + 32 tokens) and/or the "
                         "token budgets of real batch shapes (default: fixed and every budget of the settings)")
-    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
-                        help="those to measure (default: all; int8 decoding comes with fp32)")
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS,
+                        help="those to measure (default: fp32 and bf16 on a CPU, tf32 and bf16 on a GPU; int8 "
+                             "decoding comes with fp32 on a CPU, fp16 and int8 with bf16 on a GPU)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks that every case runs")
     parser.add_argument("--out", type=Path, help="result file (default results/speed-DEVICE.json)")
     args = parser.parse_args()
@@ -210,11 +245,24 @@ def main() -> None:
     missing = [needed[s] for s in args.systems if s in needed and importlib.util.find_spec(needed[s]) is None]
     if missing:
         sys.exit(f"{', '.join(missing)} not installed: run `bash benchmarks/setup.sh` and use benchmarks/.venv/bin/python")
-    absent = [str(PEER_ENVS[s][0]) for s in args.systems if s in PEER_ENVS and not PEER_ENVS[s][0].exists()]
+    peer_python = {}
+    for given in args.peer_python:
+        peer, _, python = given.partition("=")
+        if peer not in PEER_ENVS or not python:
+            parser.error(f"--peer-python takes PEER=PYTHON with PEER one of {', '.join(PEER_ENVS)}, not {given!r}")
+        peer_python[peer] = Path(python)
+    absent = [str(PEER_ENVS[s][0]) for s in args.systems if s in PEER_ENVS and s not in peer_python
+              and not PEER_ENVS[s][0].exists()]
     if absent:
         sys.exit(f"{', '.join(absent)} missing: run `bash benchmarks/setup_train_peers.sh`")
-    device = resolve_device(args.device)
-    settings = QUICK if args.quick else FULL
+    try:
+        device = resolve_device(args.device)
+    except ValueError as error:
+        sys.exit(f"speed.py: {error}")
+    precisions = tuple(args.precisions or default_precisions(device))
+    if "tf32" in precisions and device.type != "cuda":
+        parser.error("tf32 is a CUDA GPU's format; use fp32 on a CPU")
+    settings = QUICK if args.quick else CUDA if device.type == "cuda" else FULL
     if args.reps:
         settings = Settings(**{**asdict(settings), "reps": args.reps})
     known = [str(b) for b, _, _ in settings.budgets]
@@ -222,7 +270,7 @@ def main() -> None:
         parser.error(f"--batches takes fixed and the budgets {', '.join(known)}")
     budgets = [None if b == "fixed" else int(b) for b in args.batches or ["fixed", *known]]
     settings = Settings(**{**asdict(settings), "budgets": tuple(b for b in settings.budgets if b[0] in budgets)})
-    cases = make_cases(args.tasks, args.systems, device, args.compile, budgets, tuple(args.precisions))
+    cases = make_cases(args.tasks, args.systems, device, args.compile, budgets, precisions, tuple(args.models))
     runs = []
     peer_notes: dict[str, list[str]] = {}  # what each peer's harness says differs from the common shape
     with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as scratch:
@@ -233,41 +281,51 @@ def main() -> None:
                 shapes[budget] = systems.corpus_shapes(lengths, budget, count)
                 shape_files[budget] = Path(scratch, f"shapes-{budget}.json")
                 shape_files[budget].write_text(json.dumps(shapes[budget]))
-        ct2_dirs = {}
-        ct2_precisions = sorted({c.precision for c in cases if c.system == "ctranslate2"})
-        if ct2_precisions:
-            # Converted once, outside any measurement, from the Marian runs' weights (seed 0).
-            converted = run_case(["--threads", str(args.threads), "convert", "--out", scratch, "--quantizations",
-                                  *(systems.CT2_TYPES[p] for p in ct2_precisions)], args.threads)
-            if "error" in converted:
-                sys.exit(f"CTranslate2 conversion failed:\n{converted['error']}")
-            ct2_dirs = {p: Path(converted[systems.CT2_TYPES[p]]) for p in ct2_precisions}
+        ct2_dirs = {}  # (model, precision) -> converted model
+        ct2_types = systems.CT2_TYPES[device.type]
+        for model in args.models:
+            ct2_precisions = sorted({c.precision for c in cases if c.system == "ctranslate2" and c.model == model})
+            if ct2_precisions:
+                # Converted once, outside any measurement, from the Marian runs' weights (seed 0).
+                converted = run_case(["--threads", str(args.threads), "--model", model, "convert", "--out",
+                                      str(Path(scratch, model)), "--quantizations", *(ct2_types[p] for p in ct2_precisions)],
+                                     args.threads)
+                if "error" in converted:
+                    sys.exit(f"CTranslate2 conversion failed:\n{converted['error']}")
+                ct2_dirs.update({(model, p): Path(converted[ct2_types[p]]) for p in ct2_precisions})
+        out = args.out or default_output("speed", device, args.quick)
+
+        def results() -> dict:
+            return {
+                "benchmark": "speed",
+                "command": command_line(),
+                "quick": args.quick,
+                "machine": machine(device, args.threads),
+                "settings": {**asdict(settings), "src_len": systems.SRC_LEN, "tgt_len": systems.TGT_LEN,
+                             "out_len": systems.OUT_LEN, "vocab": systems.VOCAB,
+                             "label_smoothing": systems.LABEL_SMOOTHING, "corpus": systems.CORPUS},
+                "batch_shapes": {str(budget): describe_shapes(s) for budget, s in shapes.items()},
+                "fairness_notes": list(systems.FAIRNESS_NOTES) + [f"{systems.PEER_NAMES[p]}: {n}"
+                                                                  for p, ns in peer_notes.items() for n in ns],
+                "cases": summarize(cases, runs),
+                "runs": runs,
+            }
+
         for rep in range(settings.reps):
             for case in cases:
                 peer = case.system if case.system in PEER_ENVS else None
-                result = run_case(case.args(settings, device, args.threads, ct2_dirs, shape_files), args.threads, peer)
+                result = run_case(case.args(settings, device, args.threads, ct2_dirs, shape_files), args.threads, peer,
+                                  peer_python.get(peer))
                 if peer:
                     peer_notes[peer] = result.pop("fairness_notes", peer_notes.get(peer, []))
                     if "tokens_per_s" in result:  # the same model FLOPs as one_case.train counts
-                        result["tflops"] = systems.training_tflops(result["tokens_per_s"], shapes.get(case.budget))
+                        result["tflops"] = systems.training_tflops(result["tokens_per_s"], shapes.get(case.budget),
+                                                                   systems.model_config(case.model))
                 runs.append({"case": asdict(case), "rep": rep, **result})
                 shown = result.get("error") or ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float))
                 print(f"[{rep + 1}/{settings.reps}] {case.label}: {shown}", flush=True)
-
-    results = {
-        "benchmark": "speed",
-        "command": command_line(),
-        "quick": args.quick,
-        "machine": machine(device, args.threads),
-        "settings": {**asdict(settings), "src_len": systems.SRC_LEN, "tgt_len": systems.TGT_LEN,
-                     "out_len": systems.OUT_LEN, "vocab": systems.VOCAB, "label_smoothing": systems.LABEL_SMOOTHING,
-                     "corpus": systems.CORPUS},
-        "batch_shapes": {str(budget): describe_shapes(s) for budget, s in shapes.items()},
-        "fairness_notes": list(systems.FAIRNESS_NOTES) + [f"{systems.PEER_NAMES[p]}: {n}" for p, ns in peer_notes.items() for n in ns],
-        "cases": summarize(cases, runs),
-        "runs": runs,
-    }
-    write_results(args.out or default_output("speed", device, args.quick), results)
+                write_results(out, results(), quiet=True)  # after every case: a stopped run keeps what it measured
+    write_results(out, results())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Shape: Transformer-base (§3, Table 3 "base"): 6 + 6 layers, d_model 512, 8 heads, d_ff 2048,
 post-norm, ReLU, sinusoidal positions, embeddings × √d_model, one 8,000-token vocabulary shared
-by source, target and the output projection, dropout 0.1 on residuals and embeddings only.
+by source, target and the output projection, dropout 0.1 on residuals and embeddings only; or,
+after `use_model("big")`, Transformer-big (d_model 1024, 16 heads, d_ff 4096, dropout 0.3).
 Weights are random (fixed seed); nothing is downloaded.
 
 Training batches come in two kinds, the same for every system: the fixed batch of 64 pairs of
@@ -50,7 +51,23 @@ from aiayn.train import TrainStep
 from aiayn.translate import Translator
 
 VOCAB = 8000
+MODELS = ("base", "big")  # Table 3's two named rows
 CONFIG = dataclasses.replace(PRESETS["base"], vocab_size=VOCAB)  # the shape every system is built to
+
+
+def model_config(name: str) -> ModelConfig:
+    """Table 3's `name` row (base or big) with the common vocabulary."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    return dataclasses.replace(PRESETS[name], vocab_size=VOCAB)
+
+
+def use_model(name: str) -> None:
+    """Build every system of this process to Table 3's `name` row from now on. A process
+    measures one case, so the shape is a setting of the process, like the seed."""
+    global CONFIG
+    CONFIG = model_config(name)
+
 SRC_LEN = 32  # source tokens each encoder sees, EOS included
 TGT_LEN = 32  # target tokens per training pair (decoder inputs BOS + 31; outputs 31 + EOS)
 OUT_LEN = 32  # output tokens every decoder is forced to produce (EOS not counted)
@@ -60,8 +77,9 @@ LEARNING_RATE = 1e-4  # any positive rate: it does not change the cost of a step
 SYSTEMS = ("aiayn", "torch", "marian", "ctranslate2")
 TRAINABLE = ("aiayn", "torch", "marian")  # CTranslate2 is an inference engine
 # Peers measured by their own harness in their own environment (benchmarks/peers/), training
-# only, in the precisions they can train in on a CPU.
-PEER_PRECISIONS = {"eole": ("fp32", "bf16"), "onmt": ("fp32",)}  # OpenNMT-py 3.0.4 has no bf16
+# only, in the precisions they can train in, on the devices their harness runs on.
+PEER_PRECISIONS = {"eole": ("fp32", "tf32", "bf16"), "onmt": ("fp32",)}  # OpenNMT-py 3.0.4 has no bf16
+PEER_DEVICES = {"eole": ("cpu", "cuda"), "onmt": ("cpu",)}
 PEER_NAMES = {"eole": "Eole 0.6.4", "onmt": "OpenNMT-py 3.0.4"}
 
 # What differs between the systems despite the common shape: written into every result file and
@@ -97,8 +115,8 @@ FAIRNESS_NOTES = (
     "CTranslate2 is converted from the same Marian model (same seed); its vocabulary drops the pad "
     "row (7,999 entries) and its decoder starts from a zero embedding, as for any Marian model.",
     "Eole 0.6.4 and OpenNMT-py 3.0.4 (training only) are measured by their harnesses in "
-    "benchmarks/peers/, each in its own environment, on the same batch shape and Transformer-base "
-    "shape built through their own configs, model builders, losses, optimizers and trainer step "
+    "benchmarks/peers/, each in its own environment, on the same batch shape and model "
+    "shape (base or big) built through their own configs, model builders, losses, optimizers and trainer step "
     "(not their data pipelines). Both are pre-norm (neither offers post-norm in its decoder) and "
     "add an 8,000-entry output bias. Eole's bf16 is its pure bf16 (bf16 weights and Adam states, "
     "torch-optimi's Kahan-summed Adam), against aiayn's bf16 autocast with fp32 weights; "
@@ -171,18 +189,20 @@ def target_tokens(shapes: list[Shape]) -> int:
     return sum(sum(shape["tgt"]) for shape in shapes)
 
 
-def flops_per_token(shapes: list[Shape]) -> float:
+def flops_per_token(shapes: list[Shape], config: Optional[ModelConfig] = None) -> float:
     """Model FLOPs of a training step (aiayn.flops.training_flops, of each pair at its own
-    lengths: padding is not counted) per real target token of these batches."""
-    flops = sum(training_flops(CONFIG, s, t) for shape in shapes for s, t in zip(shape["src"], shape["tgt"]))
+    lengths: padding is not counted) per real target token of these batches, for `config`
+    (default: this process's CONFIG)."""
+    config = config or CONFIG
+    flops = sum(training_flops(config, s, t) for shape in shapes for s, t in zip(shape["src"], shape["tgt"]))
     return flops / target_tokens(shapes)
 
 
-def training_tflops(tokens_per_s: float, shapes: Optional[list[Shape]] = None) -> float:
+def training_tflops(tokens_per_s: float, shapes: Optional[list[Shape]] = None, config: Optional[ModelConfig] = None) -> float:
     """Achieved TFLOP/s of training at `tokens_per_s` real target tokens/s on `shapes` (default:
     the fixed batch): the model FLOPs (aiayn.flops.training_flops), the count every system is
     measured against."""
-    return tokens_per_s * flops_per_token(shapes or [fixed_shape(1)]) / 1e12
+    return tokens_per_s * flops_per_token(shapes or [fixed_shape(1)], config) / 1e12
 
 
 # The built-in corpus whose sentence lengths make the real batch shapes.
@@ -486,8 +506,12 @@ def convert_for_ctranslate2(directory: Path, quantizations: tuple[str, ...]) -> 
     return {q: Path(converter.convert(str(directory / f"ct2-{q}"), quantization=q, force=True)) for q in quantizations}
 
 
-# CTranslate2 compute types by precision label; the model is converted to the same type.
-CT2_TYPES = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"}
+# CTranslate2 compute types by precision label and device kind; the model is converted to the
+# same type. int8 on a GPU keeps the layers it does not quantize in fp16 (CTranslate2's
+# int8_float16), on a CPU in fp32.
+CT2_TYPES = {"cpu": {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"},
+             "cuda": {"fp32": "float32", "int8": "int8_float16", "bf16": "bfloat16", "fp16": "float16"}}
+DECODE_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 
 
 def ctranslate2_precisions(device: torch.device) -> list[str]:
@@ -495,7 +519,7 @@ def ctranslate2_precisions(device: torch.device) -> list[str]:
     import ctranslate2
 
     supported = ctranslate2.get_supported_compute_types(device.type)
-    return [label for label, kind in CT2_TYPES.items() if kind in supported]
+    return [label for label, kind in CT2_TYPES[device.type].items() if kind in supported]
 
 
 class CTranslate2:
@@ -507,7 +531,7 @@ class CTranslate2:
         import ctranslate2
 
         self.translator = ctranslate2.Translator(
-            str(model_dir), device=device.type, inter_threads=1, intra_threads=threads, compute_type=CT2_TYPES[precision]
+            str(model_dir), device=device.type, inter_threads=1, intra_threads=threads, compute_type=CT2_TYPES[device.type][precision]
         )
         self.ids = {_marian_token(i): i for i in range(VOCAB)}
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 import pytest
@@ -23,12 +24,15 @@ from aiayn.tokenizer import Tokenizer
 REPO = Path(__file__).resolve().parent.parent
 
 
-def toy_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
-    """English-like word strings and their reversal: a 'translation' a tiny model can learn."""
+def toy_pairs(n: int, seed: int = 0,
+              length: Optional[Callable[[np.random.Generator], int]] = None) -> list[tuple[str, str]]:
+    """English-like word strings and their reversal: a 'translation' a tiny model can learn.
+    `length(rng)`: the words of a sentence, drawn from `rng` (by default 3 to 8)."""
     rng = np.random.default_rng(seed)
     pairs = []
     for _ in range(n):
-        words = [WORDS[i] for i in rng.integers(0, len(WORDS), rng.integers(3, 9))]
+        size = length(rng) if length else rng.integers(3, 9)
+        words = [WORDS[i] for i in rng.integers(0, len(WORDS), size)]
         pairs.append((" ".join(words), " ".join(reversed(words))))
     return pairs
 

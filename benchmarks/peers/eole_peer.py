@@ -6,8 +6,17 @@ Three subcommands, each printing exactly one JSON line as the last line of stdou
 logs go to stderr); a user error or an unsupported case exits non-zero with one line on stderr.
 
 ``speed``
-    Training throughput of Transformer-base on synthetic batches: the fixed, padding-free batch
-    (--rows pairs of --src-len + --tgt-len) or the real batch shapes of --shapes. The model is
+    Training throughput of Transformer-base (or of Transformer-big with ``--model big``: d_model
+    1024, 16 heads, d_ff 4096, dropout 0.3, Table 3) on synthetic batches: the fixed,
+    padding-free batch (--rows pairs of --src-len + --tgt-len) or the real batch shapes of
+    --shapes, on the CPU (``--device cpu``, the default) or on GPU 0 (``--device cuda``: Eole's
+    builder with device_id 0 and gpu_ranks [0], the batches made on the GPU before the clock
+    starts, the clock read after torch.cuda.synchronize, peak memory torch's
+    max_memory_allocated; Eole's own CUDA setting of ``eole train`` applies: its
+    ``configure_cuda_backends``, which leaves PyTorch's memory-efficient SDPA as the only
+    attention kernel). ``--tf32`` (``--device cuda`` only) allows TF32 matrix products in fp32,
+    which PyTorch leaves off. A step that Eole skips (it drops a batch on CUDA out of memory and
+    logs a warning) is an error here, not a faster step. The model is
     built by Eole itself: a ``TrainConfig`` (Eole's pydantic config classes) is validated, the
     shared vocabulary is read by Eole's ``build_vocab``, the model by
     ``get_model_class(config.model).for_training`` (Eole's builder and weight init), the optimizer
@@ -21,7 +30,8 @@ logs go to stderr); a user error or an unsupported case exits non-zero with one 
     ``tgt`` is BOS + tokens + EOS, right-padded (the model feeds ``tgt[:, :-1]`` to the decoder and
     the loss scores ``tgt[:, 1:]``).
 
-    Unsupported cases: none on this CPU; Eole trains in fp32 and in (pure) bf16.
+    Unsupported cases: none on this CPU; Eole trains in fp32 and in (pure) bf16; --tf32 with
+    --device cpu is refused.
 
 ``train``
     Writes Eole's own YAML config and runs Eole's training CLI (``eole train -config``) as a child
@@ -43,7 +53,8 @@ import time
 from pathlib import Path
 
 from harness import (
-    UserError, main, measure_speed, padded_ids, run_for, set_threads, speed_shapes, status_mib, thread_env,
+    SPEED_MODELS, UserError, main, measure_speed, memory_mib, padded_ids, run_for, set_threads, speed_device,
+    speed_shapes, thread_env,
 )
 
 FAIRNESS_NOTES = [
@@ -170,9 +181,12 @@ def _config_dict(*, vocab_path, vocab_size, layers, d_model, heads, d_ff, dropou
 
 
 def cmd_speed(args):
-    """Time one optimizer step of Transformer-base through Eole's Trainer per batch shape."""
+    """Time one optimizer step of Transformer-base or -big through Eole's Trainer per batch shape."""
     set_threads(args.threads)
-    start_mib = status_mib("VmRSS")
+    device = speed_device(args)  # --tf32 takes effect here, before anything is built
+    cuda = device == "cuda"
+    device_id = 0 if cuda else -1  # Eole's device ids: -1 the CPU, 0 the first GPU
+    start_mib = memory_mib(device)
     import torch
     from eole.config.run import TrainConfig
     from eole.inputters.inputter import build_vocab
@@ -180,35 +194,43 @@ def cmd_speed(args):
     from eole.trainer import build_trainer
     from eole.transforms import get_specials, get_transforms_cls
     from eole.utils import Statistics
-    from eole.utils.misc import set_random_seed
+    from eole.utils.misc import configure_cuda_backends, set_random_seed
     from eole.utils.optimizers import Optimizer
 
     if args.vocab <= 5:
         raise UserError("need --vocab > 5")
     shapes = speed_shapes(args)
+    dims = SPEED_MODELS[args.model]  # layers, d_model, heads, d_ff, dropout
     with tempfile.TemporaryDirectory() as tmp:
         # Eole reads its vocabulary from a file; this one has the specials at ids 0..3.
         vocab_path = Path(tmp, "vocab.txt")
         pieces = list(SPECIALS.values()) + [f"w{i}" for i in range(len(SPECIALS), args.vocab)]
         vocab_path.write_text("".join(f"{p}\t1\n" for p in pieces))
-        config = TrainConfig(
-            data={},
-            **_config_dict(
-                vocab_path=vocab_path, vocab_size=args.vocab, layers=6, d_model=512, heads=8,
-                d_ff=2048, dropout=0.1, label_smoothing=0.1, precision=args.precision,
-                # the paper's schedule; the rate does not change the time of a step
-                learning_rate=1.0, warmup_steps=4000, seed=args.seed,
-            ),
+        config_dict = _config_dict(
+            vocab_path=vocab_path, vocab_size=args.vocab, **dims, label_smoothing=0.1,
+            precision=args.precision,
+            # the paper's schedule; the rate does not change the time of a step
+            learning_rate=1.0, warmup_steps=4000, seed=args.seed,
         )
+        if cuda:  # one process on one GPU, as `eole train` with gpu_ranks [0]
+            config_dict["training"]["gpu_ranks"] = [0]
+        config = TrainConfig(data={}, **config_dict)
         config._validate_data_config()  # as train_single does: derives the transform list
-        set_random_seed(config.seed, False)
+        if cuda:  # as train_single.main does on a GPU
+            torch.cuda.set_device(device_id)
+        set_random_seed(config.seed, cuda)
         specials = get_specials(config, get_transforms_cls(config._all_transform))
         vocabs = build_vocab(config, specials)
+    if cuda:
+        configure_cuda_backends()  # as train_single.main does before it builds the model
     model = get_model_class(config.model).for_training(
-        config.model, vocabs, config.training, device_id=-1  # -1: the CPU
+        config.model, vocabs, config.training, device_id=device_id
     )
+    on = next(model.parameters()).device
+    if on.type != device:
+        raise UserError(f"eole built the model on {on}, not on {device}")
     optim = Optimizer.from_config(model, config)
-    trainer = build_trainer(config, -1, model, vocabs, optim, model_saver=None)
+    trainer = build_trainer(config, device_id, model, vocabs, optim, model_saver=None)
 
     ids = {name: vocabs["src"][token] for name, token in SPECIALS.items()}
     assert ids == {"pad_token": 0, "bos_token": 1, "eos_token": 2, "unk_token": 3}, ids
@@ -219,11 +241,12 @@ def cmd_speed(args):
         rows = len(shape["src"])
         src = padded_ids(shape["src"], args.vocab, gen, ids["eos_token"], ids["pad_token"])
         tgt = padded_ids(shape["tgt"], args.vocab, gen, ids["eos_token"], ids["pad_token"])
+        # on the model's device, as Eole's OnDeviceDatasetIter moves every tensor of a batch
         return {
-            "src": src,
-            "srclen": torch.tensor(shape["src"]),
-            "tgt": torch.cat([torch.full((rows, 1), ids["bos_token"]), tgt], 1),
-            "tgtlen": torch.tensor(shape["tgt"]) + 1,
+            "src": src.to(on),
+            "srclen": torch.tensor(shape["src"]).to(on),
+            "tgt": torch.cat([torch.full((rows, 1), ids["bos_token"]), tgt], 1).to(on),
+            "tgtlen": (torch.tensor(shape["tgt"]) + 1).to(on),
             "prefix_len": None,
             "images": None,
             "cid": ["speed"] * rows,
@@ -232,11 +255,15 @@ def cmd_speed(args):
 
     def step_on(batch):
         def one_step():
+            before = optim.training_step
             # The iterator yields (batch, bucket_idx) like Eole's DynamicDatasetIter.
             for batches, normalization in trainer._accum_batches(iter([(batch, 0)])):
                 trainer._train_step(
                     batches, normalization, Statistics(), Statistics(), step=optim.training_step
                 )
+            if optim.training_step != before + 1:  # Eole drops a batch that runs out of GPU memory
+                raise UserError(f"eole skipped the optimizer step of a {tuple(batch['tgt'].shape)} target batch "
+                                "(CUDA out of memory: see its warning above)")
         return one_step
 
     steps = [step_on(make_batch(shape)) for shape in shapes]
@@ -244,10 +271,12 @@ def cmd_speed(args):
 
     weights = "/".join(sorted({str(p.dtype) for p in model.parameters()}))
     adam = type(optim._optimizer)
+    where = f"{device} ({torch.cuda.get_device_name(on)})" if cuda else device
+    tf32 = ", TF32 matmuls allowed" if args.tf32 else ""
     return measure_speed(args, steps, tokens, model, start_mib, (
         f"compute_dtype {args.precision}, use_amp {str(config.training.use_amp).lower()}: "
         f"weights {weights}, optimizer {adam.__module__}.{adam.__name__}, "
-        f"autocast {'on' if optim.amp else 'off'}"
+        f"autocast {'on' if optim.amp else 'off'}; device {where}{tf32}, model {args.model}"
     ))
 
 
@@ -402,4 +431,4 @@ def cmd_translate(args):
 
 if __name__ == "__main__":
     main("eole_peer", __doc__.split("\n")[0], {"speed": cmd_speed, "train": cmd_train, "translate": cmd_translate},
-         FAIRNESS_NOTES)
+         FAIRNESS_NOTES, speed_options=True)

@@ -34,6 +34,59 @@ def status_mib(field: str) -> float:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def memory_mib(device: str = "cpu") -> float:
+    """Memory in use now: resident set (VmRSS) on the CPU, torch's allocated memory on a GPU."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.memory_allocated() / 2**20
+    return status_mib("VmRSS")
+
+
+def peak_memory_mib(device: str = "cpu") -> float:
+    """Peak memory of this process so far: peak resident set (VmHWM) on the CPU, the peak of
+    torch's allocator on a GPU (as aiayn's benchmarks/common.py reads them)."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20
+    return status_mib("VmHWM")
+
+
+def synchronize(device: str = "cpu") -> None:
+    """Wait for the GPU's queued work, so that a clock reads the work's end, not its launch."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+# `speed --model`: Table 3's base and big shapes (both 6 + 6 layers)
+SPEED_MODELS = {
+    "base": {"layers": 6, "d_model": 512, "heads": 8, "d_ff": 2048, "dropout": 0.1},
+    "big": {"layers": 6, "d_model": 1024, "heads": 16, "d_ff": 4096, "dropout": 0.3},
+}
+
+
+def speed_device(args: argparse.Namespace) -> str:
+    """`speed`'s device (cpu where the harness offers no --device), with --tf32 applied: TF32
+    matrix products (cuBLAS and cuDNN) for the whole process, which PyTorch leaves off for fp32."""
+    device = getattr(args, "device", "cpu")
+    if getattr(args, "tf32", False):
+        if device != "cuda":
+            raise UserError("--tf32 is a CUDA GPU's format; leave it out with --device cpu")
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: torch sees no CUDA GPU")
+    return device
+
+
 def thread_env(threads: int, **extra: str) -> dict:
     """The environment with OpenMP and MKL held to `threads` (torch sizes its pool from it)."""
     return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), **extra)
@@ -77,18 +130,22 @@ def measure_speed(args: argparse.Namespace, steps: list[Callable[[], None]], tok
                   precision_mode: str) -> dict:
     """`speed`'s result: `steps` (one training step per batch shape) timed once each after
     `args.warmup` untimed ones from the start of the list, in real (non-pad) target tokens/s,
-    `tokens` being the timed batches' ids + EOS, with the process's memory and the model's
-    parameter count."""
+    `tokens` being the timed batches' ids + EOS, with the process's memory (on a GPU, torch's
+    allocator) and the model's parameter count. On a GPU the clock is read after the queued work
+    is done, at both ends."""
+    device = getattr(args, "device", "cpu")
     for i in range(args.warmup):
         steps[i % len(steps)]()
+    synchronize(device)
     begin = time.perf_counter()
     for step in steps:
         step()
+    synchronize(device)
     seconds = time.perf_counter() - begin
     return {
         "tokens_per_s": tokens / seconds,
         "seconds": seconds,
-        "peak_mib": status_mib("VmHWM"),
+        "peak_mib": peak_memory_mib(device),
         "start_mib": start_mib,
         "parameters": sum(p.numel() for p in model.parameters()),
         "precision_mode": precision_mode,
@@ -128,14 +185,24 @@ def run_for(command: list[str], minutes: float, log: Path, env: dict, grace_s: f
         return finished, time.monotonic() - begin
 
 
-def parse_args(description: str, argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """The command line every harness takes (speed, train, translate)."""
+def parse_args(description: str, argv: Optional[list[str]] = None, speed_options: bool = False) -> argparse.Namespace:
+    """The command line every harness takes (speed, train, translate); `speed_options` adds
+    speed's --device, --model and --tf32 (the harnesses that implement them)."""
     parser = argparse.ArgumentParser(description=description)
     sub = parser.add_subparsers(dest="command", required=True)
     precision = {"choices": ("fp32", "bf16"), "default": "fp32"}
 
-    speed = sub.add_parser("speed", help="training throughput of Transformer-base on the fixed batch or on real batch shapes")
+    model = "Transformer-base or -big" if speed_options else "Transformer-base"
+    speed = sub.add_parser("speed", help=f"training throughput of {model} on the fixed batch or on real batch shapes")
     speed.add_argument("--precision", **precision)
+    if speed_options:
+        speed.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                           help="cuda: the model, batches and optimizer on GPU 0 (--threads still sets the CPU threads)")
+        speed.add_argument("--model", choices=tuple(SPEED_MODELS), default="base",
+                           help="Table 3's base (d_model 512, 8 heads, d_ff 2048, dropout 0.1) or big "
+                                "(d_model 1024, 16 heads, d_ff 4096, dropout 0.3), 6 + 6 layers")
+        speed.add_argument("--tf32", action="store_true",
+                           help="--device cuda only: fp32 with TF32 matrix products (cuBLAS and cuDNN) allowed")
     for name, default in (("rows", 64), ("src-len", 32), ("tgt-len", 32), ("vocab", 8000), ("warmup", 2),
                           ("steps", 5), ("seed", 0)):
         speed.add_argument(f"--{name}", type=int, default=default)
@@ -175,10 +242,11 @@ def parse_args(description: str, argv: Optional[list[str]] = None) -> argparse.N
 
 
 def main(name: str, description: str, commands: dict[str, Callable[[argparse.Namespace], dict]],
-         fairness_notes: list[str]) -> None:
+         fairness_notes: list[str], speed_options: bool = False) -> None:
     """Run the subcommand; print its result (with the fairness notes) as one JSON line on
-    stdout, or a user error as one line on stderr with its exit status."""
-    args = parse_args(description)
+    stdout, or a user error as one line on stderr with its exit status. `speed_options`: the
+    harness's speed takes --device, --model and --tf32."""
+    args = parse_args(description, speed_options=speed_options)
     try:
         result = commands[args.command](args)
     except UserError as error:

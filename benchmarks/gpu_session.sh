@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The GPU measurements of issue #29 as one script, for a machine lent for minutes: a CUDA GPU with
+# PyTorch installed and no network (aiayn runs from this checkout, not installed; the peers'
+# missing packages come as wheels, see below). Every part writes into OUT as it goes and is cut
+# by its own time limit, so a slow part leaves the later ones their time and a stopped run keeps
+# what it measured.
+#
+#   bash benchmarks/gpu_session.sh OUT PART...
+#
+# PARTs, run in the order given:
+#   setup     the GPU, the versions, the wheels of .whl/ installed into /tmp (Eole 0.6.4 and its
+#             missing dependencies in .whl/eole, CTranslate2 in .whl/ct2, aiayn's own in .whl/aiayn)
+#   train     benchmarks/speed.py: training of base and big at 25,000 and 3,125 tokens per batch,
+#             tf32 and bf16, aiayn against torch.nn.Transformer, HF Marian and Eole 0.6.4
+#   compiled  aiayn's compiled step in bf16 at 25,000 tokens (base and big) beside its eager step
+#   profile   benchmarks/profile_train.py: where a bf16 step's GPU time goes (base and big, 25,000)
+#   tests     the tests marked cuda: torchrun with NCCL, and the WMT14 recipe on synthetic data
+#   decode    benchmarks/speed.py: beam 4 and greedy at batch 64, aiayn (bf16, fp16) against
+#             HF Marian (bf16) and CTranslate2 (bf16, fp16, int8_float16)
+#
+# The wheels (.whl/, ignored by git) are fetched on a machine with network, for CPython 3.12:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl/eole eole==0.6.4 ...
+# (benchmarks/README.md lists them.)
+set -uo pipefail
+OUT="${1:?usage: gpu_session.sh OUT PART...}"
+shift
+mkdir -p "$OUT"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+export PYTHONPATH="$repo" PYTHONUNBUFFERED=1
+PYTHON="${PYTHON:-python3}"
+LOG="$OUT/session.log"
+# Eole runs with its wheels on the path; aiayn's own processes never see them.
+EOLE_PYTHON=/tmp/eole-python
+
+say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
+# part NAME SECONDS COMMAND...: run, time-limited, output into the log
+part() {
+    local name="$1" seconds="$2"
+    shift 2
+    say "$name (limit ${seconds} s): $*"
+    timeout --signal=INT --kill-after=10 "$seconds" "$@" >>"$LOG" 2>&1
+    say "$name: exit status $?"
+}
+
+for what in "$@"; do
+    case "$what" in
+    setup)
+        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv >>"$LOG" 2>&1
+        "$PYTHON" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name())" >>"$LOG" 2>&1
+        for group in eole ct2 aiayn; do
+            "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target "/tmp/site-$group" .whl/"$group"/*.whl >>"$LOG" 2>&1 || say "wheels of $group: failed"
+        done
+        printf '#!/bin/sh\nPYTHONPATH=/tmp/site-eole:/tmp/site-aiayn exec %s "$@"\n' "$PYTHON" >"$EOLE_PYTHON"
+        chmod +x "$EOLE_PYTHON"
+        # CTranslate2 4.8's CUDA build opens libcublas.so.12; a CUDA 13 machine has .so.13 only.
+        found="$(find / -name 'libcublas.so.12*' -not -path '/proc/*' 2>/dev/null | head -1)"
+        mkdir -p /tmp/cu12
+        if [ -n "$found" ]; then
+            say "libcublas 12: $found"
+            ln -sf "$found" /tmp/cu12/libcublas.so.12
+            ln -sf "$(dirname "$found")"/libcublasLt.so.12* /tmp/cu12/ 2>/dev/null
+        else
+            blas="$(find / -name 'libcublas.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)"
+            lt="$(find / -name 'libcublasLt.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)"
+            say "no libcublas 12; trying CUDA 13's under its name: $blas $lt"
+            [ -n "$blas" ] && ln -sf "$blas" /tmp/cu12/libcublas.so.12
+            [ -n "$lt" ] && ln -sf "$lt" /tmp/cu12/libcublasLt.so.12
+        fi
+        ;;
+    train)
+        part train "${TRAIN_SECONDS:-270}" "$PYTHON" benchmarks/speed.py --device cuda --tasks train \
+            --systems aiayn torch marian eole --peer-python "eole=$EOLE_PYTHON" --models base big \
+            --batches 25000 3125 --reps "${REPS:-1}" --out "$OUT/speed-train-cuda.json"
+        ;;
+    compiled)
+        part compiled "${COMPILED_SECONDS:-120}" "$PYTHON" benchmarks/speed.py --device cuda --tasks train \
+            --systems aiayn --compile --precisions bf16 --models base big --batches 25000 --reps "${REPS:-1}" \
+            --out "$OUT/speed-train-compiled-cuda.json"
+        ;;
+    profile)
+        for model in base big; do
+            part "profile $model" 35 "$PYTHON" benchmarks/profile_train.py --device cuda --model "$model" \
+                --precision bf16 --budget 25000 --steps 3 --out "$OUT/profile-train-cuda-$model-bf16-25000.txt"
+        done
+        ;;
+    tests)
+        part tests "${TESTS_SECONDS:-150}" env PYTHONPATH="$repo:/tmp/site-aiayn" "$PYTHON" -m pytest -m cuda \
+            tests/test_cuda.py -q -rA -p no:cacheprovider
+        ;;
+    decode)
+        part decode "${DECODE_SECONDS:-130}" env PYTHONPATH="$repo:/tmp/site-ct2" \
+            LD_LIBRARY_PATH="/tmp/cu12:${LD_LIBRARY_PATH:-}" "$PYTHON" benchmarks/speed.py --device cuda \
+            --tasks decode --systems aiayn marian ctranslate2 --precisions bf16 --reps "${REPS:-1}" \
+            --out "$OUT/speed-decode-cuda.json"
+        ;;
+    *)
+        say "unknown part $what"
+        exit 2
+        ;;
+    esac
+done
+say "done"

@@ -1,0 +1,179 @@
+"""Training on a GPU as the paper's 8 did (§5.2): under torchrun, in an NCCL process group, here
+with one process, which trains by the code of many (DDP, the all-reduces; aiayn.device.
+init_distributed). Each test runs twice: on the CPU with gloo at a toy scale, in the normal suite,
+and on a CUDA GPU with NCCL, marked `cuda` and skipped without one. On a GPU machine:
+
+    PYTHONPATH=. python3 -m pytest -m cuda tests/test_cuda.py
+
+The commands run `python -m aiayn` from this checkout (PYTHONPATH), so aiayn need not be
+installed; the recipe finds an `aiayn` command that does so first on its PATH.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_faults import corpus_tsv, losses  # noqa: F401  (corpus_tsv is a fixture)
+from test_store import toy_pairs, write_wmt_parquet
+
+from aiayn.device import DETERMINISTIC
+from aiayn.run import RunDir
+from aiayn.store import load_store
+
+REPO = Path(__file__).resolve().parent.parent
+
+DEVICES = [
+    pytest.param("cpu", id="cpu-gloo"),
+    pytest.param("cuda", id="cuda-nccl", marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch.cuda.is_available() is false"),
+    ]),
+]
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+
+
+def environment(tmp_path: Path, device: str, **extra: str) -> dict:
+    """The commands' environment: this checkout importable, and an `aiayn` command (a shim that
+    runs `python -m aiayn` with this interpreter) first on the PATH, then this interpreter's own
+    folder (torchrun's). On the CPU no GPU, so that `--device auto` (the recipe's) means the
+    CPU on any machine, and one thread, as the other torchrun tests have: a toy model gains
+    nothing from two, and two threads of a process that shares its cores wait for each other at
+    every operation."""
+    shims = tmp_path / "bin"
+    shims.mkdir(exist_ok=True)
+    shim = shims / "aiayn"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m aiayn "$@"\n')
+    shim.chmod(0o755)
+    path = os.pathsep.join([str(shims), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    cpu = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"} if device == "cpu" else {}
+    return {**os.environ, "PATH": path, "PYTHONPATH": python_path, **cpu, **extra}
+
+
+def torchrun() -> list[str]:
+    """torchrun on a free port of this machine; the number of processes is the caller's to add."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+
+
+def weights(run: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "model" / "model.safetensors"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_torchrun_process_trains_checkpoints_and_resumes_exactly(tmp_path, corpus_tsv, device):
+    """`torchrun --nproc-per-node 1`: one process in a process group (gloo on the CPU, NCCL on a
+    GPU), its model in DDP. Stopped after step k and resumed with --resume, a run logs the losses
+    of an uninterrupted run, step for step, and ends with its weights, bit for bit: dropout on
+    (each step's draws seeded afresh), bf16 autocast on the GPU.
+
+    On a GPU only with AIAYN_DETERMINISTIC=1 (aiayn.device.deterministic_from_environment): the
+    backward of the fused attention kernels adds its partial gradients with atomics otherwise, in
+    an order that changes from run to run, and two runs drift apart by rounding from the first
+    step. Everything else a step does is a fixed sequence of kernels on the same shapes: cuBLAS
+    gives the same bits for the same problem on the same GPU, dropout draws from Philox at the
+    seed and offset the step sets, and NCCL's sum over one process is the tensor itself. The CPU
+    runs with it too, which changes nothing there but holds every operation of a step to have a
+    deterministic algorithm (PyTorch stops at one that has none)."""
+    gpu = device == "cuda"
+    steps, stop, every = (40, 23, 10) if gpu else (12, 7, 5)
+    # A GPU gets batches worth its while and trains in bf16; the CPU the smallest model, in fp32.
+    sizes = ["--max-tokens", "1000", "--precision", "bf16"] if gpu else \
+        ["--max-tokens", "300", "--d-model", "32", "--d-ff", "64", "--precision", "fp32"]
+    env = environment(tmp_path, device, **{DETERMINISTIC: "1"})
+
+    def train(run: Path, max_steps: int, *extra) -> str:
+        argv = [*torchrun(), "--nproc-per-node", "1", "-m", "aiayn", "train", "--corpus", corpus_tsv, "--out", run,
+                "--preset", "tiny", "--vocab-size", "300", *sizes, "--warmup-steps", "20", "--log-every", "1",
+                "--eval-every", "1000", "--save-every", every, "--seed", "3", "--device", device,
+                "--max-steps", max_steps, *extra]
+        done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done.stdout
+
+    out = train(tmp_path / "straight", steps)
+    assert f"process group: {BACKENDS[device]}, 1 process\n" in out, out
+    assert f"{DETERMINISTIC}=1: deterministic algorithms only" in out
+    assert f"on {'cuda:0 in bf16' if gpu else 'cpu in fp32'}\n" in out, out
+    reference = losses(tmp_path / "straight")
+    assert sorted(reference) == list(range(1, steps + 1))
+
+    run = tmp_path / "run"
+    train(run, stop)
+    assert max(losses(run)) == stop and RunDir(run).checkpoints()[-1] == RunDir(run).checkpoint(stop)
+    out = train(run, steps, "--resume")
+    assert f"resumed from {RunDir(run).checkpoint(stop)} at step {stop}\n" in out, out
+    resumed = losses(run)
+    assert sorted(resumed) == sorted(reference)
+    # every step's loss, bit for bit (a failure shows the first steps that differ, and by how much)
+    differ = {step: (resumed[step], reference[step]) for step in reference if resumed[step] != reference[step]}
+    assert not differ, f"the first steps whose losses (resumed, uninterrupted) differ: {dict(list(differ.items())[:5])}"
+    final, straight = weights(run), weights(tmp_path / "straight")
+    assert final.keys() == straight.keys()
+    differ = {name: (final[name] - straight[name]).abs().max().item() for name in final
+              if not torch.equal(final[name], straight[name])}
+    assert not differ, f"{len(differ)} of {len(final)} weight tensors differ; max |difference|: {differ}"
+
+
+def wmt_length(rng: np.random.Generator) -> int:
+    """The words of a sentence as WMT14 en-de spreads them: many short, a long tail (a lognormal
+    of mean 25 words), at most 100."""
+    sigma = 0.6
+    return int(min(100, max(1, round(rng.lognormal(np.log(25) - sigma**2 / 2, sigma)))))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_wmt14_recipe_runs_end_to_end_with_gpus_1(tmp_path, device):
+    """recipes/wmt14-en-de-base.sh with GPUS=1 on WMT14-shaped Parquet files (sentence lengths
+    as WMT's): preprocess, train under torchrun (8 batches of MAX_TOKENS a step), average the
+    last 5 checkpoints, translate with beam 4, score. On a GPU the real base model in bf16 for 300
+    steps of the paper's 25,000 tokens (about 30-60 ms each on an H100); on the CPU the tiny one,
+    for a few. The dev and test sets are short: an all but untrained model's beam search runs
+    to the length limit (source + 50)."""
+    gpu = device == "cuda"
+    pairs, steps, every = (4000, 300, 60) if gpu else (300, 6, 1)
+    folder = write_wmt_parquet(tmp_path / "wmt14" / "de-en", {
+        "train": toy_pairs(pairs, 0, wmt_length), "validation": toy_pairs(20, 1, wmt_length),
+        "test": toy_pairs(20, 2, wmt_length)})
+    sizes = {"MAX_TOKENS": "3125", "PRECISION": "bf16"} if gpu else \
+        {"MODEL": "--preset tiny --d-model 32 --d-ff 64", "MAX_TOKENS": "400", "PRECISION": "fp32"}
+    work = tmp_path / "work"
+    # 340 pieces: the fewest that make each of the toy language's 18 words one token (300 split
+    # them in 3 on average), so that sentences are as long in tokens as WMT's are in BPE pieces.
+    env = environment(tmp_path, device, CORPUS=str(folder), WORK=str(work), GPUS="1", VOCAB_SIZE="340",
+                      STEPS=str(steps), SAVE_EVERY=str(every), TORCHRUN=" ".join(torchrun()), **sizes)
+    start = time.monotonic()
+    done = subprocess.run(["bash", str(REPO / "recipes" / "wmt14-en-de-base.sh")], capture_output=True, text=True,
+                          timeout=300 if gpu else 120, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    seconds = time.monotonic() - start
+
+    assert load_store(work / "data").manifest["splits"]["train"]["pairs"] == pairs
+    assert f"process group: {BACKENDS[device]}, 1 process\n" in done.stdout
+    assert f"on {'cuda:0 in bf16' if gpu else 'cpu in fp32'}\n" in done.stdout, done.stdout
+    train_config = json.loads((work / "run" / "train_config.json").read_text())
+    assert (train_config["accumulate"], train_config["max_steps"], train_config["keep_last"]) == (8, steps, 5)
+    records = [json.loads(line) for line in (work / "run" / "log.jsonl").read_text().splitlines()]
+    trained = [r for r in records if r["split"] == "train"][-1]
+    assert trained["step"] == steps
+    print(f"the recipe on {device}: {seconds:.0f} s in all; its {steps} training steps {trained['elapsed_s']:.1f} s "
+          f"({1000 * trained['elapsed_s'] / steps:.0f} ms a step, {trained['tokens_per_s']:,.0f} target tokens/s "
+          "at the end)")
+    if gpu:
+        model = json.loads((work / "run" / "model_config.json").read_text())
+        assert (model["n_layers"], model["d_model"], model["d_ff"], model["n_heads"]) == (6, 512, 2048, 8)  # §3, base
+    last = ", ".join(f"step_{step:08d}" for step in range(steps - 4 * every, steps + 1, every))
+    assert f"averaged {last} into {work / 'averaged'}" in done.stdout, done.stdout
+    assert (work / "test.hyp.de").read_text(encoding="utf-8").count("\n") == 20
+    assert "sacreBLEU" in done.stdout and "paper protocol" in done.stdout.lower()
