@@ -56,15 +56,15 @@ for what in "$@"; do
         printf '#!/bin/sh\nPYTHONPATH=/tmp/site-eole:/tmp/site-aiayn exec %s "$@"\n' "$PYTHON" >"$EOLE_PYTHON"
         chmod +x "$EOLE_PYTHON"
         # CTranslate2 4.8's CUDA build opens libcublas.so.12; a CUDA 13 machine has .so.13 only.
-        found="$(find / -name 'libcublas.so.12*' -not -path '/proc/*' 2>/dev/null | head -1)"
+        found="$(find /opt /usr -name 'libcublas.so.12*' 2>/dev/null | head -1)"
         mkdir -p /tmp/cu12
         if [ -n "$found" ]; then
             say "libcublas 12: $found"
             ln -sf "$found" /tmp/cu12/libcublas.so.12
             ln -sf "$(dirname "$found")"/libcublasLt.so.12* /tmp/cu12/ 2>/dev/null
         else
-            blas="$(find / -name 'libcublas.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)"
-            lt="$(find / -name 'libcublasLt.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)"
+            blas="$(find /opt /usr -name 'libcublas.so.13*' 2>/dev/null | head -1)"
+            lt="$(find /opt /usr -name 'libcublasLt.so.13*' 2>/dev/null | head -1)"
             say "no libcublas 12; trying CUDA 13's under its name: $blas $lt"
             [ -n "$blas" ] && ln -sf "$blas" /tmp/cu12/libcublas.so.12
             [ -n "$lt" ] && ln -sf "$lt" /tmp/cu12/libcublasLt.so.12
