@@ -249,6 +249,16 @@ def init_distributed(device: str = "auto") -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def sum_over_ranks(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`values` (a CPU tensor) summed over the ranks of the process group, if one is joined.
+    NCCL reduces GPU tensors only: on a GPU they go there and back (a few numbers a step)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    values = values.to(device)
+    dist.all_reduce(values)
+    return values.cpu()
+
+
 def _stop_with_launcher() -> None:
     """A worker whose torchrun is killed (even by SIGKILL, which torchrun cannot pass on) gets
     SIGTERM, and stops as it does on any SIGTERM: after the step, with a checkpoint. Without

@@ -6,7 +6,8 @@ reference math:
 
 - `attention_kernel` picks, once per attention call, one of three kernels with one signature
   (queries, keys, values, key mask, causal, dropout) -> heads:
-    fused    PyTorch's `scaled_dot_product_attention` (flash / memory-efficient / math);
+    fused    PyTorch's `scaled_dot_product_attention` (flash / memory-efficient / math; on a
+             GPU never cuDNN's, which plans anew for every new shape: `GPU_SDPA_BACKENDS`);
     matmul   two matrix products and an fp32 softmax: on a CPU, for bf16 training, where the
              fused kernel's backward is several times slower (benchmarks/), and for the few
              queries of a decoding step, where it is 2-5× faster than the fused one;
@@ -41,12 +42,13 @@ from __future__ import annotations
 
 import copy
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aiayn.device import DTYPES, check_precision
 
@@ -100,13 +102,24 @@ def attention_mask(
 Kernel = Callable[[Tensor, Tensor, Tensor, Optional[Tensor], bool, float], Tensor]
 
 
+# The fused kernels a GPU may run, cuDNN's left out. PyTorch 2.11 sends a masked bf16 call on an
+# H100 to cuDNN first, and cuDNN builds an execution plan for every new problem shape, hundreds of
+# milliseconds each (pytorch/pytorch#155958 and the reports around it), where real batches bring
+# a new (rows, length) nearly every step. On an H100 (2026-11-26) every system that let PyTorch
+# choose trained Transformer-base in bf16 at 3,125-token batches 6.6-10.8x slower than in TF32, the
+# step's GPU kernels busy a third of its time, while Eole, which allows the memory-efficient
+# kernel only, trained 5x faster than aiayn (benchmarks/results/speed-train-cuda-h100.json).
+GPU_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool, dropout_p: float = 0.0) -> Tensor:
-    """PyTorch's fused kernel. A causal self-attention without another mask takes its `is_causal`
-    path, which reads no (L, L) mask."""
-    if causal and mask is None and q.size(-2) == k.size(-2):
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    mask = attention_mask(mask, causal, None, q.size(-2), k.size(-2), q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    """PyTorch's fused kernel (on a GPU one of `GPU_SDPA_BACKENDS`). A causal self-attention
+    without another mask takes its `is_causal` path, which reads no (L, L) mask."""
+    with sdpa_kernel(GPU_SDPA_BACKENDS) if q.is_cuda else nullcontext():
+        if causal and mask is None and q.size(-2) == k.size(-2):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        mask = attention_mask(mask, causal, None, q.size(-2), k.size(-2), q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool, dropout_p: float = 0.0) -> Tensor:

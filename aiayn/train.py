@@ -39,7 +39,7 @@ from aiayn.checkpoint import load_checkpoint, read_config
 from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
 from aiayn.device import (
     DETERMINISTIC, autocast, check_precision, deterministic_from_environment, init_distributed, keep_freed_memory,
-    matmul_peak_flops, resident_mib, resolve_device,
+    matmul_peak_flops, resident_mib, resolve_device, sum_over_ranks,
 )
 from aiayn.evaluate import score
 from aiayn.flops import training_flops
@@ -329,7 +329,7 @@ class Trainer:
         A stop asked for on any rank (`stop_requested`) makes every rank stop after this step."""
         batches = [next(self.stream) for _ in range(self.recipe.accumulate)]
         local = torch.tensor([float(sum(b.n_tgt_tokens for b in batches)), float(stop_requested)])
-        n_tokens, stops = self._sum_over_ranks(local).tolist()
+        n_tokens, stops = sum_over_ranks(local, self.device).tolist()
         self.stopping = stops > 0
         set_lr(self.optimizer, noam_lr(self.step + 1, self.config.d_model, self.recipe.warmup_steps, self.recipe.lr_scale))
         torch.manual_seed(step_seed(self.recipe.seed, self.rank, self.step))
@@ -337,17 +337,8 @@ class Trainer:
         flops = sum(b.src.size(0) * training_flops(self.config, b.n_src_tokens / b.src.size(0), b.n_tgt_tokens / b.src.size(0))
                     for b in batches)
         self.step += 1
-        totals = self._sum_over_ranks(totals)
+        totals = sum_over_ranks(totals, self.device)
         return totals[0].item(), totals[1].item(), int(n_tokens), flops * self.world
-
-    def _sum_over_ranks(self, values: Tensor) -> Tensor:
-        """`values` (a CPU tensor) summed over the ranks of the process group, if there is one.
-        NCCL reduces GPU tensors only: on a GPU they go there and back (a few numbers a step)."""
-        if not self.distributed:
-            return values
-        values = values.to(self.device)
-        dist.all_reduce(values)
-        return values.cpu()
 
     # -- validation ------------------------------------------------------------------------
 

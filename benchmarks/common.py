@@ -139,8 +139,23 @@ def machine(device: torch.device, threads: int) -> dict:
         "python": platform.python_version(),
         "os": platform.platform(),
         "versions": {p: _version(p) for p in ("aiayn", "torch", "transformers", "ctranslate2", "numpy")},
+        "revision": revision(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def revision() -> Optional[str]:
+    """The git commit of this checkout (aiayn may run from it uninstalled), "+" if it has changes;
+    AIAYN_REVISION where the checkout is a copy without its history (a lent GPU machine)."""
+    if os.environ.get("AIAYN_REVISION"):
+        return os.environ["AIAYN_REVISION"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               cwd=HERE, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "") if head.returncode == 0 else None
 
 
 def command_line() -> str:

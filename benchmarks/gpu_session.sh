@@ -7,6 +7,8 @@
 #
 #   bash benchmarks/gpu_session.sh OUT PART...
 #
+# AIAYN_REVISION=COMMIT names the revision in the results where the copy has no git history.
+#
 # PARTs, run in the order given:
 #   setup     the GPU, the versions, the wheels of .whl/ installed into /tmp (Eole 0.6.4 and its
 #             missing dependencies in .whl/eole, CTranslate2 in .whl/ct2, aiayn's own in .whl/aiayn)
@@ -76,7 +78,7 @@ for what in "$@"; do
             --batches 25000 3125 --reps "${REPS:-1}" --out "$OUT/speed-train-cuda.json"
         ;;
     compiled)
-        part compiled "${COMPILED_SECONDS:-120}" "$PYTHON" benchmarks/speed.py --device cuda --tasks train \
+        part compiled "${COMPILED_SECONDS:-240}" "$PYTHON" benchmarks/speed.py --device cuda --tasks train \
             --systems aiayn --compile --precisions bf16 --models base big --batches 25000 --reps "${REPS:-1}" \
             --out "$OUT/speed-train-compiled-cuda.json"
         ;;
@@ -87,7 +89,7 @@ for what in "$@"; do
         done
         ;;
     tests)
-        part tests "${TESTS_SECONDS:-150}" env PYTHONPATH="$repo:/tmp/site-aiayn" "$PYTHON" -m pytest -m cuda \
+        part tests "${TESTS_SECONDS:-200}" env PYTHONPATH="$repo:/tmp/site-aiayn" "$PYTHON" -m pytest -m cuda \
             tests/test_cuda.py -q -rA -p no:cacheprovider
         ;;
     decode)

@@ -78,7 +78,8 @@ def machine_section(info: dict, settings_line: str) -> list[str]:
     if info.get("gpu"):
         lines.append(f"- GPU: {info['gpu']}")
     lines += [
-        f"- torch {v['torch']}, transformers {v['transformers']}, ctranslate2 {v['ctranslate2']}, aiayn {v['aiayn']}, "
+        f"- torch {v['torch']}, transformers {v['transformers']}, ctranslate2 {v['ctranslate2']}, "
+        f"aiayn {v['aiayn'] or 'from its checkout'}{' at ' + info['revision'][:12] if info.get('revision') else ''}, "
         f"Python {info['python']}, {info['os']}",
         f"- {settings_line}; measured {info['date']}",
     ]
@@ -100,6 +101,9 @@ def speed_section(results: dict) -> list[str]:
         lines += decoding_table(cases, s)
     lines += ["", "### Matmul peak", "", "aiayn.device.matmul_peak_flops: square matrix products, measured among the other cases.", ""]
     lines += table(["Precision", "TFLOP/s", "min–max"], [[p, *spread(c.get("tflops"))] for p, c in peaks.items()])
+    unmeasured = [c["label"] for c in cases if not c["reps"] and not c["errors"]]
+    if unmeasured:
+        lines += ["", f"Not measured ({results.get('stopped', 'no run')}): {', '.join(unmeasured)}."]
     failed = [c["label"] for c in cases if c["errors"]]
     if failed:
         lines += ["", f"Failed repetitions (see the result file): {', '.join(failed)}."]

@@ -177,3 +177,32 @@ def test_the_wmt14_recipe_runs_end_to_end_with_gpus_1(tmp_path, device):
     assert f"averaged {last} into {work / 'averaged'}" in done.stdout, done.stdout
     assert (work / "test.hyp.de").read_text(encoding="utf-8").count("\n") == 20
     assert "sacreBLEU" in done.stdout and "paper protocol" in done.stdout.lower()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch.cuda.is_available() is false")
+def test_fused_attention_on_a_gpu_runs_no_cudnn_kernel_and_equals_the_reference():
+    """aiayn.kernels.fused_attention keeps cuDNN's attention out on a GPU (it plans anew for every
+    new shape, GPU_SDPA_BACKENDS): bf16 with padding masks, as a training step's self-attention,
+    at two shapes, forward and backward, no cuDNN kernel in the profile. The output equals the
+    reference math on the same bf16 inputs, in fp32, within bf16 rounding: the kernels round the
+    weights p to bf16 before PV (2^-9 relative each) and the output to bf16 (2^-9 of at most
+    max |v|), so |error| <= 2^-8 max |v|; 2^-7 max |v| leaves twice that."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from aiayn.attention import scaled_dot_product_attention
+    from aiayn.kernels import fused_attention
+
+    generator = torch.Generator("cuda").manual_seed(0)
+    for rows, length in ((3, 17), (5, 29)):
+        q, k, v = (torch.randn(rows, 8, length, 64, device="cuda", generator=generator).to(torch.bfloat16)
+                   .requires_grad_() for _ in range(3))  # (B, h, L, d_k)
+        lengths = torch.randint(1, length + 1, (rows,), device="cuda", generator=generator)
+        mask = (torch.arange(length, device="cuda") < lengths[:, None])[:, None, None, :]  # (B, 1, 1, L) keys
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = fused_attention(q, k, v, mask, False)  # (B, h, L, d_v)
+            out.float().sum().backward()
+        kernels = [event.key for event in prof.key_averages()]
+        assert kernels and not [name for name in kernels if "cudnn" in name.lower()], kernels
+        expected, _ = scaled_dot_product_attention(q.detach().float(), k.detach().float(), v.detach().float(), mask)
+        torch.testing.assert_close(out.float(), expected, rtol=0, atol=2**-7 * v.abs().max().item())
