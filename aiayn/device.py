@@ -235,10 +235,10 @@ def init_distributed(device: str = "auto") -> tuple[int, int]:
     of 8 processes runs (DDP, the all-reduces); a process started otherwise (WORLD_SIZE unset or
     1) joins nothing. The backend follows the device rather than the machine: a CPU run on a
     machine with a GPU all-reduces CPU tensors, which NCCL cannot."""
+    if process_group_joined():
+        return dist.get_rank(), dist.get_world_size()
     if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not launched_by_torchrun():
         return 0, 1
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
     _stop_with_launcher()
     if resolve_device(device).type == "cuda":
         # before NCCL starts: its communicator, and every object collective, use the current GPU
@@ -249,10 +249,26 @@ def init_distributed(device: str = "auto") -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def rank_gpu(device: torch.device) -> torch.device:
+    """The GPU of this torchrun worker, its LOCAL_RANK (made current): `device` may name no
+    other, since NCCL's communicator was made on that one (`init_distributed`)."""
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.index not in (None, local):
+        raise ValueError(f"under torchrun each process trains on the GPU of its LOCAL_RANK (cuda:{local}), not "
+                         f"{device}: give --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+def process_group_joined() -> bool:
+    """Whether this process is in a process group (torchrun's, of any size, or its caller's)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def sum_over_ranks(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`values` (a CPU tensor) summed over the ranks of the process group, if one is joined.
     NCCL reduces GPU tensors only: on a GPU they go there and back (a few numbers a step)."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not process_group_joined():
         return values
     values = values.to(device)
     dist.all_reduce(values)

@@ -106,9 +106,10 @@ Kernel = Callable[[Tensor, Tensor, Tensor, Optional[Tensor], bool, float], Tenso
 # H100 to cuDNN first, and cuDNN builds an execution plan for every new problem shape, hundreds of
 # milliseconds each (pytorch/pytorch#155958 and the reports around it), where real batches bring
 # a new (rows, length) nearly every step. On an H100 (2026-11-26) every system that let PyTorch
-# choose trained Transformer-base in bf16 at 3,125-token batches 6.6-10.8x slower than in TF32, the
-# step's GPU kernels busy a third of its time, while Eole, which allows the memory-efficient
-# kernel only, trained 5x faster than aiayn (benchmarks/results/speed-train-cuda-h100.json).
+# choose trained Transformer-base in bf16 at 3,125-token batches 6.6-10.8x slower than in TF32,
+# while Eole, which allows the memory-efficient kernel only, trained 5x faster than aiayn
+# (benchmarks/results/speed-train-budgets-cuda-h100.json); at 25,000-token batches aiayn's bf16
+# step kept the GPU busy a third of its time (profile-train-cuda-h100-base-bf16-25000.txt).
 GPU_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

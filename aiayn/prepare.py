@@ -42,7 +42,7 @@ def prepare_data(
     Returns (tokenizer, TrainData, Store). Pairs longer than `max_sentence_tokens` (either side,
     with BOS/EOS) are left out and counted, never silently dropped.
     """
-    rank, world = init_distributed()
+    rank, world = init_distributed(recipe.device)
     data_dir = Path(recipe.data) if recipe.data else run.data
     failure = None
     if rank == 0:

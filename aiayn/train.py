@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import signal
 import sys
 import threading
@@ -39,7 +38,7 @@ from aiayn.checkpoint import load_checkpoint, read_config
 from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
 from aiayn.device import (
     DETERMINISTIC, autocast, check_precision, deterministic_from_environment, init_distributed, keep_freed_memory,
-    matmul_peak_flops, resident_mib, resolve_device, sum_over_ranks,
+    matmul_peak_flops, process_group_joined, rank_gpu, resident_mib, resolve_device, sum_over_ranks,
 )
 from aiayn.evaluate import score
 from aiayn.flops import training_flops
@@ -63,6 +62,8 @@ class TrainStep:
 
     def __init__(self, model: Transformer, optimizer: torch.optim.Optimizer, recipe: TrainConfig,
                  device: torch.device, world: int = 1) -> None:
+        if process_group_joined():  # the group's size, whatever the caller passed: it scales the loss
+            world = dist.get_world_size()
         self.model, self.optimizer, self.world = model, optimizer, world
         self.precision, self.label_smoothing, self.pad_id = recipe.precision, recipe.label_smoothing, model.config.pad_id
         self.device = device
@@ -76,7 +77,7 @@ class TrainStep:
                              "bf16; give --bf16-weights false to train in several")
         self.net = self.twin.model if self.twin else model
         # A bf16 copy trains in one process (refused above for more), so there is nothing to reduce.
-        self.ddp = dist.is_available() and dist.is_initialized() and not self.twin
+        self.ddp = process_group_joined() and not self.twin
         if self.ddp:
             self.net = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None
@@ -160,7 +161,9 @@ def reproducible_compilation() -> Iterator[None]:
 
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
                 torch.utils.deterministic.fill_uninitialized_memory)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # warn-only, unless deterministic algorithms were asked for (AIAYN_DETERMINISTIC): warn-only keeps
+    # the fused attention backward's atomics on a GPU
+    torch.use_deterministic_algorithms(True, warn_only=not previous[0] or previous[1])
     torch.utils.deterministic.fill_uninitialized_memory = False
     try:
         with torch.fx.experimental._config.patch(use_duck_shape=False), \
@@ -238,7 +241,7 @@ class Trainer:
         self.data = data
         self.tokenizer = tokenizer
         self.rank, self.world = init_distributed(train_config.device)
-        self.distributed = dist.is_available() and dist.is_initialized()  # torchrun's, of any size
+        self.distributed = process_group_joined()  # torchrun's, of any size
         self.echo = echo if self.rank == 0 else (lambda _: None)
         if self.distributed:
             self.echo(f"process group: {dist.get_backend()}, {self.world} process{'es' if self.world > 1 else ''}")
@@ -274,8 +277,7 @@ class Trainer:
     def _device(self) -> torch.device:
         device = resolve_device(self.recipe.device)
         if device.type == "cuda" and self.distributed:
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            torch.cuda.set_device(device)
+            device = rank_gpu(device)
         if self.world > 1 and self.recipe.accumulate != 1:
             self.echo(f"note: {self.world} processes × accumulate {self.recipe.accumulate} batches per step")
         return device

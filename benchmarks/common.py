@@ -45,6 +45,18 @@ def require_precision(*precisions: str, device: torch.device = torch.device("cpu
             sys.exit(f"{Path(sys.argv[0]).stem}: {precision}: {error}")
 
 
+def matmul_precision(precision: str, device: torch.device) -> str:
+    """The precision to build a system with: tf32 is fp32 with TF32 matrix products allowed
+    (cuBLAS and cuDNN) for the whole process."""
+    if precision != "tf32":
+        return precision
+    if device.type != "cuda":
+        sys.exit(f"{Path(sys.argv[0]).stem}: tf32 is a CUDA GPU's format; use fp32 on a CPU")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return "fp32"
+
+
 def run_case(args: list[str], threads: int, peer: Optional[str] = None, peer_python: Optional[Path] = None) -> dict:
     """Run one measurement in a fresh process (`one_case.py ARGS`, or a peer's harness in the
     peer's environment, or under `peer_python` where the peer is installed elsewhere) and return

@@ -3,7 +3,8 @@
 # PyTorch installed and no network (aiayn runs from this checkout, not installed; the peers'
 # missing packages come as wheels, see below). Every part writes into OUT as it goes and is cut
 # by its own time limit, so a slow part leaves the later ones their time and a stopped run keeps
-# what it measured.
+# what it measured (speed.py's *.running.json). At the default limits all parts take up to 17
+# minutes, more than a lent machine's 15: choose the parts, or lower TRAIN_SECONDS and the rest.
 #
 #   bash benchmarks/gpu_session.sh OUT PART...
 #
@@ -16,7 +17,8 @@
 #             tf32 and bf16, aiayn against torch.nn.Transformer, HF Marian and Eole 0.6.4
 #   compiled  aiayn's compiled step in bf16 at 25,000 tokens (base and big) beside its eager step
 #   profile   benchmarks/profile_train.py: where a bf16 step's GPU time goes (base and big, 25,000)
-#   tests     the tests marked cuda: torchrun with NCCL, and the WMT14 recipe on synthetic data
+#   tests     the tests marked cuda: torchrun with NCCL, the WMT14 recipe on synthetic data, the
+#             fused attention without cuDNN
 #   decode    benchmarks/speed.py: beam 4 and greedy at batch 64, aiayn (bf16, fp16) against
 #             HF Marian (bf16) and CTranslate2 (bf16, fp16, int8_float16)
 #
@@ -89,7 +91,7 @@ for what in "$@"; do
         done
         ;;
     tests)
-        part tests "${TESTS_SECONDS:-200}" env PYTHONPATH="$repo:/tmp/site-aiayn" "$PYTHON" -m pytest -m cuda \
+        part tests "${TESTS_SECONDS:-300}" env PYTHONPATH="$repo:/tmp/site-aiayn" "$PYTHON" -m pytest -m cuda \
             tests/test_cuda.py -q -rA -p no:cacheprovider
         ;;
     decode)

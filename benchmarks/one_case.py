@@ -7,11 +7,11 @@ another's memory peak, allocator state or warmed-up caches. Subcommands:
             fixed batch or on real batch shapes
     decode  output tokens/s and peak memory of decoding the same sentences with one system
     peak    the matmul FLOP/s roof (aiayn.device.matmul_peak_flops)
-
---model picks Table 3's base or big shape for every system; precision tf32 (a CUDA GPU only) is
-fp32 with TF32 matrix products, which PyTorch leaves off by default.
     layer   time and memory of one encoder layer forward + backward (the sequence-length sweep)
     convert save the Marian model and convert it for CTranslate2 (no measurement)
+
+--model picks Table 3's base or big shape for every system; precision tf32 (a CUDA GPU only) is
+fp32 with TF32 matrix products, which PyTorch leaves off by default (common.matmul_precision).
 """
 
 from __future__ import annotations
@@ -24,19 +24,7 @@ import torch
 
 import systems
 from aiayn.device import autocast, matmul_peak_flops, resolve_device
-from common import Timer, memory_mib, peak_memory_mib
-
-
-def matmul_precision(precision: str, device: torch.device) -> str:
-    """The precision the systems are built with: tf32 is fp32 with TF32 matrix products allowed
-    (cuBLAS and cuDNN) for the whole process."""
-    if precision != "tf32":
-        return precision
-    if device.type != "cuda":
-        raise SystemExit("tf32 is a CUDA GPU's format; use fp32 on a CPU")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    return "fp32"
+from common import Timer, matmul_precision, memory_mib, peak_memory_mib
 
 
 def train(args, device: torch.device) -> dict:

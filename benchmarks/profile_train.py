@@ -31,12 +31,12 @@ from torch.profiler import ProfilerActivity, profile
 
 import systems
 from aiayn.device import cpu_kind, resolve_device
-from common import RESULTS, Timer, command_line, default_threads, require_precision
+from common import RESULTS, Timer, command_line, default_threads, matmul_precision, require_precision
 
 
 # What a GPU kernel computes, read from its name (cuBLAS, CUTLASS, PyTorch's attention kernels).
 KERNEL_KINDS = (("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "splitk")),
-                ("attention (fused)", ("flash", "fmha", "attention")),
+                ("attention (fused)", ("flash", "fmha", "attention", "sdpa", "cudnn")),
                 ("softmax / log-softmax", ("softmax",)),
                 ("layer norm", ("layer_norm", "layernorm")),
                 ("Adam", ("adam",)),
@@ -75,12 +75,7 @@ def main() -> None:
         device = resolve_device(args.device)
     except ValueError as error:
         sys.exit(f"profile_train.py: {error}")
-    precision = args.precision
-    if precision == "tf32":
-        if device.type != "cuda":
-            sys.exit("profile_train.py: tf32 is a CUDA GPU's format; use fp32 on a CPU")
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        precision = "fp32"
+    precision = matmul_precision(args.precision, device)
     require_precision(precision, device=device)
     systems.use_model(args.model)
     gpu = device.type == "cuda"
@@ -107,7 +102,10 @@ def main() -> None:
     # The time that counts: the GPU's kernels on a GPU (the host only launches them), the
     # operators' own CPU time on a CPU.
     own = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
-    events = [e for e in prof.key_averages() if own(e) > 0 and (not gpu or e.device_type == DeviceType.CUDA)]
+    # On a GPU the kernels only: not the CPU operators that launched them, nor a span annotated
+    # around them (the optimizer's step), which would count their time again.
+    events = [e for e in prof.key_averages() if own(e) > 0 and (not gpu or (
+        e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)))]
     events.sort(key=own, reverse=True)
     total_us = seconds * 1e6
     label = f"{args.precision}{' bf16 weights' if args.bf16_weights else ''}{' compiled' if args.compile else ''}" + \

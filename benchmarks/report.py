@@ -91,7 +91,8 @@ def speed_section(results: dict) -> list[str]:
     lines = ["## Training and decoding speed", ""]
     reps = f"{s['reps']} repetition{'s' if s['reps'] != 1 else ''}"
     lines += machine_section(results["machine"], f"{reps} of every case, each in a fresh process, interleaved")
-    lines += ["", "\"vs aiayn\": this system's median over aiayn's for the same task and precision (tokens/s: > 1 is "
+    lines += ["", "\"vs aiayn\": this system's median over aiayn's for the same task, model and precision, or aiayn's "
+              "bf16, then fp32, where aiayn lacks the precision (tokens/s: > 1 is "
               "faster; memory: > 1 is more). Memory: peak of the measuring process (see the notes below).", ""]
 
     peaks = {c["precision"]: c for c in cases if c["task"] == "peak"}
@@ -140,7 +141,7 @@ def training_table(cases: list[dict], s: dict) -> list[str]:
         lines += ["", "torch.compile (`TrainConfig.compile`): graphs compiled per process and the seconds of the steps "
                   "that compiled them (warm-up steps, not timed; since 2026-11-25 every process compiles afresh, "
                   "without Inductor's on-disk graph caches; before, only the first process did):", ""]
-        lines += [f"- {c.get('model', 'base')} {PRECISIONS[c['precision']]}: {c['compiles']['max']} graph(s), {number(c['compile_s']['median'])} s "
+        lines += [f"- {'big ' if c.get('model') == 'big' else ''}{PRECISIONS[c['precision']]}: {c['compiles']['max']} graph(s), {number(c['compile_s']['median'])} s "
                   f"({number(c['compile_s']['min'])}–{number(c['compile_s']['max'])})" for c in compiled]
     return lines + [""]
 

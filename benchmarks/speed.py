@@ -20,7 +20,8 @@ CPU (int8 decoding comes with fp32); on a GPU tf32 (fp32 with TF32 matrix produc
 (fp16 and int8 decoding come with bf16: aiayn decodes in fp16, CTranslate2 in fp16 and
 int8_float16).
 
-Writes results/speed-DEVICE.json after every case (a stopped run keeps what it measured): every
+Writes results/speed-DEVICE.json (the progress after every case into speed-DEVICE.running.json,
+so that a stopped run keeps what it measured and leaves the last finished run's file whole): every
 repetition, the median and range of each case, and the ratio of its median to aiayn's for the
 same task, model and precision (aiayn's bf16, then fp32, where aiayn lacks the precision).
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -121,6 +123,7 @@ def budget_warmup(settings: Settings, budget: int) -> int:
 
 
 def default_precisions(device: torch.device) -> tuple[str, ...]:
+    """fp32 and bf16 on a CPU; on a GPU fp32 with TF32 products, as its users train, and bf16."""
     return ("tf32", "bf16") if device.type == "cuda" else ("fp32", "bf16")
 
 
@@ -250,6 +253,8 @@ def main() -> None:
         peer, _, python = given.partition("=")
         if peer not in PEER_ENVS or not python:
             parser.error(f"--peer-python takes PEER=PYTHON with PEER one of {', '.join(PEER_ENVS)}, not {given!r}")
+        if shutil.which(python) is None:
+            parser.error(f"--peer-python {given}: {python} is not an executable")
         peer_python[peer] = Path(python)
     absent = [str(PEER_ENVS[s][0]) for s in args.systems if s in PEER_ENVS and s not in peer_python
               and not PEER_ENVS[s][0].exists()]
@@ -294,6 +299,7 @@ def main() -> None:
                     sys.exit(f"CTranslate2 conversion failed:\n{converted['error']}")
                 ct2_dirs.update({(model, p): Path(converted[ct2_types[p]]) for p in ct2_precisions})
         out = args.out or default_output("speed", device, args.quick)
+        progress = out.with_name(out.stem + ".running.json")  # out itself is replaced only by a finished run
 
         def results() -> dict:
             return {
@@ -324,8 +330,9 @@ def main() -> None:
                 runs.append({"case": asdict(case), "rep": rep, **result})
                 shown = result.get("error") or ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float))
                 print(f"[{rep + 1}/{settings.reps}] {case.label}: {shown}", flush=True)
-                write_results(out, results(), quiet=True)  # after every case: a stopped run keeps what it measured
+                write_results(progress, results(), quiet=True)  # after every case: a stopped run keeps what it measured
     write_results(out, results())
+    progress.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

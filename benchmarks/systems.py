@@ -52,7 +52,6 @@ from aiayn.translate import Translator
 
 VOCAB = 8000
 MODELS = ("base", "big")  # Table 3's two named rows
-CONFIG = dataclasses.replace(PRESETS["base"], vocab_size=VOCAB)  # the shape every system is built to
 
 
 def model_config(name: str) -> ModelConfig:
@@ -60,6 +59,9 @@ def model_config(name: str) -> ModelConfig:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     return dataclasses.replace(PRESETS[name], vocab_size=VOCAB)
+
+
+CONFIG = model_config("base")  # the shape every system is built to (`use_model`)
 
 
 def use_model(name: str) -> None:

@@ -138,8 +138,10 @@ def test_the_wmt14_recipe_runs_end_to_end_with_gpus_1(tmp_path, device):
     """recipes/wmt14-en-de-base.sh with GPUS=1 on WMT14-shaped Parquet files (sentence lengths
     as WMT's): preprocess, train under torchrun (8 batches of MAX_TOKENS a step), average the
     last 5 checkpoints, translate with beam 4, score. On a GPU the real base model in bf16 for 300
-    steps of the paper's 25,000 tokens (about 30-60 ms each on an H100); on the CPU the tiny one,
-    for a few. The dev and test sets are short: an all but untrained model's beam search runs
+    steps of the paper's 25,000 tokens, 8 batches of 3,125 a step (an H100 took 28 ms for such a
+    batch in TF32, 2026-11-26: about 70 s in all; in bf16 it took 213 ms while cuDNN's attention
+    planned anew for every batch shape, which aiayn.kernels now keeps out); on the CPU the tiny
+    one, for a few steps. The dev and test sets are short: an all but untrained model's beam search runs
     to the length limit (source + 50)."""
     gpu = device == "cuda"
     pairs, steps, every = (4000, 300, 60) if gpu else (300, 6, 1)
