@@ -144,8 +144,10 @@ def make_cases(tasks: list[str], names: list[str], device: torch.device, compile
                 cases += [Case("train", s, p, budget=budget, model=model) for s in trainable for p in ours]
                 cases += [Case("train", s, p, budget=budget, model=model) for s in names if s in PEER_ENVS
                           and device.type in systems.PEER_DEVICES[s] for p in systems.PEER_PRECISIONS[s] if p in ours]
-                if "aiayn" in names and budget is None and "bf16" in ours:
-                    cases += [Case("train", "aiayn", "bf16", bf16_weights=True, model=model)]
+                # bf16 weights (Eole's pure bf16 is the peer's counterpart): the fixed batch, and on
+                # a GPU, where autocast's casts are a share of the step, every budget
+                if "aiayn" in names and "bf16" in ours and (budget is None or device.type == "cuda"):
+                    cases += [Case("train", "aiayn", "bf16", bf16_weights=True, budget=budget, model=model)]
                 if compile and "aiayn" in names:
                     cases += [Case("train", "aiayn", p, compile=True, budget=budget, model=model) for p in ours]
     if "decode" in tasks:
