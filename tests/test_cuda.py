@@ -1,7 +1,9 @@
 """Training on a GPU as the paper's 8 did (§5.2): under torchrun, in an NCCL process group, here
 with one process, which trains by the code of many (DDP, the all-reduces; aiayn.device.
-init_distributed). Each test runs twice: on the CPU with gloo at a toy scale, in the normal suite,
-and on a CUDA GPU with NCCL, marked `cuda` and skipped without one. On a GPU machine:
+init_distributed). The two end-to-end tests run twice: on the CPU with gloo at a toy scale, in
+the normal suite, and on a CUDA GPU with NCCL, marked `cuda` and skipped without one; the
+attention kernels' test runs on a GPU only, and the rules a GPU run relies on are checked on the
+CPU. On a GPU machine:
 
     PYTHONPATH=. python3 -m pytest -m cuda tests/test_cuda.py
 
@@ -208,3 +210,34 @@ def test_fused_attention_on_a_gpu_runs_no_cudnn_kernel_and_equals_the_reference(
         assert kernels and not [name for name in kernels if "cudnn" in name.lower()], kernels
         expected, _ = scaled_dot_product_attention(q.detach().float(), k.detach().float(), v.detach().float(), mask)
         torch.testing.assert_close(out.float(), expected, rtol=0, atol=2**-7 * v.abs().max().item())
+
+
+def test_a_torchrun_worker_refuses_another_gpu_than_its_own(monkeypatch):
+    """NCCL's communicator is made on the GPU of the worker's LOCAL_RANK (init_distributed), so
+    `--device cuda:N` naming another is refused in one line, before any GPU is touched."""
+    from aiayn.device import rank_gpu
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ValueError, match=r"LOCAL_RANK \(cuda:0\), not cuda:1: give --device cuda"):
+        rank_gpu(torch.device("cuda", 1))
+
+
+@pytest.mark.parametrize("asked", [None, "strict", "warn-only"])
+def test_the_compiled_step_keeps_deterministic_algorithms_as_strict_as_asked(asked):
+    """aiayn.train.reproducible_compilation compiles under deterministic algorithms, warn-only
+    (an operation without one only warns), unless strict ones were asked for already
+    (AIAYN_DETERMINISTIC=1): warn-only would give the fused attention's backward its atomics back
+    on a GPU. Afterwards the setting is as it was."""
+    from aiayn.train import reproducible_compilation
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        if asked:
+            torch.use_deterministic_algorithms(True, warn_only=asked == "warn-only")
+        outside = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+        with reproducible_compilation():
+            assert torch.are_deterministic_algorithms_enabled()
+            assert torch.is_deterministic_algorithms_warn_only_enabled() == (asked != "strict")
+        assert (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) == outside
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
