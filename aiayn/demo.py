@@ -40,7 +40,7 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
     if DEMO_AVERAGE_LAST:  # §6.1: the mean of the last checkpoints translates
         chosen = run.checkpoints()[-DEMO_AVERAGE_LAST:]
         average_checkpoints(chosen, run.averaged, force=True)  # made anew from this run's checkpoints
-        model = Transformer.load(run.averaged).eval()
+        model = Transformer.load(run.averaged, trainer.device).eval()
         print(f"averaged the last {len(chosen)} checkpoints ({chosen[0].name} ... {chosen[-1].name}) into {run.averaged}")
     test = store.texts("test")[: options.test_sentences]
     decode = dataclasses.replace(decode, precision=training.precision)

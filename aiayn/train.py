@@ -97,7 +97,7 @@ class TrainStep:
         if not self.compiled:
             return self._step(batches, n_tokens)
         before, start = compiled_graphs(), time.perf_counter()
-        with reproducible_compilation():
+        with reproducible_compilation(cpu=self.device.type == "cpu"):
             totals = self._step(batches, n_tokens)
         made = compiled_graphs() - before
         if made:
@@ -140,15 +140,17 @@ class TrainStep:
 
 
 @contextlib.contextmanager
-def reproducible_compilation() -> Iterator[None]:
+def reproducible_compilation(cpu: bool = True) -> Iterator[None]:
     """While it lasts, torch.compile makes graphs whose results depend on the batch alone, so
     that a resumed run repeats the uninterrupted one bit for bit:
     - no duck shaping: sizes that happen to be equal in the batch that compiles a graph (rows =
       length, say) would become one symbol, and a later batch would compile another graph, so
       which graph serves a batch would depend on the batches before it;
-    - deterministic algorithms: Inductor then leaves the embedding's backward (an indexed
-      accumulation) to ATen instead of adding with atomics from several threads, in an order
-      that changes from run to run. Memory is not filled on allocation, as a real run wants;
+    - deterministic algorithms, warn-only unless strict ones were asked for (AIAYN_DETERMINISTIC):
+      Inductor then leaves the embedding's backward (an indexed accumulation) to ATen instead of
+      adding with atomics from several threads, in an order that changes from run to run. On a
+      GPU (not `cpu`) only if strict: warn-only keeps the fused attention's atomics there anyway,
+      and would only cost Inductor its autotuning. Memory is not filled on allocation;
     - no graphs from Inductor's on-disk caches (the FX graph and AOTAutograd caches): an entry
       written by another process is served on a key that leaves out state the compiled code
       depends on. Measured on an AMD EPYC Zen 5 with torch 2.13: a graph that a process with
@@ -161,9 +163,8 @@ def reproducible_compilation() -> Iterator[None]:
 
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
                 torch.utils.deterministic.fill_uninitialized_memory)
-    # warn-only, unless deterministic algorithms were asked for (AIAYN_DETERMINISTIC): warn-only keeps
-    # the fused attention backward's atomics on a GPU
-    torch.use_deterministic_algorithms(True, warn_only=not previous[0] or previous[1])
+    if cpu or (previous[0] and not previous[1]):
+        torch.use_deterministic_algorithms(True, warn_only=not previous[0] or previous[1])
     torch.utils.deterministic.fill_uninitialized_memory = False
     try:
         with torch.fx.experimental._config.patch(use_duck_shape=False), \

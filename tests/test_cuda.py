@@ -222,12 +222,14 @@ def test_a_torchrun_worker_refuses_another_gpu_than_its_own(monkeypatch):
         rank_gpu(torch.device("cuda", 1))
 
 
+@pytest.mark.parametrize("cpu", [True, False], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("asked", [None, "strict", "warn-only"])
-def test_the_compiled_step_keeps_deterministic_algorithms_as_strict_as_asked(asked):
-    """aiayn.train.reproducible_compilation compiles under deterministic algorithms, warn-only
-    (an operation without one only warns), unless strict ones were asked for already
+def test_the_compiled_step_keeps_deterministic_algorithms_as_strict_as_asked(asked, cpu):
+    """aiayn.train.reproducible_compilation compiles a CPU step under deterministic algorithms,
+    warn-only (an operation without one only warns), unless strict ones were asked for already
     (AIAYN_DETERMINISTIC=1): warn-only would give the fused attention's backward its atomics back
-    on a GPU. Afterwards the setting is as it was."""
+    on a GPU. A GPU step compiles under them only where strict ones were asked for. Afterwards
+    the setting is as it was."""
     from aiayn.train import reproducible_compilation
 
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
@@ -235,9 +237,13 @@ def test_the_compiled_step_keeps_deterministic_algorithms_as_strict_as_asked(ask
         if asked:
             torch.use_deterministic_algorithms(True, warn_only=asked == "warn-only")
         outside = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-        with reproducible_compilation():
-            assert torch.are_deterministic_algorithms_enabled()
-            assert torch.is_deterministic_algorithms_warn_only_enabled() == (asked != "strict")
+        with reproducible_compilation(cpu=cpu):
+            if cpu or asked == "strict":
+                assert torch.are_deterministic_algorithms_enabled()
+                assert torch.is_deterministic_algorithms_warn_only_enabled() == (asked != "strict")
+            else:  # as it was outside
+                assert (torch.are_deterministic_algorithms_enabled(),
+                        torch.is_deterministic_algorithms_warn_only_enabled()) == outside
         assert (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) == outside
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
