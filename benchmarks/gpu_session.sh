@@ -22,10 +22,9 @@
 #   decode    benchmarks/speed.py: beam 4 and greedy at batch 64, aiayn (bf16, fp16) against
 #             HF Marian (bf16) and CTranslate2 (bf16, fp16, int8_float16)
 #
-# The wheels (.whl/, ignored by git) are fetched on a machine with network, for CPython 3.12:
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl/eole eole==0.6.4 ...
-# (benchmarks/README.md lists them.)
+# The wheels (.whl/, ignored by git) are fetched beforehand on a machine with network:
+#   bash benchmarks/fetch_gpu_wheels.sh       (benchmarks/README.md lists them)
+# and the lent machine's call carries .whl.
 set -uo pipefail
 OUT="${1:?usage: gpu_session.sh OUT PART...}"
 shift
