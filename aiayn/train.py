@@ -61,9 +61,8 @@ class TrainStep:
     learning rate and the random seed are the caller's to set."""
 
     def __init__(self, model: Transformer, optimizer: torch.optim.Optimizer, recipe: TrainConfig,
-                 device: torch.device, world: int = 1) -> None:
-        if process_group_joined():  # the group's size, whatever the caller passed: it scales the loss
-            world = dist.get_world_size()
+                 device: torch.device) -> None:
+        world = dist.get_world_size() if process_group_joined() else 1  # scales the loss (DDP averages)
         self.model, self.optimizer, self.world = model, optimizer, world
         self.precision, self.label_smoothing, self.pad_id = recipe.precision, recipe.label_smoothing, model.config.pad_id
         self.device = device
@@ -163,7 +162,7 @@ def reproducible_compilation(cpu: bool = True) -> Iterator[None]:
 
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
                 torch.utils.deterministic.fill_uninitialized_memory)
-    if cpu or (previous[0] and not previous[1]):
+    if cpu:  # on a GPU they stay as they were: strict where asked for, else off
         torch.use_deterministic_algorithms(True, warn_only=not previous[0] or previous[1])
     torch.utils.deterministic.fill_uninitialized_memory = False
     try:
@@ -273,7 +272,7 @@ class Trainer:
                 self.echo(f"no checkpoint in {self.run.path}: starting from scratch")
             self._keep_log_until(0)  # the steps of an earlier start are done again
         self.stream.epoch_batches()  # cut now, so that a step's time is the step's (4.5M pairs: ~1 s)
-        self.train_step = TrainStep(self.model, self.optimizer, train_config, self.device, self.world)  # after any resume
+        self.train_step = TrainStep(self.model, self.optimizer, train_config, self.device)  # after any resume
 
     def _device(self) -> torch.device:
         device = resolve_device(self.recipe.device)
