@@ -2,4 +2,5 @@ import sys
 
 from aiayn.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a worker process is spawned (aiayn.serve.workers)
+    sys.exit(main())

@@ -537,6 +537,10 @@ class ServeOptions:
     drain_seconds: float = _option(30.0, "on SIGTERM or Ctrl-C, decode the queue for this long, then answer the rest 503",
                                    above=0, most=3600)
     access_log: bool = _option(False, "log every request")
+    # A process of its own per worker, the CPU's threads shared among them (aiayn.serve.workers):
+    # concurrent requests decode side by side; each worker holds a copy of the model.
+    workers: int = _option(1, "decoding processes, each with a copy of the model and its share of the CPU's threads",
+                           least=1, most=64)
     # The LibreTranslate API (aiayn.serve.libre) names the model's languages; a run folder records them.
     source_lang: Optional[str] = _option(None, "the model's source language, e.g. en (default: as its run folder says)")
     target_lang: Optional[str] = _option(None, "the model's target language, e.g. es (default: as its run folder says)")

@@ -110,6 +110,18 @@ def status_mib(field: str, pid: Union[int, str] = "self") -> float:
     raise RuntimeError(f"/proc/{pid}/status has no {field}")
 
 
+def tree_rss_mib(pid: int) -> float:
+    """The resident memory of process `pid` and all its descendants (a server's worker
+    processes), in MiB."""
+    total, pending = 0.0, [pid]
+    while pending:
+        current = pending.pop()
+        total += status_mib("VmRSS", current)
+        for task in Path(f"/proc/{current}/task").iterdir():
+            pending += [int(child) for child in (task / "children").read_text().split()]
+    return total
+
+
 def memory_mib(device: torch.device) -> float:
     """Memory in use now: resident set on CPU, torch's allocated memory on a GPU."""
     return torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else status_mib("VmRSS")

@@ -12,6 +12,9 @@ servers' resident memory. Writes results/serve-load-CPUKIND-PRECISION.json.
     python benchmarks/serve_load.py runs/demo                         # 16 clients, 3 × 30 s each
     python benchmarks/serve_load.py runs/demo --compare-with ../old   # and 16 clients against the
                                                                       # aiayn of another checkout
+    python benchmarks/serve_load.py runs/demo --workers 2 --compare-workers 1
+                                                 # both servers with 2 worker processes, and 16
+                                                 # clients against one with 1 (the default)
     python benchmarks/serve_load.py runs/demo --memory-minutes 10     # 16 clients for 10 minutes:
                                                                       # resident memory every 5 s
 The memory run writes results/serve-memory-CPUKIND.json and docs/serve-memory-CPUKIND.png (with
@@ -32,8 +35,8 @@ import time
 from pathlib import Path
 
 from aiayn.serve.process import ServerProcess
-from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, spread, status_mib,
-                    write_results)
+from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, spread,
+                    tree_rss_mib, write_results)
 
 
 def get(port: int, path: str) -> dict:
@@ -111,7 +114,7 @@ class MemorySampler(threading.Thread):
     def run(self) -> None:
         began = time.monotonic()
         while not self.done.is_set():
-            self.samples.append((round(time.monotonic() - began, 1), round(status_mib("VmRSS", self.server.pid), 1)))
+            self.samples.append((round(time.monotonic() - began, 1), round(tree_rss_mib(self.server.pid), 1)))
             self.done.wait(self.every)
 
 
@@ -126,6 +129,10 @@ def main() -> None:
     parser.add_argument("--compare-with", type=Path, metavar="CHECKOUT",
                         help="also serve the model with the aiayn of this source tree (e.g. a git worktree of an older "
                              "revision) to the same clients, interleaved")
+    parser.add_argument("--workers", type=int, default=1, help="aiayn serve --workers of both servers (default 1)")
+    parser.add_argument("--compare-workers", type=int, metavar="K",
+                        help="also serve the model with --workers K (with --compare-with, from that checkout) to the "
+                             "same clients, interleaved")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not Path(args.run_dir).exists():
@@ -133,9 +140,10 @@ def main() -> None:
     require_precision(args.precision)
     verses = test_verses()
     kind = cpu_kind()
-    options = ("--precision", args.precision)
+    options = ("--precision", args.precision, "--workers", str(args.workers))
     results = {"command": command_line(), "cpu_kind": kind, "machine": machine_info(), "model": args.run_dir,
-               "precision": args.precision, "requests": "one test verse of bible-en-es each, beam 4, α 0.6"}
+               "precision": args.precision, "workers": args.workers,
+               "requests": "one test verse of bible-en-es each, beam 4, α 0.6"}
     with ServerProcess(args.run_dir, *options) as batching:
         results["model_info"] = {k: get(batching.port, "/info")[k] for k in ("parameters", "batching")}
         load(batching.port, 2, 3, verses, 0)  # warm-up: first allocations, first batches
@@ -151,12 +159,17 @@ def main() -> None:
             return
         with contextlib.ExitStack() as stack:
             alone = stack.enter_context(ServerProcess(args.run_dir, *options, "--max-wait-ms", "0"))
-            baseline = args.compare_with and stack.enter_context(
-                ServerProcess(args.run_dir, *options, checkout=args.compare_with))
+            compared = args.compare_with or args.compare_workers
+            workers = args.compare_workers or args.workers  # named only where not 1: older checkouts lack the flag
+            baseline = compared and stack.enter_context(ServerProcess(
+                args.run_dir, "--precision", args.precision, *(("--workers", str(workers)) if workers > 1 else ()),
+                checkout=args.compare_with))
             load(alone.port, 1, 3, verses, 0)
             if baseline:
                 load(baseline.port, 2, 3, verses, 0)
-                results["baseline"] = {"checkout": str(args.compare_with), "revision": revision(args.compare_with)}
+                results["baseline"] = {"checkout": str(args.compare_with or HERE.parent),
+                                       "revision": revision(args.compare_with or HERE.parent),
+                                       "workers": workers}
             reps = []
             for rep in range(args.reps):
                 start = rep * 97  # each repetition its own verses; every mode the same ones
@@ -169,14 +182,14 @@ def main() -> None:
                 if baseline:
                     old = load(baseline.port, args.clients, args.seconds, verses, start)
                     reps[-1].update(baseline_concurrent=old, vs_baseline=many["sentences_per_s"] / old["sentences_per_s"])
-                    line += f", {args.compare_with}: {old['sentences_per_s']:.1f} sentences/s"
+                    line += f", baseline: {old['sentences_per_s']:.1f} sentences/s"
                 print(f"{line}, errors {one['errors']} / {many['errors']}", flush=True)
             results["reps"] = reps
             results["summary"] = summarize(reps)
-            results["rss_mib"] = {"batching_server": status_mib("VmRSS", batching.pid),
-                                  "one_at_a_time_server": status_mib("VmRSS", alone.pid)}
+            results["rss_mib"] = {"batching_server": tree_rss_mib(batching.pid),
+                                  "one_at_a_time_server": tree_rss_mib(alone.pid)}
             if baseline:
-                results["rss_mib"]["baseline_server"] = status_mib("VmRSS", baseline.pid)
+                results["rss_mib"]["baseline_server"] = tree_rss_mib(baseline.pid)
             results["health"] = get(batching.port, "/health")
     write_results(args.out or RESULTS / f"serve-load-{kind}-{args.precision}.json", results)
 

@@ -470,9 +470,9 @@ def test_a_failing_step_is_a_json_500_and_the_next_request_succeeds(model_dir):
     from aiayn.serve.app import create_app
 
     app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir))
-    batcher, real = app.state.batcher, app.state.batcher.engine
+    batcher, real = app.state.batcher, app.state.batcher.lanes[0].engine
     failures = [RuntimeError("out of\nmemory")]
-    batcher.engine = lambda beam: Hooked(real(beam), failures)
+    batcher.lanes[0].engine = lambda beam: Hooked(real(beam), failures)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
     thread = threading.Thread(target=server.run)  # not the main thread: uvicorn leaves the signals alone
@@ -542,17 +542,23 @@ def _batch_invariant(model_dir) -> dict:
     return {s: t for s, t in zip(SENTENCES, together) if Translator(model, tokenizer).translate([s], beam=1) == [t]}
 
 
-def test_concurrent_clients_are_batched_and_each_gets_its_own_translation(server, model_dir):
+def check_concurrent_clients(port: int, model_dir) -> None:
+    """16 clients at once, a sentence each, greedy: each gets its own translation, equal to the
+    in-process one wherever decoding is batch-invariant (`_batch_invariant`)."""
     expected = _batch_invariant(model_dir)
-    before = health(server)
     jobs = [SENTENCES[i % len(SENTENCES)] for i in range(16)]
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda s: request(server, "POST", "/translate", {"text": s, "beam": 1}), jobs))
+        answers = list(pool.map(lambda s: request(port, "POST", "/translate", {"text": s, "beam": 1}), jobs))
     assert [a[0] for a in answers] == [200] * 16
     for sentence, (_, body, _) in zip(jobs, answers):
         assert len(body["translations"]) == 1
         if sentence in expected:
             assert body["translations"][0] == expected[sentence]
+
+
+def test_concurrent_clients_are_batched_and_each_gets_its_own_translation(server, model_dir):
+    before = health(server)
+    check_concurrent_clients(server, model_dir)
     after = health(server)
     assert after["texts"] - before["texts"] == 16
     assert after["joins"] - before["joins"] < 16  # some joined the search together
@@ -804,8 +810,8 @@ def gated_server(model_dir, http="auto", **app_options):
     from aiayn.serve.app import create_app
 
     app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir), **app_options)
-    batcher, real, gate = app.state.batcher, app.state.batcher.engine, threading.Event()
-    batcher.engine = lambda beam: Hooked(real(beam), gate=gate)
+    batcher, real, gate = app.state.batcher, app.state.batcher.lanes[0].engine, threading.Event()
+    batcher.lanes[0].engine = lambda beam: Hooked(real(beam), gate=gate)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical", http=http))
     thread = threading.Thread(target=server.run)
@@ -935,7 +941,7 @@ def test_a_low_precision_app_keeps_no_fp32_copy_of_the_weights(model_dir, precis
         del model
         gc.collect()
         assert fp32() is None
-        served = app.state.batcher.engine.__self__.model
+        served = app.state.batcher.lanes[0].engine.__self__.model
         assert getattr(served, "inference_precision", None) == "int8" if precision == "int8" else \
             all(p.dtype == torch.bfloat16 for p in served.parameters())
     finally:

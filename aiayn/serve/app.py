@@ -314,7 +314,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
                max_input_tokens: int = SERVE.max_input_tokens, allowed_hosts: Optional[frozenset] = LOOPBACK_NAMES,
                max_batch_mib: float = SERVE.max_batch_mib, max_attention_mib: float = SERVE.max_attention_mib,
                languages: Languages = Languages(), admission: Optional[Admission] = None,
-               decode_on_caller: bool = False) -> FastAPI:
+               decode_on_caller: bool = False, engines: Optional[list] = None) -> FastAPI:
     """The ASGI app serving `model`; its batcher's thread starts now and stops, after finishing
     the queued requests, when the server shuts down (with `decode_on_caller`, there is no such
     thread: the caller runs `app.state.batcher.run()`, as `aiayn serve` does on its main
@@ -323,22 +323,28 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     decoding state of the texts decoding at once and `max_attention_mib` the attention maps of one answer
     (aiayn.serve.cost). `languages`: the model's pair, for the LibreTranslate API
     (aiayn.serve.libre); `admission`: keys and request rates (aiayn.serve.limits), none by default.
-    `app.state.drain(seconds)`, called on the event loop, begins a stop.
+    `app.state.drain(seconds)`, called on the event loop, begins a stop. `engines`: the searches of
+    worker processes to decode on, a batcher lane each (aiayn.serve.workers), instead of a decoding
+    copy of `model` in this process, which then reads only its config.
 
     Length: the routes are closures over this app's batcher, model and limits, FastAPI's way;
     the checks of a request and the error answers live apart (`_read_request`,
     `_add_error_handlers`)."""
     decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision)
     parameters = model.num_parameters()  # the model's own: a decoding copy keeps packed or int8 weights as buffers
-    translator = ServedModel(Translator(model.eval(), tokenizer, decode))
-    config = translator.model.config
+    config = model.config
+    if engines is None:
+        translator = ServedModel(Translator(model.eval(), tokenizer, decode))
+        engines, device = translator.search, translator.device
+    else:
+        device = next(model.parameters()).device
     extra_len = SECTION_6_1.extra_len
 
     def text_bytes(source, options: Options) -> int:
         return decoding_bytes(config, precision, len(source),
                               output_limit(len(source), extra_len, options.max_output_len), options.beam)
 
-    batcher = Batcher(translator.search, max_wait_ms, int(max_batch_mib * MIB), max_queue, cost=text_bytes,
+    batcher = Batcher(engines, max_wait_ms, int(max_batch_mib * MIB), max_queue, cost=text_bytes,
                       own_thread=not decode_on_caller)
     max_input_tokens = input_token_limit(config, max_input_tokens)
     limits = dataclasses.replace(SERVE, max_texts=max_texts, max_input_tokens=max_input_tokens, max_queue=max_queue,
@@ -390,13 +396,13 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
             # The folder's name, not its path: the server's file system is nobody's business.
             "model": config.to_dict(), "parameters": parameters, "source": Path(source).name,
             "tokenizer": {"kind": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size},
-            "precision": precision, "device": str(translator.device),
+            "precision": precision, "device": str(device),
             "decoding": {name: TranslateRequest.model_fields[name].default for name in ("beam", "alpha")}
             | {"max_length": f"source length + {SECTION_6_1.extra_len}"},
             "limits": {"max_texts": max_texts, "max_input_tokens": max_input_tokens, "max_beam": MAX_BEAM,
                        "max_queue": max_queue, "max_body_bytes": MAX_BODY_BYTES,
                        "max_batch_mib": max_batch_mib, "max_attention_mib": max_attention_mib},
-            "batching": {"max_wait_ms": max_wait_ms, "continuous": True},
+            "batching": {"max_wait_ms": max_wait_ms, "continuous": True, "workers": len(batcher.lanes)},
         }
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,

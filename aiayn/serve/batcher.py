@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-from collections import deque
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
 from aiayn.config import DECODE_PRESETS, MAX_WAIT_MS_LIMIT, SERVE
 
@@ -99,6 +99,18 @@ class Engine(Protocol):
 EngineFn = Callable[[int], Engine]  # a new search for a beam size
 
 
+@dataclass(eq=False)
+class Lane:
+    """One decoding loop: its searches (by beam size), the (job, text, cost) keys of the texts in
+    each, their cost, and how many they are (an int other lanes read without a lock)."""
+
+    engine: EngineFn
+    searches: dict[int, Engine] = field(default_factory=dict)
+    decoding: dict[int, list] = field(default_factory=dict)
+    spent: int = 0
+    texts: int = 0
+
+
 @dataclass
 class Stats:
     requests: int = 0
@@ -119,7 +131,10 @@ class Batcher:
     """Collects requests from any number of coroutines and decodes them together on one thread.
 
     `engine(beam)` makes the search that texts of that beam size join (`Engine`); it runs only on
-    the batcher's thread, so the model it closes over is never used by two threads at once. The
+    the batcher's thread, so the model it closes over is never used by two threads at once. A
+    list of engines makes as many lanes, each a decoding loop with searches of its own (a lane per
+    worker process: aiayn.serve.workers): the lanes share the queue, and a lane takes no more than
+    its even share of the texts decoding and waiting, so concurrent requests spread over them. The
     texts decoding at once have `cost`s that add up to at most `budget` (at least one text). A
     request larger than that joins over several takes as earlier texts leave, and the requests
     with the least left to decode go first (arrival order among equals): a small request waits
@@ -128,17 +143,17 @@ class Batcher:
     first request waits up to `max_wait_ms` for company, so that texts sent together start
     together.
 
-    The decoding loop (`run`) runs on a thread of its own, or, with `own_thread` False, on the
-    thread that calls `run`. `aiayn serve` decodes on its main thread, which loaded the model:
+    The decoding loops (`run`) run on threads of their own, or, with `own_thread` False, the first
+    on the thread that calls `run`. `aiayn serve` decodes on its main thread, which loaded the model:
     PyTorch's OpenMP workers belong to the thread that first ran a parallel operator, and a
     second thread's operators ran several times slower beside them on a 2-core CPU.
     """
 
-    def __init__(self, engine: EngineFn, max_wait_ms: float = SERVE.max_wait_ms, budget: int = DECODE_PRESETS["translate"].batch_tokens,
+    def __init__(self, engine: Union[EngineFn, Sequence[EngineFn]], max_wait_ms: float = SERVE.max_wait_ms, budget: int = DECODE_PRESETS["translate"].batch_tokens,
                  max_queue: int = SERVE.max_queue, cost: CostFn = source_tokens, own_thread: bool = True) -> None:
         if not 0 <= max_wait_ms <= MAX_WAIT_MS_LIMIT or budget < 1 or max_queue < 1:  # nan fails too
             raise ValueError(f"max_wait_ms must be in [0, {MAX_WAIT_MS_LIMIT:g}], budget and max_queue ≥ 1")
-        self.engine = engine
+        self.lanes = [Lane(fn) for fn in (engine if isinstance(engine, (list, tuple)) else [engine])]
         self.cost = cost
         self.max_wait = max_wait_ms / 1000
         self.budget = budget
@@ -146,16 +161,19 @@ class Batcher:
         self.stats = Stats()
         self._queue: deque[Job] = deque()  # jobs with texts not yet taken, in arrival order
         self._queued_texts = 0
-        self._searches: dict[int, Engine] = {}  # by beam size, on the decoding thread
-        self._decoding: dict[int, list] = {}  # beam -> the (job, text, cost) keys of its search
-        self._spent = 0  # the cost of the texts decoding
         self._closing = False
         self._aborted: Optional[str] = None  # set by `abort`
         self.failure: Optional[str] = None  # why the decoding thread stopped, if it died
         self._lock = threading.Condition()
         self._stopped = threading.Event()
+        self._running = len(self.lanes)  # lanes whose loop has not ended
+        self._own_thread = own_thread
         if own_thread:
-            threading.Thread(target=self.run, name="aiayn-decoder", daemon=True).start()
+            self._start_lanes(self.lanes)
+
+    def _start_lanes(self, lanes: list[Lane]) -> None:
+        for number, lane in enumerate(lanes):
+            threading.Thread(target=self._run_lane, args=(lane,), name=f"aiayn-decoder-{number}", daemon=True).start()
 
     @property
     def queued_texts(self) -> int:
@@ -196,15 +214,24 @@ class Batcher:
                 self._queued_texts -= job.waiting
 
     def run(self) -> None:
-        """The decoding loop, until `close` (or `drain`) and nothing is left to decode."""
+        """With `own_thread` False: the first lane's decoding loop on this thread, the others' on
+        threads of their own, until `close` (or `drain`) and nothing is left to decode."""
+        self._start_lanes(self.lanes[1:])
+        self._run_lane(self.lanes[0])
+        self._stopped.wait()
+
+    def _run_lane(self, lane: Lane) -> None:
         try:
-            self._run_until_failure()
+            self._run_until_failure(lane)
         finally:
-            self._stopped.set()
+            with self._lock:
+                self._running -= 1
+                if not self._running:
+                    self._stopped.set()
 
     @property
     def stopped(self) -> bool:
-        """The decoding loop has ended."""
+        """Every decoding loop has ended."""
         return self._stopped.is_set()
 
     def close(self, timeout: Optional[float] = None) -> None:
@@ -236,14 +263,14 @@ class Batcher:
             _resolve(job, error=Closed(reason))
         return len(jobs)
 
-    def _take(self) -> Optional[list[tuple[Job, int, int]]]:
-        """The texts to join the search now: with nothing decoding, block until there is work
-        and wait up to `max_wait` for the budget to fill; otherwise take what is waiting at
-        once. Texts go up to the budget (at least one when nothing decodes), from the requests
-        with the least cost left first. Returns (job, first text, end) parts; None once closed
-        and nothing is left."""
+    def _take(self, lane: Lane) -> Optional[list[tuple[Job, int, int]]]:
+        """The texts to join `lane`'s searches now: with nothing decoding there, block until
+        there is work and wait up to `max_wait` for the budget to fill; otherwise take what is
+        waiting at once. Texts go up to the budget (at least one when nothing decodes) and the
+        lane's share, from the requests with the least cost left first. Returns (job, first
+        text, end) parts; None once closed and nothing is left."""
         with self._lock:
-            if not self._spent:
+            if not lane.spent:
                 while not self._queue:
                     if self._closing or self._aborted is not None:
                         return None
@@ -252,7 +279,11 @@ class Batcher:
                 while (sum(sum(job.costs[job.taken:]) for job in self._queue) < self.budget and not self._closing
                        and self._aborted is None and (left := deadline - time.monotonic()) > 0):
                     self._lock.wait(min(left, IDLE_TICK))
-            parts, spent, now = [], self._spent, time.monotonic()
+            parts, spent, now = [], lane.spent, time.monotonic()
+            # With several lanes, each takes up to its even share of all the texts decoding and
+            # waiting: 16 requests on two lanes decode 8 and 8, not 16 and 0.
+            share = -(-(sum(other.texts for other in self.lanes) + self._queued_texts) // len(self.lanes))
+            room = share - lane.texts if len(self.lanes) > 1 else self._queued_texts
             # Least left first (arrival order among equals), but the requests that have waited
             # OVERDUE_S go before every other, oldest first, and none overtakes them: room frees
             # until their texts fit, so a large text is not starved by a stream of small ones.
@@ -260,9 +291,11 @@ class Batcher:
                            else (1, sum(job.costs[job.taken:])))
             for job in order:
                 start = end = job.taken
-                while end < len(job.sources) and (spent == 0 or spent + job.costs[end] <= self.budget):
+                while (end < len(job.sources) and room > 0
+                       and (spent == 0 or spent + job.costs[end] <= self.budget)):
                     spent += job.costs[end]
                     end += 1
+                    room -= 1
                 if end == start:
                     break
                 parts.append((job, start, end))
@@ -275,44 +308,44 @@ class Batcher:
                     self._queue.remove(job)
             return parts
 
-    def _run_until_failure(self) -> None:
-        """The thread's body: should it ever die (an error outside a search's own work), every
+    def _run_until_failure(self, lane: Lane) -> None:
+        """A lane's loop: should it ever die (an error outside a search's own work), every
         waiting caller gets the error, and later ones a 503, rather than waiting for ever."""
         try:
-            self._run()
+            self._run(lane)
         except BaseException as error:  # noqa: BLE001 - reported to every caller and to /health
             with self._lock:
                 self.failure = f"{type(error).__name__}: {' '.join(str(error).split())}"
                 self._closing = True
-            self._drain_now(f"the decoder has stopped ({self.failure}); restart the server")
+            self._drain_now(lane, f"the decoder has stopped ({self.failure}); restart the server")
             print(f"aiayn: error: the decoding thread stopped ({self.failure}); /health reports it", file=sys.stderr)
 
-    def _run(self) -> None:
-        while (parts := self._take()) is not None and self._aborted is None:
+    def _run(self, lane: Lane) -> None:
+        while (parts := self._take(lane)) is not None and self._aborted is None:
             groups: dict[Options, list[tuple[Job, int, int]]] = {}
             for part in parts:
                 if not part[0].cancelled and not part[0].future.done():  # gone, failed or expired: skip
                     groups.setdefault(part[0].options, []).append(part)
             for options, group in groups.items():
-                self._join(options, group)
-            for beam in list(self._searches):
-                self._step(beam)
+                self._join(lane, options, group)
+            for beam in list(lane.searches):
+                self._step(lane, beam)
         if self._aborted is not None:
-            self._drain_now(self._aborted)
+            self._drain_now(lane, self._aborted)
 
-    def _drain_now(self, reason: str) -> None:
-        """Answer every text decoding and every request waiting with Closed(reason)."""
-        jobs = {job for keys in self._decoding.values() for job, _, _ in keys}
-        for beam in list(self._searches):
-            self._drop(beam)
+    def _drain_now(self, lane: Lane, reason: str) -> None:
+        """Answer every text decoding in `lane` and every request waiting with Closed(reason)."""
+        jobs = {job for keys in lane.decoding.values() for job, _, _ in keys}
+        for beam in list(lane.searches):
+            self._drop(lane, beam)
         self._fail(jobs, Closed(reason))
         self.expire(reason)
 
-    def _join(self, options: Options, group: list[tuple[Job, int, int]]) -> None:
-        """The texts of `group` join the search of their beam size (made when there is none)."""
+    def _join(self, lane: Lane, options: Options, group: list[tuple[Job, int, int]]) -> None:
+        """The texts of `group` join `lane`'s search of their beam size (made when there is none)."""
         keys = [(job, i, job.costs[i]) for job, start, end in group for i in range(start, end)]
         try:
-            search = self._searches.get(options.beam) or self.engine(options.beam)
+            search = lane.searches.get(options.beam) or lane.engine(options.beam)
             search.join([job.sources[i] for job, i, _ in keys], keys, options)
         except Exception as error:  # noqa: BLE001 - these callers get the error, the others decode on
             self._fail({job for job, _, _ in keys}, error)
@@ -320,32 +353,36 @@ class Batcher:
         except BaseException as error:  # the thread dies: these callers hear why
             self._fail({job for job, _, _ in keys}, _died(error))
             raise
-        self._searches[options.beam] = search
-        self._decoding.setdefault(options.beam, []).extend(keys)
-        self._spent += sum(cost for _, _, cost in keys)
-        self.stats.joins += 1
+        lane.searches[options.beam] = search
+        lane.decoding.setdefault(options.beam, []).extend(keys)
+        lane.spent += sum(cost for _, _, cost in keys)
+        lane.texts += len(keys)
+        with self._lock:  # the counters are shared by the lanes
+            self.stats.joins += 1
 
-    def _step(self, beam: int) -> None:
-        """One step of the search of `beam`; its finished texts go back to their callers. If the
-        step fails, every text in that search fails with it and the search is dropped."""
-        search, keys = self._searches[beam], self._decoding[beam]
+    def _step(self, lane: Lane, beam: int) -> None:
+        """One step of `lane`'s search of `beam`; its finished texts go back to their callers. If
+        the step fails, every text in that search fails with it and the search is dropped."""
+        search, keys = lane.searches[beam], lane.decoding[beam]
         try:
             finished = search.step()
         except Exception as error:  # noqa: BLE001 - the callers get the error, the thread lives on
-            self._drop(beam)
+            self._drop(lane, beam)
             self._fail({job for job, _, _ in keys}, error)
             return
         except BaseException as error:  # the thread dies: this search's callers hear why
-            self._drop(beam)
+            self._drop(lane, beam)
             self._fail({job for job, _, _ in keys}, _died(error))
             raise
-        self.stats.steps += 1
+        with self._lock:
+            self.stats.steps += 1
+            self.stats.texts += len(finished)
         self.stats.step_texts.append(len(keys))
         for key, result in finished:
             job, i, cost = key
             keys.remove(key)
-            self._spent -= cost
-            self.stats.texts += 1
+            lane.spent -= cost
+            lane.texts -= 1
             if isinstance(result, Exception):  # this text's answer failed: its request only
                 self._fail({job}, result)
                 continue
@@ -354,11 +391,13 @@ class Batcher:
             if job.decoded == len(job.sources):
                 _resolve(job, job.results)
         if not search.live:
-            self._drop(beam)
+            self._drop(lane, beam)
 
-    def _drop(self, beam: int) -> None:
-        self._searches.pop(beam, None)
-        self._spent -= sum(cost for _, _, cost in self._decoding.pop(beam, []))
+    def _drop(self, lane: Lane, beam: int) -> None:
+        lane.searches.pop(beam, None)
+        keys = lane.decoding.pop(beam, [])
+        lane.spent -= sum(cost for _, _, cost in keys)
+        lane.texts -= len(keys)
 
     def _fail(self, jobs: set, error: BaseException) -> None:
         """Answer `jobs` with `error`; their texts still waiting are not decoded."""

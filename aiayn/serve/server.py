@@ -2,8 +2,9 @@
 one-line error, not a log after seconds of loading), the app, uvicorn with the guarded protocol
 (aiayn.serve.connections), and the drain on SIGTERM or Ctrl-C: no request is taken, the queue is
 decoded for `drain_seconds`, what is left is answered 503, then the process exits (0 on SIGTERM).
-The model decodes on the main thread, which loaded it (aiayn.serve.batcher says why); uvicorn's
-event loop runs on a thread of its own."""
+The model decodes on the main thread, which loaded it (aiayn.serve.batcher says why), or with
+`--workers N` in N processes of its own (aiayn.serve.workers); uvicorn's event loop runs on a
+thread of its own."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from aiayn.serve.app import LOOPBACK_NAMES, create_app
 from aiayn.serve.connections import guarded_protocol
 from aiayn.serve.libre import Languages
 from aiayn.serve.limits import Admission, read_keys
+from aiayn.serve.workers import Workers
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -41,38 +43,46 @@ def _languages(options: ServeOptions) -> Languages:
     return Languages(options.source_lang or source, options.target_lang or target)
 
 
-def _load(options: ServeOptions, listener: socket.socket):
-    """(device, model, tokenizer); a model that does not load frees the port at once."""
+def _load(options: ServeOptions, precision: str, listener: socket.socket):
+    """(device, model, tokenizer, the worker processes or None); a model that does not load,
+    here or in a worker, frees the port at once."""
     bound_kernel_cache(SERVING_KERNEL_CACHE_CAPACITY)  # before the process's first matrix product
     try:
         device = resolve_device(options.device)
-        return (device, *load_for_inference(options.run_dir, device))
+        model, tokenizer = load_for_inference(options.run_dir, device)
+        workers = Workers(str(options.run_dir), str(device), precision, options.workers) if options.workers > 1 else None
+        return device, model, tokenizer, workers
     except BaseException:
         listener.close()
         raise
 
 
+def _allowed_hosts(address: str):
+    """On a loopback address only loopback names are answered (no DNS rebinding); a server on
+    another address is meant to be reached by names this process cannot know (None: any)."""
+    if not ipaddress.ip_address(address).is_loopback:
+        return None
+    return LOOPBACK_NAMES | {address if ":" not in address else f"[{address}]"}
+
+
 def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     keys = read_keys(options.api_keys) if options.api_keys else None
     listener = _listen(options.host, options.port)
-    device, model, tokenizer = _load(options, listener)
-    # On a loopback address only loopback names are answered (no DNS rebinding); a server on
-    # another address is meant to be reached by names this process cannot know.
-    address = listener.getsockname()[0]
-    allowed = (LOOPBACK_NAMES | {address if ":" not in address else f"[{address}]"}
-               if ipaddress.ip_address(address).is_loopback else None)
-    # The decoding copy create_app makes refuses a precision the device cannot run, in one line.
+    device, model, tokenizer, workers = _load(options, decode.precision, listener)
+    allowed = _allowed_hosts(listener.getsockname()[0])
+    # The decoding copy create_app (or a worker) makes refuses a precision the device cannot run, in one line.
     app = create_app(model, tokenizer, precision=decode.precision, source=str(options.run_dir),
                      max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
                      max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
                      max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib,
                      languages=_languages(options), admission=Admission(keys, options.req_limit),
-                     decode_on_caller=True)
+                     decode_on_caller=True, engines=workers and workers.engines)
     parameters = model.num_parameters()
     del model  # a bf16 or int8 server keeps only its decoding copy, not the fp32 weights as well
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"serving {options.run_dir} ({parameters:,} parameters, {decode.precision} on {device}) at "
+    on = f"{device}, {options.workers} workers" if workers else device
+    print(f"serving {options.run_dir} ({parameters:,} parameters, {decode.precision} on {on}) at "
           f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json; "
           f"LibreTranslate: POST /translate with q, GET /languages, POST /detect)", flush=True)
     # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
@@ -112,7 +122,11 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
 
     http = threading.Thread(target=serve_http, name="aiayn-http")
     http.start()
-    batcher.run()
-    http.join()
+    try:
+        batcher.run()
+        http.join()
+    finally:
+        if workers:
+            workers.close()
     stats = batcher.stats
     print(f"stopped: {stats.requests:,} requests, {stats.texts:,} texts in {stats.steps:,} decoding steps", flush=True)

@@ -1,0 +1,192 @@
+"""Decoding in worker processes: `aiayn serve --workers N`, CTranslate2's `inter_threads`.
+
+A decoding step of a few sentences is mostly fixed cost: Python and the dispatch of some hundred
+small operators, which one thread runs while PyTorch's other OpenMP threads wait for work. Split
+over worker processes of one thread each, the fixed costs of N searches run side by side on N
+cores, where one process's threads would run them one after the other: on a 2-core CPU, two
+workers of 8 sentences each decoded 1.3× the sentences a second of one 2-thread process with 16
+(benchmarks/serve_load.py gives the served figures). Threads of one process would share the
+model, but Python's lock would run their fixed costs one at a time again.
+
+Each worker loads the model itself and answers the batcher's lane that drives it
+(aiayn.serve.batcher): a join or a step is one message and one answer over a pipe, the answers
+being the finished texts' results (translation, alternatives, attention), plain Python values.
+The server process keeps the HTTP side, the queue and the tokenizer; it holds no model.
+A worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the server
+drains, then closes the pipes, and a worker whose pipe has closed exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import signal
+from itertools import count
+from typing import Any, Optional
+
+from aiayn.serve.batcher import Options
+
+
+class WorkerLost(BaseException):
+    """A worker process has gone. Not an Exception: the batcher fails a search's callers on an
+    Exception and decodes on, but a lane whose process is gone can decode nothing more, so its
+    loop ends and /health reports the failure."""
+
+
+def _picklable(error: Exception) -> Exception:
+    """`error` as it can cross the pipe: itself, or a RuntimeError that says the same."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any exception type may refuse to pickle
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def _work(connection, run_dir: str, device: str, precision: str, threads: int) -> None:
+    """A worker's body: load the model, then answer joins and steps until the pipe closes."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    import torch
+
+    from aiayn.config import DECODE_PRESETS
+    from aiayn.device import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
+    from aiayn.run import load_for_inference
+    from aiayn.serve.app import ServedModel
+    from aiayn.translate import Translator
+
+    torch.set_num_threads(threads)
+    bound_kernel_cache(SERVING_KERNEL_CACHE_CAPACITY)  # before the first matrix product, as `aiayn serve`
+    try:
+        model, tokenizer = load_for_inference(run_dir, device)
+        served = ServedModel(Translator(model, tokenizer, dataclasses.replace(DECODE_PRESETS["translate"],
+                                                                              precision=precision)))
+        del model  # the decoding copy only (aiayn.serve.server says why)
+    except Exception as error:  # noqa: BLE001 - the server reports it in one line
+        connection.send(("failed", f"{type(error).__name__}: {error}"))
+        return
+    connection.send(("ready", None))
+    searches: dict[int, Any] = {}  # the server's search id -> ServedSearch
+    while True:
+        try:
+            kind, search_id, *arguments = connection.recv()
+        except EOFError:  # the server has closed the pipe: it is done with this worker
+            return
+        try:
+            if kind == "join":
+                beam, sources, keys, options = arguments
+                search = searches.get(search_id) or served.search(beam)
+                search.join(sources, keys, options)
+                searches[search_id] = search
+                answer = None
+            else:  # "step"
+                search = searches[search_id]
+                try:
+                    answer = [(key, _picklable(result) if isinstance(result, Exception) else result)
+                              for key, result in search.step()]
+                except Exception:
+                    del searches[search_id]  # the batcher drops a search whose step failed
+                    raise
+                if not search.live:
+                    del searches[search_id]
+        except Exception as error:  # noqa: BLE001 - the lane's callers get it, as in one process
+            connection.send(("error", _picklable(error)))
+            continue
+        connection.send(("ok", answer))
+
+
+class Worker:
+    """One worker process and the pipe to it; `search(beam)` is its lane's engine."""
+
+    def __init__(self, context, run_dir: str, device: str, precision: str, threads: int, number: int) -> None:
+        self.connection, theirs = context.Pipe()
+        self.process = context.Process(target=_work, args=(theirs, run_dir, device, precision, threads),
+                                       name=f"aiayn-worker-{number}", daemon=True)
+        self.process.start()
+        theirs.close()
+        self.number = number
+        self._ids = count()
+
+    def ready(self) -> None:
+        """Wait until the model has loaded; ValueError with the worker's reason if it did not."""
+        try:
+            kind, reason = self.connection.recv()
+        except EOFError:
+            raise ValueError(f"worker {self.number} exited while loading the model") from None
+        if kind != "ready":
+            raise ValueError(f"worker {self.number} could not load the model: {reason}")
+
+    def call(self, *message) -> Any:
+        try:
+            self.connection.send(message)
+            kind, answer = self.connection.recv()
+        except (EOFError, OSError) as error:
+            raise WorkerLost(f"worker {self.number} has exited ({type(error).__name__})") from None
+        if kind == "error":
+            raise answer
+        return answer
+
+    def search(self, beam: int) -> "RemoteSearch":
+        return RemoteSearch(self, beam, next(self._ids))
+
+    def close(self, timeout: float = 10) -> None:
+        self.connection.close()
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+class RemoteSearch:
+    """A search of one beam size in a worker (aiayn.serve.batcher.Engine). The batcher's keys
+    hold its requests' futures, which do not cross processes: the worker sees numbers."""
+
+    def __init__(self, worker: Worker, beam: int, search_id: int) -> None:
+        self.worker, self.beam, self.search_id = worker, beam, search_id
+        self._keys: dict[int, Any] = {}
+        self._numbers = count()
+
+    @property
+    def live(self) -> int:
+        return len(self._keys)
+
+    def join(self, sources: list[list[int]], keys: list, options: Options) -> None:
+        numbers = [next(self._numbers) for _ in keys]
+        self.worker.call("join", self.search_id, self.beam, sources, numbers, options)
+        self._keys.update(zip(numbers, keys))
+
+    def step(self) -> list[tuple[Any, Any]]:
+        try:
+            finished = self.worker.call("step", self.search_id)
+        except Exception:  # the worker has dropped the search: so does the batcher
+            self._keys.clear()
+            raise
+        return [(self._keys.pop(number), result) for number, result in finished]
+
+
+class Workers:
+    """`size` worker processes decoding `run_dir` in `precision` on `device`, the CPU's threads
+    shared among them; `engines` are their lanes' engines. Started by `aiayn serve` before it
+    listens for requests (spawned: a forked copy of a process with OpenMP threads may hang)."""
+
+    def __init__(self, run_dir: str, device: str, precision: str, size: int, threads: Optional[int] = None) -> None:
+        import torch
+
+        threads = threads or max(1, torch.get_num_threads() // size)
+        context = multiprocessing.get_context("spawn")
+        self.workers = [Worker(context, run_dir, device, precision, threads, number) for number in range(size)]
+        try:
+            for worker in self.workers:
+                worker.ready()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def engines(self) -> list:
+        return [worker.search for worker in self.workers]
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()

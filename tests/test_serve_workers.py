@@ -1,0 +1,151 @@
+"""`aiayn serve --workers N`: the batcher's lanes on their own, then a server whose searches run
+in worker processes (aiayn.serve.workers), as a user meets it."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from aiayn.serve.batcher import Batcher, Options
+from aiayn.serve.process import ServerProcess
+from test_faults import make_model
+from test_serve import SENTENCES, FakeEngine, check_concurrent_clients, health, request, run, wait_for
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+
+def test_lanes_take_even_shares_and_each_caller_gets_its_own_result():
+    """Eight requests at two idle lanes: each lane takes its share of four (not all eight), and
+    every caller is answered with its own text's result."""
+    gate = threading.Event()
+    engines = [FakeEngine(gate), FakeEngine(gate)]
+    batcher = Batcher(engines, max_wait_ms=50)
+
+    async def main():
+        futures = [asyncio.ensure_future(batcher.submit([[i + 1, 1]], Options())) for i in range(8)]
+        while sum(len(engine.joins) for engine in engines) < 2:  # each lane has joined its share
+            await asyncio.sleep(0.01)
+        joined = [sum(len(sources) for sources, _ in engine.joins) for engine in engines]
+        gate.set()
+        return joined, await asyncio.gather(*futures)
+
+    joined, results = run(main())
+    batcher.close()
+    assert joined == [4, 4]
+    assert results == [[f"4:{i + 2}"] for i in range(8)]
+    assert all(len(sources) <= 4 for engine in engines for _, sources in engine.steps)
+    assert batcher.stats.texts == 8 and batcher.stopped
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("workers"))
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
+
+
+def _workers(pid: int) -> list[int]:
+    """The server's worker processes (multiprocessing's resource tracker is a child too)."""
+    return [child for child in _children(pid) if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
+@pytest.fixture(scope="module")
+def workers_server(model_dir):
+    process = ServerProcess(model_dir, "--workers", "2", "--max-wait-ms", "50", "--source-lang", "en",
+                            "--target-lang", "es")
+    yield process
+    code, out, err = process.stop()
+    assert code == 0, err
+    assert "stopped:" in out
+
+
+def test_workers_translate_as_one_process_does(workers_server, model_dir):
+    port = workers_server.port
+    info = request(port, "GET", "/info")[1]
+    assert info["batching"]["workers"] == 2 and info["device"] == "cpu"
+    before = health(port)
+    check_concurrent_clients(port, model_dir)
+    assert health(port)["texts"] - before["texts"] == 16
+    # Beam search, alternatives through the LibreTranslate API and attention maps cross the pipe too.
+    status, body, _ = request(port, "POST", "/translate", {"q": SENTENCES[:3], "source": "en", "target": "es",
+                                                           "alternatives": 2})
+    assert status == 200 and len(body["translatedText"]) == 3 and all(len(a) <= 2 for a in body["alternatives"])
+    status, body, _ = request(port, "POST", "/translate", {"text": SENTENCES[1], "attention": True})
+    cross = body["details"][0]["attention"]["cross"]
+    assert status == 200 and len(cross) == info["model"]["n_layers"]
+    assert all(abs(sum(row) - 1) < 1e-2 for head in cross[0] for row in head)
+
+
+def test_an_error_in_a_worker_reaches_its_caller_and_the_worker_decodes_on(model_dir):
+    """What the server checks never reaches a worker; an error raised there (more outputs than
+    the beam keeps) comes back as itself, and the worker's next search decodes."""
+    from aiayn.serve.workers import Workers
+
+    workers = Workers(str(model_dir), "cpu", "fp32", 1)
+    try:
+        (engine,) = workers.engines
+        with pytest.raises(ValueError, match="beam"):
+            engine(2).join([[5, 6]], ["key"], Options(beam=2, alternatives=4))
+        search = engine(2)
+        search.join([[5, 6], [7]], ["a", "b"], Options(beam=2, alternatives=1))
+        finished = []
+        while search.live:
+            finished += search.step()
+        assert sorted(key for key, _ in finished) == ["a", "b"]
+        assert all(set(result) == {"translation", "alternatives"} for _, result in finished)
+    finally:
+        workers.close()
+    assert not workers.workers[0].process.is_alive()
+
+
+def test_a_lost_worker_is_reported_and_the_server_still_stops_cleanly(model_dir):
+    process = ServerProcess(model_dir, "--workers", "2", "--max-wait-ms", "50")
+    try:
+        workers = _workers(process.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[1], signal.SIGKILL)
+        # Texts sent together spread over both lanes: one of them meets the lost worker.
+        status, body, headers = request(process.port, "POST", "/translate", {"text": SENTENCES}, timeout=60)
+        assert status == 503 and "the decoder has stopped (WorkerLost); restart the server" in body["error"]
+        assert "retry-after" in headers
+        status, body, _ = request(process.port, "GET", "/health")
+        assert status == 503 and body["status"] == "failed" and "WorkerLost: worker" in body["error"] and "has exited" in body["error"]
+    finally:
+        code, out, err = process.stop()
+    assert code == 0, err
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+def test_sigterm_drains_through_the_workers_and_they_exit(model_dir):
+    process = ServerProcess(model_dir, "--workers", "2")
+    workers = _workers(process.pid)
+    port = process.port
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(request, port, "POST", "/translate", {"text": SENTENCES * 4, "beam": 8})
+        wait_for(lambda: health(port)["requests"] == 1, "the request arrives")
+        code, out, err = process.stop()
+        status, body, _ = busy.result()
+    assert status == 200 and len(body["translations"]) == 32
+    assert code == 0, err
+    assert "stopped: 1 requests, 32 texts" in out and "2 workers" in out
+    assert len(workers) == 2 and not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+def test_a_model_a_worker_cannot_load_is_a_one_line_error(model_dir):
+    done = subprocess.run([sys.executable, "-m", "aiayn", "serve", str(model_dir), "--port", "0", "--workers", "2",
+                           "--precision", "fp16"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("aiayn: error: worker 0 could not load the model: ValueError: fp16 needs a CUDA GPU")
+    done = subprocess.run([sys.executable, "-m", "aiayn", "serve", str(model_dir), "--workers", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--workers must be between 1 and 64, got 0" in done.stderr
