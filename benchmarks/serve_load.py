@@ -7,7 +7,8 @@ connection and sends one test verse of bible-en-es per request (beam 4, α 0.6: 
 verses taken in one fixed shuffled order, for --seconds. The two modes alternate, --reps times;
 each repetition starts both modes at the same verse. Reports sentences/s, latency p50/p95/p99
 and the error count per mode (medians and range over repetitions), the throughput ratio, and the
-servers' resident memory. Writes results/serve-load-CPUKIND-PRECISION.json.
+servers' resident memory (with their worker processes), and the machine's matmul peak. Writes
+results/serve-load-CPUKIND-PRECISION.json.
 
     python benchmarks/serve_load.py runs/demo                         # 16 clients, 3 × 30 s each
     python benchmarks/serve_load.py runs/demo --compare-with ../old   # and 16 clients against the
@@ -143,7 +144,8 @@ def main() -> None:
     options = ("--precision", args.precision, "--workers", str(args.workers))
     results = {"command": command_line(), "cpu_kind": kind, "machine": machine_info(), "model": args.run_dir,
                "precision": args.precision, "workers": args.workers,
-               "requests": "one test verse of bible-en-es each, beam 4, α 0.6"}
+               "requests": "one test verse of bible-en-es each, beam 4, α 0.6",
+               f"{peak_precision(args.precision)}_matmul_peak_tflops": matmul_peak(args.precision)}
     with ServerProcess(args.run_dir, *options) as batching:
         results["model_info"] = {k: get(batching.port, "/info")[k] for k in ("parameters", "batching")}
         load(batching.port, 2, 3, verses, 0)  # warm-up: first allocations, first batches
@@ -198,6 +200,20 @@ def machine_info() -> dict:
     import torch
 
     return machine(torch.device("cpu"), default_threads())
+
+
+def peak_precision(precision: str) -> str:
+    """The matrix products a decoding precision runs on: int8 keeps fp32 activations."""
+    return "fp32" if precision == "int8" else precision
+
+
+def matmul_peak(precision: str) -> float:
+    """This machine's matmul peak in TFLOP/s, measured before any server starts."""
+    import torch
+
+    from aiayn.device import matmul_peak_flops
+
+    return matmul_peak_flops(torch.device("cpu"), peak_precision(precision)) / 1e12
 
 
 def revision(checkout: Path) -> str:
