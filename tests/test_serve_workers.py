@@ -49,14 +49,18 @@ def model_dir(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("workers"))
 
 
-def _children(pid: int) -> list[int]:
-    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
-            for child in (task / "children").read_text().split()]
+def _read(path: Path) -> bytes:
+    """A /proc file, or nothing if its thread or process has just exited."""
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
 
 
 def _workers(pid: int) -> list[int]:
     """The server's worker processes (multiprocessing's resource tracker is a child too)."""
-    return [child for child in _children(pid) if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+    children = [int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in _read(task / "children").split()]
+    return [child for child in children if b"spawn_main" in _read(Path(f"/proc/{child}/cmdline"))]
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +95,8 @@ def test_an_error_in_a_worker_reaches_its_caller_and_the_worker_decodes_on(model
     the beam keeps) comes back as itself, and the worker's next search decodes."""
     from aiayn.serve.workers import Workers
 
+    with pytest.raises(ValueError, match="--workers 2 decodes on a CPU's cores; on cuda one process"):
+        Workers(str(model_dir), "cuda", "fp32", 2)  # refused before any process starts
     workers = Workers(str(model_dir), "cpu", "fp32", 1)
     try:
         (engine,) = workers.engines
@@ -109,12 +115,12 @@ def test_an_error_in_a_worker_reaches_its_caller_and_the_worker_decodes_on(model
 
 
 def test_a_lost_worker_is_reported_and_the_server_still_stops_cleanly(model_dir):
-    process = ServerProcess(model_dir, "--workers", "2", "--max-wait-ms", "50")
+    process = ServerProcess(model_dir, "--workers", "2", "--max-wait-ms", "0")
     try:
         workers = _workers(process.pid)
         assert len(workers) == 2, workers
         os.kill(workers[1], signal.SIGKILL)
-        # Texts sent together spread over both lanes: one of them meets the lost worker.
+        # Texts sent together go half to each lane (their even shares): one half meets the lost worker.
         status, body, headers = request(process.port, "POST", "/translate", {"text": SENTENCES}, timeout=60)
         assert status == 503 and "the decoder has stopped (WorkerLost); restart the server" in body["error"]
         assert "retry-after" in headers

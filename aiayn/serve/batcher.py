@@ -154,6 +154,8 @@ class Batcher:
         if not 0 <= max_wait_ms <= MAX_WAIT_MS_LIMIT or budget < 1 or max_queue < 1:  # nan fails too
             raise ValueError(f"max_wait_ms must be in [0, {MAX_WAIT_MS_LIMIT:g}], budget and max_queue ≥ 1")
         self.lanes = [Lane(fn) for fn in (engine if isinstance(engine, (list, tuple)) else [engine])]
+        if not self.lanes:
+            raise ValueError("a batcher needs at least one engine")
         self.cost = cost
         self.max_wait = max_wait_ms / 1000
         self.budget = budget
@@ -172,8 +174,9 @@ class Batcher:
             self._start_lanes(self.lanes)
 
     def _start_lanes(self, lanes: list[Lane]) -> None:
-        for number, lane in enumerate(lanes):
-            threading.Thread(target=self._run_lane, args=(lane,), name=f"aiayn-decoder-{number}", daemon=True).start()
+        for lane in lanes:
+            threading.Thread(target=self._run_lane, args=(lane,), name=f"aiayn-decoder-{self.lanes.index(lane)}",
+                             daemon=True).start()
 
     @property
     def queued_texts(self) -> int:
@@ -198,7 +201,7 @@ class Batcher:
             self._queue.append(job)
             self._queued_texts += len(job.sources)
             self.stats.requests += 1
-            self._lock.notify()
+            self._lock.notify_all()  # every idle lane: several take their shares of a request at once
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -216,9 +219,12 @@ class Batcher:
     def run(self) -> None:
         """With `own_thread` False: the first lane's decoding loop on this thread, the others' on
         threads of their own, until `close` (or `drain`) and nothing is left to decode."""
+        if self._own_thread:
+            raise RuntimeError("this batcher's lanes run on threads of their own already")
         self._start_lanes(self.lanes[1:])
         self._run_lane(self.lanes[0])
-        self._stopped.wait()
+        while not self._stopped.wait(IDLE_TICK):  # with a timeout: the main thread runs signal handlers
+            pass
 
     def _run_lane(self, lane: Lane) -> None:
         try:
@@ -243,7 +249,7 @@ class Batcher:
         """Refuse new requests (Closed); the queued ones are still decoded."""
         with self._lock:
             self._closing = True
-            self._lock.notify()
+            self._lock.notify_all()
 
     def abort(self, reason: str) -> None:
         """Stop at once (a second Ctrl-C): the decoding loop answers every request still
@@ -306,6 +312,8 @@ class Batcher:
             for job, _, _ in parts:
                 if not job.waiting:
                     self._queue.remove(job)
+            # Counted now, under the lock, so that another lane's share counts them at once.
+            lane.texts += sum(end - start for _, start, end in parts)
             return parts
 
     def _run_until_failure(self, lane: Lane) -> None:
@@ -314,8 +322,8 @@ class Batcher:
         try:
             self._run(lane)
         except BaseException as error:  # noqa: BLE001 - reported to every caller and to /health
-            with self._lock:
-                self.failure = f"{type(error).__name__}: {' '.join(str(error).split())}"
+            with self._lock:  # a second lane that fails keeps the first one's reason
+                self.failure = self.failure or f"{type(error).__name__}: {' '.join(str(error).split())}"
                 self._closing = True
             self._drain_now(lane, f"the decoder has stopped ({self.failure}); restart the server")
             print(f"aiayn: error: the decoding thread stopped ({self.failure}); /health reports it", file=sys.stderr)
@@ -323,9 +331,11 @@ class Batcher:
     def _run(self, lane: Lane) -> None:
         while (parts := self._take(lane)) is not None and self._aborted is None:
             groups: dict[Options, list[tuple[Job, int, int]]] = {}
-            for part in parts:
-                if not part[0].cancelled and not part[0].future.done():  # gone, failed or expired: skip
-                    groups.setdefault(part[0].options, []).append(part)
+            for job, start, end in parts:
+                if job.cancelled or job.future.done():  # gone, failed or expired: skip
+                    lane.texts -= end - start
+                else:
+                    groups.setdefault(job.options, []).append((job, start, end))
             for options, group in groups.items():
                 self._join(lane, options, group)
             for beam in list(lane.searches):
@@ -348,15 +358,16 @@ class Batcher:
             search = lane.searches.get(options.beam) or lane.engine(options.beam)
             search.join([job.sources[i] for job, i, _ in keys], keys, options)
         except Exception as error:  # noqa: BLE001 - these callers get the error, the others decode on
+            lane.texts -= len(keys)
             self._fail({job for job, _, _ in keys}, error)
             return
         except BaseException as error:  # the thread dies: these callers hear why
+            lane.texts -= len(keys)
             self._fail({job for job, _, _ in keys}, _died(error))
             raise
         lane.searches[options.beam] = search
         lane.decoding.setdefault(options.beam, []).extend(keys)
         lane.spent += sum(cost for _, _, cost in keys)
-        lane.texts += len(keys)
         with self._lock:  # the counters are shared by the lanes
             self.stats.joins += 1
 
@@ -386,9 +397,11 @@ class Batcher:
             if isinstance(result, Exception):  # this text's answer failed: its request only
                 self._fail({job}, result)
                 continue
-            job.results[i] = result
-            job.decoded += 1
-            if job.decoded == len(job.sources):
+            with self._lock:  # a request's texts may finish in several lanes
+                job.results[i] = result
+                job.decoded += 1
+                done = job.decoded == len(job.sources)
+            if done:
                 _resolve(job, job.results)
         if not search.live:
             self._drop(lane, beam)

@@ -9,6 +9,7 @@ thread of its own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import signal
 import socket
@@ -69,64 +70,61 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     keys = read_keys(options.api_keys) if options.api_keys else None
     listener = _listen(options.host, options.port)
     device, model, tokenizer, workers = _load(options, decode.precision, listener)
-    allowed = _allowed_hosts(listener.getsockname()[0])
-    # The decoding copy create_app (or a worker) makes refuses a precision the device cannot run, in one line.
-    app = create_app(model, tokenizer, precision=decode.precision, source=str(options.run_dir),
-                     max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
-                     max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
-                     max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib,
-                     languages=_languages(options), admission=Admission(keys, options.req_limit),
-                     decode_on_caller=True, engines=workers and workers.engines)
-    parameters = model.num_parameters()
-    del model  # a bf16 or int8 server keeps only its decoding copy, not the fp32 weights as well
-    host, port = listener.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    on = f"{device}, {options.workers} workers" if workers else device
-    print(f"serving {options.run_dir} ({parameters:,} parameters, {decode.precision} on {on}) at "
-          f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json; "
-          f"LibreTranslate: POST /translate with q, GET /languages, POST /detect)", flush=True)
-    # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
-    # little later, only ever cancels the one batch being decoded then.
-    config = uvicorn.Config(app, log_level="info" if options.access_log else "warning", access_log=options.access_log,
-                            http=guarded_protocol(options.read_timeout, options.max_connections),
-                            timeout_graceful_shutdown=options.drain_seconds + 10)
-    loop = None
+    with workers or contextlib.nullcontext():  # stopped however serving ends
+        allowed = _allowed_hosts(listener.getsockname()[0])
+        # The decoding copy create_app (or a worker) makes refuses a precision the device cannot run, in one line.
+        app = create_app(model, tokenizer, precision=decode.precision, source=str(options.run_dir),
+                         max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
+                         max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
+                         max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib,
+                         languages=_languages(options), admission=Admission(keys, options.req_limit),
+                         decode_on_caller=True, engines=workers and workers.engines)
+        parameters = model.num_parameters()
+        del model  # a bf16 or int8 server keeps only its decoding copy, not the fp32 weights as well
+        host, port = listener.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        on = f"{device}, {options.workers} workers" if workers else device
+        print(f"serving {options.run_dir} ({parameters:,} parameters, {decode.precision} on {on}) at "
+              f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json; "
+              f"LibreTranslate: POST /translate with q, GET /languages, POST /detect)", flush=True)
+        # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
+        # little later, only ever cancels the one batch being decoded then.
+        config = uvicorn.Config(app, log_level="info" if options.access_log else "warning", access_log=options.access_log,
+                                http=guarded_protocol(options.read_timeout, options.max_connections),
+                                timeout_graceful_shutdown=options.drain_seconds + 10)
+        loop = None
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            # A signal handler: it only schedules the drain, on the event loop, which takes locks;
-            # a second signal stops the decoding loop at its next step (a flag, no lock).
-            if self.should_exit:
-                app.state.batcher.abort(f"the server was stopped at once ({signal.Signals(sig).name} twice); retry")
-            elif self.started:
-                loop.call_soon_threadsafe(app.state.drain, options.drain_seconds)
-            super().handle_exit(sig, frame)
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig, frame) -> None:
+                # A signal handler: it only schedules the drain, on the event loop, which takes locks;
+                # a second signal stops the decoding loop at its next step (a flag, no lock).
+                if self.should_exit:
+                    app.state.batcher.abort(f"the server was stopped at once ({signal.Signals(sig).name} twice); retry")
+                elif self.started:
+                    loop.call_soon_threadsafe(app.state.drain, options.drain_seconds)
+                super().handle_exit(sig, frame)
 
-        async def startup(self, sockets=None) -> None:
-            nonlocal loop
-            loop = asyncio.get_running_loop()
-            await super().startup(sockets)
+            async def startup(self, sockets=None) -> None:
+                nonlocal loop
+                loop = asyncio.get_running_loop()
+                await super().startup(sockets)
 
-    server = Server(config)
-    # Off the main thread uvicorn installs no signal handlers: these stand in for its own. A
-    # stop drains (above); a second Ctrl-C stops at once.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, server.handle_exit)
-    batcher = app.state.batcher
+        server = Server(config)
+        # Off the main thread uvicorn installs no signal handlers: these stand in for its own. A
+        # stop drains (above); a second Ctrl-C stops at once.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, server.handle_exit)
+        batcher = app.state.batcher
 
-    def serve_http() -> None:
-        try:
-            server.run(sockets=[listener])
-        finally:
-            batcher.drain()  # uvicorn has stopped (or never started): so does the decoding loop
+        def serve_http() -> None:
+            try:
+                server.run(sockets=[listener])
+            finally:
+                batcher.drain()  # uvicorn has stopped (or never started): so does the decoding loop
 
-    http = threading.Thread(target=serve_http, name="aiayn-http")
-    http.start()
-    try:
+        http = threading.Thread(target=serve_http, name="aiayn-http")
+        http.start()
         batcher.run()
         http.join()
-    finally:
-        if workers:
-            workers.close()
     stats = batcher.stats
     print(f"stopped: {stats.requests:,} requests, {stats.texts:,} texts in {stats.steps:,} decoding steps", flush=True)

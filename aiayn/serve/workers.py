@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import signal
+import time
 from itertools import count
 from typing import Any, Optional
 
@@ -46,6 +47,13 @@ def _picklable(error: Exception) -> Exception:
 
 def _work(connection, run_dir: str, device: str, precision: str, threads: int) -> None:
     """A worker's body: load the model, then answer joins and steps until the pipe closes."""
+    try:
+        _answer_until_closed(connection, run_dir, device, precision, threads)
+    except OSError:  # the server closed the pipe while this worker was answering: it is done with it
+        pass
+
+
+def _answer_until_closed(connection, run_dir: str, device: str, precision: str, threads: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     import torch
@@ -96,6 +104,14 @@ def _work(connection, run_dir: str, device: str, precision: str, threads: int) -
         connection.send(("ok", answer))
 
 
+# How often a lane waiting for its worker's answer checks that the worker is still there: a
+# worker killed outright can leave its pipe open in a process it started (the resource tracker).
+LIVENESS_S = 1.0
+
+# How long stopping workers may take, all together, before they are killed.
+CLOSE_S = 10.0
+
+
 class Worker:
     """One worker process and the pipe to it; `search(beam)` is its lane's engine."""
 
@@ -120,6 +136,9 @@ class Worker:
     def call(self, *message) -> Any:
         try:
             self.connection.send(message)
+            while not self.connection.poll(LIVENESS_S):
+                if not self.process.is_alive():
+                    raise EOFError("no answer")
             kind, answer = self.connection.recv()
         except (EOFError, OSError) as error:
             raise WorkerLost(f"worker {self.number} has exited ({type(error).__name__})") from None
@@ -130,9 +149,9 @@ class Worker:
     def search(self, beam: int) -> "RemoteSearch":
         return RemoteSearch(self, beam, next(self._ids))
 
-    def close(self, timeout: float = 10) -> None:
-        self.connection.close()
-        self.process.join(timeout)
+    def close(self, deadline: float) -> None:
+        """Wait until `deadline` (time.monotonic) for the process to exit, then kill it."""
+        self.process.join(max(0.0, deadline - time.monotonic()))
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
@@ -173,10 +192,15 @@ class Workers:
     def __init__(self, run_dir: str, device: str, precision: str, size: int, threads: Optional[int] = None) -> None:
         import torch
 
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"--workers {size} decodes on a CPU's cores; on {device} one process decodes the "
+                             "concurrent requests together (--workers 1)")
         threads = threads or max(1, torch.get_num_threads() // size)
         context = multiprocessing.get_context("spawn")
-        self.workers = [Worker(context, run_dir, device, precision, threads, number) for number in range(size)]
+        self.workers: list[Worker] = []
         try:
+            for number in range(size):
+                self.workers.append(Worker(context, run_dir, device, precision, threads, number))
             for worker in self.workers:
                 worker.ready()
         except BaseException:
@@ -188,5 +212,15 @@ class Workers:
         return [worker.search for worker in self.workers]
 
     def close(self) -> None:
+        """Close every pipe (each worker exits at its next read), then wait for them together."""
         for worker in self.workers:
-            worker.close()
+            worker.connection.close()
+        deadline = time.monotonic() + CLOSE_S
+        for worker in self.workers:
+            worker.close(deadline)
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
