@@ -144,6 +144,8 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = _option(
         "fp32", "bf16: autocast, or a bf16 copy of the model with --bf16-weights (CPUs with AVX512-BF16 or "
                 "AMX, GPUs); fp16: GPUs")
+    tf32: bool = _option(False, "with fp32 on a CUDA GPU, true: matrix products in TF32 (Ampere and newer: "
+                                "several times IEEE fp32's rate)")
     compile: bool = _option(False, "true: torch.compile the model (one graph for all batch shapes; the first steps "
                                    "compile, for a minute or more)")
     # bf16 only: the step runs on a copy of the model with bf16 weights and no autocast; the fp32
@@ -173,6 +175,8 @@ class TrainConfig:
             raise ValueError(f"invalid TrainConfig: precision must be fp32, bf16 or fp16, got {self.precision!r}")
         if self.bf16_weights and self.precision != "bf16":
             raise ValueError(f"invalid TrainConfig: bf16_weights needs precision bf16, got {self.precision!r}")
+        if self.tf32 and self.precision != "fp32":
+            raise ValueError(f"invalid TrainConfig: tf32 needs precision fp32, got {self.precision!r}")
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":

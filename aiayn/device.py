@@ -52,10 +52,13 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if fast_bf16(device) else "fp32"
 
 
-def check_precision(device: torch.device, precision: str) -> None:
+def check_precision(device: torch.device, precision: str, tf32: bool = False) -> None:
     """fp16 only on a CUDA GPU: it needs loss scaling, and CPUs lack fast fp16. int8 (decoding
     only) only on a CPU: its kernels are FBGEMM's and oneDNN's. bf16 only where it is computed in
-    hardware (`fast_bf16`): elsewhere it would be a silent slowdown, never a speed-up."""
+    hardware (`fast_bf16`): elsewhere it would be a silent slowdown, never a speed-up. `tf32`
+    (fp32 training with TF32 products, `allow_tf32`) only on a CUDA GPU."""
+    if tf32 and device.type != "cuda":
+        raise ValueError("tf32 is a CUDA GPU's format (Ampere and newer); a CPU computes fp32 products in fp32")
     if precision == "fp16" and device.type != "cuda":
         raise ValueError("fp16 needs a CUDA GPU (it needs loss scaling and CPUs lack fast fp16); use bf16 on CPU")
     if precision == "int8" and device.type != "cpu":
@@ -64,6 +67,15 @@ def check_precision(device: torch.device, precision: str) -> None:
         where = f"this CPU ({cpu_kind()}, {torch.backends.cpu.get_cpu_capability()})" if device.type == "cpu" else "this GPU"
         raise ValueError(f"bf16 needs hardware bf16 (a CPU with AVX-512 or AMX, a GPU with bf16); {where} would emulate "
                          "it many times slower than fp32: use fp32 (or int8 to decode on a CPU)")
+
+
+def allow_tf32(device: torch.device) -> None:
+    """fp32 matrix products on `device`, a CUDA GPU, in TF32: inputs rounded to a 10-bit
+    mantissa, products summed in fp32, on the tensor cores: several times the IEEE fp32 rate.
+    PyTorch computes IEEE fp32 unless told; most fp32 training on GPUs runs like this (the TF32
+    rows of the README's GPU figures). A GPU older than Ampere computes fp32 as before."""
+    check_precision(device, "fp32", tf32=True)
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
 
 
 def autocast(device: torch.device, precision: str):

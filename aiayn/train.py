@@ -36,10 +36,9 @@ from torch import Tensor
 from aiayn.batching import Batch, BatchStream, collate, make_batches
 from aiayn.checkpoint import load_checkpoint, read_config
 from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
-from aiayn.device import (
-    DETERMINISTIC, autocast, check_precision, deterministic_from_environment, init_distributed, keep_freed_memory,
-    matmul_peak_flops, process_group_joined, rank_gpu, resident_mib, resolve_device, sum_over_ranks,
-)
+from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, check_precision, deterministic_from_environment,
+                          init_distributed, keep_freed_memory, matmul_peak_flops, process_group_joined, rank_gpu,
+                          resident_mib, resolve_device, sum_over_ranks)
 from aiayn.evaluate import score
 from aiayn.flops import training_flops
 from aiayn.kernels import Bf16Twin
@@ -278,6 +277,8 @@ class Trainer:
         device = resolve_device(self.recipe.device)
         if device.type == "cuda" and self.distributed:
             device = rank_gpu(device)
+        if self.recipe.tf32:
+            allow_tf32(device)
         if self.world > 1 and self.recipe.accumulate != 1:
             self.echo(f"note: {self.world} processes × accumulate {self.recipe.accumulate} batches per step")
         return device
@@ -457,7 +458,7 @@ class Trainer:
 def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
     """Mistakes that would otherwise surface only after the corpus is read and a tokenizer
     trained: a device that is not here, fp16 on a CPU, sentences longer than learned positions."""
-    check_precision(resolve_device(recipe.device), recipe.precision)
+    check_precision(resolve_device(recipe.device), recipe.precision, recipe.tf32)
     if model_config.positional == "learned" and recipe.max_sentence_tokens + 1 > model_config.max_len:
         raise ValueError(f"max_sentence_tokens={recipe.max_sentence_tokens} needs {recipe.max_sentence_tokens + 1} "
                          f"learned positions (with BOS/EOS) but max_len is {model_config.max_len}; "
@@ -511,7 +512,7 @@ def train_run(
         tokenizer, data, store = prepare_data(model_config, recipe, run, echo)
         trainer = Trainer(model_config, recipe, run, data, tokenizer, resume=resume, echo=echo)
         echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
-             f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}")
+             f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}{' with TF32 products' if recipe.tf32 else ''}")
         last = trainer.fit()
         echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
              + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")

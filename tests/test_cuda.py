@@ -212,6 +212,32 @@ def test_fused_attention_on_a_gpu_runs_no_cudnn_kernel_and_equals_the_reference(
         torch.testing.assert_close(out.float(), expected, rtol=0, atol=2**-7 * v.abs().max().item())
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch.cuda.is_available() is false")
+def test_tf32_training_on_a_gpu_computes_its_products_in_tf32(tmp_path, corpus_tsv, capsys):
+    """`--tf32 true`: fp32 training whose matrix products are TF32 ones (aiayn.device.allow_tf32),
+    told in the run's first lines; a product then differs from IEEE fp32's by TF32's rounding."""
+    from aiayn.cli import main
+
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        code = main(["train", "--corpus", str(corpus_tsv), "--out", str(tmp_path / "run"), "--preset", "tiny",
+                     "--vocab-size", "300", "--max-tokens", "1000", "--precision", "fp32", "--tf32", "true",
+                     "--device", "cuda", "--max-steps", "5", "--log-every", "1", "--eval-every", "1000"])
+        assert code in (0, None)
+        assert "on cuda:0 in fp32 with TF32 products" in capsys.readouterr().out
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        a, b = torch.randn(256, 256, device="cuda"), torch.randn(256, 256, device="cuda")
+        tf32 = a @ b
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        ieee = a @ b
+        # TF32 keeps 10 of fp32's 23 mantissa bits: its products differ, by about 2^-11 of their size.
+        assert not torch.equal(tf32, ieee) and (tf32 - ieee).abs().max() < 2**-8 * ieee.abs().max()
+        assert all(np.isfinite(loss) for loss in losses(tmp_path / "run").values())
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+
+
 def test_a_torchrun_worker_refuses_another_gpu_than_its_own(monkeypatch):
     """NCCL's communicator is made on the GPU of the worker's LOCAL_RANK (init_distributed), so
     `--device cuda:N` naming another is refused in one line, before any GPU is touched."""

@@ -581,6 +581,14 @@ def test_a_decoding_precision_the_device_cannot_run_is_one_line(model_dir, capsy
         check_precision(torch.device("cuda"), "int8")
 
 
+def test_tf32_is_refused_on_a_cpu_and_beside_another_precision_in_one_line(corpus_tsv, tmp_path, capsys):
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, tmp_path / "a", "--tf32", "true"))[::2],
+                   "tf32 is a CUDA GPU's format")
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, tmp_path / "b", "--tf32", "true", "--precision", "bf16"))[::2],
+                   "tf32 needs precision fp32")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before anything is written
+
+
 def test_bf16_on_a_cpu_without_hardware_bf16_is_one_line_and_auto_picks_fp32(model_dir, capsys, monkeypatch):
     """On a CPU whose bf16 products PyTorch would emulate (AVX2 only), bf16 is refused in one line
     and `auto` (the demo's and the Table 3 experiment's default) trains and decodes in fp32."""
