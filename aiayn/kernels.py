@@ -31,8 +31,7 @@ reference math:
 - `Bf16Twin`: bf16 training with fp32 master weights: a bf16 copy of the model runs the step, the
   fp32 model takes Adam's update.
 - `inference_copy`: the model to decode with, its weights cast once to bf16/fp16 or quantized to
-  int8 (per output channel, dynamic activation scales); on a CPU a bf16 copy's linear layers hold
-  their weights in oneDNN's blocked layout (`PackedLinear`), reordered once rather than per call.
+  int8 (per output channel, dynamic activation scales).
 
 One switch turns every trick off: inside `with reference_math():` attention runs the reference
 `softmax(QKᵀ/√d_k)V` of aiayn.attention, dropout is `nn.Dropout`, the loss is autograd through
@@ -479,44 +478,6 @@ class Bf16Twin:
             low.copy_(master)
 
 
-def _untie_output(model: nn.Module) -> nn.Module:
-    """A decoding copy whose pre-softmax projection is tied to the embedding (§3.4) gets a linear
-    layer of its own, a copy of the embedding, to be quantized or packed as the others are."""
-    if hasattr(model, "output_proj") and model.output_proj is None:
-        embed = model.decoder.embed.weight if hasattr(model, "decoder") else model.encoder.embed.weight
-        model.output_proj = nn.Linear(embed.size(1), embed.size(0), bias=False, device=embed.device, dtype=embed.dtype)
-        model.output_proj.weight = nn.Parameter(embed.detach().clone())
-    return model
-
-
-class PackedLinear(nn.Module):
-    """`nn.Linear` for decoding on a CPU in bf16, its weight reordered once into oneDNN's blocked
-    layout (`torch.ops.mkldnn._reorder_linear_weight`). `F.linear` hands oneDNN the plain
-    (out, in) matrix, which it reorders again on every call: at a decoding step's few rows that
-    reorder costs as much as the product (benchmarks/decode_kernels.py times both). The same
-    bf16 products, summed in fp32. fp32 weights are not packed (the README's decoding figures
-    say why: memory)."""
-
-    def __init__(self, weight: Tensor, bias: Optional[Tensor]) -> None:
-        super().__init__()
-        self.in_features, self.out_features = weight.size(1), weight.size(0)
-        # An opaque oneDNN tensor: read by the kernel below only, never saved (non-persistent).
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None), persistent=False)
-        self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # (..., out_features)
-
-
-def _pack_linears(model: nn.Module) -> nn.Module:
-    """Every linear layer of a bf16 decoding copy as a `PackedLinear` (the tied projection too)."""
-    for module in list(_untie_output(model).modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
-                setattr(module, name, PackedLinear(child.weight, child.bias))
-    return model
-
-
 def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     """The model to decode with in `precision`: itself for fp32 or when its weights already are
     in it; else an eval-mode copy, weights cast once (bf16, fp16: no step casts activations in and
@@ -534,11 +495,12 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     if precision == "fp32" or getattr(model, "inference_precision", None) == precision:
         return model
     if precision != "int8":
-        if weight.dtype == DTYPES[precision]:
-            return model
-        low = copy.deepcopy(model).to(DTYPES[precision]).eval()
-        return _pack_linears(low) if precision == "bf16" and weight.device.type == "cpu" and not _reference else low
-    low = _untie_output(copy.deepcopy(model).float().eval())
+        return model if weight.dtype == DTYPES[precision] else copy.deepcopy(model).to(DTYPES[precision]).eval()
+    low = copy.deepcopy(model).float().eval()
+    if hasattr(low, "output_proj") and low.output_proj is None:  # tied (§3.4): a copy of the embedding to quantize
+        embed = low.decoder.embed.weight if hasattr(low, "decoder") else low.encoder.embed.weight
+        low.output_proj = nn.Linear(embed.size(1), embed.size(0), bias=False)
+        low.output_proj.weight = nn.Parameter(embed.detach().clone())
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     with warnings.catch_warnings():  # torch 2.13 marks torch.ao as moving to torchao; the kernels are the same

@@ -209,32 +209,6 @@ def keeps_decisive_tokens(model: Transformer, copy: torch.nn.Module, share: floa
 
 
 @pytest.mark.numeric
-@pytest.mark.bf16
-def test_a_bf16_decoding_copy_packs_every_linear_layer_within_bf16_rounding():
-    """On a CPU every linear layer of a bf16 decoding copy, the tied pre-softmax projection too,
-    holds its weight in oneDNN's layout (`PackedLinear`); reference_math() keeps `nn.Linear`. A
-    packed layer and `F.linear` multiply the same bf16 numbers and sum in fp32: they differ at
-    most by rounding each result to bf16 (2^-9 of its size, twice) and by the order of the fp32
-    sums, so |Δ| ≤ 2^-8 · (|x| · |W|ᵀ + |b|). Through the whole model, where the plain bf16 copy's
-    best token leads by more than twice the move, the packed copy picks it."""
-    model = sharp_model()
-    low = decoding_model(model, "bf16")
-    with reference_math():
-        plain = decoding_model(model, "bf16")
-    assert not any(type(m) is torch.nn.Linear for m in low.modules())
-    assert sum(type(m) is kernels.PackedLinear for m in low.modules()) == 4 * 2 + 2 * 2 + 8 * 2 + 2 * 2 + 1
-    assert sum(type(m) is torch.nn.Linear for m in plain.modules()) == 4 * 2 + 2 * 2 + 8 * 2 + 2 * 2
-    torch.manual_seed(1)
-    for layer in (plain.encoder.layers[0].feed_forward.w_1, plain.decoder.layers[1].cross_attn.w_o):
-        packed = kernels.PackedLinear(layer.weight, layer.bias)
-        for rows in (1, 4, 37, 256):
-            x = torch.randn(rows, layer.in_features).bfloat16()
-            bound = 2**-8 * (x.abs().float() @ layer.weight.abs().float().T + layer.bias.abs().float())
-            assert torch.all((packed(x).float() - layer(x).float()).abs() <= bound)
-    keeps_decisive_tokens(plain, low, share=0.5)
-
-
-@pytest.mark.numeric
 def test_an_int8_linear_layer_is_within_its_rounding_bound():
     """y = xWᵀ + b with W rounded to int8 per output row (step s_j = max|W_j| / 127) and x to
     at most 8 bits per call (step s_x = range(x) / 127 where the kernel keeps 7 bits): each
