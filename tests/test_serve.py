@@ -272,6 +272,33 @@ def test_abort_answers_everything_at_once():
     assert batcher.stopped
 
 
+def test_texts_taken_as_an_abort_comes_are_answered_too(monkeypatch):
+    """An abort that comes while the loop takes texts from the queue: those texts are neither
+    decoding nor waiting any more, and their request is answered Closed with the others."""
+    batcher = Batcher(FakeEngine(), max_wait_ms=0, own_thread=False)
+    take = batcher._take
+
+    def take_then_abort(lane):
+        parts = take(lane)
+        batcher.abort("stopped at once")
+        return parts
+
+    monkeypatch.setattr(batcher, "_take", take_then_abort)
+
+    async def main():
+        pending = asyncio.ensure_future(batcher.submit([[1] * 2], Options()))
+        while not batcher.stats.requests:
+            await asyncio.sleep(0.01)
+        loop = threading.Thread(target=batcher.run)
+        loop.start()
+        with pytest.raises(Closed, match="stopped at once"):
+            await asyncio.wait_for(pending, 30)
+        loop.join(30)
+
+    run(main())
+    assert batcher.stopped and batcher.stats.joins == 0
+
+
 def test_a_failed_answer_fails_its_own_request_only():
     class Failing(FakeEngine):
         def __call__(self, beam):

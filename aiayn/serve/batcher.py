@@ -329,7 +329,11 @@ class Batcher:
             print(f"aiayn: error: the decoding thread stopped ({self.failure}); /health reports it", file=sys.stderr)
 
     def _run(self, lane: Lane) -> None:
-        while (parts := self._take(lane)) is not None and self._aborted is None:
+        while (parts := self._take(lane)) is not None:
+            if self._aborted is not None:  # taken as the stop came: answered with the rest, not decoded
+                lane.texts -= sum(end - start for _, start, end in parts)
+                self._fail({job for job, _, _ in parts}, Closed(self._aborted))
+                break
             groups: dict[Options, list[tuple[Job, int, int]]] = {}
             for job, start, end in parts:
                 if job.cancelled or job.future.done():  # gone, failed or expired: skip
