@@ -3,15 +3,17 @@
 A decoding step of a few sentences is mostly fixed cost: Python and the dispatch of some hundred
 small operators, which one thread runs while PyTorch's other OpenMP threads wait for work. Split
 over worker processes of one thread each, the fixed costs of N searches run side by side on N
-cores, where one process's threads would run them one after the other: on a 2-core CPU, two
-workers of 8 sentences each decoded 1.3× the sentences a second of one 2-thread process with 16
-(benchmarks/serve_load.py gives the served figures). Threads of one process would share the
-model, but Python's lock would run their fixed costs one at a time again.
+cores, where one process's threads would run them one after the other: on a 2-core AMD EPYC
+(Zen 5), two workers answered 16 clients 1.23× the sentences a second of one 2-thread process
+(`benchmarks/serve_load.py --workers 2 --compare-workers 1`, the README's serving figures).
+Threads of one process would share the model, but Python's lock would run their fixed costs one
+at a time again.
 
 Each worker loads the model itself and answers the batcher's lane that drives it
 (aiayn.serve.batcher): a join or a step is one message and one answer over a pipe, the answers
 being the finished texts' results (translation, alternatives, attention), plain Python values.
-The server process keeps the HTTP side, the queue and the tokenizer; it holds no model.
+The server process keeps the HTTP side, the queue and the tokenizer; it reads the model's
+config and lets the weights go.
 A worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the server
 drains, then closes the pipes, and a worker whose pipe has closed exits.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import pickle
 import signal
 import time
 from itertools import count
@@ -36,8 +39,6 @@ class WorkerLost(BaseException):
 
 def _picklable(error: Exception) -> Exception:
     """`error` as it can cross the pipe: itself, or a RuntimeError that says the same."""
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(error))
         return error
@@ -54,6 +55,8 @@ def _work(connection, run_dir: str, device: str, precision: str, threads: int) -
 
 
 def _answer_until_closed(connection, run_dir: str, device: str, precision: str, threads: int) -> None:
+    """Load the model (or say why not), then answer each message: a join, or a step of a search
+    the server names by number; a search the worker has finished or failed is forgotten."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     import torch
@@ -104,8 +107,8 @@ def _answer_until_closed(connection, run_dir: str, device: str, precision: str, 
         connection.send(("ok", answer))
 
 
-# How often a lane waiting for its worker's answer checks that the worker is still there: a
-# worker killed outright can leave its pipe open in a process it started (the resource tracker).
+# How often a lane waiting for its worker's answer checks that the process is alive. A killed
+# worker's pipe usually ends at once (EOFError); this covers one whose pipe another process holds.
 LIVENESS_S = 1.0
 
 # How long stopping workers may take, all together, before they are killed.
