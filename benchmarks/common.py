@@ -116,9 +116,12 @@ def tree_rss_mib(pid: int) -> float:
     total, pending = 0.0, [pid]
     while pending:
         current = pending.pop()
-        total += status_mib("VmRSS", current)
-        for task in Path(f"/proc/{current}/task").iterdir():
-            pending += [int(child) for child in (task / "children").read_text().split()]
+        try:
+            total += status_mib("VmRSS", current)
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(child) for child in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):  # it exited while being read: it holds nothing
+            continue
     return total
 
 

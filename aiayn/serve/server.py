@@ -80,7 +80,7 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
                          languages=_languages(options), admission=Admission(keys, options.req_limit),
                          decode_on_caller=True, engines=workers and workers.engines)
         parameters = model.num_parameters()
-        del model  # a bf16 or int8 server keeps only its decoding copy, not the fp32 weights as well
+        del model  # a bf16 or int8 server keeps only its decoding copy (with workers, none here), not the fp32 weights as well
         host, port = listener.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         on = f"{device}, {options.workers} workers" if workers else device
