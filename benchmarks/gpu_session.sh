@@ -3,8 +3,9 @@
 # PyTorch installed and no network (aiayn runs from this checkout, not installed; the peers'
 # missing packages come as wheels, see below). Every part writes into OUT as it goes and is cut
 # by its own time limit, so a slow part leaves the later ones their time and a stopped run keeps
-# what it measured (speed.py's *.running.json). At the default limits all parts take up to 17
-# minutes, more than a lent machine's 15: choose the parts, or lower TRAIN_SECONDS and the rest.
+# what it measured (speed.py's *.running.json). At the default limits all parts take up to 18
+# minutes, more than a lent machine's 15: choose the parts, narrow them (below), or lower
+# TRAIN_SECONDS and the rest.
 #
 #   bash benchmarks/gpu_session.sh OUT PART...
 #
@@ -15,12 +16,16 @@
 #             missing dependencies in .whl/eole, CTranslate2 in .whl/ct2, aiayn's own in .whl/aiayn)
 #   train     benchmarks/speed.py: training of base and big at 25,000 and 3,125 tokens per batch,
 #             tf32 and bf16, aiayn against torch.nn.Transformer, HF Marian and Eole 0.6.4
+#             (BATCHES="25000" and PRECISIONS="bf16" narrow it)
 #   compiled  aiayn's compiled step in bf16 at 25,000 tokens (base and big) beside its eager step
+#             (MODELS="base" narrows it)
 #   profile   benchmarks/profile_train.py: where a bf16 step's GPU time goes (base and big, 25,000)
-#   tests     the tests marked cuda: torchrun with NCCL, the WMT14 recipe on synthetic data, the
-#             fused attention without cuDNN
+#   tests     the tests marked cuda but the recipe's, quickest first: the fused attention without
+#             cuDNN, TF32 training, torchrun with NCCL resuming exactly
+#   recipe    the test of the WMT14 recipe on synthetic data on the GPU (300 steps of base)
 #   decode    benchmarks/speed.py: beam 4 and greedy at batch 64, aiayn (bf16, fp16) against
-#             HF Marian (bf16) and CTranslate2 (bf16, fp16, int8_float16)
+#             HF Marian (bf16) and CTranslate2 (bf16, fp16, int8_float16) (DECODE_SYSTEMS="aiayn
+#             ctranslate2" narrows it)
 #
 # The wheels (.whl/, ignored by git) are fetched beforehand on a machine with network:
 #   bash benchmarks/fetch_gpu_wheels.sh       (benchmarks/README.md lists them)
@@ -76,11 +81,11 @@ for what in "$@"; do
     train)
         part train "${TRAIN_SECONDS:-270}" "$PYTHON" benchmarks/speed.py --device cuda --tasks train \
             --systems aiayn torch marian eole --peer-python "eole=$EOLE_PYTHON" --models base big \
-            --batches 25000 3125 --reps "${REPS:-1}" --out "$OUT/speed-train-cuda.json"
+            --batches ${BATCHES:-25000 3125} --precisions ${PRECISIONS:-tf32 bf16} --reps "${REPS:-1}" --out "$OUT/speed-train-cuda.json"
         ;;
     compiled)
         part compiled "${COMPILED_SECONDS:-240}" "$PYTHON" benchmarks/speed.py --device cuda --tasks train \
-            --systems aiayn --compile --precisions bf16 --models base big --batches 25000 --reps "${REPS:-1}" \
+            --systems aiayn --compile --precisions bf16 --models ${MODELS:-base big} --batches 25000 --reps "${REPS:-1}" \
             --out "$OUT/speed-train-compiled-cuda.json"
         ;;
     profile)
@@ -90,13 +95,19 @@ for what in "$@"; do
         done
         ;;
     tests)
-        part tests "${TESTS_SECONDS:-300}" env PYTHONPATH="$repo:/tmp/site-aiayn" "$PYTHON" -m pytest -m cuda \
-            tests/test_cuda.py -q -rA -p no:cacheprovider
+        part tests "${TESTS_SECONDS:-120}" env PYTHONPATH="$repo:/tmp/site-aiayn" "$PYTHON" -m pytest -m cuda \
+            tests/test_cuda.py::test_fused_attention_on_a_gpu_runs_no_cudnn_kernel_and_equals_the_reference \
+            tests/test_cuda.py::test_tf32_training_on_a_gpu_computes_its_products_in_tf32 \
+            tests/test_cuda.py::test_one_torchrun_process_trains_checkpoints_and_resumes_exactly -q -rA -p no:cacheprovider
+        ;;
+    recipe)
+        part recipe "${RECIPE_SECONDS:-200}" env PYTHONPATH="$repo:/tmp/site-aiayn" "$PYTHON" -m pytest -m cuda \
+            tests/test_cuda.py -k recipe -q -rA -s -p no:cacheprovider
         ;;
     decode)
         part decode "${DECODE_SECONDS:-130}" env PYTHONPATH="$repo:/tmp/site-ct2" \
             LD_LIBRARY_PATH="/tmp/cu12:${LD_LIBRARY_PATH:-}" "$PYTHON" benchmarks/speed.py --device cuda \
-            --tasks decode --systems aiayn marian ctranslate2 --precisions bf16 --reps "${REPS:-1}" \
+            --tasks decode --systems ${DECODE_SYSTEMS:-aiayn marian ctranslate2} --precisions bf16 --reps "${REPS:-1}" \
             --out "$OUT/speed-decode-cuda.json"
         ;;
     *)
