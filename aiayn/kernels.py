@@ -108,8 +108,9 @@ Kernel = Callable[[Tensor, Tensor, Tensor, Optional[Tensor], bool, float], Tenso
 # a new (rows, length) nearly every step. On an H100 (2026-11-26) every system that let PyTorch
 # choose trained Transformer-base in bf16 at 3,125-token batches 6.6-10.8x slower than in TF32,
 # while Eole, which allows the memory-efficient kernel only, trained 5x faster than aiayn
-# (benchmarks/results/speed-train-budgets-cuda-h100.json); at 25,000-token batches aiayn's bf16
-# step kept the GPU busy a third of its time (profile-train-cuda-h100-base-bf16-25000.txt).
+# (benchmarks/results/speed-train-budgets-cuda-h100.json). With cuDNN left out, aiayn's bf16
+# step at 25,000-token batches ran 3.6x faster than before, 1.35x its TF32 step
+# (speed-train-25000-cuda-h100.json).
 GPU_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
