@@ -81,8 +81,17 @@ class Batch:
     n_tgt_tokens: int  # non-pad tokens in tgt_out: the loss is a mean over these
 
     def to(self, device: Union[str, torch.device], non_blocking: bool = False) -> "Batch":
-        src, tgt_in, tgt_out = (t.to(device, non_blocking=non_blocking) for t in (self.src, self.tgt_in, self.tgt_out))
+        src, tgt_in, tgt_out = (to_device(t, device, non_blocking) for t in (self.src, self.tgt_in, self.tgt_out))
         return Batch(src, tgt_in, tgt_out, self.n_src_tokens, self.n_tgt_tokens)
+
+
+def to_device(tensor: Tensor, device: Union[str, torch.device], non_blocking: bool = False) -> Tensor:
+    """`tensor.to(device)`; `non_blocking` from the host to a GPU through pinned memory: a copy
+    from pageable memory first waits for all the work queued on the GPU (CUDA's rule), which
+    would stall a training step's every batch on the one before."""
+    if non_blocking and tensor.device.type == "cpu" and torch.device(device).type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=non_blocking)
 
 
 def make_batches(lengths, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:

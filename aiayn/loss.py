@@ -51,4 +51,5 @@ def label_smoothed_nll(
         loss = (1 - epsilon) * nll + off * (-total - nll) - entropy  # -Σ_{k≠y} log p(k) = -total - nll
     else:
         loss = nll
-    return loss[keep].sum(), nll[keep].sum()
+    # where, not loss[keep]: a boolean index asks the device how many rows it keeps (a sync)
+    return torch.where(keep, loss, 0.0).sum(), torch.where(keep, nll, 0.0).sum()

@@ -294,7 +294,10 @@ class Decoder(nn.Module):
 # The models
 
 
-def _check_tokens(name: str, tokens: Tensor, vocab_size: int, check_range: bool = True) -> None:
+def check_tokens(name: str, tokens: Tensor, vocab_size: int, check_range: bool = True) -> None:
+    """A one-line error for `tokens` that are no (batch, length) LongTensor of ids in [0,
+    vocab_size). `check_range` false skips the ids' range, which reads values back: a sync on a
+    GPU, where a training step checks its batches on the host instead (aiayn.train.TrainStep)."""
     if not isinstance(tokens, Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
         dtype = tokens.dtype if isinstance(tokens, Tensor) else ""
@@ -382,9 +385,10 @@ class Transformer(_Model):
     def source_mask(self, src: Tensor) -> Tensor:
         return (src != self.config.pad_id)[:, None, None, :]  # (B, 1, 1, S)
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """src: (B, S) token ids -> (memory (B, S, d_model), source mask (B, 1, 1, S))."""
-        _check_tokens("src", src, self.config.vocab_size)
+    def encode(self, src: Tensor, check_range: bool = True) -> tuple[Tensor, Tensor]:
+        """src: (B, S) token ids -> (memory (B, S, d_model), source mask (B, 1, 1, S)).
+        `check_range` false: the caller has checked that the ids are in the vocabulary."""
+        check_tokens("src", src, self.config.vocab_size, check_range)
         mask = self.source_mask(src)
         memory, _ = self.encoder(src, mask)
         return memory, mask
@@ -396,6 +400,7 @@ class Transformer(_Model):
         memory_mask: Optional[Tensor] = None,
         cache: Optional[KVCache] = None,
         positions: Optional[Tensor] = None,
+        check_range: bool = True,
     ) -> Tensor:
         """tgt: (B, T) decoder input; memory: (B, S, d_model) -> logits (B, T, vocab_size).
 
@@ -405,7 +410,7 @@ class Transformer(_Model):
         those positions' logits come out, (N, vocab_size): training scores the positions that
         hold a target token and skips the padding's share of the pre-softmax projection.
         """
-        _check_tokens("tgt", tgt, self.config.vocab_size, check_range=cache is None)
+        check_tokens("tgt", tgt, self.config.vocab_size, check_range=check_range and cache is None)
         if cache is None and memory is None:
             raise ValueError("decode needs the encoder's memory, or a cache from init_cache")
         if cache is None and tgt.size(0) != memory.size(0):
@@ -415,11 +420,12 @@ class Transformer(_Model):
             hidden = hidden.flatten(0, 1).index_select(0, positions)  # (N, d_model)
         return self._logits(hidden, self.decoder.embed)
 
-    def forward(self, src: Tensor, tgt: Tensor, positions: Optional[Tensor] = None) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, positions: Optional[Tensor] = None, check_range: bool = True) -> Tensor:
         """src: (B, S), tgt: (B, T) -> logits (B, T, vocab_size), or (N, vocab_size) for the
-        (N,) flat target `positions` only (see `decode`)."""
-        memory, mask = self.encode(src)
-        return self.decode(tgt, memory, mask, positions=positions)
+        (N,) flat target `positions` only (see `decode`). `check_range` false: the caller has
+        checked that the ids are in the vocabulary (`check_tokens`)."""
+        memory, mask = self.encode(src, check_range)
+        return self.decode(tgt, memory, mask, positions=positions, check_range=check_range)
 
     def init_cache(self, memory: Tensor, memory_mask: Optional[Tensor], max_len: int, beam: int = 1) -> KVCache:
         """The decoding state for up to `max_len` target positions against `memory` (B, S, d_model):
@@ -443,8 +449,8 @@ class Transformer(_Model):
 
         Returns {"encoder": [(B, h, S, S)] * N, "decoder": [(B, h, T, T)] * N, "cross": [(B, h, T, S)] * N}.
         """
-        _check_tokens("src", src, self.config.vocab_size)
-        _check_tokens("tgt", tgt, self.config.vocab_size)
+        check_tokens("src", src, self.config.vocab_size)
+        check_tokens("tgt", tgt, self.config.vocab_size)
         mask = self.source_mask(src)
         memory, encoder_weights = self.encoder(src, mask, need_weights=True)
         _, decoder_weights = self.decoder(tgt, memory, mask, need_weights=True)
@@ -470,7 +476,7 @@ class EncoderModel(_Model):
 
     def encode(self, tokens: Tensor) -> Tensor:
         """tokens: (B, L) -> hidden states (B, L, d_model)."""
-        _check_tokens("tokens", tokens, self.config.vocab_size)
+        check_tokens("tokens", tokens, self.config.vocab_size)
         hidden, _ = self.encoder(tokens, (tokens != self.config.pad_id)[:, None, None, :])
         return hidden
 
@@ -493,7 +499,7 @@ class DecoderModel(_Model):
 
     def forward(self, tokens: Tensor, cache: Optional[KVCache] = None) -> Tensor:
         """tokens: (B, T) -> logits (B, T, vocab_size)."""
-        _check_tokens("tokens", tokens, self.config.vocab_size, check_range=cache is None)
+        check_tokens("tokens", tokens, self.config.vocab_size, check_range=cache is None)
         hidden, _ = self.decoder(tokens, cache=cache)
         return self._logits(hidden, self.decoder.embed)
 

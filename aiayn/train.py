@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.fx.experimental._config
 from torch import Tensor
 
-from aiayn.batching import Batch, BatchStream, collate, make_batches
+from aiayn.batching import Batch, BatchStream, collate, make_batches, to_device
 from aiayn.checkpoint import load_checkpoint, read_config
 from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
 from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, check_precision, deterministic_from_environment,
@@ -43,7 +43,7 @@ from aiayn.evaluate import score
 from aiayn.flops import training_flops
 from aiayn.kernels import Bf16Twin
 from aiayn.loss import label_smoothed_nll
-from aiayn.model import Transformer
+from aiayn.model import Transformer, check_tokens
 from aiayn.optim import make_optimizer, noam_lr, set_lr
 from aiayn.prepare import TrainData, prepare_data
 from aiayn.run import RunDir, resolve_model_dir
@@ -93,39 +93,39 @@ class TrainStep:
     def __call__(self, batches: Sequence[Batch], n_tokens: float) -> Tensor:
         """Returns (summed smoothed loss, summed NLL) of this rank's batches, in fp32 on the CPU."""
         if not self.compiled:
-            return self._step(batches, n_tokens)
+            return self._step(batches, n_tokens).cpu()
         before, start = compiled_graphs(), time.perf_counter()
         with reproducible_compilation(cpu=self.device.type == "cpu"):
-            totals = self._step(batches, n_tokens)
-        made = compiled_graphs() - before
-        if made:
-            self.compiles += made
-            self.compile_seconds += time.perf_counter() - start
+            totals = self._step(batches, n_tokens).cpu()
+        if made := compiled_graphs() - before:
+            self.compiles, self.compile_seconds = self.compiles + made, self.compile_seconds + time.perf_counter() - start
         return totals
 
     def _step(self, batches: Sequence[Batch], n_tokens: float) -> Tensor:
-        totals = torch.zeros(2)
+        """Queues the step without reading anything back from the device (but fp16's overflow flag)."""
+        totals = torch.zeros(2, device=self.device)
         for i, batch in enumerate(batches):
-            last = i == len(batches) - 1
-            context = self.net.no_sync() if self.ddp and not last else contextlib.nullcontext()
+            context = self.net.no_sync() if self.ddp and i < len(batches) - 1 else contextlib.nullcontext()
             with context:
-                # The target positions that hold a token, found on the host (no device sync):
-                # padding gets no logits, so the pre-softmax projection and the loss skip it.
+                # On the host, where they cost the device no sync: the ids' range, and the target
+                # positions that hold a token (padding gets no logits: the projection and loss skip it).
+                check_tokens("src", batch.src, self.model.config.vocab_size)
+                check_tokens("tgt", batch.tgt_in, self.model.config.vocab_size)
                 flat = batch.tgt_out.flatten()  # (B·T,)
                 positions = (flat != self.pad_id).nonzero().squeeze(1)  # (N,)
-                target = flat[positions].to(self.device, non_blocking=True)  # (N,)
-                positions = positions.to(self.device, non_blocking=True)
+                target = to_device(flat[positions], self.device, non_blocking=True)  # (N,)
+                positions = to_device(positions, self.device, non_blocking=True)
                 batch = batch.to(self.device, non_blocking=True)
                 # bf16 weights compute in bf16 as they are; otherwise autocast casts for fp32 weights
                 with contextlib.nullcontext() if self.twin else autocast(self.device, self.precision):
-                    logits = self.net(batch.src, batch.tgt_in, positions)  # (N, V)
+                    logits = self.net(batch.src, batch.tgt_in, positions, check_range=False)  # (N, V)
                 loss, nll = label_smoothed_nll(logits, target, self.label_smoothing, self.pad_id)
                 # DDP averages gradients over ranks; × world makes it a sum over all tokens.
                 scaled = loss * (self.world / n_tokens)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             if self.twin:  # summed in the fp32 master, batch by batch
                 self.twin.grads_to_master()
-            totals += torch.stack([loss.detach().float().cpu(), nll.detach().float().cpu()])
+            totals += torch.stack([loss.detach().float(), nll.detach().float()])
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()

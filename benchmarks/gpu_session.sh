@@ -19,7 +19,8 @@
 #             (BATCHES="25000" and PRECISIONS="bf16" narrow it)
 #   compiled  aiayn's compiled step in bf16 at 25,000 tokens (base and big) beside its eager step
 #             (MODELS="base" narrows it)
-#   profile   benchmarks/profile_train.py: where a bf16 step's GPU time goes (base and big, 25,000)
+#   profile   benchmarks/profile_train.py: where a bf16 step's GPU time goes (base and big, 25,000;
+#             PROFILE_BUDGETS="25000 3125" and MODELS="base" change that)
 #   tests     the tests marked cuda but the recipe's, quickest first: the fused attention without
 #             cuDNN, TF32 training, torchrun with NCCL resuming exactly
 #   recipe    the test of the WMT14 recipe on synthetic data on the GPU (300 steps of base)
@@ -89,15 +90,18 @@ for what in "$@"; do
             --out "$OUT/speed-train-compiled-cuda.json"
         ;;
     profile)
-        for model in base big; do
-            part "profile $model" 35 "$PYTHON" benchmarks/profile_train.py --device cuda --model "$model" \
-                --precision bf16 --budget 25000 --steps 3 --out "$OUT/profile-train-cuda-$model-bf16-25000.txt"
+        for budget in ${PROFILE_BUDGETS:-25000}; do
+            for model in ${MODELS:-base big}; do
+                part "profile $model $budget" 35 "$PYTHON" benchmarks/profile_train.py --device cuda --model "$model" \
+                    --precision bf16 --budget "$budget" --steps 3 --out "$OUT/profile-train-cuda-$model-bf16-$budget.txt"
+            done
         done
         ;;
     tests)
         part tests "${TESTS_SECONDS:-120}" env PYTHONPATH="$repo:/tmp/site-aiayn" "$PYTHON" -m pytest -m cuda \
             tests/test_cuda.py::test_fused_attention_on_a_gpu_runs_no_cudnn_kernel_and_equals_the_reference \
             tests/test_cuda.py::test_tf32_training_on_a_gpu_computes_its_products_in_tf32 \
+            tests/test_cuda.py::test_a_training_step_on_a_gpu_waits_for_it_once \
             tests/test_cuda.py::test_one_torchrun_process_trains_checkpoints_and_resumes_exactly -q -rA -p no:cacheprovider
         ;;
     recipe)

@@ -42,6 +42,9 @@ KERNEL_KINDS = (("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "splitk
                 ("Adam", ("adam",)),
                 ("reductions", ("reduce",)))
 
+# The CUDA runtime calls in which the host waits for the GPU.
+HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpyAsync")
+
 
 def kernel_kinds(events: list, own) -> dict[str, float]:
     """GPU time (µs) by kind of kernel, the rest as element-wise and other."""
@@ -120,6 +123,12 @@ def main() -> None:
         lines.append(f"# GPU kernels busy {busy / total_us:.1%} of the wall time (kernels of side streams may overlap)")
         for kind_name, share in kernel_kinds(events, own).items():
             lines.append(f"#   {kind_name:<28} {share / args.steps / 1e3:>8.2f} ms/step {share / total_us:>7.1%}")
+        # The host's calls that wait for the GPU (a copy from pageable memory waits too): while
+        # the host waits it queues nothing, and the GPU idles once it has caught up.
+        for event in prof.key_averages():
+            if event.key in HOST_WAITS:
+                lines.append(f"# host in {event.key}: {event.self_cpu_time_total / args.steps / 1e3:.2f} ms/step, "
+                             f"{event.count / args.steps:.0f} calls/step")
     lines.append(f"{'kernel' if gpu else 'operator':<64} {'self ms/step':>12} {'share':>7} {'calls/step':>10}")
     for event in events[:40 if gpu else 25]:
         per_step = own(event) / args.steps / 1e3

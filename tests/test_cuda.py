@@ -214,6 +214,37 @@ def test_fused_attention_on_a_gpu_runs_no_cudnn_kernel_and_equals_the_reference(
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch.cuda.is_available() is false")
+def test_a_training_step_on_a_gpu_waits_for_it_once():
+    """A bf16 step of two batches with fused Adam queues all its work on the GPU without a
+    synchronizing call (torch.cuda.set_sync_debug_mode("error") makes one raise), so the host
+    queues a batch while the GPU runs the one before; then its totals are read back. The
+    CPU-side twin of this test, on the meta device, is test_train.py's."""
+    import dataclasses
+
+    from aiayn.batching import collate
+    from aiayn.config import PRESETS, TrainConfig
+    from aiayn.model import Transformer
+    from aiayn.optim import make_optimizer
+    from aiayn.train import TrainStep
+
+    config = dataclasses.replace(PRESETS["tiny"], vocab_size=300, d_model=64, d_ff=128, n_layers=2)
+    model = Transformer(config).to("cuda").train()
+    step = TrainStep(model, make_optimizer(model), TrainConfig(precision="bf16"), torch.device("cuda"))
+    pairs = [([4 + (i * 7 + j) % 200 for j in range(3 + i % 9)], [4 + (i * 5 + j) % 200 for j in range(2 + i % 7)])
+             for i in range(32)]
+    batches = [collate(pairs[:16], config.pad_id, config.bos_id, config.eos_id),
+               collate(pairs[16:], config.pad_id, config.bos_id, config.eos_id)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        totals = step._step(batches, sum(batch.n_tgt_tokens for batch in batches))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert totals.is_cuda and bool(torch.isfinite(totals).all())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch.cuda.is_available() is false")
 def test_tf32_training_on_a_gpu_computes_its_products_in_tf32(tmp_path, corpus_tsv, capsys):
     """`--tf32 true`: fp32 training whose matrix products are TF32 ones (aiayn.device.allow_tf32),
     told in the run's first lines; a product then differs from IEEE fp32's by TF32's rounding."""

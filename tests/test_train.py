@@ -265,6 +265,33 @@ def test_a_training_step_projects_only_the_positions_that_hold_a_target_token():
     torch.testing.assert_close(torch.cat([optimizer.state[p]["exp_avg"].flatten() for p in model.parameters()]), want)
 
 
+def test_a_training_step_reads_no_value_back_from_the_device(monkeypatch):
+    """On a GPU every value read back (an `.item()`, the ids' range check, a boolean index) waits
+    for all the work queued before it, and a host that waits cannot queue the next batch while the
+    GPU runs this one. A step of two batches reads its totals back once, after its last batch
+    (TrainStep.__call__); the ids are checked and the target positions found on the host. Run here
+    on the meta device, which holds no values, so that any read raises. Autocast knows no meta
+    device (in fp32 its one cast is the identity), and fused Adam none either: SGD stands in, as
+    the update is not what is tested (fused Adam keeps its step count on the GPU, and reads none)."""
+    from aiayn import kernels
+    from aiayn.config import PRESETS
+    from aiayn.train import TrainStep
+
+    monkeypatch.setattr(kernels, "autocast_input", lambda x: x)
+    config = dataclasses.replace(PRESETS["tiny"], vocab_size=300, d_model=32, d_ff=64, n_layers=1)
+    model = Transformer(config).to("meta").train()
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), TrainConfig(precision="fp32"),
+                     torch.device("meta"))
+    batches = [collate(copy_pairs(6, seed), config.pad_id, config.bos_id, config.eos_id) for seed in (1, 2)]
+    totals = step._step(batches, sum(batch.n_tgt_tokens for batch in batches))
+    assert totals.device.type == "meta" and totals.shape == (2,)
+    with pytest.raises(RuntimeError, match="cannot be called on meta tensors"):  # what a read there does
+        model(batches[0].src.to("meta"), batches[0].tgt_in.to("meta"))
+    batches[1].tgt_in[0, 1] = config.vocab_size  # an id out of range still gets its one-line error
+    with pytest.raises(ValueError, match="tgt holds ids outside the vocabulary"):
+        step._step(batches, sum(batch.n_tgt_tokens for batch in batches))
+
+
 def test_adam_eps_reaches_the_optimizer(tmp_path):
     recipe = TrainConfig(max_tokens=256, max_steps=1, adam_eps=1e-8)
     trainer = Trainer(COPY_MODEL, recipe, tmp_path / "run", TrainData(copy_pairs(50, 0)), echo=lambda _: None)
