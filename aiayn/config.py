@@ -208,6 +208,8 @@ class DecodeConfig:
     batch_tokens: int = field(default=4000, metadata={"least": 1, "help": "source tokens × beam decoded together"})
     precision: Literal["fp32", "bf16", "fp16", "int8"] = field(
         default="fp32", metadata={"help": "bf16, fp16: weights cast once; int8: int8 weights, CPU only"})
+    cuda_graphs: bool = field(default=False, metadata={
+        "help": "on a GPU, each decoding step of a batch one CUDA graph (aiayn.graphs; not the server's)"})
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -427,6 +427,12 @@ class Transformer(_Model):
         memory, mask = self.encode(src, check_range)
         return self.decode(tgt, memory, mask, positions=positions, check_range=check_range)
 
+    def next_log_probs(self, tokens: Tensor, cache) -> Tensor:
+        """tokens: (B,) each row's newest token, one decoding step on `cache` (a KVCache, or
+        aiayn.graphs' static one) -> log-probabilities of the next token (B, V), in fp32."""
+        logits = self.decode(tokens.unsqueeze(1), cache=cache)  # (B, 1, V)
+        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32)
+
     def init_cache(self, memory: Tensor, memory_mask: Optional[Tensor], max_len: int, beam: int = 1) -> KVCache:
         """The decoding state for up to `max_len` target positions against `memory` (B, S, d_model):
         the encoder-decoder keys and values of every layer, computed here once per sentence, and

@@ -19,6 +19,7 @@ from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, AttentionOptions, Dec
 from aiayn.corpora import iter_lines
 from aiayn.device import resolve_device
 from aiayn.files import file_sha256, read_json, refuse_to_replace, write_json
+from aiayn.graphs import GraphedStep
 from aiayn.model import Transformer
 from aiayn.run import languages_of, load_for_inference, resolve_model_dir
 from aiayn.search import BeamSearch, beam_search, greedy
@@ -46,8 +47,7 @@ class ModelStep:
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """tokens: (B,) -> log-probabilities of the next token (B, V), in fp32."""
-        logits = self.model.decode(tokens.unsqueeze(1), cache=self.cache)  # (B, 1, V)
-        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32)
+        return self.model.next_log_probs(tokens, self.cache)
 
     def reorder(self, rows: Tensor, sentences: Tensor, beam: int) -> None:
         self.cache.reorder(rows, sentences, beam)
@@ -104,7 +104,10 @@ def translate_nbest(
         chunk = order[start:end]
         src, max_len = padded_batch(config, [sources[i] for i in chunk], decode)
         with torch.inference_mode():
-            stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1, beam)
+            if decode.cuda_graphs and device.type == "cuda":
+                stepper = GraphedStep(decoder, src.to(device), int(max_len.max()) + 1, beam)
+            else:
+                stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1, beam)
             max_len = max_len.to(device)  # the search keeps its state where the model is
             guards = dict(no_repeat_ngram=decode.no_repeat_ngram_size, repetition_penalty=decode.repetition_penalty)
             if beam == 1:

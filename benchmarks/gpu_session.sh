@@ -18,15 +18,16 @@
 #             tf32 and bf16, aiayn against torch.nn.Transformer, HF Marian and Eole 0.6.4
 #             (BATCHES="25000" and PRECISIONS="bf16" narrow it)
 #   compiled  aiayn's compiled step in bf16 at 25,000 tokens (base and big) beside its eager step
-#             (MODELS="base" narrows it)
+#             (MODELS="base" and BATCHES="3125" change that)
 #   profile   benchmarks/profile_train.py: where a bf16 step's GPU time goes (base and big, 25,000;
 #             PROFILE_BUDGETS="25000 3125" and MODELS="base" change that)
 #   tests     the tests marked cuda but the recipe's, quickest first: the fused attention without
-#             cuDNN, TF32 training, torchrun with NCCL resuming exactly
+#             cuDNN, TF32 training, a training step without syncs, torchrun with NCCL resuming
+#             exactly, decoding with CUDA graphs (tests/test_graphs.py)
 #   recipe    the test of the WMT14 recipe on synthetic data on the GPU (300 steps of base)
-#   decode    benchmarks/speed.py: beam 4 and greedy at batch 64, aiayn (bf16, fp16) against
-#             HF Marian (bf16) and CTranslate2 (bf16, fp16, int8_float16) (DECODE_SYSTEMS="aiayn
-#             ctranslate2" narrows it)
+#   decode    benchmarks/speed.py: beam 4 and greedy at batch 64, aiayn (bf16, fp16, bf16 with
+#             CUDA graphs) against HF Marian (bf16) and CTranslate2 (bf16, fp16, int8_float16)
+#             (DECODE_SYSTEMS="aiayn ctranslate2" narrows it)
 #
 # The wheels (.whl/, ignored by git) are fetched beforehand on a machine with network:
 #   bash benchmarks/fetch_gpu_wheels.sh       (benchmarks/README.md lists them)
@@ -86,7 +87,7 @@ for what in "$@"; do
         ;;
     compiled)
         part compiled "${COMPILED_SECONDS:-240}" "$PYTHON" benchmarks/speed.py --device cuda --tasks train \
-            --systems aiayn --compile --precisions bf16 --models ${MODELS:-base big} --batches 25000 --reps "${REPS:-1}" \
+            --systems aiayn --compile --precisions bf16 --models ${MODELS:-base big} --batches ${BATCHES:-25000} --reps "${REPS:-1}" \
             --out "$OUT/speed-train-compiled-cuda.json"
         ;;
     profile)
@@ -102,7 +103,8 @@ for what in "$@"; do
             tests/test_cuda.py::test_fused_attention_on_a_gpu_runs_no_cudnn_kernel_and_equals_the_reference \
             tests/test_cuda.py::test_tf32_training_on_a_gpu_computes_its_products_in_tf32 \
             tests/test_cuda.py::test_a_training_step_on_a_gpu_waits_for_it_once \
-            tests/test_cuda.py::test_one_torchrun_process_trains_checkpoints_and_resumes_exactly -q -rA -p no:cacheprovider
+            tests/test_cuda.py::test_one_torchrun_process_trains_checkpoints_and_resumes_exactly tests/test_graphs.py \
+            -q -rA -p no:cacheprovider
         ;;
     recipe)
         part recipe "${RECIPE_SECONDS:-200}" env PYTHONPATH="$repo:/tmp/site-aiayn" "$PYTHON" -m pytest -m cuda \

@@ -56,7 +56,7 @@ def train(args, device: torch.device) -> dict:
 def decode(args, device: torch.device) -> dict:
     start_mib = memory_mib(device)
     ct2_dir = Path(args.ct2_dir) if args.ct2_dir else None
-    system = systems.build(args.system, device, args.precision, args.threads, ct2_dir)
+    system = systems.build(args.system, device, args.precision, args.threads, ct2_dir, cuda_graphs=args.cuda_graphs)
     sources = systems.decode_sources(args.sentences)
     for _ in range(args.warmup):
         system.decode(sources, args.beam)
@@ -126,6 +126,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, required=True, help="untimed calls over all sentences")
     p.add_argument("--calls", type=int, required=True, help="timed calls over all sentences")
     p.add_argument("--ct2-dir", help="the converted model (ctranslate2 only)")
+    p.add_argument("--cuda-graphs", action="store_true", help="each decoding step one CUDA graph (aiayn only)")
 
     p = tasks.add_parser("peak")
     p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), required=True)

@@ -65,7 +65,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def system_name(case: dict) -> str:
     return NAMES[case["system"]] + (" (torch.compile)" if case.get("compile") else "") + \
-        (" (bf16 weights)" if case.get("bf16_weights") else "")
+        (" (bf16 weights)" if case.get("bf16_weights") else "") + (" (CUDA graphs)" if case.get("cuda_graphs") else "")
 
 
 def machine_section(info: dict, settings_line: str) -> list[str]:

@@ -78,12 +78,14 @@ class Case:
     beam: Optional[int] = None  # decode only
     compile: bool = False  # aiayn under torch.compile
     bf16_weights: bool = False  # aiayn with bf16 weights and fp32 master weights (TrainConfig.bf16_weights)
+    cuda_graphs: bool = False  # aiayn decoding with each step one CUDA graph (DecodeConfig.cuda_graphs)
     budget: Optional[int] = None  # train only: real batch shapes of this token budget; None: the fixed batch
     model: str = "base"  # Table 3's row (systems.MODELS)
 
     @property
     def label(self) -> str:
-        system = self.system + (" (compiled)" if self.compile else "") + (" (bf16 weights)" if self.bf16_weights else "")
+        system = self.system + (" (compiled)" if self.compile else "") + (" (bf16 weights)" if self.bf16_weights else "") \
+            + (" (CUDA graphs)" if self.cuda_graphs else "")
         model = f" {self.model}" if self.task != "peak" and self.model != "base" else ""
         beam = f" beam {self.beam}" if self.beam else ""
         batches = f" {self.budget}-token batches" if self.budget else ""
@@ -113,6 +115,7 @@ class Case:
         else:
             args += ["--beam", self.beam, "--sentences", settings.sentences,
                      "--warmup", settings.decode_warmup, "--calls", settings.decode_calls]
+            args += ["--cuda-graphs"] if self.cuda_graphs else []
             if self.system == "ctranslate2":
                 args += ["--ct2-dir", ct2_dirs[self.model, self.precision]]
         return [str(a) for a in args]
@@ -169,6 +172,8 @@ def make_cases(tasks: list[str], names: list[str], device: torch.device, compile
                     else:
                         decoded = []  # the peers' harnesses measure training only
                     cases += [Case("decode", s, p, beam, model=model) for p in dict.fromkeys(decoded)]
+                    if s == "aiayn" and device.type == "cuda" and "bf16" in decoded:  # aiayn.graphs
+                        cases += [Case("decode", s, "bf16", beam, model=model, cuda_graphs=True)]
     return cases
 
 
@@ -196,7 +201,7 @@ def summarize(cases: list[Case], runs: list[dict]) -> list[dict]:
     for row in rows:
         if row["task"] == "peak" or "tokens_per_s" not in row:
             continue
-        aiayn = dict(task=row["task"], system="aiayn", compile=False, bf16_weights=False, beam=row["beam"],
+        aiayn = dict(task=row["task"], system="aiayn", compile=False, bf16_weights=False, cuda_graphs=False, beam=row["beam"],
                      budget=row["budget"], model=row["model"])
         ref = (find("tokens_per_s", **aiayn, precision=row["precision"]) or find("tokens_per_s", **aiayn, precision="bf16")
                or find("tokens_per_s", **aiayn, precision="fp32"))

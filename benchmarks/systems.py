@@ -286,9 +286,10 @@ class Aiayn(_TorchSystem):
 
     specials = AIAYN_SPECIALS
 
-    def __init__(self, device: torch.device, precision: str, compile: bool = False, bf16_weights: bool = False) -> None:
+    def __init__(self, device: torch.device, precision: str, compile: bool = False, bf16_weights: bool = False,
+                 cuda_graphs: bool = False) -> None:
         super().__init__(Transformer(CONFIG), device, precision)
-        self.compile, self.bf16_weights = compile, bf16_weights
+        self.compile, self.bf16_weights, self.cuda_graphs = compile, bf16_weights, cuda_graphs
         self.step: Optional[TrainStep] = None  # made by the first training step (a decoding case has none)
         self.translator: Optional[Translator] = None  # its decoding copy is made once, in the warm-up call
 
@@ -314,7 +315,8 @@ class Aiayn(_TorchSystem):
         length = len(sources[0])
         assert all(len(s) == length for s in sources), "equal source lengths keep the batch free of padding"
         if self.translator is None:  # weights cast once, as for Marian
-            self.translator = Translator(self.model.eval(), None, DecodeConfig(precision=self.precision))
+            self.translator = Translator(self.model.eval(), None,
+                                         DecodeConfig(precision=self.precision, cuda_graphs=self.cuda_graphs))
         return self.translator.translate_ids(
             sources, beam=beam,
             batch_tokens=len(sources) * (length + 1) * beam,  # every sentence in one batch
@@ -549,12 +551,12 @@ class CTranslate2:
 
 
 def build(system: str, device: torch.device, precision: str, threads: int, ct2_dir: Optional[Path] = None,
-          compile: bool = False, bf16_weights: bool = False):
+          compile: bool = False, bf16_weights: bool = False, cuda_graphs: bool = False):
     """The named system; callers seed torch first so that weights are the same every run."""
     if system == "aiayn":
-        return Aiayn(device, precision, compile, bf16_weights)
-    if compile or bf16_weights:
-        raise ValueError("--compile and --bf16-weights apply to aiayn only")
+        return Aiayn(device, precision, compile, bf16_weights, cuda_graphs)
+    if compile or bf16_weights or cuda_graphs:
+        raise ValueError("--compile, --bf16-weights and --cuda-graphs apply to aiayn only")
     if system == "torch":
         return TorchPeer(device, precision)
     if system == "marian":

@@ -1,0 +1,174 @@
+"""Decoding on a GPU with each step one CUDA graph (`DecodeConfig.cuda_graphs`).
+
+A decoding step of the Transformer (§3.1, one new position per row) is a few hundred small
+kernels. On a GPU the host takes longer to launch them than the GPU takes to run them: an H100
+took about 4.5 ms for a beam-4 step of 256 rows of the base model, where CTranslate2 took a
+quarter to a third of that (benchmarks/results/speed-decode-cuda-h100.json). A CUDA graph records the step's
+kernels once and launches them all at once on every later step.
+
+A graph replays fixed shapes at fixed addresses, which the decoding state of aiayn.cache does
+not keep (its buffers grow with the output and shrink as sentences leave). `StaticCache` keeps
+what `Decoder.forward` asks of a cache in fixed shapes instead:
+- every row keeps its place, its slot, for the whole search: the beams of sentence m are slots
+  m·k .. m·k + k - 1. The search's live rows are some of the slots (`GraphedStep.slots`); the
+  others are computed too, and never read;
+- the self-attention buffers hold all max_len positions from the start: a step writes column t
+  and attends to every column, those after t masked (their weight is exactly 0);
+- t is a tensor on the device, which the step itself advances.
+A step's result then differs from aiayn.translate.ModelStep's by the order of its sums only.
+
+The graph is recorded for a batch's shape (its sentences, beam, source width and max_len),
+after `WARMUP` steps run without it, as PyTorch's notes on CUDA graphs ask (libraries set up
+their workspaces, the allocator its blocks, outside the recording), and the next batches of that
+shape replay it. Without a GPU, or under `reference_math()`, the same
+static step runs without a graph (the tests compare it with ModelStep on the CPU).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from aiayn import kernels
+from aiayn.model import Transformer
+
+WARMUP = 2  # steps run before the graph is recorded
+
+
+class StaticCache:
+    """The decoding state of one batch in fixed shapes, with the interface of aiayn.cache.KVCache
+    that `Decoder.forward` uses. State (R = M sentences × k beams, h heads, L = max_len):
+      keys (N, R, h, L, d_k), values (N, R, h, L, d_v): every layer's self-attention buffers
+      cross[i]: ((M, h, S, d_k), (M, h, S, d_v)), memory_mask (M, 1, 1, S): the source's, as KVCache's
+      t (1,): the column the next step writes, on the device"""
+
+    def __init__(self, n_layers: int, rows: int, n_heads: int, d_k: int, d_v: int, max_len: int, dtype: torch.dtype,
+                 device: torch.device, cross: list[tuple[Tensor, Tensor]], memory_mask: Optional[Tensor]) -> None:
+        self.rows, self.max_len = rows, max_len
+        self.keys = torch.zeros(n_layers, rows, n_heads, max_len, d_k, dtype=dtype, device=device)
+        self.values = torch.zeros(n_layers, rows, n_heads, max_len, d_v, dtype=dtype, device=device)
+        self.cross = [(k.to(dtype).contiguous(), v.to(dtype).contiguous()) for k, v in cross]
+        self.memory_mask = memory_mask
+        self.t = torch.zeros(1, dtype=torch.long, device=device)
+        self.columns = torch.arange(max_len, device=device)  # (L,)
+        self.self_mask: Optional[Tensor] = None
+
+    def positions(self, new: int) -> Tensor:
+        """Begin a step of one position per row: its position t for every row (R,), and the
+        step's `self_mask`, the columns written so far and this step's."""
+        if new != 1:
+            raise ValueError(f"a static decoding state takes one position a step, not {new}")
+        self.self_mask = (self.columns <= self.t)[None, None, None, :]  # (1, 1, 1, L)
+        return self.t.expand(self.rows)
+
+    def positions_end(self, new: int) -> int:
+        """One past the largest position any step reaches, known on the host."""
+        return self.max_len
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the step's keys (R, h, 1, d_k) and values (R, h, 1, d_v) of `layer` at column t;
+        return the layer's whole buffers (R, h, L, d_k), (R, h, L, d_v)."""
+        self.keys[layer].index_copy_(2, self.t, k)
+        self.values[layer].index_copy_(2, self.t, v)
+        return self.keys[layer], self.values[layer]
+
+    def advance(self, steps: int) -> None:
+        self.t += steps
+
+    def refill(self, cross: list[tuple[Tensor, Tensor]], memory_mask: Tensor) -> None:
+        """Another batch of the same shape: its source's keys, values and mask in place of these,
+        from column 0 again (the columns written before are masked until written anew)."""
+        for (k, v), (new_k, new_v) in zip(self.cross, cross):
+            k.copy_(new_k)
+            v.copy_(new_v)
+        self.memory_mask.copy_(memory_mask)
+        self.t.zero_()
+
+    def move(self, parents: Tensor, slots: Tensor) -> None:
+        """Slots `slots` (B',) continue the rows of slots `parents` (B',): their written columns
+        (and the rest, which are masked) are copied over, every layer at once."""
+        for buffers in (self.keys, self.values):
+            buffers.index_copy_(1, slots, buffers.index_select(1, parents))
+
+
+@dataclass
+class _Recording:
+    """What the steps of a batch run or replay: its fixed-shape state, the step's input and
+    output, and the graph (recorded at the `WARMUP`-th step, on `stream`)."""
+
+    key: tuple  # (sentences, beam, source width, max_len, on a graph)
+    cache: StaticCache
+    tokens: Tensor  # (R,) each slot's newest token
+    stream: Optional[torch.cuda.Stream]
+    graph: Optional[torch.cuda.CUDAGraph] = None
+    log_probs: Optional[Tensor] = None  # (R, V)
+    steps: int = 0
+
+
+# The last recording of each decoding model: a batch of the same shape replays its graph, its
+# new source's keys and values copied in, rather than recording another (a benchmark's calls, a
+# file's batches of equal sentences). One batch at a time: a second search of the same shape on
+# the same model while one runs would share its state. Weak keys: it goes with its model.
+_LAST: "weakref.WeakKeyDictionary[Transformer, _Recording]" = weakref.WeakKeyDictionary()
+
+
+class GraphedStep:
+    """The step function of aiayn.search (as aiayn.translate.ModelStep) over a `StaticCache`, for
+    a search of `beam` beams over the sentences `src` (M, S); on a GPU (and `graph`) every step
+    from the `WARMUP`-th on is one replay of a CUDA graph. Sentences cannot join it (continuous
+    batching keeps ModelStep)."""
+
+    def __init__(self, model: Transformer, src: Tensor, max_len: int, beam: int = 1, graph: bool = True) -> None:
+        self.model, self.beam = model, beam
+        memory, mask = model.encode(src)  # (M, S, d_model), (M, 1, 1, S)
+        config, sentences = model.config, src.size(0)
+        cross = model.memory_keys_values(memory)
+        graphed = graph and src.is_cuda and not kernels.use_reference()
+        key = (sentences, beam, src.size(1), max_len, graphed)
+        self.run = _LAST.get(model)
+        if self.run is not None and self.run.key == key:
+            self.run.cache.refill(cross, mask)
+        else:
+            d_k, d_v = config.head_dims
+            cache = StaticCache(config.n_layers, sentences * beam, config.n_heads, d_k, d_v, max_len,
+                                kernels.cache_dtype(model, memory, beam), memory.device, cross, mask)
+            tokens = torch.full((sentences * beam,), config.bos_id, dtype=torch.long, device=src.device)  # (R,)
+            self.run = _LAST[model] = _Recording(key, cache, tokens, torch.cuda.Stream(src.device) if graphed else None)
+        self.live = torch.arange(sentences, device=src.device)  # (M',) the live sentences among the M
+        self.slots = self.live * beam  # (B',) the live rows' slots: one row a sentence before the first step
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens: (B',) of the live rows -> their log-probabilities of the next token (B', V)."""
+        run = self.run
+        run.tokens[self.slots] = tokens
+        if run.graph is not None:
+            run.graph.replay()
+        elif run.stream is None:
+            run.log_probs = self.model.next_log_probs(run.tokens, run.cache)  # (R, V)
+        elif run.steps < WARMUP:  # on the stream the graph is recorded on, as CUDA's examples do
+            run.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(run.stream):
+                run.log_probs = self.model.next_log_probs(run.tokens, run.cache)  # (R, V)
+            torch.cuda.current_stream().wait_stream(run.stream)
+        else:
+            run.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(run.graph, stream=run.stream):  # recorded, not run
+                run.log_probs = self.model.next_log_probs(run.tokens, run.cache)  # (R, V)
+            run.graph.replay()
+        run.steps += 1
+        return run.log_probs[self.slots]
+
+    def reorder(self, rows: Tensor, sentences: Tensor, beam: int) -> None:
+        """As KVCache.reorder: continue with the live rows `rows` (M'·beam,), the beams of the
+        live sentences `sentences` (M',); each moves into its sentence's slots."""
+        if rows.numel() != sentences.numel() * beam:
+            raise ValueError(f"{rows.numel()} rows are not {sentences.numel()} sentences × beam {beam}")
+        parents = self.slots[rows]  # (M'·beam,)
+        self.live = self.live[sentences]  # (M',)
+        self.slots = (self.live[:, None] * self.beam + torch.arange(beam, device=rows.device)).flatten()  # (M'·beam,)
+        self.run.cache.move(parents, self.slots)
