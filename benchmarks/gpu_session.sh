@@ -16,7 +16,7 @@
 #             missing dependencies in .whl/eole, CTranslate2 in .whl/ct2, aiayn's own in .whl/aiayn)
 #   train     benchmarks/speed.py: training of base and big at 25,000 and 3,125 tokens per batch,
 #             tf32 and bf16, aiayn against torch.nn.Transformer, HF Marian and Eole 0.6.4
-#             (BATCHES="25000" and PRECISIONS="bf16" narrow it)
+#             (BATCHES="25000", PRECISIONS="bf16" and MODELS="base" narrow it)
 #   compiled  aiayn's compiled step in bf16 at 25,000 tokens (base and big) beside its eager step
 #             (MODELS="base" and BATCHES="3125" change that)
 #   profile   benchmarks/profile_train.py: where a bf16 step's GPU time goes (base and big, 25,000;
@@ -82,7 +82,7 @@ for what in "$@"; do
         ;;
     train)
         part train "${TRAIN_SECONDS:-270}" "$PYTHON" benchmarks/speed.py --device cuda --tasks train \
-            --systems aiayn torch marian eole --peer-python "eole=$EOLE_PYTHON" --models base big \
+            --systems aiayn torch marian eole --peer-python "eole=$EOLE_PYTHON" --models ${MODELS:-base big} \
             --batches ${BATCHES:-25000 3125} --precisions ${PRECISIONS:-tf32 bf16} --reps "${REPS:-1}" --out "$OUT/speed-train-cuda.json"
         ;;
     compiled)
