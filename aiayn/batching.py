@@ -86,9 +86,9 @@ class Batch:
 
 
 def to_device(tensor: Tensor, device: Union[str, torch.device], non_blocking: bool = False) -> Tensor:
-    """`tensor.to(device)`; `non_blocking` from the host to a GPU through pinned memory: a copy
-    from pageable memory first waits for all the work queued on the GPU (CUDA's rule), which
-    would stall a training step's every batch on the one before."""
+    """`tensor.to(device)`; `non_blocking` from the host to a GPU through pinned memory, where the
+    copy is queued and the host goes on. From pageable memory the driver stages the copy first,
+    and the host may wait there (CUDA promises no more)."""
     if non_blocking and tensor.device.type == "cpu" and torch.device(device).type == "cuda":
         tensor = tensor.pin_memory()
     return tensor.to(device, non_blocking=non_blocking)

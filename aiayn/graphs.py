@@ -72,8 +72,8 @@ class StaticCache:
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the step's keys (R, h, 1, d_k) and values (R, h, 1, d_v) of `layer` at column t;
         return the layer's whole buffers (R, h, L, d_k), (R, h, L, d_v)."""
-        self.keys[layer].index_copy_(2, self.t, k)
-        self.values[layer].index_copy_(2, self.t, v)
+        self.keys[layer].index_copy_(2, self.t, k.to(self.keys.dtype))  # an int8 model's fp32 into a bf16 cache
+        self.values[layer].index_copy_(2, self.t, v.to(self.values.dtype))
         return self.keys[layer], self.values[layer]
 
     def advance(self, steps: int) -> None:
@@ -81,11 +81,14 @@ class StaticCache:
 
     def refill(self, cross: list[tuple[Tensor, Tensor]], memory_mask: Tensor) -> None:
         """Another batch of the same shape: its source's keys, values and mask in place of these,
-        from column 0 again (the columns written before are masked until written anew)."""
+        from column 0 again. The columns written before are zeroed: masked, a column's weight is
+        0, but 0 × an inf left by an overflow would still be NaN."""
         for (k, v), (new_k, new_v) in zip(self.cross, cross):
             k.copy_(new_k)
             v.copy_(new_v)
         self.memory_mask.copy_(memory_mask)
+        self.keys.zero_()
+        self.values.zero_()
         self.t.zero_()
 
     def move(self, parents: Tensor, slots: Tensor) -> None:
@@ -120,15 +123,23 @@ class GraphedStep:
     """The step function of aiayn.search (as aiayn.translate.ModelStep) over a `StaticCache`, for
     a search of `beam` beams over the sentences `src` (M, S); on a GPU (and `graph`) every step
     from the `WARMUP`-th on is one replay of a CUDA graph. Sentences cannot join it (continuous
-    batching keeps ModelStep)."""
+    batching keeps ModelStep), and restricted self-attention (Table 1's r) has none: its band is
+    placed around the newest column, where a static step's query is at column t."""
 
     def __init__(self, model: Transformer, src: Tensor, max_len: int, beam: int = 1, graph: bool = True) -> None:
+        if model.config.neighborhood is not None:
+            raise ValueError("a static decoding step takes full self-attention, not restricted (neighborhood)")
         self.model, self.beam = model, beam
         memory, mask = model.encode(src)  # (M, S, d_model), (M, 1, 1, S)
         config, sentences = model.config, src.size(0)
         cross = model.memory_keys_values(memory)
         graphed = graph and src.is_cuda and not kernels.use_reference()
-        key = (sentences, beam, src.size(1), max_len, graphed)
+        # The graph reads the weights and the positions' table where they were when it was
+        # recorded: a table regrown, or weights moved, since then make another recording.
+        table = model.decoder.positions.table  # sinusoids, or Table 3 row E's learned embedding
+        where = ((table.weight if isinstance(table, torch.nn.Module) else table).data_ptr(),
+                 model.decoder.embed.weight.data_ptr(), model.decoder.embed.weight.dtype)
+        key = (sentences, beam, src.size(1), max_len, graphed, where)
         self.run = _LAST.get(model)
         if self.run is not None and self.run.key == key:
             self.run.cache.refill(cross, mask)
@@ -156,9 +167,14 @@ class GraphedStep:
                 run.log_probs = self.model.next_log_probs(run.tokens, run.cache)  # (R, V)
             torch.cuda.current_stream().wait_stream(run.stream)
         else:
-            run.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(run.graph, stream=run.stream):  # recorded, not run
-                run.log_probs = self.model.next_log_probs(run.tokens, run.cache)  # (R, V)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, stream=run.stream):  # recorded, not run
+                    run.log_probs = self.model.next_log_probs(run.tokens, run.cache)  # (R, V)
+            except BaseException:
+                _LAST.pop(self.model, None)  # no later batch may replay a recording that failed
+                raise
+            run.graph = graph
             run.graph.replay()
         run.steps += 1
         return run.log_probs[self.slots]

@@ -102,7 +102,7 @@ class TrainStep:
         return totals
 
     def _step(self, batches: Sequence[Batch], n_tokens: float) -> Tensor:
-        """Queues the step without reading anything back from the device (but fp16's overflow flag)."""
+        """Queues the step's batches without reading anything back from the device."""
         totals = torch.zeros(2, device=self.device)
         for i, batch in enumerate(batches):
             context = self.net.no_sync() if self.ddp and i < len(batches) - 1 else contextlib.nullcontext()

@@ -104,7 +104,7 @@ def translate_nbest(
         chunk = order[start:end]
         src, max_len = padded_batch(config, [sources[i] for i in chunk], decode)
         with torch.inference_mode():
-            if decode.cuda_graphs and device.type == "cuda":
+            if decode.cuda_graphs and device.type == "cuda" and config.neighborhood is None:
                 stepper = GraphedStep(decoder, src.to(device), int(max_len.max()) + 1, beam)
             else:
                 stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1, beam)

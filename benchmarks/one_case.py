@@ -33,10 +33,11 @@ def train(args, device: torch.device) -> dict:
                            bf16_weights=args.bf16_weights)
     if args.shapes:  # real batch shapes: each timed once, the first `warmup` of them also before
         shapes = json.loads(Path(args.shapes).read_text())
-        batches = [systems.shaped_batch(shape, system.specials, device) for shape in shapes]
+        batches = [systems.shaped_batch(shape, system.specials, systems.batch_device(system, device))
+                   for shape in shapes]
     else:  # the fixed batch, `steps` times
         shapes = [systems.fixed_shape(args.rows)] * args.steps
-        batches = [systems.shaped_batch(shapes[0], system.specials, device)] * args.steps
+        batches = [systems.shaped_batch(shapes[0], system.specials, systems.batch_device(system, device))] * args.steps
     for i in range(args.warmup):
         system.train_step(*batches[i % len(batches)])
     with Timer(device) as timer:

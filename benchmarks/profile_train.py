@@ -93,7 +93,7 @@ def main() -> None:
             shapes = systems.corpus_shapes(systems.corpus_lengths(Path(scratch)), args.budget, args.steps)
     else:
         shapes = [systems.fixed_shape(args.rows)] * args.steps
-    batches = [systems.shaped_batch(shape, system.specials, device) for shape in shapes]
+    batches = [systems.shaped_batch(shape, system.specials, systems.batch_device(system, device)) for shape in shapes]
     for batch in batches[:2]:
         system.train_step(*batch)
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if gpu else [ProfilerActivity.CPU]
@@ -123,8 +123,8 @@ def main() -> None:
         lines.append(f"# GPU kernels busy {busy / total_us:.1%} of the wall time (kernels of side streams may overlap)")
         for kind_name, share in kernel_kinds(events, own).items():
             lines.append(f"#   {kind_name:<28} {share / args.steps / 1e3:>8.2f} ms/step {share / total_us:>7.1%}")
-        # The host's calls that wait for the GPU (a copy from pageable memory waits too): while
-        # the host waits it queues nothing, and the GPU idles once it has caught up.
+        # The host's calls that may wait for the GPU (a copy from pinned memory is only queued):
+        # while the host waits it queues nothing, and the GPU idles once it has caught up.
         for event in prof.key_averages():
             if event.key in HOST_WAITS:
                 lines.append(f"# host in {event.key}: {event.self_cpu_time_total / args.steps / 1e3:.2f} ms/step, "

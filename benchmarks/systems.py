@@ -108,6 +108,9 @@ FAIRNESS_NOTES = (
     "Loss: aiayn's label_smoothed_nll (smoothing over the V-1 other tokens) vs "
     "F.cross_entropy(label_smoothing=0.1) (over all V) for the peers; both on fp32 logits "
     "outside autocast, both averaged over target tokens. Optimiser: Adam(0.9, 0.98, 1e-9) for all.",
+    "Training batches: aiayn's step takes them from the host and copies them to the device itself, as "
+    "its Trainer gives them (the copies are in its time: about 1 MB a 25,000-token batch); the "
+    "others' batches are on the device before the clock starts.",
     "bf16 decoding: aiayn and HF Marian decode with a copy of the model whose weights are cast to bf16 "
     "once (aiayn.translate.Translator; made in the warm-up call, reused by the timed ones), with no autocast; the "
     "torch.nn.Transformer peer decodes under autocast. bf16 training is autocast for every system.",
@@ -158,6 +161,12 @@ Shape = dict[str, list[int]]
 def fixed_shape(rows: int) -> Shape:
     """The fixed batch: `rows` pairs of SRC_LEN + TGT_LEN positions, no padding."""
     return {"src": [SRC_LEN] * rows, "tgt": [TGT_LEN] * rows}
+
+
+def batch_device(system, device: torch.device) -> torch.device:
+    """Where a system's training batches are made before the clock starts: the device, or the
+    host for a system whose step copies them there itself (Aiayn)."""
+    return torch.device("cpu") if getattr(system, "batches_on_host", False) else device
 
 
 def shaped_batch(shape: Shape, specials: Specials, device: torch.device, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
@@ -282,9 +291,12 @@ class _TorchSystem:
 
 
 class Aiayn(_TorchSystem):
-    """aiayn.model.Transformer; decoding through aiayn.translate.translate_ids (KV cache)."""
+    """aiayn.model.Transformer; decoding through aiayn.translate.translate_ids (KV cache). Its
+    training batches come from the host, as its Trainer's do: TrainStep finds the target
+    positions and checks the ids there, and copies the batch to the device itself."""
 
     specials = AIAYN_SPECIALS
+    batches_on_host = True
 
     def __init__(self, device: torch.device, precision: str, compile: bool = False, bf16_weights: bool = False,
                  cuda_graphs: bool = False) -> None:

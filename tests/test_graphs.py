@@ -14,12 +14,13 @@ from aiayn.search import beam_search
 from aiayn.translate import ModelStep, padded_batch
 
 
-def eos_prone_model(device: str = "cpu") -> Transformer:
+def eos_prone_model(device: str = "cpu", positional: str = "sinusoidal") -> Transformer:
     """A random tiny model whose EOS row of the tied embedding is scaled up, so that some
     sentences end at once and others run to their limits, sources + 6 tokens: the sentences
     leave the search one by one."""
     torch.manual_seed(0)
-    config = dataclasses.replace(PRESETS["tiny"], vocab_size=60, d_model=32, d_ff=64, n_heads=4, n_layers=2)
+    config = dataclasses.replace(PRESETS["tiny"], vocab_size=60, d_model=32, d_ff=64, n_heads=4, n_layers=2,
+                                 positional=positional)
     model = Transformer(config).eval().to(device)
     with torch.no_grad():
         model.encoder.embed.weight[config.eos_id] *= 1.5
@@ -41,11 +42,13 @@ def search(model: Transformer, stepper: type, beam: int, n_best: int = 1, seed: 
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_the_static_step_searches_as_the_growing_cache_does(beam):
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_the_static_step_searches_as_the_growing_cache_does(beam, positional):
     """The same hypotheses (tokens, then log-probabilities within fp32 rounding: the static step
     sums over masked columns as well, whose weights are exactly 0) for greedy and beam search,
-    with alternatives, while sentences leave at different steps."""
-    model = eos_prone_model()
+    with alternatives, while sentences leave at different steps; sinusoids and Table 3 row E's
+    learned positions."""
+    model = eos_prone_model(positional=positional)
     n_best = min(beam, 2)
     want, _ = search(model, ModelStep, beam, n_best)
     got, state = search(model, GraphedStep, beam, n_best)
@@ -72,10 +75,15 @@ def test_a_batch_of_the_same_shape_reuses_the_last_state():
     assert other.run is not first.run
 
 
-def test_a_static_state_takes_one_position_a_step():
+def test_a_static_state_takes_one_position_a_step_and_full_self_attention():
+    """Restricted self-attention places its band around the newest column, not a static step's
+    column t: such a model is refused, and `translate` decodes it with ModelStep."""
     cache = StaticCache(1, 2, 1, 4, 4, 8, torch.float32, torch.device("cpu"), [], None)
     with pytest.raises(ValueError, match="one position a step"):
         cache.positions(2)
+    model = Transformer(dataclasses.replace(eos_prone_model().config, neighborhood=3)).eval()
+    with pytest.raises(ValueError, match="restricted"):
+        search(model, GraphedStep, 1)
 
 
 @pytest.mark.cuda
@@ -88,10 +96,10 @@ def test_on_a_gpu_the_graph_replays_search_as_the_step_run_without_it(beam):
     model = eos_prone_model("cuda")
     graphed, state = search(model, GraphedStep, beam)
     assert state.run.graph is not None and state.run.steps > WARMUP + 1
+    replayed, again = search(model, GraphedStep, beam, seed=2)  # the same shape: the same graph, other sources
+    assert again.run is state.run
+    assert [h.tokens for h in replayed] == [h.tokens for h in search(model, ModelStep, beam, seed=2)[0]]
     plain, _ = search(model, GraphedStep, beam, graph=False)
     moving, _ = search(model, ModelStep, beam)
     assert [h.tokens for h in graphed] == [h.tokens for h in plain] == [h.tokens for h in moving]
     assert [h.log_prob for h in graphed] == [h.log_prob for h in plain]
-    replayed, again = search(model, GraphedStep, beam, seed=2)  # the same shape: the same graph, other sources
-    assert again.run is state.run
-    assert [h.tokens for h in replayed] == [h.tokens for h in search(model, ModelStep, beam, seed=2)[0]]
