@@ -6,6 +6,7 @@ stream through in chunks, so memory stays flat and every finished chunk is writt
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from aiayn.files import file_sha256, read_json, refuse_to_replace, write_json
 from aiayn.graphs import GraphedStep
 from aiayn.model import Transformer
 from aiayn.run import languages_of, load_for_inference, resolve_model_dir
-from aiayn.search import BeamSearch, beam_search, greedy
+from aiayn.search import BeamSearch, beam_search
 from aiayn.sentences import interleave, split_sentences
 from aiayn.visualize import attention_figures
 
@@ -97,33 +98,42 @@ def translate_nbest(
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[list[int]]] = [[] for _ in sources]
     start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) * beam <= decode.batch_tokens:
-            end += 1
-        chunk = order[start:end]
-        src, max_len = padded_batch(config, [sources[i] for i in chunk], decode)
-        with torch.inference_mode():
-            if decode.cuda_graphs and device.type == "cuda" and config.neighborhood is None:
-                stepper = GraphedStep(decoder, src.to(device), int(max_len.max()) + 1, beam)
-            else:
-                stepper = ModelStep(decoder, src.to(device), int(max_len.max()) + 1, beam)
-            max_len = max_len.to(device)  # the search keeps its state where the model is
-            guards = dict(no_repeat_ngram=decode.no_repeat_ngram_size, repetition_penalty=decode.repetition_penalty)
-            if beam == 1:
-                outputs = [[out] for out in greedy(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len,
-                                                   decode.min_len, **guards)]
-            else:
-                hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len,
-                                         beam, decode.alpha, decode.min_len, n_best=n_best, **guards)
-                outputs = [[h.tokens] + [a.tokens for a in h.alternatives] for h in hypotheses]
-        for i, out in zip(chunk, outputs):
-            results[i] = out
-        if progress is not None:
-            progress.update(len(chunk))
-        start = end
-    model.train(was_training)
+    try:
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) * beam <= decode.batch_tokens:
+                end += 1
+            chunk = order[start:end]
+            src, max_len = padded_batch(config, [sources[i] for i in chunk], decode)
+            for i, out in zip(chunk, _search_batch(decoder, src.to(device), max_len.to(device), decode, n_best)):
+                results[i] = out
+            if progress is not None:
+                progress.update(len(chunk))
+            start = end
+    finally:
+        model.train(was_training)
     return results
+
+
+@torch.inference_mode()
+def _search_batch(decoder: Transformer, src: Tensor, max_len: Tensor, decode: DecodeConfig,
+                  n_best: int) -> list[list[list[int]]]:
+    """The outputs of one batch (src (N, S), max_len (N,), on the decoder's device), each the
+    best then its alternatives. Greedy is the search of beam 1 with α = 0 (aiayn.search.greedy).
+    A score that is not finite (the fp16 range overflowed, where bf16 and fp32 have room) would
+    otherwise end in an empty line: it is an error instead."""
+    config, beam = decoder.config, decode.beam
+    if decode.cuda_graphs and src.is_cuda and config.neighborhood is None:
+        stepper = GraphedStep(decoder, src, int(max_len.max()) + 1, beam)
+    else:
+        stepper = ModelStep(decoder, src, int(max_len.max()) + 1, beam)
+    hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, beam,
+                             decode.alpha if beam > 1 else 0.0, decode.min_len, decode.no_repeat_ngram_size,
+                             decode.repetition_penalty, n_best)
+    if not all(math.isfinite(h.log_prob) for h in hypotheses):
+        raise ValueError(f"decoding in {decode.precision} gave scores that are not numbers (NaN or -inf): the "
+                         "model's activations overflow it; decode in bf16 or fp32")
+    return [[h.tokens] + [a.tokens for a in h.alternatives] for h in hypotheses]
 
 
 def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig,

@@ -165,3 +165,18 @@ def test_bf16_decoding_uses_a_copy_cast_from_the_current_weights():
     assert [len(o) <= len(s) + 5 for o, s in zip(bf16, sources)] == [True, True]
     with pytest.raises(ValueError, match="fp16 needs a CUDA GPU"):
         translate_ids(model, sources, precision="fp16")
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_scores_that_are_not_numbers_are_an_error_not_empty_lines(beam, monkeypatch):
+    """Where a model's activations overflow the decoding precision (fp16's range, on a GPU), the
+    log-probabilities are NaN: greedy search would end in a NaN score, beam search in no finished
+    hypothesis (-inf) and an empty line. Both are a one-line error instead; the model's training
+    mode is restored."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=2)).train()
+    monkeypatch.setattr(Transformer, "next_log_probs", lambda self, tokens, cache: torch.full(
+        (tokens.numel(), self.config.vocab_size), float("nan")))
+    with pytest.raises(ValueError, match=r"decoding in fp32 gave scores that are not numbers .*decode in bf16"):
+        translate_ids(model, [[5, 6, 7, 8], [9, 10, 11]], beam=beam, extra_len=3)
+    assert model.training
