@@ -103,7 +103,7 @@ class _Recording:
     """What the steps of a batch run or replay: its fixed-shape state, the step's input and
     output, and the graph (recorded at the `WARMUP`-th step, on `stream`)."""
 
-    key: tuple  # (sentences, beam, source width, max_len, on a graph)
+    key: tuple  # (sentences, beam, source width, max_len, on a graph, where the weights are)
     cache: StaticCache
     tokens: Tensor  # (R,) each slot's newest token
     stream: Optional[torch.cuda.Stream]
