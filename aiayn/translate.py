@@ -131,9 +131,14 @@ def _search_batch(decoder: Transformer, src: Tensor, max_len: Tensor, decode: De
                              decode.alpha if beam > 1 else 0.0, decode.min_len, decode.no_repeat_ngram_size,
                              decode.repetition_penalty, n_best)
     if not all(math.isfinite(h.log_prob) for h in hypotheses):
-        raise ValueError(f"decoding in {decode.precision} gave scores that are not numbers (NaN or -inf): the "
-                         "model's activations overflow it; decode in bf16 or fp32")
+        raise not_numbers(decode.precision)
     return [[h.tokens] + [a.tokens for a in h.alternatives] for h in hypotheses]
+
+
+def not_numbers(precision: str) -> ValueError:
+    """The error of a search whose scores are not numbers: its precision's range overflowed."""
+    return ValueError(f"decoding in {precision} gave scores that are not numbers (NaN or -inf): the model's "
+                      "activations overflow it; decode in bf16 or fp32")
 
 
 def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig,
@@ -191,12 +196,13 @@ class ContinuousDecoding:
 
     def step(self) -> list[tuple]:
         """One step of every sentence decoding; returns (key, [output ids, then the alternatives])
-        of those that finished."""
+        of those that finished, or (key, the ValueError) for one whose scores are not numbers."""
         with torch.inference_mode():
             finished = self.search.step()
         if not self.search.live:
             self.state = None  # the next sentence starts a fresh state
-        return [(key, [h.tokens] + [a.tokens for a in h.alternatives]) for key, h in finished]
+        return [(key, [h.tokens] + [a.tokens for a in h.alternatives] if math.isfinite(h.log_prob)
+                 else not_numbers(self.decode.precision)) for key, h in finished]
 
 
 def input_token_limit(config, max_input_tokens: int) -> int:

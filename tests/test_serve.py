@@ -491,6 +491,39 @@ class Hooked:
         return self.search.step()
 
 
+def test_scores_that_are_not_numbers_fail_their_request_only(model_dir, monkeypatch):
+    """A model whose activations overflow the decoding precision (fp16 on a GPU) scores NaN: the
+    request gets a JSON 500 that says so, not an empty translation, and the server decodes on."""
+    import uvicorn
+
+    from aiayn.serve.app import create_app
+
+    real, poisoned = Transformer.next_log_probs, [True]
+
+    def next_log_probs(self, tokens, cache):
+        log_probs = real(self, tokens, cache)
+        return torch.full_like(log_probs, float("nan")) if poisoned[0] else log_probs
+
+    monkeypatch.setattr(Transformer, "next_log_probs", next_log_probs)
+    app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run)  # not the main thread: uvicorn leaves the signals alone
+    thread.start()
+    try:
+        wait_for(lambda: server.started, "uvicorn starts")
+        status, body, _ = request(port, "POST", "/translate", {"text": "the cat"}, timeout=30)
+        assert status == 500 and "decoding failed: ValueError: decoding in fp32 gave scores that are not numbers" \
+            in body["error"], body
+        poisoned[0] = False
+        status, body, _ = request(port, "POST", "/translate", {"text": "the cat"}, timeout=30)
+        assert status == 200 and len(body["translations"]) == 1, body
+        assert request(port, "GET", "/health")[0] == 200
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
 def test_a_failing_step_is_a_json_500_and_the_next_request_succeeds(model_dir):
     import uvicorn
 

@@ -134,6 +134,9 @@ class ServedSearch:
     def step(self) -> list[tuple]:
         finished = []
         for (key, source, options), outputs in self.decoding.step():
+            if isinstance(outputs, Exception):  # scores that are not numbers: this text's request fails
+                finished.append((key, outputs))
+                continue
             try:
                 finished.append((key, self.served.answer(source, outputs, options)))
             except Exception as error:  # noqa: BLE001 - this text's request fails, the search goes on
