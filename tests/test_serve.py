@@ -491,11 +491,27 @@ class Hooked:
         return self.search.step()
 
 
+@contextlib.contextmanager
+def in_process(app, http: str = "auto"):
+    """`app` under uvicorn in this process, on a thread (not the main one: uvicorn leaves the
+    signals alone): yields its port, and stops it on the way out."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical", http=http))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, "uvicorn starts")
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
 def test_scores_that_are_not_numbers_fail_their_request_only(model_dir, monkeypatch):
     """A model whose activations overflow the decoding precision (fp16 on a GPU) scores NaN: the
     request gets a JSON 500 that says so, not an empty translation, and the server decodes on."""
-    import uvicorn
-
     from aiayn.serve.app import create_app
 
     real, poisoned = Transformer.next_log_probs, [True]
@@ -505,13 +521,7 @@ def test_scores_that_are_not_numbers_fail_their_request_only(model_dir, monkeypa
         return torch.full_like(log_probs, float("nan")) if poisoned[0] else log_probs
 
     monkeypatch.setattr(Transformer, "next_log_probs", next_log_probs)
-    app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run)  # not the main thread: uvicorn leaves the signals alone
-    thread.start()
-    try:
-        wait_for(lambda: server.started, "uvicorn starts")
+    with in_process(create_app(Transformer.load(model_dir), Tokenizer.load(model_dir))) as port:
         status, body, _ = request(port, "POST", "/translate", {"text": "the cat"}, timeout=30)
         assert status == 500 and "decoding failed: ValueError: decoding in fp32 gave scores that are not numbers" \
             in body["error"], body
@@ -519,26 +529,16 @@ def test_scores_that_are_not_numbers_fail_their_request_only(model_dir, monkeypa
         status, body, _ = request(port, "POST", "/translate", {"text": "the cat"}, timeout=30)
         assert status == 200 and len(body["translations"]) == 1, body
         assert request(port, "GET", "/health")[0] == 200
-    finally:
-        server.should_exit = True
-        thread.join(60)
 
 
 def test_a_failing_step_is_a_json_500_and_the_next_request_succeeds(model_dir):
-    import uvicorn
-
     from aiayn.serve.app import create_app
 
     app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir))
     batcher, real = app.state.batcher, app.state.batcher.lanes[0].engine
     failures = [RuntimeError("out of\nmemory")]
     batcher.lanes[0].engine = lambda beam: Hooked(real(beam), failures)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run)  # not the main thread: uvicorn leaves the signals alone
-    thread.start()
-    try:
-        wait_for(lambda: server.started, "uvicorn starts")
+    with in_process(app) as port:
         status, body, _ = request(port, "POST", "/translate", {"text": "the cat"})
         assert status == 500 and body == {"error": "decoding failed: RuntimeError: out of memory"}
         assert request(port, "POST", "/translate", {"text": "the cat"})[0] == 200
@@ -550,9 +550,6 @@ def test_a_failing_step_is_a_json_500_and_the_next_request_succeeds(model_dir):
         assert status == 503 and body["status"] == "failed" and "SystemExit: gone" in body["error"]
         status, body, _ = request(port, "POST", "/translate", {"text": "the cat"}, timeout=30)
         assert status == 503 and "restart the server" in body["error"]  # at once, not a hang
-    finally:
-        server.should_exit = True
-        thread.join(60)
     assert batcher.stopped  # the app's shutdown ended the decoding loop
 
 
@@ -865,24 +862,18 @@ def test_connections_over_the_cap_that_are_all_busy_get_503(model_dir):
 def gated_server(model_dir, http="auto", **app_options):
     """The app under uvicorn in this process, its decoding steps held until the `gate` opens:
     yields (port, batcher, gate)."""
-    import uvicorn
-
     from aiayn.serve.app import create_app
 
     app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir), **app_options)
     batcher, real, gate = app.state.batcher, app.state.batcher.lanes[0].engine, threading.Event()
     batcher.lanes[0].engine = lambda beam: Hooked(real(beam), gate=gate)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical", http=http))
-    thread = threading.Thread(target=server.run)
-    thread.start()
     try:
-        wait_for(lambda: server.started, "uvicorn starts")
-        yield port, batcher, gate
+        with in_process(app, http) as port:
+            try:
+                yield port, batcher, gate
+            finally:
+                gate.set()  # before the server stops: it waits for the requests the gate holds
     finally:
-        gate.set()
-        server.should_exit = True
-        thread.join(60)
         batcher.close()
 
 
