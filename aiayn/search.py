@@ -6,8 +6,9 @@ A search talks to the model through two calls (aiayn.translate.ModelStep adapts 
   reorder(rows, sentences, beam)      continue with rows `rows` (M'·beam,), sentence-major: the
                                       beams of the sentences `sentences` (M',) among those live
 The search state stays on the device of `max_len`: no step copies scores to the host or loops
-over sentences in Python. Each step reads one number back, how many sentences are done, which
-decides whether the batch shrinks.
+over sentences in Python. Each step reads back once: how many sentences are done, which decides
+whether the batch shrinks, and how many hypotheses ended, without which nothing is added to the
+finished ones.
 """
 
 from __future__ import annotations
@@ -241,23 +242,28 @@ class BeamSearch:
             candidates.masked_fill_(barred, float("-inf"))  # in place: a (B, k, V) copy less per step
         candidates = candidates.view(live, width * vocab)  # (B, w·V)
         top_scores, top = candidates.topk(min(2 * beam, width * vocab), dim=1)  # (B, 2k)
-        parent, token = top // vocab, top % vocab  # (B, 2k)
+        candidate_parent, token = top // vocab, top % vocab  # (B, 2k)
         is_eos = token == self.eos_id
         ends = is_eos[:, :beam] & (top_scores[:, :beam] > float("-inf"))  # (B, k)
         steps = t - self.joined  # (B,) tokens output so far
-        paths = self.history.gather(1, parent[:, :beam, None].expand(-1, -1, self.history.size(2)))  # (B, k, W)
-        self.finished.add(ends, top_scores[:, :beam], paths, steps)
         # The k best candidates that do not end in EOS continue (a stable sort keeps the ranking).
         pick = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :beam]  # (B, k)
-        scores, parent, token = top_scores.gather(1, pick), parent.gather(1, pick), token.gather(1, pick)  # (B, k)
+        scores, parent, token = top_scores.gather(1, pick), candidate_parent.gather(1, pick), token.gather(1, pick)  # (B, k)
         history = torch.cat([self.history.gather(1, parent.unsqueeze(-1).expand(-1, -1, self.history.size(2))),
                              token.unsqueeze(-1)], -1)  # (B, k, W + 1)
-        done = at_limit | (self.finished.count >= beam)  # (B,)
-        if beam == 1:
-            full = ~done & (self.deadline <= t + 1)  # (B,)
+        # Each sentence's finished count once this step's ends are added (as _Finished.add counts
+        # them): most steps end no hypothesis, so the ends are added only on the steps that have
+        # one, which the step's one read tells along with the sentences done.
+        done = at_limit | ((self.finished.count + ends.sum(1)).clamp(max=beam) >= beam)  # (B,)
+        full = ~done & (self.deadline <= t + 1) if beam == 1 else None  # (B,)
+        done = done if full is None else done | full
+        counts = [done.sum(), ends.sum()] + ([] if full is None else [full.sum()])
+        n_done, n_ends, *n_full = torch.stack(counts).tolist()  # the one read a step
+        if n_ends:
+            paths = self.history.gather(1, candidate_parent[:, :beam, None].expand(-1, -1, self.history.size(2)))  # (B, k, W)
+            self.finished.add(ends, top_scores[:, :beam], paths, steps)
+        if any(n_full):  # greedy hypotheses at their limit finish without the step that would score EOS
             self.finished.add(full.unsqueeze(1), scores, history, steps + 1)
-            done |= full
-        n_done = int(done.sum())  # the one number read back per step
         self.t += 1
         if not n_done:
             if beam > 1:  # greedy rows never move unless sentences leave
