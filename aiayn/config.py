@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -223,6 +224,8 @@ def decode_field_problem(name: str, value) -> Optional[str]:
     """What is wrong with `value` for DecodeConfig field `name` ("must be at least 1, got 0"),
     or None; the CLI names the flag, the dataclass the field."""
     least = next(f for f in dataclasses.fields(DecodeConfig) if f.name == name).metadata.get("least")
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
     if least is not None and value is not None and not value >= least:
         return f"must be at least {least}, got {value}"
     return None

@@ -6,8 +6,9 @@ A search talks to the model through two calls (aiayn.translate.ModelStep adapts 
   reorder(rows, sentences, beam)      continue with rows `rows` (M'·beam,), sentence-major: the
                                       beams of the sentences `sentences` (M',) among those live
 The search state stays on the device of `max_len`: no step copies scores to the host or loops
-over sentences in Python. Each step reads back once: how many sentences are done, which decides
-whether the batch shrinks, and how many hypotheses ended, without which nothing is added to the
+over sentences in Python. Each step reads back once (more on the steps where sentences leave):
+how many sentences are done, which decides whether the batch shrinks, and how many hypotheses
+ended (and, in greedy search, reached their limit), without which nothing is added to the
 finished ones.
 """
 
@@ -174,7 +175,8 @@ class BeamSearch:
         self.deadline = torch.empty(0, dtype=torch.long, device=device)
         self.finished = _Finished(beam, device)
         # On the host, per live sentence: the caller's key, (alpha, n_best), the step it joined,
-        # its deadline. Steps read nothing back for them but the number of sentences done.
+        # its deadline. Steps read nothing back for them but their counts of sentences done and
+        # of hypotheses ended.
         self.keys: list = []
         self.settings: list[tuple[float, int]] = []
         self._joined: list[int] = []

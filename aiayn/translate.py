@@ -23,7 +23,7 @@ from aiayn.files import file_sha256, read_json, refuse_to_replace, write_json
 from aiayn.graphs import GraphedStep
 from aiayn.model import Transformer
 from aiayn.run import languages_of, load_for_inference, resolve_model_dir
-from aiayn.search import BeamSearch, beam_search
+from aiayn.search import BeamSearch, Hypothesis, beam_search
 from aiayn.sentences import interleave, split_sentences
 from aiayn.visualize import attention_figures
 
@@ -92,13 +92,13 @@ def translate_nbest(
     config = model.config
     device = next(model.parameters()).device
     was_training = model.training
-    model.eval()
-    decoder = decoding_model(model, decode.precision)
     beam = decode.beam
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[list[int]]] = [[] for _ in sources]
     start = 0
     try:
+        model.eval()
+        decoder = decoding_model(model, decode.precision)
         while start < len(order):
             end = start + 1
             while end < len(order) and (end - start + 1) * (len(sources[order[end]]) + 1) * beam <= decode.batch_tokens:
@@ -120,8 +120,7 @@ def _search_batch(decoder: Transformer, src: Tensor, max_len: Tensor, decode: De
                   n_best: int) -> list[list[list[int]]]:
     """The outputs of one batch (src (N, S), max_len (N,), on the decoder's device), each the
     best then its alternatives. Greedy is the search of beam 1 with α = 0 (aiayn.search.greedy).
-    A score that is not finite (the fp16 range overflowed, where bf16 and fp32 have room) would
-    otherwise end in an empty line: it is an error instead."""
+    A score that is not a number (`scored`) would otherwise end in an empty line: it is an error."""
     config, beam = decoder.config, decode.beam
     if decode.cuda_graphs and src.is_cuda and config.neighborhood is None:
         stepper = GraphedStep(decoder, src, int(max_len.max()) + 1, beam)
@@ -130,9 +129,18 @@ def _search_batch(decoder: Transformer, src: Tensor, max_len: Tensor, decode: De
     hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, beam,
                              decode.alpha if beam > 1 else 0.0, decode.min_len, decode.no_repeat_ngram_size,
                              decode.repetition_penalty, n_best)
-    if not all(math.isfinite(h.log_prob) for h in hypotheses):
+    if not all(scored(h, decode) for h in hypotheses):
         raise not_numbers(decode.precision)
     return [[h.tokens] + [a.tokens for a in h.alternatives] for h in hypotheses]
+
+
+def scored(hypothesis: Hypothesis, decode: DecodeConfig) -> bool:
+    """Whether a search's best hypothesis has a score. NaN: the decoding precision overflowed
+    (fp16's range, where bf16 and fp32 have room). -inf: no hypothesis finished, which finite
+    log-probabilities never give (EOS is open at the output limit), unless the guards banned
+    every token (a no-repeat n-gram of 1 over a small vocabulary): an empty output then, as ever."""
+    guarded = decode.no_repeat_ngram_size > 0 or decode.repetition_penalty != 1.0
+    return not math.isnan(hypothesis.log_prob) and (hypothesis.log_prob > float("-inf") or guarded)
 
 
 def not_numbers(precision: str) -> ValueError:
@@ -201,7 +209,7 @@ class ContinuousDecoding:
             finished = self.search.step()
         if not self.search.live:
             self.state = None  # the next sentence starts a fresh state
-        return [(key, [h.tokens] + [a.tokens for a in h.alternatives] if math.isfinite(h.log_prob)
+        return [(key, [h.tokens] + [a.tokens for a in h.alternatives] if scored(h, self.decode)
                  else not_numbers(self.decode.precision)) for key, h in finished]
 
 

@@ -568,7 +568,8 @@ def test_invalid_utf8_on_stdin(model_dir, capsys, monkeypatch):
 
 @pytest.mark.parametrize("option, value", [("--max-input-tokens", "0"), ("--max-input-tokens", "-2"),
                                            ("--alpha", "-1"), ("--beam", "0"), ("--batch-tokens", "0"),
-                                           ("--extra-len", "-1"), ("--min-len", "-3"), ("--max-output-len", "0")])
+                                           ("--extra-len", "-1"), ("--min-len", "-3"), ("--max-output-len", "0"),
+                                           ("--alpha", "inf"), ("--repetition-penalty", "nan")])
 def test_decoding_options_out_of_range(model_dir, capsys, option, value):
     one_line_error(*cli(capsys, "translate", model_dir, option, value)[::2], option)
 

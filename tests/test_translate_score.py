@@ -163,8 +163,10 @@ def test_bf16_decoding_uses_a_copy_cast_from_the_current_weights():
     sources = [[5, 6, 7, 8], [9, 10, 11]]
     bf16 = translate_ids(model, sources, beam=2, precision="bf16", extra_len=5)
     assert [len(o) <= len(s) + 5 for o, s in zip(bf16, sources)] == [True, True]
+    model.train()
     with pytest.raises(ValueError, match="fp16 needs a CUDA GPU"):
         translate_ids(model, sources, precision="fp16")
+    assert model.training  # a refused precision leaves the model as it was
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -180,3 +182,14 @@ def test_scores_that_are_not_numbers_are_an_error_not_empty_lines(beam, monkeypa
     with pytest.raises(ValueError, match=r"decoding in fp32 gave scores that are not numbers .*decode in bf16"):
         translate_ids(model, [[5, 6, 7, 8], [9, 10, 11]], beam=beam, extra_len=3)
     assert model.training
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_guards_that_ban_every_token_give_an_output_not_an_error(beam):
+    """No hypothesis finishing is no overflow where the guards ban every token: a no-repeat
+    n-gram of 1 over a 12-token vocabulary, EOS barred for 20 tokens. Greedy outputs what it
+    reached, beam search an empty line, as they always have."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=12, d_model=16, n_heads=2, d_ff=32, n_layers=1)).eval()
+    out = translate_ids(model, [[5, 6, 7]], beam=beam, extra_len=30, min_len=20, no_repeat_ngram_size=1)
+    assert len(out) == 1 and (len(out[0]) == 33 if beam == 1 else out == [[]])
