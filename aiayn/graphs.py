@@ -91,11 +91,12 @@ class StaticCache:
         self.values.zero_()
         self.t.zero_()
 
-    def move(self, parents: Tensor, slots: Tensor) -> None:
-        """Slots `slots` (B',) continue the rows of slots `parents` (B',): their written columns
-        (and the rest, which are masked) are copied over, every layer at once."""
+    def move(self, parents: Tensor, slots: Tensor, written: int) -> None:
+        """Slots `slots` (B',) continue the rows of slots `parents` (B',): their first `written`
+        columns, every layer at once. The columns after them are masked until a step writes them,
+        so a beam search's reorder moves what it has written, as KVCache's does, not max_len."""
         for buffers in (self.keys, self.values):
-            buffers.index_copy_(1, slots, buffers.index_select(1, parents))
+            buffers[:, slots, :, :written] = buffers[:, parents, :, :written]
 
 
 @dataclass
@@ -124,10 +125,10 @@ class GraphedStep:
     a search of `beam` beams over the sentences `src` (M, S); on a GPU (and `graph`) every step
     from the `WARMUP`-th on is one replay of a CUDA graph. Sentences cannot join it (continuous
     batching keeps ModelStep), and restricted self-attention (Table 1's r) has none: its band is
-    placed around the newest column, where a static step's query is at column t."""
+    placed around the newest column, where a static step's query is at column t (`fits`)."""
 
     def __init__(self, model: Transformer, src: Tensor, max_len: int, beam: int = 1, graph: bool = True) -> None:
-        if model.config.neighborhood is not None:
+        if not self.fits(model.config):
             raise ValueError("a static decoding step takes full self-attention, not restricted (neighborhood)")
         self.model, self.beam = model, beam
         memory, mask = model.encode(src)  # (M, S, d_model), (M, 1, 1, S)
@@ -151,6 +152,12 @@ class GraphedStep:
             self.run = _LAST[model] = _Recording(key, cache, tokens, torch.cuda.Stream(src.device) if graphed else None)
         self.live = torch.arange(sentences, device=src.device)  # (M',) the live sentences among the M
         self.slots = self.live * beam  # (B',) the live rows' slots: one row a sentence before the first step
+        self.written = 0  # the columns this search has written: its steps so far
+
+    @staticmethod
+    def fits(config) -> bool:
+        """Whether a model decodes with this step: not with restricted self-attention."""
+        return config.neighborhood is None
 
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
@@ -177,6 +184,7 @@ class GraphedStep:
             run.graph = graph
             run.graph.replay()
         run.steps += 1
+        self.written += 1
         return run.log_probs[self.slots]
 
     def reorder(self, rows: Tensor, sentences: Tensor, beam: int) -> None:
@@ -187,4 +195,4 @@ class GraphedStep:
         parents = self.slots[rows]  # (M'·beam,)
         self.live = self.live[sentences]  # (M',)
         self.slots = (self.live[:, None] * self.beam + torch.arange(beam, device=rows.device)).flatten()  # (M'·beam,)
-        self.run.cache.move(parents, self.slots)
+        self.run.cache.move(parents, self.slots, self.written)

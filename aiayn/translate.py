@@ -122,7 +122,7 @@ def _search_batch(decoder: Transformer, src: Tensor, max_len: Tensor, decode: De
     best then its alternatives. Greedy is the search of beam 1 with α = 0 (aiayn.search.greedy).
     A score that is not a number (`scored`) would otherwise end in an empty line: it is an error."""
     config, beam = decoder.config, decode.beam
-    if decode.cuda_graphs and src.is_cuda and config.neighborhood is None:
+    if decode.cuda_graphs and src.is_cuda and GraphedStep.fits(config):
         stepper = GraphedStep(decoder, src, int(max_len.max()) + 1, beam)
     else:
         stepper = ModelStep(decoder, src, int(max_len.max()) + 1, beam)
