@@ -30,18 +30,17 @@ reference math:
   values as g·L_q queries of one row, not g rows of copies.
 - `Bf16Twin`: bf16 training with fp32 master weights: a bf16 copy of the model runs the step, the
   fp32 model takes Adam's update.
-- `inference_copy`: the model to decode with, its weights cast once to bf16/fp16 or quantized to
-  int8 (per output channel, dynamic activation scales).
+- the model to decode with, its weights cast, quantized or laid out once: aiayn.inference, the
+  tricks of this module's family that a decoding copy's weights hold.
 
 One switch turns every trick off: inside `with reference_math():` attention runs the reference
 `softmax(QKᵀ/√d_k)V` of aiayn.attention, dropout is `nn.Dropout`, the loss is autograd through
-`log_softmax` (aiayn.loss) and nothing is cast.
+`log_softmax` (aiayn.loss), nothing is cast and no weight is laid out.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, Optional
 
@@ -50,7 +49,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from aiayn.device import DTYPES, check_precision
 
 _reference = False
 
@@ -445,7 +443,7 @@ def source_width(length: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# Inference weights
+# Mixed-precision training
 
 
 class Bf16Twin:
@@ -477,35 +475,3 @@ class Bf16Twin:
         """The master's weights, rounded to bf16, into the copy."""
         for master, low in self.pairs:
             low.copy_(master)
-
-
-def inference_copy(model: nn.Module, precision: str) -> nn.Module:
-    """The model to decode with in `precision`: itself for fp32 or when its weights already are
-    in it; else an eval-mode copy, weights cast once (bf16, fp16: no step casts activations in and
-    out of autocast) or, for int8, every linear layer (W^Q, W^K, W^V, W^O, the feed-forward
-    network and the pre-softmax projection) with int8 weights, one scale per output row, and
-    activations quantized per call (dynamic quantization, the FBGEMM / oneDNN int8 GEMM).
-    At decoding's shapes these GEMMs are 1.2-3.3× faster than bf16 ones on an AMD EPYC (Zen 4),
-    where int8 weights with bf16 activations (weight-only) are 1.4-2.5× slower than bf16
-    (benchmarks/decode_kernels.py). A precision the device cannot run is refused
-    (`aiayn.device.check_precision`)."""
-    if precision != "int8" and precision not in DTYPES:
-        raise ValueError(f"unknown precision {precision!r}")
-    weight = next(model.parameters())
-    check_precision(weight.device, precision)
-    if precision == "fp32" or getattr(model, "inference_precision", None) == precision:
-        return model
-    if precision != "int8":
-        return model if weight.dtype == DTYPES[precision] else copy.deepcopy(model).to(DTYPES[precision]).eval()
-    low = copy.deepcopy(model).float().eval()
-    if hasattr(low, "output_proj") and low.output_proj is None:  # tied (§3.4): a copy of the embedding to quantize
-        embed = low.decoder.embed.weight if hasattr(low, "decoder") else low.encoder.embed.weight
-        low.output_proj = nn.Linear(embed.size(1), embed.size(0), bias=False)
-        low.output_proj.weight = nn.Parameter(embed.detach().clone())
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    with warnings.catch_warnings():  # torch 2.13 marks torch.ao as moving to torchao; the kernels are the same
-        warnings.simplefilter("ignore")
-        quantized = quantize_dynamic(low, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
-    quantized.inference_precision = precision
-    return quantized

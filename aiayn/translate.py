@@ -21,6 +21,7 @@ from aiayn.corpora import iter_lines
 from aiayn.device import resolve_device
 from aiayn.files import file_sha256, read_json, refuse_to_replace, write_json
 from aiayn.graphs import GraphedStep
+from aiayn.inference import inference_copy
 from aiayn.model import Transformer
 from aiayn.run import languages_of, load_for_inference, resolve_model_dir
 from aiayn.search import BeamSearch, Hypothesis, beam_search
@@ -56,7 +57,7 @@ class ModelStep:
 
 # The model to decode with in a precision: a copy with its weights cast or quantized once, so that
 # no step casts them again. Callers that decode many times with the same weights make it once.
-decoding_model = kernels.inference_copy
+decoding_model = inference_copy
 
 
 def translate_ids(

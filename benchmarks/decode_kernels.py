@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.device import cpu_kind, fast_bf16
-from aiayn.kernels import fused_attention, inference_copy, matmul_attention
+from aiayn.inference import inference_copy
+from aiayn.kernels import fused_attention, matmul_attention
 from common import RESULTS, command_line, default_threads, machine, spread, write_results
 
 D_MODEL, HEADS, D_HEAD, D_FF, VOCAB = 512, 8, 64, 2048, 8000

@@ -164,7 +164,7 @@ def make_cases(tasks: list[str], names: list[str], device: torch.device, compile
                 for s in names:
                     if s == "ctranslate2":  # its own precisions, as many as asked for (bf16 where it has it)
                         decoded = [p for p in systems.ctranslate2_precisions(device) if p in asked]
-                    elif s == "aiayn":  # int8 weights on a CPU (aiayn.kernels.inference_copy), fp16 on a GPU
+                    elif s == "aiayn":  # int8 weights on a CPU (aiayn.inference.inference_copy), fp16 on a GPU
                         extra = "int8" if device.type == "cpu" else "fp16"
                         decoded = [*as_torch, *([extra] if extra in asked else [])]
                     elif s in systems.SYSTEMS:

@@ -114,7 +114,7 @@ FAIRNESS_NOTES = (
     "bf16 decoding: aiayn and HF Marian decode with a copy of the model whose weights are cast to bf16 "
     "once (aiayn.translate.Translator; made in the warm-up call, reused by the timed ones), with no autocast; the "
     "torch.nn.Transformer peer decodes under autocast. bf16 training is autocast for every system.",
-    "int8 decoding: aiayn quantizes every linear layer of a copy once (aiayn.kernels.inference_copy: int8 "
+    "int8 decoding: aiayn quantizes every linear layer of a copy once (aiayn.inference.inference_copy: int8 "
     "weights with one scale per output row, activations quantized per call with one scale per tensor, "
     "FBGEMM/oneDNN kernels; attention, cache and softmax in fp32); CTranslate2 runs its own int8 kernels.",
     "CTranslate2 is converted from the same Marian model (same seed); its vocabulary drops the pad "
