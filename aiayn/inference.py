@@ -2,9 +2,10 @@
 decoding step does it again. A speed trick of aiayn.kernels' family, in a module of its own: the
 weights a decoding copy holds. Inside `kernels.reference_math()` a copy is made with plain weights.
 
-- bf16 (and fp16 on a GPU): the weights cast once, so that no step casts activations in and out
-  of autocast. On a CPU that computes bf16 in hardware every linear layer is also a
-  `PackedLinear`: its weight laid out once in oneDNN's blocked format.
+- fp32 and bf16 on a CPU: every linear layer is a `PackedLinear`, its weight laid out once in
+  oneDNN's blocked format (bf16 where the CPU computes bf16 in hardware, which is the only place
+  aiayn decodes in bf16). bf16 and fp16 elsewhere (a GPU): the weights cast once, so that no step
+  casts activations in and out of autocast; fp32 there decodes with the model itself.
 - int8: every linear layer (W^Q, W^K, W^V, W^O, the feed-forward network and the pre-softmax
   projection) with int8 weights, one scale per output row, and activations quantized per call
   (dynamic quantization, the FBGEMM / oneDNN int8 GEMM).
@@ -28,11 +29,16 @@ PACKED_FOR_ROWS = 32
 
 
 class PackedLinear(nn.Module):
-    """x Wᵀ + b in bf16 on a CPU, W laid out in oneDNN's blocked format once. Given a plain W, as
-    F.linear gives it, oneDNN lays it out anew in every call: at a decoding step's few rows that
-    is a third to a half of a product's time. The same products, so the same numbers. The
-    laid-out W is opaque: no copy, pickle or state dict takes it, and it lives in decoding copies
-    only."""
+    """x Wᵀ + b on a CPU through oneDNN, W laid out in its blocked format once.
+
+    - bf16: given a plain W, as F.linear gives it, oneDNN lays it out anew in every call; at a
+      decoding step's few rows that is a third to a half of a product's time.
+    - fp32: F.linear runs MKL's sgemm, which on an AMD EPYC computes at AVX2's rate; oneDNN
+      computes at AVX-512's: 2.2-2.4× the FLOP/s at decoding's shapes on a Zen 5
+      (tests/test_inference.py holds both to F.linear's numbers).
+
+    The laid-out W is opaque: no copy, pickle or state dict takes it, and it lives in decoding
+    copies only."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor]) -> None:
         super().__init__()
@@ -44,10 +50,11 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def packs_bf16(weight: Tensor) -> bool:
-    """Whether a bf16 copy of a model whose weights are on `weight`'s device gets `PackedLinear`s:
-    on a CPU with hardware bf16 (AVX512-BF16, AMX), outside `reference_math()`."""
-    return weight.device.type == "cpu" and not kernels.use_reference() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+def packs(weight: Tensor, precision: str) -> bool:
+    """Whether a decoding copy in `precision` of a model whose weights are like `weight` gets
+    `PackedLinear`s: fp32 or bf16 on a CPU with oneDNN, outside `reference_math()`."""
+    return (precision in ("fp32", "bf16") and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and not kernels.use_reference())
 
 
 def _tied_projection(model: nn.Module) -> Optional[Tensor]:
@@ -58,20 +65,20 @@ def _tied_projection(model: nn.Module) -> Optional[Tensor]:
 
 
 def inference_copy(model: nn.Module, precision: str) -> nn.Module:
-    """The model to decode with in `precision`: itself for fp32 or when it already is such a copy
-    or, for bf16 and fp16 without packing, when its weights already are in it; else an eval-mode
-    copy (see the module's docstring). At decoding's shapes the int8 GEMMs are 1.2-3.3× faster
-    than bf16 ones on an AMD EPYC (Zen 4), where int8 weights with bf16 activations (weight-only)
-    are 1.4-2.5× slower than bf16 (benchmarks/decode_kernels.py). A precision the device cannot
-    run is refused (`aiayn.device.check_precision`)."""
+    """The model to decode with in `precision`: itself when it already is such a copy, or, where
+    nothing is laid out, when its weights already are in `precision`; else an eval-mode copy
+    (see the module's docstring). At decoding's shapes the int8 GEMMs are 1.2-3.3× faster than
+    bf16 ones on an AMD EPYC (Zen 4), where int8 weights with bf16 activations (weight-only) are
+    1.4-2.5× slower than bf16 (benchmarks/decode_kernels.py). A precision the device cannot run
+    is refused (`aiayn.device.check_precision`)."""
     if precision != "int8" and precision not in DTYPES:
         raise ValueError(f"unknown precision {precision!r}")
     weight = next(model.parameters())
     check_precision(weight.device, precision)
-    if precision == "fp32" or getattr(model, "inference_precision", None) == precision:
+    if getattr(model, "inference_precision", None) == precision:
         return model
-    if precision == "bf16" and packs_bf16(weight):
-        low = copy.deepcopy(model).to(torch.bfloat16).eval()
+    if packs(weight, precision):
+        low = copy.deepcopy(model).to(DTYPES[precision]).eval()
         for module in list(low.modules()):
             for name, child in list(module.named_children()):
                 if isinstance(child, nn.Linear):
