@@ -18,6 +18,7 @@ import warnings
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn import kernels
@@ -37,6 +38,11 @@ class PackedLinear(nn.Module):
       computes at AVX-512's: 2.2-2.4× the FLOP/s at decoding's shapes on a Zen 5
       (tests/test_inference.py holds both to F.linear's numbers).
 
+    oneDNN compiles a kernel for every number of rows it meets and keeps it (in its kernel
+    cache, aiayn.device), and decoding meets a new one at nearly every step: 200 row counts
+    kept 114 MiB for one 512 -> 2,048 layer (benchmarks/decode_kernels.py). So the rows are
+    padded up to `padded_rows(n)`, at most an eighth more, a few dozen counts in all.
+
     The laid-out W is opaque: no copy, pickle or state dict takes it, and it lives in decoding
     copies only."""
 
@@ -47,7 +53,21 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach())
 
     def forward(self, x: Tensor) -> Tensor:  # (..., in_features) -> (..., out_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        rows = x.reshape(-1, self.in_features)  # (N, in_features)
+        n = rows.size(0)
+        if n != padded_rows(n):
+            rows = F.pad(rows, (0, 0, 0, padded_rows(n) - n))  # (padded N, in_features), the padding's rows dropped below
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")  # (padded N, out_features)
+        return y[:n].view(*x.shape[:-1], self.out_features)
+
+
+def padded_rows(n: int) -> int:
+    """n rounded up to 8 rows at least, else to a number of the form k·2^j with 8 ≤ k < 16: eight
+    counts per doubling, none more than an eighth above n (8, 9, ..., 15, 16, 18, ..., 30, 32, 36, ...)."""
+    if n <= 8:
+        return 8 if n else 0
+    step = 1 << (n.bit_length() - 4)  # 2^j, with n in [8·2^j, 16·2^j)
+    return -(-n // step) * step
 
 
 def packs(weight: Tensor, precision: str) -> bool:

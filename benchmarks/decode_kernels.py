@@ -5,13 +5,13 @@ beam 4), 64 rows (greedy) and 4 rows (one sentence, beam 4: a server answering o
     linear     y = xWᵀ + b in fp32, bf16, int8 weights with dynamic int8 activations (FBGEMM /
                oneDNN: what `--precision int8` uses) and int8 weights with bf16 activations
                (torch._weight_int8pack_mm, weight-only); and fp32 and bf16 with the weight packed
-               once for oneDNN (its layout chosen for 64 rows, used at every row count: the
-               kernel Inductor's frozen CPU graphs call)
+               once for oneDNN (aiayn.inference.PackedLinear, what `--precision fp32` and `bf16`
+               use on a CPU: rows padded to aiayn.inference.padded_rows)
     kept       the memory a process keeps after computing the 512 -> 2,048 layer at each row
                count from 1 to --kept-rows, by F.linear in fp32 (and bf16), int8 dynamic, and
-               the packed fp32 weight: oneDNN makes and keeps a kernel for every row count it
-               meets, and decoding meets many (each beam, batch and step differs). This is why
-               aiayn does not pack fp32 weights.
+               the packed weight with the rows padded (as aiayn runs it) and not padded: oneDNN
+               makes and keeps a kernel for every row count it meets, and decoding meets many
+               (each beam, batch and step differs). This is why aiayn pads the rows.
     attention  one decoding step's attention, the fused kernel against two matrix products:
                self-attention (1 query per row against 17 cached positions) and the beams of a
                sentence against its memory (4 queries against 32 source positions); and a whole
@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.device import cpu_kind, fast_bf16
-from aiayn.inference import inference_copy
+from aiayn.inference import PackedLinear, inference_copy
 from aiayn.kernels import fused_attention, matmul_attention
 from common import RESULTS, command_line, default_threads, machine, spread, write_results
 
@@ -68,22 +68,16 @@ def linear_cases(rows: int, bf16: bool) -> dict[str, Callable[[], torch.Tensor]]
     return cases
 
 
-class Packed:
-    """y = xWᵀ + b with W reordered once into oneDNN's blocked layout for PACK_ROWS rows."""
+class Unpadded(PackedLinear):
+    """aiayn.inference.PackedLinear without the padding of its rows: a kernel for every row count."""
 
-    PACK_ROWS = 64
-
-    def __init__(self, layer: torch.nn.Linear) -> None:
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), self.PACK_ROWS)
-        self.bias = layer.bias.detach()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (rows, in_features) -> (rows, out_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 def packed_linear(x: torch.Tensor, layer: torch.nn.Linear) -> Callable[[], torch.Tensor]:
     """`layer`(x) with the weight packed, checked against the layer itself."""
-    packed = Packed(layer)
+    packed = PackedLinear(layer.weight, layer.bias)
     torch.testing.assert_close(packed(x), layer(x), atol=1e-2 if x.dtype == torch.bfloat16 else 1e-5, rtol=1e-2)
     return lambda: packed(x)
 
@@ -93,7 +87,8 @@ def resident_mib() -> float:
     return int(status["VmRSS"].split()[0]) / 1024
 
 
-KEPT_WAYS = ("fp32 F.linear", "fp32 packed", "int8 dynamic", "bf16 F.linear")
+KEPT_WAYS = ("fp32 F.linear", "fp32 packed", "fp32 packed, rows not padded", "int8 dynamic", "bf16 F.linear",
+             "bf16 packed")
 
 
 def kept_mib(way: str, rows: int) -> dict:
@@ -101,7 +96,10 @@ def kept_mib(way: str, rows: int) -> dict:
     every row count from 1 to `rows` (the second pass: what the first left for good is reused)."""
     layer = torch.nn.Linear(D_MODEL, D_FF).eval()
     dtype = torch.bfloat16 if way.startswith("bf16") else torch.float32
-    call = {"fp32 F.linear": lambda: layer, "fp32 packed": lambda: Packed(layer), "bf16 F.linear": lambda: layer.bfloat16(),
+    low = layer.bfloat16() if way.startswith("bf16") else layer
+    call = {"fp32 F.linear": lambda: layer, "fp32 packed": lambda: PackedLinear(layer.weight, layer.bias),
+            "fp32 packed, rows not padded": lambda: Unpadded(layer.weight, layer.bias), "bf16 F.linear": lambda: low,
+            "bf16 packed": lambda: PackedLinear(low.weight, low.bias),
             "int8 dynamic": lambda: inference_copy(torch.nn.Sequential(layer), "int8")}[way]()
     start, passes = resident_mib(), []
     with torch.inference_mode():
@@ -115,7 +113,7 @@ def kept_mib(way: str, rows: int) -> dict:
 def kept_cases(rows: int, threads: int, bf16: bool) -> list[dict]:
     """kept_mib of each way, each in a fresh process."""
     results = []
-    for way in KEPT_WAYS[: None if bf16 else -1]:
+    for way in (way for way in KEPT_WAYS if bf16 or not way.startswith("bf16")):
         out = subprocess.run([sys.executable, __file__, "--kept-child", way, "--kept-rows", str(rows),
                               "--threads", str(threads)], check=True, capture_output=True, text=True).stdout
         results.append(json.loads(out.splitlines()[-1]))

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.device import DTYPES
-from aiayn.inference import PackedLinear, inference_copy
+from aiayn.inference import PackedLinear, inference_copy, padded_rows
 from aiayn.kernels import reference_math
 from aiayn.translate import translate_ids
 from test_kernels import keeps_decisive_tokens, sharp_model
@@ -67,3 +67,12 @@ def test_a_packed_copy_decodes_as_the_plain_copy(precision):
         outputs = [translate_ids(m, sources, beam=beam, precision=precision, extra_len=6) for m in (plain, packed)]
         same = sum(a == b for a, b in zip(*outputs)) / len(sources)
         assert same >= 0.9, (beam, same)
+
+
+def test_rows_are_padded_to_a_few_counts_at_most_an_eighth_more():
+    """oneDNN keeps a kernel per row count: eight counts per doubling bound how many it makes."""
+    counts = [padded_rows(n) for n in range(1, 1 << 14)]
+    assert all(n <= padded <= max(8, n * 9 / 8) for n, padded in zip(range(1, 1 << 14), counts))
+    assert padded_rows(0) == 0 and padded_rows(8) == 8 and padded_rows(257) == 288
+    # 8 counts in each [2^k, 2^(k+1)) for k = 3 ... 13, and 2^14 itself
+    assert len(set(counts)) == 8 * 11 + 1
