@@ -10,6 +10,7 @@ N × step(1) / (step(N) + joins per step × join). The script reports that ceili
 measured times, and the machine's bf16 (or fp32) matmul peak, which bounds step(N).
 
     python benchmarks/decode_steps.py runs/demo60 --precision bf16
+    python benchmarks/decode_steps.py runs/demo --precision bf16 --live 8 --threads 1   # one of 2 workers
 """
 
 from __future__ import annotations
@@ -54,12 +55,15 @@ def main() -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
     parser.add_argument("--live", type=int, default=16, help="sentences decoding at once (default 16, as 16 clients)")
+    parser.add_argument("--threads", type=int, default=default_threads(),
+                        help="threads (default: every core; 1 is one worker of `aiayn serve --workers N`)")
     parser.add_argument("--sentences", type=int, default=160)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not args.run_dir.exists():
         parser.exit(2, f"error: {args.run_dir} does not exist\n")
+    torch.set_num_threads(args.threads)
     bound_kernel_cache(SERVING_KERNEL_CACHE_CAPACITY)  # as `aiayn serve` does, before the first product
     translator = Translator.load(args.run_dir, decode=dataclasses.replace(DECODE_PRESETS["translate"],
                                                                           precision=args.precision))
@@ -76,7 +80,7 @@ def main() -> None:
               f"{args.live}; join {many['join_ms']:.2f} ms, {many['joins'] / many['steps']:.2f} a step; "
               f"ceiling {ceiling:.2f}×", flush=True)
     peak = matmul_peak_flops(torch.device("cpu"), args.precision)
-    results = {"command": command_line(), "cpu_kind": cpu_kind(), "machine": machine(torch.device("cpu"), default_threads()),
+    results = {"command": command_line(), "cpu_kind": cpu_kind(), "machine": machine(torch.device("cpu"), args.threads),
                "model": str(args.run_dir), "precision": args.precision, "live": args.live, "reps": reps,
                f"{args.precision}_matmul_peak_tflops": peak / 1e12,
                "summary": {"step_ms_1": spread([r["one"]["step_ms"] for r in reps]),

@@ -114,6 +114,9 @@ FAIRNESS_NOTES = (
     "bf16 decoding: aiayn and HF Marian decode with a copy of the model whose weights are cast to bf16 "
     "once (aiayn.translate.Translator; made in the warm-up call, reused by the timed ones), with no autocast; the "
     "torch.nn.Transformer peer decodes under autocast. bf16 training is autocast for every system.",
+    "fp32 and bf16 decoding on a CPU: aiayn's copy lays every linear layer's weight out once for oneDNN "
+    "(aiayn.inference.PackedLinear; its process keeps the fp32 model too, in its peak memory); HF Marian and "
+    "torch.nn.Transformer compute F.linear (MKL's sgemm in fp32).",
     "int8 decoding: aiayn quantizes every linear layer of a copy once (aiayn.inference.inference_copy: int8 "
     "weights with one scale per output row, activations quantized per call with one scale per tensor, "
     "FBGEMM/oneDNN kernels; attention, cache and softmax in fp32); CTranslate2 runs its own int8 kernels.",
