@@ -35,16 +35,16 @@ class PackedLinear(nn.Module):
     - bf16: given a plain W, as F.linear gives it, oneDNN lays it out anew in every call; at a
       decoding step's few rows that is a third to a half of a product's time.
     - fp32: F.linear runs MKL's sgemm, which on an AMD EPYC computes at AVX2's rate; oneDNN
-      computes at AVX-512's: 2.2-2.4× the FLOP/s at decoding's shapes on a Zen 5
-      (tests/test_inference.py holds both to F.linear's numbers).
+      computes at AVX-512's: 2.1-2.4× the FLOP/s at 256 rows of Transformer-base's shapes on a
+      Zen 5, 1.0-3.4× at 4 (tests/test_inference.py holds both to F.linear's numbers).
 
     oneDNN compiles a kernel for every number of rows it meets and keeps it (in its kernel
     cache, aiayn.device), and decoding meets a new one at nearly every step: 200 row counts
-    kept 114 MiB for one 512 -> 2,048 layer (benchmarks/decode_kernels.py). So the rows are
-    padded up to `padded_rows(n)`, at most an eighth more, a few dozen counts in all.
+    kept 121 MiB for one 512 -> 2,048 layer (benchmarks/decode_kernels.py). So the rows are
+    padded up to `padded_rows(n)`: 8 at least, above that at most an eighth more.
 
-    The laid-out W is opaque: no copy, pickle or state dict takes it, and it lives in decoding
-    copies only."""
+    The laid-out W is opaque: no copy, pickle or state dict takes it (copying or pickling the
+    module is refused), and it lives in decoding copies only."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor]) -> None:
         super().__init__()
@@ -57,8 +57,19 @@ class PackedLinear(nn.Module):
         n = rows.size(0)
         if n != padded_rows(n):
             rows = F.pad(rows, (0, 0, 0, padded_rows(n) - n))  # (padded N, in_features), the padding's rows dropped below
-        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")  # (padded N, out_features)
-        return y[:n].view(*x.shape[:-1], self.out_features)
+        return packed_product(rows, self.packed, self.bias)[:n].view(*x.shape[:-1], self.out_features)
+
+    def __deepcopy__(self, memo):
+        raise TypeError("a decoding copy's laid-out weights cannot be copied: make another copy from the model "
+                        "(aiayn.inference.inference_copy)")
+
+    def __getstate__(self):
+        raise TypeError("a decoding copy's laid-out weights cannot be pickled: save the model, not its decoding copy")
+
+
+def packed_product(rows: Tensor, packed: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """rows (N, in_features) times a laid-out weight, plus bias -> (N, out_features)."""
+    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
 
 def padded_rows(n: int) -> int:
@@ -72,9 +83,10 @@ def padded_rows(n: int) -> int:
 
 def packs(weight: Tensor, precision: str) -> bool:
     """Whether a decoding copy in `precision` of a model whose weights are like `weight` gets
-    `PackedLinear`s: fp32 or bf16 on a CPU with oneDNN, outside `reference_math()`."""
+    `PackedLinear`s: fp32 or bf16 on an x86 CPU (AVX2 or newer: where it was measured) with oneDNN,
+    outside `reference_math()`."""
     return (precision in ("fp32", "bf16") and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and not kernels.use_reference())
+            and torch.backends.cpu.get_cpu_capability().startswith("AVX") and not kernels.use_reference())
 
 
 def _tied_projection(model: nn.Module) -> Optional[Tensor]:
@@ -95,8 +107,11 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         raise ValueError(f"unknown precision {precision!r}")
     weight = next(model.parameters())
     check_precision(weight.device, precision)
-    if getattr(model, "inference_precision", None) == precision:
+    made = getattr(model, "inference_precision", None)
+    if made == precision:
         return model
+    if made is not None:
+        raise ValueError(f"this is a decoding copy in {made}; make the {precision} copy from the model itself")
     if packs(weight, precision):
         low = copy.deepcopy(model).to(DTYPES[precision]).eval()
         for module in list(low.modules()):

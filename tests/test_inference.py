@@ -1,12 +1,14 @@
 """aiayn.inference: the decoding copy's weights, held to the plain computation they replace."""
 
 import copy
+import pickle
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from aiayn.device import DTYPES
+from aiayn import inference
 from aiayn.inference import PackedLinear, inference_copy, padded_rows
 from aiayn.kernels import reference_math
 from aiayn.translate import translate_ids
@@ -31,10 +33,14 @@ def test_a_packed_linear_computes_what_f_linear_computes(precision, rows):
     x = torch.randn(*rows, 160).to(dtype)
     plain, packed = F.linear(x, weight, bias), PackedLinear(weight, bias)(x)
     assert packed.shape == plain.shape == (*rows, 96) and packed.dtype == dtype
-    magnitude = x.float().abs() @ weight.float().abs().T + bias.float().abs()  # (*rows, 96)
-    bound = UNIT_ROUNDOFF[precision] * 2 * plain.float().abs() + 2 * 160 * 2.0**-24 * magnitude
-    assert torch.all((packed.float() - plain.float()).abs() <= bound)
+    assert_within_summation_bound(packed, plain, x, weight, bias, precision)
     assert PackedLinear(weight, None)(x).shape == plain.shape
+
+
+def assert_within_summation_bound(packed, plain, x, weight, bias, precision):
+    magnitude = x.float().abs() @ weight.float().abs().T + bias.float().abs()  # (..., out_features)
+    bound = UNIT_ROUNDOFF[precision] * 2 * plain.float().abs() + 2 * x.size(-1) * 2.0**-24 * magnitude
+    assert torch.all((packed.float() - plain.float()).abs() <= bound)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -50,6 +56,13 @@ def test_a_decoding_copy_lays_out_every_linear_layer_and_the_tied_projection(pre
     with reference_math():
         plain = inference_copy(model, precision)
     assert not any(isinstance(m, PackedLinear) for m in plain.modules()) and plain.output_proj is None
+    other = "bf16" if precision == "fp32" else "fp32"
+    with pytest.raises(ValueError, match=f"this is a decoding copy in {precision}; make the {other} copy from the model"):
+        inference_copy(low, other)
+    with pytest.raises(TypeError, match="cannot be copied"):
+        copy.deepcopy(low)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(low)
 
 
 @pytest.mark.numeric
@@ -76,3 +89,19 @@ def test_rows_are_padded_to_a_few_counts_at_most_an_eighth_more():
     assert padded_rows(0) == 0 and padded_rows(8) == 8 and padded_rows(257) == 288
     # 8 counts in each [2^k, 2^(k+1)) for k = 3 ... 13, and 2^14 itself
     assert len(set(counts)) == 8 * 11 + 1
+
+
+def test_a_packed_linear_computes_only_padded_row_counts(monkeypatch):
+    """oneDNN gets the rows padded (a kernel per padded count, not per count), and the answer has
+    the rows asked for: each row's product is its own, whatever rows are beside it."""
+    seen = []
+    product = inference.packed_product
+    monkeypatch.setattr(inference, "packed_product", lambda rows, *rest: seen.append(rows.size(0)) or product(rows, *rest))
+    weight, bias = torch.randn(24, 16), torch.randn(24)
+    layer = PackedLinear(weight, bias)
+    for shape in [(1, 16), (3, 16), (37, 16), (2, 5, 16)]:
+        x = torch.randn(*shape)
+        y = layer(x)
+        assert y.shape == (*shape[:-1], 24)
+        assert_within_summation_bound(y, F.linear(x, weight, bias), x, weight, bias, "fp32")
+    assert seen == [8, 8, 40, 10]
