@@ -50,7 +50,7 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_FOR_ROWS)  # opaque
-        self.register_buffer("bias", None if bias is None else bias.detach())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())  # not the model's own
 
     def forward(self, x: Tensor) -> Tensor:  # (..., in_features) -> (..., out_features)
         rows = x.reshape(-1, self.in_features)  # (N, in_features)
@@ -113,11 +113,12 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     if made is not None:
         raise ValueError(f"this is a decoding copy in {made}; make the {precision} copy from the model itself")
     if packs(weight, precision):
-        low = copy.deepcopy(model).to(DTYPES[precision]).eval()
-        for module in list(low.modules()):
-            for name, child in list(module.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(module, name, PackedLinear(child.weight, child.bias))
+        # Every linear layer laid out straight from the model's weights, the copy's in its place:
+        # the rest of the model is copied, the linear layers' plain weights never are.
+        dtype = DTYPES[precision]
+        memo = {id(m): PackedLinear(m.weight.to(dtype), None if m.bias is None else m.bias.to(dtype))
+                for m in model.modules() if isinstance(m, nn.Linear)}
+        low = copy.deepcopy(model, memo).to(dtype).eval()
         if (table := _tied_projection(low)) is not None:  # the lookup keeps the table; the projection a laid-out copy
             low.output_proj = PackedLinear(table, None)
         low.inference_precision = precision

@@ -53,6 +53,8 @@ def test_a_decoding_copy_lays_out_every_linear_layer_and_the_tied_projection(pre
     assert low.decoder.embed.weight.dtype == DTYPES[precision]  # the lookup keeps its table
     assert inference_copy(low, precision) is low and low is not model and not low.training
     assert not any(t.is_mkldnn for t in low.state_dict().values())  # nothing opaque where a state dict looks
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert not any(t.untyped_storage().data_ptr() in storages for t in low.state_dict().values())  # a training step leaves it be
     with reference_math():
         plain = inference_copy(model, precision)
     assert not any(isinstance(m, PackedLinear) for m in plain.modules()) and plain.output_proj is None
