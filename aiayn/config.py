@@ -208,7 +208,8 @@ class DecodeConfig:
         "least": 1, "help": "log-probabilities of tokens already output × this (CTRL's, as HF's); 1: off"})
     batch_tokens: int = field(default=4000, metadata={"least": 1, "help": "source tokens × beam decoded together"})
     precision: Literal["fp32", "bf16", "fp16", "int8"] = field(
-        default="fp32", metadata={"help": "bf16, fp16: weights cast once; int8: int8 weights, CPU only"})
+        default="fp32", metadata={"help": "fp32, bf16 on a CPU: weights laid out once for oneDNN; bf16, fp16 on a "
+                                          "GPU: weights cast once; int8: int8 weights, CPU only"})
     cuda_graphs: bool = field(default=False, metadata={
         "help": "on a GPU, each decoding step of a batch one CUDA graph (aiayn.graphs; not the server's)"})
 

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from aiayn import kernels
 from aiayn.device import DTYPES, check_precision
 
-# The rows oneDNN lays a packed weight out for: a search's rows at a decoding step, about (a
+# The rows oneDNN lays a packed weight out for, about a search's rows at a decoding step (a
 # product of any number of rows is exact; only its speed depends on the layout).
 PACKED_FOR_ROWS = 32
 
@@ -54,9 +54,9 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # (..., in_features) -> (..., out_features)
         rows = x.reshape(-1, self.in_features)  # (N, in_features)
-        n = rows.size(0)
-        if n != padded_rows(n):
-            rows = F.pad(rows, (0, 0, 0, padded_rows(n) - n))  # (padded N, in_features), the padding's rows dropped below
+        n, padded = rows.size(0), padded_rows(rows.size(0))
+        if padded != n:
+            rows = F.pad(rows, (0, 0, 0, padded - n))  # (padded, in_features), the padding's rows dropped below
         return packed_product(rows, self.packed, self.bias)[:n].view(*x.shape[:-1], self.out_features)
 
     def __deepcopy__(self, memo):

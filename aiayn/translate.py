@@ -55,8 +55,9 @@ class ModelStep:
         self.cache.reorder(rows, sentences, beam)
 
 
-# The model to decode with in a precision: a copy with its weights cast or quantized once, so that
-# no step casts them again. Callers that decode many times with the same weights make it once.
+# The model to decode with in a precision: a copy with its weights cast, quantized or laid out once
+# (aiayn.inference), so that no step does it again. Callers that decode many times with the same
+# weights make it once.
 decoding_model = inference_copy
 
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.device import cpu_kind, fast_bf16
-from aiayn.inference import PackedLinear, inference_copy
+from aiayn.inference import PackedLinear, inference_copy, packed_product
 from aiayn.kernels import fused_attention, matmul_attention
 from common import RESULTS, command_line, default_threads, machine, spread, write_results
 
@@ -71,8 +71,8 @@ def linear_cases(rows: int, bf16: bool) -> dict[str, Callable[[], torch.Tensor]]
 class Unpadded(PackedLinear):
     """aiayn.inference.PackedLinear without the padding of its rows: a kernel for every row count."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (rows, in_features) -> (rows, out_features)
+        return packed_product(x, self.packed, self.bias)
 
 
 def packed_linear(x: torch.Tensor, layer: torch.nn.Linear) -> Callable[[], torch.Tensor]:
