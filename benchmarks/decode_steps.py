@@ -9,8 +9,15 @@ sentence in the steps of one: its throughput over one-at-a-time is at most
 N × step(1) / (step(N) + joins per step × join). The script reports that ceiling beside the
 measured times, and the machine's bf16 (or fp32) matmul peak, which bounds step(N).
 
+With --beside K, each repetition also times the same while K other processes decode `live`
+sentences each, as the other workers of `aiayn serve --workers K+1` do under load: cores that
+share caches and memory slow each other. A server's one-at-a-time client keeps one worker busy
+and the others idle, so the ceiling of K+1 workers is (K+1) × N × step(1) alone / (step(N) +
+joins per step × join) beside them.
+
     python benchmarks/decode_steps.py runs/demo60 --precision bf16
     python benchmarks/decode_steps.py runs/demo --precision bf16 --live 8 --threads 1   # one of 2 workers
+    python benchmarks/decode_steps.py runs/demo --precision bf16 --live 8 --threads 1 --beside 1
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import argparse
 import dataclasses
 import random
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +59,28 @@ def decode(translator: Translator, sources: list[list[int]], live: int) -> dict:
             "join_ms": statistics.median(seconds for seconds, _ in joins) * 1000}
 
 
+def ceiling(alone: dict, many: dict, live: int) -> float:
+    """live × step(1) / (step(live) + joins per step × join): one search's rate over one sentence's."""
+    return live * alone["step_ms"] / (many["step_ms"] + many["joins"] / many["steps"] * many["join_ms"])
+
+
+def start_beside(count: int) -> list[subprocess.Popen]:
+    """`count` copies of this command decoding without end (--busy), each once it has warmed up."""
+    argv = [arg for arg in sys.argv[1:] if arg != "--busy"]
+    others = [subprocess.Popen([sys.executable, __file__, *argv, "--busy"], stdout=subprocess.PIPE, text=True)
+              for _ in range(count)]
+    for other in others:
+        if other.stdout.readline().strip() != "ready":
+            raise RuntimeError("a process decoding beside did not start")
+    return others
+
+
+def stop(others: list[subprocess.Popen]) -> None:
+    for other in others:
+        other.kill()
+        other.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
@@ -59,6 +90,9 @@ def main() -> None:
                         help="threads (default: every core; 1 is one worker of `aiayn serve --workers N`)")
     parser.add_argument("--sentences", type=int, default=160)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--beside", type=int, default=0, metavar="K",
+                        help="also time each case with K other processes decoding `live` sentences beside")
+    parser.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)  # one of those K: decode until killed
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not args.run_dir.exists():
@@ -71,14 +105,27 @@ def main() -> None:
     random.Random(0).shuffle(verses)
     sources = translator.tokenizer.encode_batch(verses[: args.sentences])
     decode(translator, sources[:20], args.live)  # warm-up
+    if args.busy:
+        print("ready", flush=True)
+        while True:
+            decode(translator, sources, args.live)
     reps = []
-    for rep in range(args.reps):  # interleaved: one sentence at a time, then `live` at once
+    for rep in range(args.reps):  # interleaved: one sentence at a time, then `live` at once (then beside others)
         alone, many = decode(translator, sources, 1), decode(translator, sources, args.live)
-        ceiling = args.live * alone["step_ms"] / (many["step_ms"] + many["joins"] / many["steps"] * many["join_ms"])
-        reps.append({"one": alone, "live": many, "ceiling": ceiling})
+        reps.append({"one": alone, "live": many, "ceiling": ceiling(alone, many, args.live)})
         print(f"rep {rep + 1}: step {alone['step_ms']:.2f} ms with 1 sentence, {many['step_ms']:.2f} ms with "
               f"{args.live}; join {many['join_ms']:.2f} ms, {many['joins'] / many['steps']:.2f} a step; "
-              f"ceiling {ceiling:.2f}×", flush=True)
+              f"ceiling {reps[-1]['ceiling']:.2f}×", flush=True)
+        if args.beside:
+            others = start_beside(args.beside)
+            try:
+                one, many = decode(translator, sources, 1), decode(translator, sources, args.live)
+            finally:
+                stop(others)
+            reps[-1].update(one_beside=one, live_beside=many, ceiling_beside=ceiling(alone, many, args.live))
+            print(f"  beside {args.beside}: step {one['step_ms']:.2f} ms with 1, {many['step_ms']:.2f} ms with "
+                  f"{args.live}; join {many['join_ms']:.2f} ms; ceiling {reps[-1]['ceiling_beside']:.2f}× a "
+                  f"process, {(args.beside + 1) * reps[-1]['ceiling_beside']:.2f}× all", flush=True)
     peak = matmul_peak_flops(torch.device("cpu"), args.precision)
     results = {"command": command_line(), "cpu_kind": cpu_kind(), "machine": machine(torch.device("cpu"), args.threads),
                "model": str(args.run_dir), "precision": args.precision, "live": args.live, "reps": reps,
@@ -87,6 +134,14 @@ def main() -> None:
                            f"step_ms_{args.live}": spread([r["live"]["step_ms"] for r in reps]),
                            "join_ms": spread([r["live"]["join_ms"] for r in reps]),
                            "ceiling": spread([r["ceiling"] for r in reps])}}
+    if args.beside:
+        results["beside"] = args.beside
+        results["summary"].update(
+            step_ms_1_beside=spread([r["one_beside"]["step_ms"] for r in reps]),
+            **{f"step_ms_{args.live}_beside": spread([r["live_beside"]["step_ms"] for r in reps])},
+            join_ms_beside=spread([r["live_beside"]["join_ms"] for r in reps]),
+            ceiling_beside=spread([r["ceiling_beside"] for r in reps]),
+            ceiling_all=spread([(args.beside + 1) * r["ceiling_beside"] for r in reps]))
     print(f"{args.precision} matmul peak {peak / 1e12:.2f} TFLOP/s")
     write_results(args.out or RESULTS / f"decode-steps-{cpu_kind()}-{args.precision}.json", results)
 
