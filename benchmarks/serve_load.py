@@ -18,8 +18,8 @@ results/serve-load-CPUKIND-PRECISION.json.
                                                  # clients against one with 1 (the default)
     python benchmarks/serve_load.py runs/demo --memory-minutes 10     # 16 clients for 10 minutes:
                                                                       # resident memory every 5 s
-The memory run writes results/serve-memory-CPUKIND.json and docs/serve-memory-CPUKIND.png (with
---out FILE.json: FILE.png beside it).
+The memory run writes results/serve-memory-CPUKIND-PRECISION.json and
+docs/serve-memory-CPUKIND-PRECISION.png (with --out FILE.json: FILE.png beside it).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def main() -> None:
             sampler.done.set()
             sampler.join()
             results.update(run=run, rss_mib=sampler.samples, health=get(batching.port, "/health"))
-            write_results(args.out or RESULTS / f"serve-memory-{kind}.json", results)
+            write_results(args.out or RESULTS / f"serve-memory-{kind}-{args.precision}.json", results)
             plot_memory(sampler.samples, args, kind, run)
             return
         with contextlib.ExitStack() as stack:
@@ -253,7 +253,7 @@ def plot_memory(samples: list, args: argparse.Namespace, kind: str, run: dict) -
                  f"{run['errors']} errors ({kind})", fontsize=10)
     fig.tight_layout()
     # The docs' figure, unless --out sends the results elsewhere (a trial run): then beside them.
-    path = args.out.with_suffix(".png") if args.out else HERE.parent / "docs" / f"serve-memory-{kind}.png"
+    path = args.out.with_suffix(".png") if args.out else HERE.parent / "docs" / f"serve-memory-{kind}-{args.precision}.png"
     fig.savefig(path, dpi=100)
     print(f"wrote {path}")
 
