@@ -11,8 +11,8 @@ servers' resident memory (with their worker processes), and the machine's matmul
 results/serve-load-CPUKIND-PRECISION.json.
 
     python benchmarks/serve_load.py runs/demo                         # 16 clients, 3 × 30 s each
-    python benchmarks/serve_load.py runs/demo --compare-with ../old   # and 16 clients against the
-                                                                      # aiayn of another checkout
+    python benchmarks/serve_load.py runs/demo --compare-with ../old   # and one client and 16 against
+                                                                      # the aiayn of another checkout
     python benchmarks/serve_load.py runs/demo --workers 2 --compare-workers 1
                                                  # both servers with 2 worker processes, and 16
                                                  # clients against one with 1 (the default)
@@ -129,11 +129,11 @@ def main() -> None:
     parser.add_argument("--memory-minutes", type=float, help="instead: one run of --clients for this long, memory sampled")
     parser.add_argument("--compare-with", type=Path, metavar="CHECKOUT",
                         help="also serve the model with the aiayn of this source tree (e.g. a git worktree of an older "
-                             "revision) to the same clients, interleaved")
+                             "revision) to the same one client and the same clients, interleaved")
     parser.add_argument("--workers", type=int, default=1, help="aiayn serve --workers of both servers (default 1)")
     parser.add_argument("--compare-workers", type=int, metavar="K",
                         help="also serve the model with --workers K (with --compare-with, from that checkout) to the "
-                             "same clients, interleaved")
+                             "same one client and the same clients, interleaved")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not Path(args.run_dir).exists():
@@ -163,12 +163,15 @@ def main() -> None:
             alone = stack.enter_context(ServerProcess(args.run_dir, *options, "--max-wait-ms", "0"))
             compared = args.compare_with or args.compare_workers
             workers = args.compare_workers or args.workers  # named only where not 1: older checkouts lack the flag
-            baseline = compared and stack.enter_context(ServerProcess(
-                args.run_dir, "--precision", args.precision, *(("--workers", str(workers)) if workers > 1 else ()),
-                checkout=args.compare_with))
+            baseline_options = ("--precision", args.precision, *(("--workers", str(workers)) if workers > 1 else ()))
+            baseline = compared and stack.enter_context(ServerProcess(args.run_dir, *baseline_options,
+                                                                      checkout=args.compare_with))
+            baseline_alone = compared and stack.enter_context(ServerProcess(
+                args.run_dir, *baseline_options, "--max-wait-ms", "0", checkout=args.compare_with))
             load(alone.port, 1, 3, verses, 0)
             if baseline:
                 load(baseline.port, 2, 3, verses, 0)
+                load(baseline_alone.port, 1, 3, verses, 0)
                 results["baseline"] = {"checkout": str(args.compare_with or HERE.parent),
                                        "revision": revision(args.compare_with or HERE.parent),
                                        "workers": workers}
@@ -182,9 +185,13 @@ def main() -> None:
                 line = (f"rep {rep + 1}: one at a time {one['sentences_per_s']:.1f} sentences/s, "
                         f"{args.clients} clients {many['sentences_per_s']:.1f} sentences/s ({reps[-1]['ratio']:.2f}×)")
                 if baseline:
+                    old_one = load(baseline_alone.port, 1, args.seconds, verses, start)
                     old = load(baseline.port, args.clients, args.seconds, verses, start)
-                    reps[-1].update(baseline_concurrent=old, vs_baseline=many["sentences_per_s"] / old["sentences_per_s"])
-                    line += f", baseline: {old['sentences_per_s']:.1f} sentences/s"
+                    reps[-1].update(baseline_one_at_a_time=old_one, baseline_concurrent=old,
+                                    one_vs_baseline=one["sentences_per_s"] / old_one["sentences_per_s"],
+                                    vs_baseline=many["sentences_per_s"] / old["sentences_per_s"])
+                    line += (f", baseline: one at a time {old_one['sentences_per_s']:.1f}, {args.clients} clients "
+                             f"{old['sentences_per_s']:.1f} sentences/s")
                 print(f"{line}, errors {one['errors']} / {many['errors']}", flush=True)
             results["reps"] = reps
             results["summary"] = summarize(reps)
@@ -192,6 +199,7 @@ def main() -> None:
                                   "one_at_a_time_server": tree_rss_mib(alone.pid)}
             if baseline:
                 results["rss_mib"]["baseline_server"] = tree_rss_mib(baseline.pid)
+                results["rss_mib"]["baseline_one_at_a_time_server"] = tree_rss_mib(baseline_alone.pid)
             results["health"] = get(batching.port, "/health")
     write_results(args.out or RESULTS / f"serve-load-{kind}-{args.precision}.json", results)
 
@@ -226,7 +234,8 @@ def summarize(reps: list[dict]) -> dict:
     modes = ["one_at_a_time", "concurrent"]
     if "vs_baseline" in reps[0]:
         summary["vs_baseline"] = spread([r["vs_baseline"] for r in reps])
-        modes.append("baseline_concurrent")
+        summary["one_vs_baseline"] = spread([r["one_vs_baseline"] for r in reps])
+        modes += ["baseline_one_at_a_time", "baseline_concurrent"]
     for mode in modes:
         runs = [r[mode] for r in reps]
         summary[mode] = {

@@ -114,6 +114,31 @@ def test_an_error_in_a_worker_reaches_its_caller_and_the_worker_decodes_on(model
     assert not workers.workers[0].process.is_alive()
 
 
+def test_a_worker_steps_on_its_own_and_reports_each_search(model_dir):
+    """No step waits for a message from the server: once texts have joined, the worker decodes
+    and its reports wait in the pipe. Two searches on one worker (two beam sizes) each get their
+    own texts back, and a join that fails leaves the search it was for decoding."""
+    from aiayn.serve.workers import Workers
+
+    workers = Workers(str(model_dir), "cpu", "fp32", 1)
+    try:
+        (engine,), (worker,) = workers.engines, workers.workers
+        wide, greedy = engine(2), engine(1)
+        wide.join([[5, 6, 7]], ["a"], Options(beam=2))
+        wait_for(lambda: worker.connection.poll(), "a report without a step asked for")
+        greedy.join([[8, 9]], ["b"], Options(beam=1))
+        with pytest.raises(ValueError, match="beam"):
+            wide.join([[5]], ["c"], Options(beam=2, alternatives=4))
+        finished = {}
+        while wide.live or greedy.live:
+            for search in (wide, greedy):
+                if search.live:
+                    finished.update(search.step())
+        assert sorted(finished) == ["a", "b"] and all("translation" in result for result in finished.values())
+    finally:
+        workers.close()
+
+
 def test_a_lost_worker_is_reported_and_the_server_still_stops_cleanly(model_dir):
     process = ServerProcess(model_dir, "--workers", "2", "--max-wait-ms", "0")
     try:

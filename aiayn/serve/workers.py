@@ -9,9 +9,14 @@ cores, where one process's threads would run them one after the other: on a 2-co
 Threads of one process would share the model, but Python's lock would run their fixed costs one
 at a time again.
 
-Each worker loads the model itself and answers the batcher's lane that drives it
-(aiayn.serve.batcher): a join or a step is one message and one answer over a pipe, the answers
-being the finished texts' results (translation, alternatives, attention), plain Python values.
+Each worker loads the model itself and decodes the searches of the batcher's lane that drives it
+(aiayn.serve.batcher). A join is one message and one answer over a pipe. Steps need no message:
+a worker with texts decoding steps its searches on its own, taking the joins that have come in
+between two steps, and sends one report a step, the finished texts' results (translation,
+alternatives, attention) as plain Python values. The lane reads the reports in order, one a step
+of its own. So no step waits for the server: under one client's requests, a step that waited for
+the server's next message took about a sixth of a millisecond more, a tenth of a request's time
+on a 2-core AMD EPYC (Zen 5).
 The server process keeps the HTTP side, the queue and the tokenizer; it reads the model's
 config and lets the weights go.
 A worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the server
@@ -25,6 +30,7 @@ import multiprocessing
 import pickle
 import signal
 import time
+from collections import deque
 from itertools import count
 from typing import Any, Optional
 
@@ -55,8 +61,9 @@ def _work(connection, run_dir: str, device: str, precision: str, threads: int) -
 
 
 def _answer_until_closed(connection, run_dir: str, device: str, precision: str, threads: int) -> None:
-    """Load the model (or say why not), then answer each message: a join, or a step of a search
-    the server names by number; a search the worker has finished or failed is forgotten."""
+    """Load the model (or say why not), then decode until the pipe closes: answer each join, and
+    while texts are decoding, step every search and report it; a search the worker has finished
+    or failed is forgotten."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     import torch
@@ -80,31 +87,30 @@ def _answer_until_closed(connection, run_dir: str, device: str, precision: str, 
     connection.send(("ready", None))
     searches: dict[int, Any] = {}  # the server's search id -> ServedSearch
     while True:
-        try:
-            kind, search_id, *arguments = connection.recv()
-        except EOFError:  # the server has closed the pipe: it is done with this worker
-            return
-        try:
-            if kind == "join":
-                beam, sources, keys, options = arguments
+        # Wait for a message only with nothing to decode; else take the joins that have come, and step.
+        while not searches or connection.poll(0):
+            try:
+                search_id, beam, sources, keys, options = connection.recv()
+            except EOFError:  # the server has closed the pipe: it is done with this worker
+                return
+            try:
                 search = searches.get(search_id) or served.search(beam)
                 search.join(sources, keys, options)
                 searches[search_id] = search
-                answer = None
-            else:  # "step"
-                search = searches[search_id]
-                try:
-                    answer = [(key, _picklable(result) if isinstance(result, Exception) else result)
-                              for key, result in search.step()]
-                except Exception:
-                    del searches[search_id]  # the batcher drops a search whose step failed
-                    raise
-                if not search.live:
-                    del searches[search_id]
-        except Exception as error:  # noqa: BLE001 - the lane's callers get it, as in one process
-            connection.send(("error", _picklable(error)))
-            continue
-        connection.send(("ok", answer))
+            except Exception as error:  # noqa: BLE001 - the lane's callers get it, as in one process
+                connection.send(("joined", _picklable(error)))
+                continue
+            connection.send(("joined", None))
+        report: dict[int, Any] = {}
+        for search_id, search in list(searches.items()):
+            try:
+                report[search_id] = [(key, _picklable(result) if isinstance(result, Exception) else result)
+                                     for key, result in search.step()]
+            except Exception as error:  # noqa: BLE001 - the batcher drops a search whose step failed
+                report[search_id] = _picklable(error)
+            if isinstance(report[search_id], Exception) or not search.live:
+                del searches[search_id]
+        connection.send(("stepped", report))
 
 
 # How often a lane waiting for its worker's answer checks that the process is alive. A killed
@@ -116,7 +122,8 @@ CLOSE_S = 10.0
 
 
 class Worker:
-    """One worker process and the pipe to it; `search(beam)` is its lane's engine."""
+    """One worker process and the pipe to it; `search(beam)` is its lane's engine. The answers to
+    joins and the reports of steps come over the one pipe: each read keeps what it is for."""
 
     def __init__(self, context, run_dir: str, device: str, precision: str, threads: int, number: int) -> None:
         self.connection, theirs = context.Pipe()
@@ -126,6 +133,8 @@ class Worker:
         theirs.close()
         self.number = number
         self._ids = count()
+        self._joined: deque = deque()  # answers to joins (None, or the error), in order
+        self._reports: dict[int, deque] = {}  # search id -> its steps' finished texts (or error), in order
 
     def ready(self) -> None:
         """Wait until the model has loaded; ValueError with the worker's reason if it did not."""
@@ -136,18 +145,43 @@ class Worker:
         if kind != "ready":
             raise ValueError(f"worker {self.number} could not load the model: {reason}")
 
-    def call(self, *message) -> Any:
+    def _read(self) -> None:
+        """Wait for the worker's next message and keep it: a join's answer, or a step's report."""
         try:
-            self.connection.send(message)
             while not self.connection.poll(LIVENESS_S):
                 if not self.process.is_alive():
                     raise EOFError("no answer")
-            kind, answer = self.connection.recv()
+            kind, content = self.connection.recv()
         except (EOFError, OSError) as error:
             raise WorkerLost(f"worker {self.number} has exited ({type(error).__name__})") from None
-        if kind == "error":
-            raise answer
-        return answer
+        if kind == "joined":
+            self._joined.append(content)
+            return
+        for search_id, finished in content.items():
+            self._reports.setdefault(search_id, deque()).append(finished)
+
+    def join(self, search_id: int, beam: int, sources: list, keys: list, options: Options) -> None:
+        try:
+            self.connection.send((search_id, beam, sources, keys, options))
+        except OSError as error:
+            raise WorkerLost(f"worker {self.number} has exited ({type(error).__name__})") from None
+        while not self._joined:
+            self._read()
+        if (error := self._joined.popleft()) is not None:
+            raise error
+
+    def step(self, search_id: int) -> list:
+        """The finished texts of the search's next step (a search being decoded, whose steps the
+        worker reports)."""
+        while not self._reports.get(search_id):
+            self._read()
+        reports = self._reports[search_id]
+        finished = reports.popleft()
+        if not reports:
+            del self._reports[search_id]
+        if isinstance(finished, Exception):
+            raise finished
+        return finished
 
     def search(self, beam: int) -> "RemoteSearch":
         return RemoteSearch(self, beam, next(self._ids))
@@ -175,12 +209,12 @@ class RemoteSearch:
 
     def join(self, sources: list[list[int]], keys: list, options: Options) -> None:
         numbers = [next(self._numbers) for _ in keys]
-        self.worker.call("join", self.search_id, self.beam, sources, numbers, options)
+        self.worker.join(self.search_id, self.beam, sources, numbers, options)
         self._keys.update(zip(numbers, keys))
 
     def step(self) -> list[tuple[Any, Any]]:
         try:
-            finished = self.worker.call("step", self.search_id)
+            finished = self.worker.step(self.search_id)
         except Exception:  # the worker has dropped the search: so does the batcher
             self._keys.clear()
             raise
