@@ -14,9 +14,9 @@ Each worker loads the model itself and decodes the searches of the batcher's lan
 a worker with texts decoding steps its searches on its own, taking the joins that have come in
 between two steps, and sends one report a step, the finished texts' results (translation,
 alternatives, attention) as plain Python values. The lane reads the reports in order, one a step
-of its own. So no step waits for the server: under one client's requests, a step that waited for
-the server's next message took about a sixth of a millisecond more, a tenth of a request's time
-on a 2-core AMD EPYC (Zen 5).
+of its own. So no step waits for the server, which before answered one client 0.92× as many
+sentences a second (p50 latency 77 against 69 ms, 16 clients unchanged: benchmarks/serve_load.py
+--compare-with, 2-core AMD EPYC Zen 5, the README's serving figures).
 The server process keeps the HTTP side, the queue and the tokenizer; it reads the model's
 config and lets the weights go.
 A worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the server
