@@ -14,9 +14,10 @@ Each worker loads the model itself and decodes the searches of the batcher's lan
 a worker with texts decoding steps its searches on its own, taking the joins that have come in
 between two steps, and sends one report a step, the finished texts' results (translation,
 alternatives, attention) as plain Python values. The lane reads the reports in order, one a step
-of its own. So no step waits for the server, which before answered one client 0.92× as many
-sentences a second (p50 latency 77 against 69 ms, 16 clients unchanged: benchmarks/serve_load.py
---compare-with, 2-core AMD EPYC Zen 5, the README's serving figures).
+of its own. So no step waits for the server: with a step that waited for the server's message,
+one client got 0.92× as many sentences a second (p50 latency 77 against 69 ms, 16 clients
+unchanged: benchmarks/serve_load.py --compare-with, 2-core AMD EPYC Zen 5, the README's serving
+figures).
 The server process keeps the HTTP side, the queue and the tokenizer; it reads the model's
 config and lets the weights go.
 A worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the server
@@ -53,7 +54,7 @@ def _picklable(error: Exception) -> Exception:
 
 
 def _work(connection, run_dir: str, device: str, precision: str, threads: int) -> None:
-    """A worker's body: load the model, then answer joins and steps until the pipe closes."""
+    """A worker's body: load the model, then answer joins and report steps until the pipe closes."""
     try:
         _answer_until_closed(connection, run_dir, device, precision, threads)
     except OSError:  # the server closed the pipe while this worker was answering: it is done with it
@@ -86,6 +87,9 @@ def _answer_until_closed(connection, run_dir: str, device: str, precision: str, 
         return
     connection.send(("ready", None))
     searches: dict[int, Any] = {}  # the server's search id -> ServedSearch
+    # Searches whose step raised: a join the lane sent before it read that report fails with the
+    # step's error, rather than starting a search the lane has dropped.
+    failed: dict[int, Exception] = {}
     while True:
         # Wait for a message only with nothing to decode; else take the joins that have come, and step.
         while not searches or connection.poll(0):
@@ -94,6 +98,9 @@ def _answer_until_closed(connection, run_dir: str, device: str, precision: str, 
             except EOFError:  # the server has closed the pipe: it is done with this worker
                 return
             try:
+                if search_id in failed:
+                    raise failed[search_id]
+                # A search finished here may be joined again before the lane has read its last report.
                 search = searches.get(search_id) or served.search(beam)
                 search.join(sources, keys, options)
                 searches[search_id] = search
@@ -107,7 +114,7 @@ def _answer_until_closed(connection, run_dir: str, device: str, precision: str, 
                 report[search_id] = [(key, _picklable(result) if isinstance(result, Exception) else result)
                                      for key, result in search.step()]
             except Exception as error:  # noqa: BLE001 - the batcher drops a search whose step failed
-                report[search_id] = _picklable(error)
+                report[search_id] = failed[search_id] = _picklable(error)
             if isinstance(report[search_id], Exception) or not search.live:
                 del searches[search_id]
         connection.send(("stepped", report))
