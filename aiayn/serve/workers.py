@@ -152,6 +152,9 @@ class Worker:
         if kind != "ready":
             raise ValueError(f"worker {self.number} could not load the model: {reason}")
 
+    def _lost(self, error: Exception) -> WorkerLost:
+        return WorkerLost(f"worker {self.number} has exited ({type(error).__name__})")
+
     def _read(self) -> None:
         """Wait for the worker's next message and keep it: a join's answer, or a step's report."""
         try:
@@ -160,7 +163,7 @@ class Worker:
                     raise EOFError("no answer")
             kind, content = self.connection.recv()
         except (EOFError, OSError) as error:
-            raise WorkerLost(f"worker {self.number} has exited ({type(error).__name__})") from None
+            raise self._lost(error) from None
         if kind == "joined":
             self._joined.append(content)
             return
@@ -171,7 +174,7 @@ class Worker:
         try:
             self.connection.send((search_id, beam, sources, keys, options))
         except OSError as error:
-            raise WorkerLost(f"worker {self.number} has exited ({type(error).__name__})") from None
+            raise self._lost(error) from None
         while not self._joined:
             self._read()
         if (error := self._joined.popleft()) is not None:
