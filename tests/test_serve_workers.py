@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -180,3 +181,57 @@ def test_a_model_a_worker_cannot_load_is_a_one_line_error(model_dir):
     done = subprocess.run([sys.executable, "-m", "aiayn", "serve", str(model_dir), "--workers", "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--workers must be between 1 and 64, got 0" in done.stderr
+
+
+def test_a_step_that_raises_in_a_worker_fails_that_search_only(model_dir, monkeypatch):
+    """Nothing a client sends makes a worker's step raise (a text's failure is its result), so the
+    fault is injected: the worker's body runs in a thread of this process, where a patched step
+    reaches it. The failed search's caller gets the step's error; a join sent for that search after
+    it failed gets the same error, rather than starting afresh a search the lane has dropped; the
+    worker's other search decodes to its end."""
+    import multiprocessing
+    import types
+    from multiprocessing.connection import Connection
+
+    import torch
+
+    from aiayn.serve import app, workers
+
+    step = app.ServedSearch.step
+
+    def faulty(self):
+        if self.decoding.decode.beam == 2:
+            raise RuntimeError("injected fault")
+        return step(self)
+
+    monkeypatch.setattr(app.ServedSearch, "step", faulty)
+    monkeypatch.setattr(workers.signal, "signal", lambda *args: None)  # only a main thread may set handlers
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)  # this process keeps its threads
+
+    def thread(target, args, **named):  # its own copy of the pipe's end, as a process has: Worker closes the server's
+        return threading.Thread(target=target, args=(Connection(os.dup(args[0].fileno())), *args[1:]), **named)
+
+    in_a_thread = types.SimpleNamespace(Pipe=multiprocessing.Pipe, Process=thread)
+    worker = workers.Worker(in_a_thread, str(model_dir), "cpu", "fp32", 1, 0)
+    try:
+        worker.ready()
+        failing, greedy = worker.search(2), worker.search(1)
+        greedy.join([[8, 9, 10]], ["b"], Options(beam=1))
+        failing.join([[5, 6, 7]], ["a"], Options(beam=2))
+        while not any(isinstance(report, Exception) for report in worker._reports.get(failing.search_id, ())):
+            worker._read()  # until the failed step's report has come
+        with pytest.raises(RuntimeError, match="injected fault"):
+            failing.join([[5]], ["c"], Options(beam=2))
+        assert failing.live == 1  # "c" never joined; "a" fails with the step that failed
+        with pytest.raises(RuntimeError, match="injected fault"):
+            while True:
+                failing.step()  # the reports of the steps before the failure first, if any
+        assert failing.live == 0
+        finished = []
+        while greedy.live:
+            finished += greedy.step()
+        assert [key for key, _ in finished] == ["b"] and "translation" in finished[0][1]
+    finally:
+        worker.connection.close()  # the worker's next read ends it
+        worker.close(time.monotonic() + 60)
+    assert not worker.process.is_alive()
