@@ -187,6 +187,7 @@ def iter_lines(handle: BinaryIO, name: str, skip: int = 0) -> Iterator[str]:
     """The lines of a UTF-8 byte stream split on "\\n" only (a trailing "\\r" dropped), so that the
     line count agrees with `wc -l` whatever separators (\\f, U+2028, ...) a line holds. The first
     `skip` lines are passed over. Invalid UTF-8 is an error naming `name` and the line."""
+    number = 0
     for number, raw in enumerate(handle, start=1):
         if number <= skip:
             continue
@@ -195,6 +196,8 @@ def iter_lines(handle: BinaryIO, name: str, skip: int = 0) -> Iterator[str]:
             yield raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\n").removesuffix("\r")
         except UnicodeDecodeError as error:
             raise ValueError(f"{name}, line {number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
+    if number < skip:  # a stream is known to be too short only once it ends
+        raise ValueError(f"{name} has {number} lines, fewer than the {skip} to pass over: --resume needs the same input")
 
 
 def _file_lines(path: Path) -> Iterator[str]:

@@ -73,6 +73,8 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
             raise ValueError(f"{path} holds {source}, an input of this command; choose another output")
         if read in out.parents:
             raise ValueError(f"{path} lies inside {source}, an input of this command; choose another output")
+    if path.exists() and not (path.is_file() or path.is_dir()):  # a device or a pipe: a rename would replace it
+        raise ValueError(f"{path} is not a regular file or folder; choose another output")
     if not force and path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(f"{path} already exists; pass --force to replace it")
 

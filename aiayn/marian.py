@@ -31,8 +31,8 @@ from aiayn.files import atomic_dir, atomic_write, read_json, refuse_to_replace, 
 from aiayn.config import DECODE_PRESETS, ModelConfig
 from aiayn.corpora import language_name
 from aiayn.model import Transformer
-from aiayn.run import RunDir, languages_of, resolve_model_dir
-from aiayn.tokenizer import MODEL_FILE, MarianTokenizer, Tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
+from aiayn.run import RunDir, languages_of, model_inputs, resolve_model_dir, tokenizer_folder
+from aiayn.tokenizer import MODEL_FILE, MarianTokenizer, Tokenizer, load_tokenizer
 
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 HF_LAYER_NORM_EPS = 1e-5  # torch's default, which Marian's nn.LayerNorm layers keep
@@ -295,8 +295,8 @@ def export_marian(
     from an aiayn model or run folder, atomically; an existing `out_dir` only with `force`.
     Returns `out_dir`."""
     model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
-    tokenizer_dir = model_dir if has_tokenizer(model_dir) else Path(model_path)
-    refuse_to_replace(out_dir, force, inputs=[model_dir, *tokenizer_files(tokenizer_dir)])
+    tokenizer_dir = tokenizer_folder(model_dir, model_path)
+    refuse_to_replace(out_dir, force, inputs=model_inputs(model_path))
     model = Transformer.load(model_dir)
     config = model.config
     hf = marian_config(config)
@@ -369,12 +369,12 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     except ImportError as error:
         raise ImportError(f"export-argos needs CTranslate2 ({error}): pip install 'aiayn[marian]'") from None
     model_dir, out_file = resolve_model_dir(model_path), Path(out_file)
-    refuse_to_replace(out_file, force, inputs=[model_dir])
+    refuse_to_replace(out_file, force, inputs=model_inputs(model_path))
     source, target = languages_of(model_path)
     source, target = source_lang or source, target_lang or target
     if not source or not target:
         raise ValueError(f"{model_path} does not record its languages; give --source-lang and --target-lang")
-    tokenizer_dir = model_dir if has_tokenizer(model_dir) else Path(model_path)
+    tokenizer_dir = tokenizer_folder(model_dir, model_path)
     if not isinstance(load_tokenizer(tokenizer_dir), Tokenizer):
         raise ValueError("an Argos package holds one SentencePiece model for both sides; this model has Marian's two")
     name = f"{source}_{target}"

@@ -29,7 +29,7 @@ from aiayn.config import AverageOptions, ModelConfig, TrainConfig
 from aiayn.files import atomic_dir, atomic_text, output_lock, read_json, refuse_to_replace, write_json, writer_lock
 from aiayn import model as models
 from aiayn.model import Transformer
-from aiayn.tokenizer import copy_tokenizer, has_tokenizer, load_tokenizer
+from aiayn.tokenizer import copy_tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
 from aiayn.visualize import plot_losses
 
 MODEL_CONFIG = "model_config.json"
@@ -229,12 +229,24 @@ def languages_of(path: PathLike) -> tuple[Optional[str], Optional[str]]:
     return None, None
 
 
+def tokenizer_folder(model_dir: Path, path: PathLike) -> Path:
+    """Where the tokenizer of the model at `path` is: its model folder's, else the run folder's."""
+    return model_dir if has_tokenizer(model_dir) else Path(path)
+
+
+def model_inputs(path: PathLike) -> list[Path]:
+    """What loading the model at `path` reads (its model folder, its tokenizer's files): the
+    inputs no output of a command that loads it may replace (`files.refuse_to_replace`)."""
+    model_dir = resolve_model_dir(path)
+    return [model_dir, *tokenizer_files(tokenizer_folder(model_dir, path))]
+
+
 def load_for_inference(path: PathLike, device: Union[str, torch.device] = "cpu"):
     """(model in eval mode, tokenizer) from a model folder, a checkpoint or a run folder; the
     tokenizer is the model folder's, else the run folder's."""
     model_dir = resolve_model_dir(path)
     model = Transformer.load(model_dir, device).eval()
-    tokenizer = load_tokenizer(model_dir if has_tokenizer(model_dir) else Path(path))
+    tokenizer = load_tokenizer(tokenizer_folder(model_dir, path))
     if tokenizer.vocab_size != model.config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}")
     return model, tokenizer

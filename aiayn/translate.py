@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from aiayn import kernels
+from aiayn.checkpoint import WEIGHTS
 from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, AttentionOptions, DecodeConfig, FileDecodeOptions
 from aiayn.corpora import iter_lines
 from aiayn.device import resolve_device
@@ -23,7 +24,7 @@ from aiayn.files import file_sha256, read_json, refuse_to_replace, write_json
 from aiayn.graphs import GraphedStep
 from aiayn.inference import inference_copy
 from aiayn.model import Transformer
-from aiayn.run import languages_of, load_for_inference, resolve_model_dir
+from aiayn.run import languages_of, load_for_inference, model_inputs, resolve_model_dir
 from aiayn.search import BeamSearch, Hypothesis, beam_search
 from aiayn.sentences import interleave, split_sentences
 from aiayn.visualize import attention_figures
@@ -376,31 +377,44 @@ def _digest(path: str) -> str:
 
 class PartialOutput:
     """An output file written as it is translated: lines go to OUTPUT.partial as each chunk is
-    done, and OUTPUT.partial becomes OUTPUT when all are; OUTPUT.partial.json records which input
-    (its SHA-256) the lines translate. An interrupted run leaves OUTPUT.partial, which `resume`
-    continues after its last whole line, with the same input only."""
+    done, and OUTPUT.partial becomes OUTPUT when all are. OUTPUT.partial.json records what the
+    lines translate: the input (its SHA-256) and `settings` (the model's weights' SHA-256 and the
+    decoding settings). An interrupted run leaves OUTPUT.partial, which `resume` continues after
+    its last whole line, with the same input, model and settings only: lines of two models or two
+    beams in one file would pass for one translation. The output is never the model it reads
+    (`model`: its files, `run.model_inputs`), nor a folder or a device."""
 
-    def __init__(self, output: str, input: Optional[str], resume: bool, force: bool) -> None:
+    def __init__(self, output: str, input: Optional[str], resume: bool, force: bool,
+                 model: Sequence[Path] = (), settings: Optional[dict] = None) -> None:
         self.final = Path(output)
         self.partial = self.final.with_name(self.final.name + ".partial")
         self.record = self.final.with_name(self.final.name + ".partial.json")
+        if self.final.is_dir():
+            raise ValueError(f"{output} is a folder; --output names a file")
+        inputs = ([] if input in (None, "-") else [input]) + list(model)
+        refuse_to_replace(self.final, force or resume, inputs)  # before anything is read or written
         digest = None if input in (None, "-") else _digest(input)
+        settings = settings or {}
         self.skip = 0
         if resume and self.partial.exists():
             kept = read_json(self.record) if self.record.exists() else {}
             if digest is not None and kept.get("input_sha256") not in (None, digest):
                 raise ValueError(f"{self.partial} translates another input than {input} (its digest differs); "
                                  "--resume needs the same input, --force starts over")
+            # A record from before settings were kept says nothing of them.
+            changed = [name for name, value in settings.items() if kept.get(name, value) != value]
+            if changed:
+                raise ValueError(f"{self.partial} was translated with another {' and '.join(changed)}; "
+                                 "--resume needs the same model and settings, --force starts over")
             self.skip = _complete_lines(self.partial)
         elif resume and self.final.exists():
             raise ValueError(f"{self.final} is complete: nothing to resume (--force translates again)")
         elif not force and self.partial.exists():
             raise ValueError(f"{self.partial} holds an interrupted translation; pass --resume to continue it "
                              "or --force to start over")
-        refuse_to_replace(self.final, force or resume, inputs=[] if input in (None, "-") else [input])
         self.handle = open(self.partial, "ab" if self.skip else "wb")  # an unwritable output fails here, before decoding
         if not self.skip:
-            write_json(self.record, {"input": input or "-", "input_sha256": digest})
+            write_json(self.record, {"input": input or "-", "input_sha256": digest, **settings})
         self.written = self.skip
 
     def write(self, text: str, lines: int) -> None:
@@ -431,7 +445,17 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
     chunks, to --output (through a `PartialOutput`) or stdout, with a progress bar on a terminal."""
     from tqdm.auto import tqdm
 
-    out = PartialOutput(options.output, options.input, options.resume, options.force) if options.output else None
+    out = None
+    if options.output:
+        model = resolve_model_dir(options.run_dir)
+        # What the lines depend on; not the speed knobs, so that a run stopped for memory may resume smaller.
+        decoding = {name: value for name, value in dataclasses.asdict(decode).items()
+                    if name not in ("batch_tokens", "cuda_graphs")}
+        settings = {"model": file_sha256(model / WEIGHTS), "command": command,
+                    "decoding": {**decoding, "split_sentences": options.split_sentences, "lang": options.lang,
+                                 "max_input_tokens": options.max_input_tokens}}
+        out = PartialOutput(options.output, options.input, options.resume, options.force,
+                            model_inputs(options.run_dir), settings)
     skip = out.skip if out else 0
 
     def write(lines: list[str]) -> None:
@@ -470,7 +494,7 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
 def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=print) -> None:
     """`aiayn attention`: translate one sentence, then draw every layer's and head's attention."""
     translator = Translator.load(options.run_dir, options.device, decode)
-    refuse_to_replace(options.out, options.force, inputs=[resolve_model_dir(options.run_dir)])
+    refuse_to_replace(options.out, options.force, inputs=model_inputs(options.run_dir))
     source = options.sentence.strip()
     if not source:
         raise ValueError("--sentence is empty")

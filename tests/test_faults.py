@@ -377,6 +377,54 @@ def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_pa
     assert cli(capsys, *argv, "--output", out, "--force")[0] == 0
 
 
+def test_translate_never_writes_over_what_it_reads(tmp_path, model_dir, capsys):
+    """Not with --force either: the model's files, a folder, a device or a pipe."""
+    model = Path(shutil.copytree(model_dir, tmp_path / "model"))
+    weights = (model / "model.safetensors").read_bytes()
+    (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
+    argv = ["translate", model, "--input", tmp_path / "in.txt", "--force", "--output"]
+    for inside in ("model.safetensors", "tokenizer.model", "new.txt"):
+        one_line_error(*cli(capsys, *argv, model / inside)[::2], "lies inside", "an input of this command")
+    assert (model / "model.safetensors").read_bytes() == weights
+    (tmp_path / "folder").mkdir()
+    one_line_error(*cli(capsys, *argv, tmp_path / "folder")[::2], "is a folder; --output names a file")
+    os.mkfifo(tmp_path / "pipe")
+    one_line_error(*cli(capsys, *argv, tmp_path / "pipe")[::2], "not a regular file or folder")
+    assert (tmp_path / "pipe").is_fifo()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["folder", "in.txt", "model", "pipe"]
+
+
+def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, capsys, monkeypatch):
+    """Lines of two models or two beams in one file would pass for one translation."""
+    lines = "".join(f"{SENTENCES[i % 7]}\n" for i in range(9)).encode()
+    out = tmp_path / "out.txt"
+    monkeypatch.setattr(translate_module, "CHUNK_LINES", 3)
+    real, calls = translate_module.translate_ids, []
+
+    def interrupted_on_the_second_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "translate_ids", interrupted_on_the_second_chunk)
+    argv = ["translate", model_dir, "--output", out, "--beam", "2"]
+    assert cli(capsys, *argv, stdin=lines, monkeypatch=monkeypatch)[0] == 130
+    monkeypatch.setattr(translate_module, "translate_ids", real)
+    one_line_error(*cli(capsys, *argv, "--resume", "--alpha", "1", stdin=lines, monkeypatch=monkeypatch)[::2],
+                   "another decoding", "same model and settings")
+    other = make_model(tmp_path / "other", positional="learned")
+    one_line_error(*cli(capsys, "translate", other, *argv[2:], "--resume", stdin=lines, monkeypatch=monkeypatch)[::2],
+                   "another model")
+    short = lines[: lines.index(b"\n") + 1]  # stdin records no digest: at least its length must do
+    one_line_error(*cli(capsys, *argv, "--resume", stdin=short, monkeypatch=monkeypatch)[::2],
+                   "has 1 lines, fewer than the 3", "same input")
+    assert out.with_name("out.txt.partial").read_text(encoding="utf-8").count("\n") == 3
+    code, _, err = cli(capsys, *argv, "--resume", "--batch-tokens", "100", stdin=lines, monkeypatch=monkeypatch)
+    assert code == 0, err  # a speed knob may change
+    assert out.read_text(encoding="utf-8").count("\n") == 9
+
+
 def test_translate_writes_each_chunk_when_done(model_dir):
     model, tokenizer = Transformer.load(model_dir).eval(), Tokenizer.load(model_dir)
     written = []
