@@ -333,6 +333,20 @@ def test_translate_and_score_split_lines_on_newline_only(tmp_path, model_dir, ca
     assert code == 0 and "sacreBLEU       100.00" in out, err
 
 
+def interrupt_on_chunk(chunk: int, monkeypatch):
+    """Ctrl-C as `translate` decodes its `chunk`-th chunk; returns the real `translate_ids`."""
+    real, calls = translate_module.translate_ids, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == chunk:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "translate_ids", interrupted)
+    return real
+
+
 def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_path, model_dir, capsys, monkeypatch):
     lines = [SENTENCES[i % 7] if i % 5 else "" for i in range(11)]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -342,15 +356,7 @@ def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_pa
     straight = (tmp_path / "straight.txt").read_text(encoding="utf-8")
     assert straight.count("\n") == 11
 
-    real, calls = translate_module.translate_ids, []
-
-    def interrupted_on_the_third_chunk(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(translate_module, "translate_ids", interrupted_on_the_third_chunk)
+    real = interrupt_on_chunk(3, monkeypatch)
     out = tmp_path / "out.txt"
     code, _, err = cli(capsys, *argv, "--output", out)
     assert code == 130 and "6 finished lines are in" in err and "--resume" in err
@@ -399,15 +405,7 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
     lines = "".join(f"{SENTENCES[i % 7]}\n" for i in range(9)).encode()
     out = tmp_path / "out.txt"
     monkeypatch.setattr(translate_module, "CHUNK_LINES", 3)
-    real, calls = translate_module.translate_ids, []
-
-    def interrupted_on_the_second_chunk(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(translate_module, "translate_ids", interrupted_on_the_second_chunk)
+    real = interrupt_on_chunk(2, monkeypatch)
     argv = ["translate", model_dir, "--output", out, "--beam", "2"]
     assert cli(capsys, *argv, stdin=lines, monkeypatch=monkeypatch)[0] == 130
     monkeypatch.setattr(translate_module, "translate_ids", real)
