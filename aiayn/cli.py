@@ -360,10 +360,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(2, f"aiayn: error: {' '.join(str(error).split())}\n")
     except KeyboardInterrupt:
         parser.exit(130, "aiayn: interrupted\n")
+    except (MemoryError, RuntimeError) as error:
+        if not out_of_memory(error):
+            raise
+        parser.exit(2, f"aiayn: error: out of memory ({type(error).__name__}); ask for less: a smaller "
+                       "--batch-tokens, --extra-len or --max-output-len, a smaller batch or model\n")
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` says an allocation failed: a GPU's OutOfMemoryError, Python's MemoryError, or
+    the RuntimeError PyTorch's CPU allocator raises (its message the only sign of it)."""
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(error)
 
 
 def _interrupt(signum: int, frame) -> None:
