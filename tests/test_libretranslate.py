@@ -3,7 +3,9 @@ people use, libretranslatepy and deep-translator's LibreTranslator, against a ru
 model is random, so the translations are nonsense; each is checked equal to what aiayn's own
 Translator gives for the same text and settings (§6.1: beam 4, α 0.6)."""
 
+import http.client
 import json
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -80,6 +82,13 @@ def test_a_list_alternatives_and_auto_source_as_json(server, translator, model_d
                                 (f"/translate?q={SENTENCES[0].replace(' ', '%20')}&source=en&target=es", b"", {})):
         status, answer, _ = request(server.port, "POST", path, body, headers)
         assert status == 200 and answer == {"translatedText": translator.translate([SENTENCES[0]])[0]}
+    # `curl -X POST URL?q=...` sends neither Content-Length nor a body: HTTP/1.1 reads that as no body.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as raw:
+        raw.sendall(f"POST /translate?q=the%20cat&source=en&target=es HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    "Connection: close\r\n\r\n".encode())
+        response = http.client.HTTPResponse(raw)
+        response.begin()
+        assert response.status == 200 and json.loads(response.read()) == {"translatedText": translator.translate(["the cat"])[0]}
 
 
 def test_a_paragraph_is_translated_sentence_by_sentence(server, translator):

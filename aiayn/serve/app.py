@@ -153,15 +153,17 @@ def _error(status: int, message: str, headers: Optional[dict] = None) -> JSONRes
 
 class BodyLimit:
     """Refuse a request body over `limit` bytes from its Content-Length, before it is read. A body
-    sent without one (chunked) could grow without bound, so it is refused too (411)."""
+    sent without one (chunked) could grow without bound, so it is refused too (411). A request
+    with neither has no body (RFC 9112, 6.3): a LibreTranslate client's query parameters alone."""
 
     def __init__(self, app, limit: int = MAX_BODY_BYTES) -> None:
         self.app, self.limit = app, limit
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            length = dict(scope["headers"]).get(b"content-length")
-            if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+            headers = dict(scope["headers"])
+            length = headers.get(b"content-length")
+            if length is None and b"transfer-encoding" in headers:
                 return await _error(411, "send the body with a Content-Length header")(scope, receive, send)
             if length is not None and int(length) > self.limit:  # the HTTP parser has checked it is a number
                 return await _error(413, f"the request body is over {self.limit:,} bytes")(scope, receive, send)
