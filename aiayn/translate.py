@@ -93,6 +93,7 @@ def translate_nbest(
     search finished fewer; beam search only, n_best ≤ beam)."""
     decode = dataclasses.replace(decode, **changes) if changes else decode
     config = model.config
+    check_beam(config, decode.beam)
     device = next(model.parameters()).device
     was_training = model.training
     beam = decode.beam
@@ -169,6 +170,13 @@ def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig,
     return src, max_len
 
 
+def check_beam(config, beam: int) -> None:
+    """A beam wider than the vocabulary would keep the same output twice: refused in one line."""
+    if beam > config.vocab_size:
+        raise ValueError(f"beam {beam} is more than the model's {config.vocab_size} tokens: choose a beam of at "
+                         f"most {config.vocab_size}")
+
+
 class ContinuousDecoding:
     """Continuous batching: sentences join the running search (aiayn.search.BeamSearch) between
     two steps and leave it as soon as they finish, instead of waiting for a whole batch to end.
@@ -177,6 +185,7 @@ class ContinuousDecoding:
 
     def __init__(self, model: Transformer, decode: DecodeConfig = DECODE_PRESETS["translate"]) -> None:
         self.model, self.decode, self.config = model, decode, model.config
+        check_beam(self.config, decode.beam)
         self.device = next(model.parameters()).device
         self.state: Optional[ModelStep] = None
         self.search = BeamSearch(lambda tokens: self.state.step(tokens),

@@ -423,12 +423,18 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
     assert out.read_text(encoding="utf-8").count("\n") == 9
 
 
-def test_a_search_too_large_for_memory_is_a_one_line_error(tmp_path, model_dir, capsys, monkeypatch):
-    """The search's key/value cache for 10^12 positions is over 128 TiB, more than any process's
-    address space: the allocation fails whatever the machine's memory and overcommit setting."""
+def test_a_search_too_large_is_a_one_line_error(tmp_path, model_dir, capsys, monkeypatch):
+    """Too long: the search's key/value cache for 10^12 positions is over 128 TiB, more than any
+    process's address space, so the allocation fails whatever the machine's memory and overcommit
+    setting. Too wide: a beam of more outputs than the vocabulary has tokens."""
     code, _, err = cli(capsys, "translate", model_dir, "--extra-len", str(10 ** 12), stdin=b"the cat\n",
                        monkeypatch=monkeypatch)
     one_line_error(code, err, "out of memory", "--extra-len")
+    vocab = Tokenizer.load(model_dir).vocab_size
+    wide = ["--beam", str(vocab + 1)]
+    for argv in (["translate", model_dir, *wide], ["attention", model_dir, *wide, "--sentence", "the cat", "--out", tmp_path]):
+        code, _, err = cli(capsys, *argv, stdin=b"the cat\n", monkeypatch=monkeypatch)  # it failed inside the search
+        one_line_error(code, err, f"beam {vocab + 1} is more than the model's {vocab} tokens")
 
 
 def test_translate_writes_each_chunk_when_done(model_dir):

@@ -410,6 +410,8 @@ def test_health_info_and_the_openapi_schema(server, model_dir):
         assert request(server, "GET", "/health", headers={"Host": host})[0] == 200
     status, schema, _ = request(server, "GET", "/openapi.json")
     assert status == 200 and {"/translate", "/health", "/info"} <= set(schema["paths"])
+    ids = [operation["operationId"] for path in schema["paths"].values() for operation in path.values()]
+    assert len(ids) == len(set(ids)), ids  # a duplicate is a warning on the server's stderr, and breaks client generators
 
 
 def test_translate_returns_what_the_python_api_returns_in_order(server, model_dir):

@@ -267,7 +267,9 @@ def add_routes(app: FastAPI, tokenizer, languages: Languages, translate, admit, 
             answer["detectedLanguage"] = [detected(t) for t in texts] if listed else detected(texts[0])
         return JSONResponse(answer)
 
-    @app.api_route("/languages", methods=["GET", "POST"], tags=["LibreTranslate"])
+    # One route a method, each its own OpenAPI operation id (one route of both named both alike).
+    @app.get("/languages", tags=["LibreTranslate"], operation_id="libre_languages")
+    @app.post("/languages", tags=["LibreTranslate"], operation_id="libre_languages_post")
     async def libre_languages() -> list:
         """The model's source language (which translates to its target) and its target."""
         if not languages.known:
