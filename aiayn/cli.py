@@ -27,6 +27,7 @@ from aiayn.config import (
     ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions,
     check_options, decode_field_problem, preset, recipe,
 )
+from aiayn.errors import os_error_message, out_of_memory
 
 
 class UserError(Exception):
@@ -357,7 +358,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args.run(args)
     except (UserError, ValueError, ImportError, OSError) as error:  # OSError: files, network
-        parser.exit(2, f"aiayn: error: {' '.join(str(error).split())}\n")
+        message = os_error_message(error) if isinstance(error, OSError) else str(error)
+        parser.exit(2, f"aiayn: error: {' '.join(message.split())}\n")
     except KeyboardInterrupt:
         parser.exit(130, "aiayn: interrupted\n")
     except (MemoryError, RuntimeError) as error:
@@ -369,12 +371,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return 0
-
-
-def out_of_memory(error: BaseException) -> bool:
-    """Whether `error` says an allocation failed: a GPU's OutOfMemoryError, Python's MemoryError, or
-    the RuntimeError PyTorch's CPU allocator raises (its message the only sign of it)."""
-    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(error)
 
 
 def _interrupt(signum: int, frame) -> None:

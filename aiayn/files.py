@@ -7,6 +7,8 @@ every other module writes through.
 - `writer_lock`, `output_lock`: one writer at a time for a folder, released by the kernel
   when its process ends, however it ends.
 - JSON and SHA-256 of files, read and written the same way everywhere.
+- `PartialOutput`: an output file written line by line as its work is done, which a run stopped
+  part of the way through continues (--resume).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from safetensors import SafetensorError
 
@@ -185,3 +188,84 @@ def file_sha256(path: Union[str, Path]) -> str:
     """The SHA-256 of a whole file."""
     with open(path, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _complete_lines(partial: Path) -> int:
+    """The number of whole lines in an interrupted output; a line cut short is removed."""
+    data = partial.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with open(partial, "r+b") as handle:
+            handle.truncate(end)
+    return data.count(b"\n", 0, end)
+
+
+def _digest(path: str) -> str:
+    try:
+        return file_sha256(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such file: {path}") from None
+
+
+class PartialOutput:
+    """An output file written as it is translated: lines go to OUTPUT.partial as each chunk is
+    done, and OUTPUT.partial becomes OUTPUT when all are. OUTPUT.partial.json records what the
+    lines translate: the input (its SHA-256) and `settings` (the model's weights' SHA-256 and the
+    decoding settings). An interrupted run leaves OUTPUT.partial, which `resume` continues after
+    its last whole line, with the same input, model and settings only: lines of two models or two
+    beams in one file would pass for one translation. The output is never the model it reads
+    (`model`: its files, `run.model_inputs`), nor a folder or a device."""
+
+    def __init__(self, output: str, input: Optional[str], resume: bool, force: bool,
+                 model: Sequence[Path] = (), settings: Optional[dict] = None) -> None:
+        self.final = Path(output)
+        self.partial = self.final.with_name(self.final.name + ".partial")
+        self.record = self.final.with_name(self.final.name + ".partial.json")
+        if self.final.is_dir():
+            raise ValueError(f"{output} is a folder; --output names a file")
+        inputs = ([] if input in (None, "-") else [input]) + list(model)
+        refuse_to_replace(self.final, force or resume, inputs)  # before anything is read or written
+        digest = None if input in (None, "-") else _digest(input)
+        settings = settings or {}
+        self.skip = 0
+        if resume and self.partial.exists():
+            kept = read_json(self.record) if self.record.exists() else {}
+            if digest is not None and kept.get("input_sha256") not in (None, digest):
+                raise ValueError(f"{self.partial} translates another input than {input} (its digest differs); "
+                                 "--resume needs the same input, --force starts over")
+            # A record from before settings were kept says nothing of them.
+            changed = [name for name, value in settings.items() if kept.get(name, value) != value]
+            if changed:
+                raise ValueError(f"{self.partial} was translated with another {' and '.join(changed)}; "
+                                 "--resume needs the same model and settings, --force starts over")
+            self.skip = _complete_lines(self.partial)
+        elif resume and self.final.exists():
+            raise ValueError(f"{self.final} is complete: nothing to resume (--force translates again)")
+        elif not force and self.partial.exists():
+            raise ValueError(f"{self.partial} holds an interrupted translation; pass --resume to continue it "
+                             "or --force to start over")
+        self.handle = open(self.partial, "ab" if self.skip else "wb")  # an unwritable output fails here, before decoding
+        if not self.skip:
+            write_json(self.record, {"input": input or "-", "input_sha256": digest, **settings})
+        self.written = self.skip
+
+    def write(self, text: str, lines: int) -> None:
+        self.handle.write(text.encode("utf-8"))
+        self.handle.flush()
+        self.written += lines
+
+    def abandon(self, interrupted: bool) -> None:
+        """After a failure: nothing written is removed; what was is kept for --resume."""
+        self.handle.close()
+        if not self.written:
+            self.partial.unlink(missing_ok=True)
+            self.record.unlink(missing_ok=True)
+        elif self.written > self.skip or interrupted:
+            print(f"aiayn: note: {self.written} finished lines are in {self.partial}; rerun with --resume to continue",
+                  file=sys.stderr)
+
+    def finish(self) -> None:
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        os.replace(self.partial, self.final)
+        self.record.unlink(missing_ok=True)

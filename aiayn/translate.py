@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Optional, Sequence
@@ -20,7 +19,7 @@ from aiayn.checkpoint import WEIGHTS
 from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, AttentionOptions, DecodeConfig, FileDecodeOptions
 from aiayn.corpora import iter_lines
 from aiayn.device import resolve_device
-from aiayn.files import file_sha256, read_json, refuse_to_replace, write_json
+from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep
 from aiayn.inference import inference_copy
 from aiayn.model import Transformer
@@ -357,16 +356,6 @@ def open_input(path: Optional[str]) -> tuple[BinaryIO, str]:
         raise FileNotFoundError(f"no such file: {path}") from None
 
 
-def _complete_lines(partial: Path) -> int:
-    """The number of whole lines in an interrupted output; a line cut short is removed."""
-    data = partial.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):
-        with open(partial, "r+b") as handle:
-            handle.truncate(end)
-    return data.count(b"\n", 0, end)
-
-
 def _count_lines(handle) -> int:
     """Lines in a binary file as `iter_lines` splits them (a last line without "\\n" counts),
     the handle rewound."""
@@ -375,77 +364,6 @@ def _count_lines(handle) -> int:
         count, last = count + block.count(b"\n"), block[-1:]
     handle.seek(0)
     return count + (last != b"\n")
-
-
-def _digest(path: str) -> str:
-    try:
-        return file_sha256(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no such file: {path}") from None
-
-
-class PartialOutput:
-    """An output file written as it is translated: lines go to OUTPUT.partial as each chunk is
-    done, and OUTPUT.partial becomes OUTPUT when all are. OUTPUT.partial.json records what the
-    lines translate: the input (its SHA-256) and `settings` (the model's weights' SHA-256 and the
-    decoding settings). An interrupted run leaves OUTPUT.partial, which `resume` continues after
-    its last whole line, with the same input, model and settings only: lines of two models or two
-    beams in one file would pass for one translation. The output is never the model it reads
-    (`model`: its files, `run.model_inputs`), nor a folder or a device."""
-
-    def __init__(self, output: str, input: Optional[str], resume: bool, force: bool,
-                 model: Sequence[Path] = (), settings: Optional[dict] = None) -> None:
-        self.final = Path(output)
-        self.partial = self.final.with_name(self.final.name + ".partial")
-        self.record = self.final.with_name(self.final.name + ".partial.json")
-        if self.final.is_dir():
-            raise ValueError(f"{output} is a folder; --output names a file")
-        inputs = ([] if input in (None, "-") else [input]) + list(model)
-        refuse_to_replace(self.final, force or resume, inputs)  # before anything is read or written
-        digest = None if input in (None, "-") else _digest(input)
-        settings = settings or {}
-        self.skip = 0
-        if resume and self.partial.exists():
-            kept = read_json(self.record) if self.record.exists() else {}
-            if digest is not None and kept.get("input_sha256") not in (None, digest):
-                raise ValueError(f"{self.partial} translates another input than {input} (its digest differs); "
-                                 "--resume needs the same input, --force starts over")
-            # A record from before settings were kept says nothing of them.
-            changed = [name for name, value in settings.items() if kept.get(name, value) != value]
-            if changed:
-                raise ValueError(f"{self.partial} was translated with another {' and '.join(changed)}; "
-                                 "--resume needs the same model and settings, --force starts over")
-            self.skip = _complete_lines(self.partial)
-        elif resume and self.final.exists():
-            raise ValueError(f"{self.final} is complete: nothing to resume (--force translates again)")
-        elif not force and self.partial.exists():
-            raise ValueError(f"{self.partial} holds an interrupted translation; pass --resume to continue it "
-                             "or --force to start over")
-        self.handle = open(self.partial, "ab" if self.skip else "wb")  # an unwritable output fails here, before decoding
-        if not self.skip:
-            write_json(self.record, {"input": input or "-", "input_sha256": digest, **settings})
-        self.written = self.skip
-
-    def write(self, text: str, lines: int) -> None:
-        self.handle.write(text.encode("utf-8"))
-        self.handle.flush()
-        self.written += lines
-
-    def abandon(self, interrupted: bool) -> None:
-        """After a failure: nothing written is removed; what was is kept for --resume."""
-        self.handle.close()
-        if not self.written:
-            self.partial.unlink(missing_ok=True)
-            self.record.unlink(missing_ok=True)
-        elif self.written > self.skip or interrupted:
-            print(f"aiayn: note: {self.written} finished lines are in {self.partial}; rerun with --resume to continue",
-                  file=sys.stderr)
-
-    def finish(self) -> None:
-        os.fsync(self.handle.fileno())
-        self.handle.close()
-        os.replace(self.partial, self.final)
-        self.record.unlink(missing_ok=True)
 
 
 def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: str = "translate",

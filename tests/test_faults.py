@@ -449,7 +449,13 @@ def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys,
     (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
     code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt",
                        "--output", tmp_path / "no" / "such" / "folder.txt")
-    one_line_error(code, err, "No such file or directory")
+    one_line_error(code, err, f"no such folder: {tmp_path / 'no' / 'such'}")
+    # The system's errors said of the path given, not as "[Errno 21] Is a directory: '...'".
+    one_line_error(*cli(capsys, "translate", model_dir, "--input", tmp_path)[::2], f"{tmp_path} is a folder, not a file")
+    one_line_error(*cli(capsys, "score", "--ref", tmp_path / "in.txt", "--hyp", tmp_path / "none.txt")[::2],
+                   f"no such file: {tmp_path / 'none.txt'}")
+    code, _, err = cli(capsys, "corpus", "export", "bible-en-es", "--out", tmp_path / "in.txt")
+    one_line_error(code, err, f"{tmp_path / 'in.txt'} is a file, not a folder")
 
 
 def test_a_line_too_long_for_learned_positions_is_cut_not_fatal(tmp_path, capsys):

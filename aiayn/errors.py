@@ -1,0 +1,39 @@
+"""How failures are said to a user: one line about what they gave, not the system's wording.
+
+The command line (aiayn.cli) ends every user mistake with `aiayn: error: ...`; these say the
+failures that reach it from the system: a path that is a folder or a file where the other is
+needed, a folder that does not exist, an allocation that failed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import torch
+
+
+def os_error_message(error: OSError) -> str:
+    """An error from the system about a path, said of the path the user gave: "F is a folder, not
+    a file" rather than "[Errno 21] Is a directory: 'F'". Others as they are."""
+    if error.filename is None or error.strerror is None or error.filename2 is not None:
+        return str(error)
+    path = Path(os.fsdecode(error.filename))
+    if error.errno == errno.EISDIR:
+        return f"{path} is a folder, not a file"
+    if error.errno in (errno.ENOTDIR, errno.EEXIST):  # a file stands where a folder is needed
+        file = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if file is not None:
+            return f"{file} is a file, not a folder"
+    if error.errno == errno.ENOENT and not path.parent.is_dir():
+        return f"no such folder: {path.parent}"
+    if error.errno == errno.ENOENT:
+        return f"no such file: {path}"
+    return f"{path}: {error.strerror}"
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` says an allocation failed: a GPU's OutOfMemoryError, Python's MemoryError, or
+    the RuntimeError PyTorch's CPU allocator raises (its message the only sign of it)."""
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(error)
