@@ -27,6 +27,7 @@ from aiayn.config import (
     ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions,
     check_options, decode_field_problem, preset, recipe,
 )
+from aiayn import __version__
 from aiayn.errors import os_error_message, out_of_memory
 
 
@@ -326,6 +327,7 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of 'Attention Is All You Need', as a tool.")
+    parser.add_argument("--version", action="version", version=f"aiayn {__version__}, PyTorch {torch.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, run, what, cls, decoding in COMMANDS:
         command = sub.add_parser(name, help=what, description=cls.__doc__)

@@ -30,6 +30,8 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but this machine has no CUDA GPU")
+    if device.type not in ("cpu", "cuda"):  # mps, xpu, meta ...: names PyTorch knows, aiayn does not run on
+        raise ValueError(f"aiayn runs on a CPU or a CUDA GPU, not on {name!r}; use auto, cpu, cuda or cuda:N")
     return device
 
 

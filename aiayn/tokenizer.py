@@ -90,7 +90,10 @@ class Tokenizer:
         if not file.is_file():
             raise FileNotFoundError(f"no tokenizer at {path}: expected a {MODEL_FILE} file or a folder holding one")
         try:
-            return cls(file.read_bytes())
+            data = file.read_bytes()
+            if not data:  # SentencePiece would load it as a model of no pieces, printing its own errors
+                raise ValueError(f"{file} is empty, not a SentencePiece model")
+            return cls(data)
         except (RuntimeError, OSError) as error:
             raise ValueError(f"{file} is not a SentencePiece model: {error}") from None
 

@@ -602,6 +602,25 @@ def with_config(model_dir: Path, folder: Path, **changes) -> Path:
     return folder
 
 
+def test_an_empty_tokenizer_a_device_aiayn_does_not_run_on_and_the_version(tmp_path, model_dir, capsys):
+    folder = with_config(model_dir, tmp_path / "model")
+    (folder / "tokenizer.model").write_bytes(b"")  # SentencePiece would load it, print errors and say 0 tokens
+    one_line_error(*cli(capsys, "translate", folder, "--input", tmp_path / "nowhere")[::2], "is empty, not a SentencePiece model")
+    for device in ("mps", "meta"):  # names PyTorch knows
+        one_line_error(*cli(capsys, "translate", model_dir, "--device", device)[::2],
+                       f"aiayn runs on a CPU or a CUDA GPU, not on '{device}'")
+    code, out, _ = cli(capsys, "--version")
+    assert code == 0 and out.startswith("aiayn 0.") and f"PyTorch {torch.__version__}" in out
+
+
+def test_a_pre_norm_model_is_refused_by_marian_exports_saying_why(tmp_path, capsys):
+    model = make_model(tmp_path / "pre", norm_first=True)
+    argos = ["export-argos", model, tmp_path / "en_es.argosmodel", "--source-lang", "en", "--target-lang", "es"]
+    for argv in (["export-hf", model, tmp_path / "hf"], argos):
+        one_line_error(*cli(capsys, *argv)[::2], "Marian is post-norm", "this model is pre-norm", "--recipe fast")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["pre"]
+
+
 def test_a_config_field_of_the_wrong_type(tmp_path, model_dir, capsys):
     folder = with_config(model_dir, tmp_path / "model", dropout="0.1")
     code, _, err = cli(capsys, "translate", folder, "--input", tmp_path / "nowhere")
