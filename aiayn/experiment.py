@@ -138,7 +138,7 @@ def _check_out(out: Path, settings: dict) -> None:
     if path.exists():
         kept = read_json(path)
         changed = sorted(key for key in set(kept) | set(settings) if kept.get(key) != settings.get(key))
-        if changed:
+        if changed and _started(out):
             first = changed[0]
             raise ValueError(f"{out} holds an experiment with {first}={kept.get(first)!r}, not {settings.get(first)!r}; "
                              f"continue it with its settings or choose another --out")
@@ -146,6 +146,18 @@ def _check_out(out: Path, settings: dict) -> None:
         raise ValueError(f"{out} exists and is not a Table 3 experiment folder; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     write_json(path, settings)
+
+
+def _started(out: Path) -> bool:
+    """Whether the experiment in `out` has data or rows: else its settings are those of a start
+    that failed before any work (an unknown corpus, say), and the next start may set them anew."""
+    from aiayn.store import load_store
+
+    try:
+        load_store(out / DATA)
+        return True
+    except (ValueError, OSError):
+        return any((out / row).exists() for row in ROWS)
 
 
 def _prepare_data(out: Path, corpus: str, scale: Scale, echo: Callable[[str], None]) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES
-from aiayn.experiment import PAPER, REPEAT, ROWS, SCALES, findings, miniature, noise_floor, select_rows, table_markdown
+from aiayn.experiment import PAPER, REPEAT, ROWS, SCALES, _check_out, _settings, findings, miniature, noise_floor, select_rows, table_markdown
 from aiayn.device import resolve_precision
 
 PAPER_ROWS = [row for row in ROWS if row != REPEAT]
@@ -137,6 +137,7 @@ def test_table3_refuses_to_mix_settings_and_bad_rows(tmp_path):
     foreign = _table3(out, "--rows", "base")
     assert foreign.returncode == 2 and "is not a Table 3 experiment folder" in foreign.stderr
     (out / "settings.json").unlink()
+    (out / "base").mkdir()  # a row begun: the settings bind
     (out / "experiment.json").write_text(json.dumps(
         {"experiment": "table3", "scale": "tiny", **dataclasses.asdict(SCALES["tiny"]), "steps": 9,
          "precision": resolve_precision("auto", torch.device("cpu")), "seed": 1, "corpus": "bible-en-es"}))
@@ -144,3 +145,18 @@ def test_table3_refuses_to_mix_settings_and_bad_rows(tmp_path):
     assert mixed.returncode == 2 and "steps=9, not 4" in mixed.stderr and "Traceback" not in mixed.stderr
     bad = _table3(tmp_path / "other", "--rows", "Z9")
     assert bad.returncode == 2 and "unknown Table 3 row 'Z9'" in bad.stderr
+
+
+def test_a_start_that_failed_before_any_work_does_not_bind_its_settings(tmp_path):
+    """`--corpus nope` fails after writing the experiment's settings; the corrected command is
+    not refused for settings no row or data was ever made with."""
+    out = tmp_path / "table3"
+    failed = _table3(out, "--corpus", "nope")
+    assert failed.returncode == 2 and "unknown corpus 'nope'" in failed.stderr
+    assert json.loads((out / "experiment.json").read_text())["corpus"] == "nope"
+    settings = _settings("tiny", SCALES["tiny"], "fp32", 1, "bible-en-es")
+    _check_out(out, settings)
+    assert json.loads((out / "experiment.json").read_text()) == settings
+    (out / "base").mkdir()  # once a row has begun, they bind
+    with pytest.raises(ValueError, match="holds an experiment with corpus='bible-en-es', not 'nope'"):
+        _check_out(out, {**settings, "corpus": "nope"})
