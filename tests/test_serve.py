@@ -454,6 +454,8 @@ def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_di
 
 @pytest.mark.parametrize("body, headers, status, fragment", [
     (b'{"text": ', {"Content-Type": "application/json"}, 400, "not valid JSON"),
+    (b'{"text": "\xff"}', {"Content-Type": "application/json"}, 400, "the body is not valid JSON: it is not UTF-8 text"),
+    (b'{"text": "a", "alpha": NaN}', {"Content-Type": "application/json"}, 422, "alpha: Input should be a finite number"),
     (b'{"text": "a"}', {}, 422, "JSON object"),
     ({"text": "a", "beam": 0}, None, 422, "beam: Input should be greater than or equal to 1"),
     ({"text": "a", "beam": "four"}, None, 422, "beam: Input should be a valid integer"),

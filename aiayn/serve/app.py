@@ -56,7 +56,8 @@ class TranslateRequest(BaseModel):
     text: Union[str, list[str]] = Field(description="a sentence, or a list of sentences translated in order")
     beam: int = Field(SECTION_6_1.beam, ge=1, le=MAX_BEAM, strict=True,
                       description=f"beam size (§6.1: {SECTION_6_1.beam}); 1 is greedy")
-    alpha: float = Field(SECTION_6_1.alpha, ge=0.0, le=10.0, description=f"length penalty α (§6.1: {SECTION_6_1.alpha})")
+    alpha: float = Field(SECTION_6_1.alpha, ge=0.0, le=10.0, allow_inf_nan=False,
+                         description=f"length penalty α (§6.1: {SECTION_6_1.alpha})")
     max_length: Optional[int] = Field(None, ge=1, le=MAX_OUTPUT_LEN, strict=True, description=(
         f"output tokens at most (default: source length + {SECTION_6_1.extra_len})"))
     attention: bool = Field(False, strict=True,
@@ -200,6 +201,11 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+# What FastAPI answers for a JSON body it cannot decode as UTF-8 (its JSON errors are a
+# RequestValidationError, said below as aiayn says them).
+FASTAPI_UNDECODABLE_BODY = "There was an error parsing the body"
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error as {"error": "..."} with its status: 400 bad JSON, 422 a bad field, 503 a full
     queue or a stopping server (with Retry-After), 500 a decoding failure."""
@@ -219,6 +225,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        if error.status_code == 400 and error.detail == FASTAPI_UNDECODABLE_BODY:
+            return _error(400, "the body is not valid JSON: it is not UTF-8 text")
         return _error(error.status_code, str(error.detail), error.headers)
 
     @app.exception_handler(QueueFull)
