@@ -507,7 +507,7 @@ class AttentionOptions:
 class DemoOptions:
     """`aiayn demo`: train on bible-en-es for a time budget, translate the test books, score."""
 
-    minutes: float = _option(10.0, "training time budget", least=0)
+    minutes: float = _option(10.0, "training time budget", above=0)
     out: str = _option("runs/demo", "run folder (reused if present)")
     preset: str = _option("small", "model preset", choices=lambda: sorted(PRESETS))
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _option(

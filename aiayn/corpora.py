@@ -168,6 +168,8 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
     if path.is_file() and path.name.endswith((".tsv", ".tsv.xz")):
         return CorpusStream(path.name.split(".")[0], src_lang or "src", tgt_lang or "tgt",
                             {"train": lambda: _chunked(_tsv_pairs(path))})
+    if not path.exists() and (path.suffix or len(path.parts) > 1):  # a path, not a mistyped name
+        raise FileNotFoundError(f"no such corpus file or folder: {spec}")
     raise ValueError(
         f"unknown corpus {spec!r}: not a built-in name ({', '.join(corpus_names())}) "
         "nor a folder, .tsv, .parquet or .mrg file"

@@ -181,6 +181,8 @@ class RunDir:
         found = self.checkpoints()
         if found:
             return found[-1]
+        if not self.path.exists():
+            raise FileNotFoundError(f"no such model or run folder: {self.path}")
         raise FileNotFoundError(f"{self.path} is neither a model folder nor a run folder with a model or checkpoints")
 
 
@@ -280,7 +282,8 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
     under the output's lock, never over one of the checkpoints it reads."""
     found = RunDir(options.run_dir).checkpoints()
     if not found:
-        raise ValueError(f"no checkpoints in {options.run_dir}")
+        raise ValueError(f"no checkpoints in {options.run_dir}" if Path(options.run_dir).is_dir()
+                         else f"no such run folder: {options.run_dir}")
     chosen = found[-options.last:]
     refuse_to_replace(options.out, options.force, inputs=chosen)
     if len(chosen) < options.last:

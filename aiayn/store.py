@@ -159,6 +159,9 @@ def load_store(folder: Union[str, Path], verify: bool = False) -> Store:
     their blocks, unless `verify` (every byte, `aiayn preprocess --verify`)."""
     folder = Path(folder)
     path = folder / MANIFEST
+    if folder.exists() and not folder.is_dir():  # a corpus file given where its preprocessed folder goes
+        raise ValueError(f"{folder} is a file, not a data folder; make one from it with: aiayn preprocess "
+                         f"--corpus {folder} --out DATA_DIR")
     if not folder.is_dir():
         raise FileNotFoundError(f"no data folder {folder}; make one with: aiayn preprocess --corpus SPEC --out {folder}")
     if not path.is_file():

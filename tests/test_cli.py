@@ -39,6 +39,7 @@ def test_info_takes_config_overrides(capsys):
         (["info", "--preset", "huge"], "unknown preset 'huge'"),
         (["info", "--d-model", "100", "--n-heads", "3"], "not divisible by n_heads"),
         (["info", "--length", "0"], "--length must be at least 1"),
+        (["demo", "--minutes", "0", "--out", "/nonexistent/demo"], "--minutes must be above 0, got 0.0"),  # before any folder
     ],
 )
 def test_user_mistakes_get_one_line_and_exit_2(capsys, argv, message):

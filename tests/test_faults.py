@@ -456,6 +456,9 @@ def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys,
                    f"no such file: {tmp_path / 'none.txt'}")
     code, _, err = cli(capsys, "corpus", "export", "bible-en-es", "--out", tmp_path / "in.txt")
     one_line_error(code, err, f"{tmp_path / 'in.txt'} is a file, not a folder")
+    one_line_error(*cli(capsys, "translate", tmp_path / "nope")[::2], f"no such model or run folder: {tmp_path / 'nope'}")
+    one_line_error(*cli(capsys, "average", tmp_path / "nope", "--out", tmp_path / "avg")[::2],
+                   f"no such run folder: {tmp_path / 'nope'}")
 
 
 def test_a_line_too_long_for_learned_positions_is_cut_not_fatal(tmp_path, capsys):

@@ -143,7 +143,8 @@ def test_bad_data_folders_get_one_line_errors(tmp_path, data_dir, capsys):
     one_line_error(*cli(capsys, *argv)[::2], "has 300 tokens", "--vocab-size 300")
     argv = ["train", "--data", data_dir, "--tgt-lang", "fr", "--out", tmp_path / "run", "--preset", "tiny"]
     one_line_error(*cli(capsys, *argv)[::2], "de as its target language, not fr")
-    one_line_error(*cli(capsys, "preprocess", "--corpus", "no/such/corpus", "--out", tmp_path / "d")[::2], "unknown corpus")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", "no/such/corpus", "--out", tmp_path / "d")[::2],
+                   "no such corpus file or folder: no/such/corpus")
     one_line_error(*cli(capsys, "preprocess", "--corpus", "bible-en-es", "--out", data_dir)[::2], "already exists", "--force")
 
 
@@ -176,6 +177,9 @@ def test_a_file_changed_in_place_is_noticed(tmp_path, data_dir, capsys, monkeypa
         one_line_error(*cli(capsys, "preprocess", "--verify", folder)[::2], fragment)
     code, out, _ = cli(capsys, "preprocess", "--verify", data_dir)
     assert code == 0 and "files match their SHA-256" in out
+    (tmp_path / "pairs.tsv").write_text("a\tb\n")  # a corpus, not the folder made from it: not --out over it
+    one_line_error(*cli(capsys, "preprocess", "--verify", tmp_path / "pairs.tsv")[::2], "is a file, not a data folder",
+                   f"--corpus {tmp_path / 'pairs.tsv'} --out DATA_DIR")
     # One id changed between the sampled blocks: the quick check at a start misses it, --verify does not.
     monkeypatch.setattr(stores, "SAMPLED_BLOCKS", 2)
     monkeypatch.setattr(stores, "BLOCK_BYTES", 16)
