@@ -20,6 +20,8 @@ from aiayn.files import atomic_write, refuse_to_replace
 CORPORA_DIR = Path(__file__).parent / "corpora"
 BIBLE_FILE = "bible-en-es.tsv.xz"
 _BIBLE = {"bible-en-es": ("en", "es"), "bible-es-en": ("es", "en")}
+# The sides of a TSV corpus whose languages were not given: names of columns, not languages.
+UNNAMED = ("src", "tgt")
 _WMT14 = {f"wmt14-{a}-{b}": (a, b) for a, b in [("de", "en"), ("en", "de"), ("fr", "en"), ("en", "fr")]}
 # Other names the splits go by in downloaded corpora (fairseq's "valid", HF's "validation").
 _SPLIT_ALIASES = {"train": ("train",), "dev": ("dev", "valid", "validation"), "test": ("test",)}
@@ -163,10 +165,10 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
         return stream_parquet(path, src_lang, tgt_lang)
     if path.is_dir():
         if (path / "train.tsv").is_file():
-            return _tsv_folder_stream(path, src_lang or "src", tgt_lang or "tgt")
+            return _tsv_folder_stream(path, src_lang or UNNAMED[0], tgt_lang or UNNAMED[1])
         return _text_folder_stream(path, src_lang, tgt_lang)
     if path.is_file() and path.name.endswith((".tsv", ".tsv.xz")):
-        return CorpusStream(path.name.split(".")[0], src_lang or "src", tgt_lang or "tgt",
+        return CorpusStream(path.name.split(".")[0], src_lang or UNNAMED[0], tgt_lang or UNNAMED[1],
                             {"train": lambda: _chunked(_tsv_pairs(path))})
     if not path.exists() and (path.suffix or len(path.parts) > 1):  # a path, not a mistyped name
         raise FileNotFoundError(f"no such corpus file or folder: {spec}")

@@ -26,6 +26,7 @@ import torch
 
 from aiayn.checkpoint import CONFIG, WEIGHTS, load_model, read_config, save_model, write_checkpoint
 from aiayn.config import AverageOptions, ModelConfig, TrainConfig
+from aiayn.corpora import UNNAMED
 from aiayn.files import atomic_dir, atomic_text, output_lock, read_json, refuse_to_replace, write_json, writer_lock
 from aiayn import model as models
 from aiayn.model import Transformer
@@ -227,6 +228,8 @@ def languages_of(path: PathLike) -> tuple[Optional[str], Optional[str]]:
             except (OSError, ValueError):
                 continue
             if isinstance(values, dict) and values.get("src_lang") and values.get("tgt_lang"):
+                if (values["src_lang"], values["tgt_lang"]) == UNNAMED:  # a TSV's columns, not languages
+                    return None, None
                 return str(values["src_lang"]), str(values["tgt_lang"])
     return None, None
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from aiayn import translate as translate_module
-from aiayn.run import RunDir
+from aiayn.run import RunDir, languages_of
 from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.device import check_precision
@@ -616,12 +616,18 @@ def test_an_empty_tokenizer_a_device_aiayn_does_not_run_on_and_the_version(tmp_p
     assert code == 0 and out.startswith("aiayn 0.") and f"PyTorch {torch.__version__}" in out
 
 
-def test_a_pre_norm_model_is_refused_by_marian_exports_saying_why(tmp_path, capsys):
+def test_marian_exports_refuse_a_pre_norm_model_and_unnamed_languages_saying_why(tmp_path, capsys):
     model = make_model(tmp_path / "pre", norm_first=True)
     argos = ["export-argos", model, tmp_path / "en_es.argosmodel", "--source-lang", "en", "--target-lang", "es"]
     for argv in (["export-hf", model, tmp_path / "hf"], argos):
         one_line_error(*cli(capsys, *argv)[::2], "Marian is post-norm", "this model is pre-norm", "--recipe fast")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["pre"]
+    # A model trained on a TSV without --src-lang/--tgt-lang records its columns' names, not languages.
+    (model / "train_config.json").write_text(json.dumps({"src_lang": "src", "tgt_lang": "tgt"}))
+    assert languages_of(model) == (None, None)
+    one_line_error(*cli(capsys, *argos[:3])[::2], "does not record its languages; give --source-lang and --target-lang")
+    (model / "train_config.json").write_text(json.dumps({"src_lang": "en", "tgt_lang": "es"}))
+    assert languages_of(model) == ("en", "es")
 
 
 def test_a_config_field_of_the_wrong_type(tmp_path, model_dir, capsys):
