@@ -368,7 +368,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not out_of_memory(error):
             raise
         parser.exit(2, f"aiayn: error: out of memory ({type(error).__name__}); ask for less: a smaller "
-                       "--batch-tokens, --extra-len or --max-output-len, a smaller batch or model\n")
+                       "--batch-tokens (a --resume may change it), or a smaller --extra-len or --max-output-len, "
+                       "batch or model\n")
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -16,20 +16,23 @@ import torch
 
 def os_error_message(error: OSError) -> str:
     """An error from the system about a path, said of the path the user gave: "F is a folder, not
-    a file" rather than "[Errno 21] Is a directory: 'F'". Others as they are."""
+    a file" rather than "[Errno 21] Is a directory: 'F'". Where the error does not tell which was
+    wanted (a missing path), it says no more than it knows. Others as they are."""
     if error.filename is None or error.strerror is None or error.filename2 is not None:
         return str(error)
     path = Path(os.fsdecode(error.filename))
     if error.errno == errno.EISDIR:
         return f"{path} is a folder, not a file"
-    if error.errno in (errno.ENOTDIR, errno.EEXIST):  # a file stands where a folder is needed
+    if error.errno == errno.ENOTDIR:  # a file stands where the path needs a folder
         file = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
         if file is not None:
             return f"{file} is a file, not a folder"
+    if error.errno == errno.EEXIST and path.exists() and not path.is_dir():  # a folder made, or a file made anew
+        return f"{path} already exists, as a file"
     if error.errno == errno.ENOENT and not path.parent.is_dir():
         return f"no such folder: {path.parent}"
     if error.errno == errno.ENOENT:
-        return f"no such file: {path}"
+        return f"no such file or folder: {path}"
     return f"{path}: {error.strerror}"
 
 

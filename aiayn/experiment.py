@@ -237,8 +237,8 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
     precision = resolve_precision(precision, device)
     check_precision(device, precision)
     out = Path(out)
-    _check_out(out, _settings(scale_name, scale, precision, seed, corpus))
-    with RunDir(out).lock():
+    with RunDir(out).lock():  # the settings too: a refused second start must not rewrite them
+        _check_out(out, _settings(scale_name, scale, precision, seed, corpus))
         return _run_rows(out, chosen, scale, scale_name, precision, seed, corpus, echo)
 
 

@@ -98,9 +98,12 @@ def writer_lock(lock_file: Union[str, Path], what: Union[str, Path], remove: boo
     if lock_file in _held:
         yield
         return
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        handle = open(lock_file, "a+", encoding="utf-8")
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            handle = open(lock_file, "a+", encoding="utf-8")
+        except FileNotFoundError:  # a start that failed has just removed the folder it made (RunDir.lock)
+            continue
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -225,6 +228,8 @@ class PartialOutput:
             raise ValueError(f"{output} is a folder; --output names a file")
         inputs = ([] if input in (None, "-") else [input]) + list(model)
         refuse_to_replace(self.final, force or resume, inputs)  # before anything is read or written
+        for written in (self.partial, self.record):  # written before the output is: never an input either
+            refuse_to_replace(written, True, inputs)
         digest = None if input in (None, "-") else _digest(input)
         settings = settings or {}
         self.skip = 0

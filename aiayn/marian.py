@@ -202,8 +202,9 @@ def marian_config(config: ModelConfig) -> dict:
             raise ValueError(f"cannot export as Marian: {what}")
 
     require(config.positional in ("sinusoidal", "sinusoidal_concat"), "Marian has no learned positions")
-    require(not config.norm_first, "Marian is post-norm (§3.1) and this model is pre-norm, as the fast recipe "
-                                   "trains; `aiayn train` without --recipe fast makes a model Marian and CTranslate2 can hold")
+    require(not config.norm_first, "Marian is post-norm (§3.1) and this model is pre-norm (norm_first, as --recipe "
+                                   "fast trains); a model trained with --norm-first false is one Marian and CTranslate2 "
+                                   "can hold")
     require(config.head_dims == (config.d_model // config.n_heads,) * 2, "Marian needs d_k = d_v = d_model / h")
     require(config.neighborhood is None, "Marian has no restricted self-attention")
     return {

@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from contextlib import AbstractContextManager
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 
@@ -122,9 +122,27 @@ class RunDir:
 
     # -- the writer and its leftovers -------------------------------------------------------
 
-    def lock(self) -> AbstractContextManager:
-        """The run's writer lock (train, experiment, demo): RUN_DIR/.lock, which stays."""
-        return writer_lock(self.path / LOCK, self.path)
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """The run's writer lock (train, experiment, demo): RUN_DIR/.lock, which stays. A start
+        that fails before writing anything (an unknown corpus, a vocabulary too large) leaves no
+        folder of its own behind, where a folder holding only the lock would be in the way."""
+        new, emptied = not self.path.exists(), False
+        try:
+            with writer_lock(self.path / LOCK, self.path):
+                try:
+                    yield
+                except BaseException:
+                    if new and [path.name for path in self.path.iterdir()] == [LOCK]:
+                        (self.path / LOCK).unlink()  # while held: a writer waiting on it takes a new one
+                        emptied = True
+                    raise
+        finally:
+            if emptied:
+                try:
+                    self.path.rmdir()
+                except OSError:  # another writer has begun in it since
+                    pass
 
     def check_start(self, resume: bool) -> None:
         """Never train over a run, a finished or interrupted one or an imported model, by
@@ -228,9 +246,9 @@ def languages_of(path: PathLike) -> tuple[Optional[str], Optional[str]]:
             except (OSError, ValueError):
                 continue
             if isinstance(values, dict) and values.get("src_lang") and values.get("tgt_lang"):
-                if (values["src_lang"], values["tgt_lang"]) == UNNAMED:  # a TSV's columns, not languages
-                    return None, None
-                return str(values["src_lang"]), str(values["tgt_lang"])
+                named = [str(values[key]) for key in ("src_lang", "tgt_lang")]
+                # A TSV's column names, where its languages were not given, are not languages.
+                return tuple(None if lang == unnamed else lang for lang, unnamed in zip(named, UNNAMED))
     return None, None
 
 

@@ -375,12 +375,13 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
     out = None
     if options.output:
         model = resolve_model_dir(options.run_dir)
-        # What the lines depend on; not the speed knobs, so that a run stopped for memory may resume smaller.
-        decoding = {name: value for name, value in dataclasses.asdict(decode).items()
-                    if name not in ("batch_tokens", "cuda_graphs")}
+        # What the lines depend on, by flag; not the speed knobs, so that a run stopped for memory
+        # may resume with smaller batches; --lang only where it splits.
+        flags = {**dataclasses.asdict(decode), "max_input_tokens": options.max_input_tokens,
+                 "split_sentences": options.split_sentences, "lang": options.lang if options.split_sentences else None}
         settings = {"model": file_sha256(model / WEIGHTS), "command": command,
-                    "decoding": {**decoding, "split_sentences": options.split_sentences, "lang": options.lang,
-                                 "max_input_tokens": options.max_input_tokens}}
+                    **{f"--{name.replace('_', '-')}": value for name, value in flags.items()
+                       if name not in ("batch_tokens", "cuda_graphs")}}
         out = PartialOutput(options.output, options.input, options.resume, options.force,
                             model_inputs(options.run_dir), settings)
     skip = out.skip if out else 0

@@ -193,6 +193,14 @@ def hold_lock(path: Path, lock: str = "run") -> subprocess.Popen:
     return holder
 
 
+def test_a_start_that_fails_before_any_work_leaves_no_folder_of_its_own(tmp_path, capsys):
+    new, kept = tmp_path / "new", tmp_path / "kept"
+    kept.mkdir()
+    for out in (new, kept):
+        one_line_error(*cli(capsys, "train", "--corpus", "nope", "--out", out, "--preset", "tiny")[::2], "unknown corpus 'nope'")
+    assert not new.exists() and kept.is_dir()  # a folder the user made stays
+
+
 def test_one_writer_per_run_folder_and_output(tmp_path, corpus_tsv, capsys):
     """train, train --resume, demo, experiment and average refuse a folder another process
     writes, in one line naming its PID; once the holder is killed (-9) the folder is free."""
@@ -211,6 +219,7 @@ def test_one_writer_per_run_folder_and_output(tmp_path, corpus_tsv, capsys):
             holder.kill()
             holder.wait()
     assert tree_of(run) == before
+    assert sorted(path.name for path in experiment.iterdir()) == [".lock"]  # the refused start wrote no settings
     assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "3", "--resume"))[0] == 0
     assert log_steps(run)[-1] == 3
     assert cli(capsys, "average", run, "--last", "2", "--out", averaged)[0] == 0
@@ -397,7 +406,12 @@ def test_translate_never_writes_over_what_it_reads(tmp_path, model_dir, capsys):
     os.mkfifo(tmp_path / "pipe")
     one_line_error(*cli(capsys, *argv, tmp_path / "pipe")[::2], "not a regular file or folder")
     assert (tmp_path / "pipe").is_fifo()
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["folder", "in.txt", "model", "pipe"]
+    (tmp_path / "in.txt").rename(tmp_path / "out.partial")  # the input is the file the output is first written to
+    for flag in ("--force", "--resume"):
+        one_line_error(*cli(capsys, "translate", model, "--input", tmp_path / "out.partial", "--output", tmp_path / "out",
+                            flag)[::2], "is an input of this command")
+    assert (tmp_path / "out.partial").read_text(encoding="utf-8") == "the cat\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["folder", "model", "out.partial", "pipe"]
 
 
 def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, capsys, monkeypatch):
@@ -410,7 +424,7 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
     assert cli(capsys, *argv, stdin=lines, monkeypatch=monkeypatch)[0] == 130
     monkeypatch.setattr(translate_module, "translate_ids", real)
     one_line_error(*cli(capsys, *argv, "--resume", "--alpha", "1", stdin=lines, monkeypatch=monkeypatch)[::2],
-                   "another decoding", "same model and settings")
+                   "was translated with another --alpha;", "same model and settings")
     other = make_model(tmp_path / "other", positional="learned")
     one_line_error(*cli(capsys, "translate", other, *argv[2:], "--resume", stdin=lines, monkeypatch=monkeypatch)[::2],
                    "another model")
@@ -418,8 +432,9 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
     one_line_error(*cli(capsys, *argv, "--resume", stdin=short, monkeypatch=monkeypatch)[::2],
                    "has 1 lines, fewer than the 3", "same input")
     assert out.with_name("out.txt.partial").read_text(encoding="utf-8").count("\n") == 3
-    code, _, err = cli(capsys, *argv, "--resume", "--batch-tokens", "100", stdin=lines, monkeypatch=monkeypatch)
-    assert code == 0, err  # a speed knob may change
+    code, _, err = cli(capsys, *argv, "--resume", "--batch-tokens", "100", "--lang", "de", stdin=lines,
+                       monkeypatch=monkeypatch)
+    assert code == 0, err  # a speed knob may change, and --lang where nothing is split
     assert out.read_text(encoding="utf-8").count("\n") == 9
 
 
@@ -455,6 +470,8 @@ def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys,
     one_line_error(*cli(capsys, "score", "--ref", tmp_path / "in.txt", "--hyp", tmp_path / "none.txt")[::2],
                    f"no such file: {tmp_path / 'none.txt'}")
     code, _, err = cli(capsys, "corpus", "export", "bible-en-es", "--out", tmp_path / "in.txt")
+    one_line_error(code, err, f"{tmp_path / 'in.txt'} already exists, as a file")
+    code, _, err = cli(capsys, "experiment", "table3", "--out", tmp_path / "in.txt" / "table3")
     one_line_error(code, err, f"{tmp_path / 'in.txt'} is a file, not a folder")
     one_line_error(*cli(capsys, "translate", tmp_path / "nope")[::2], f"no such model or run folder: {tmp_path / 'nope'}")
     one_line_error(*cli(capsys, "average", tmp_path / "nope", "--out", tmp_path / "avg")[::2],
@@ -625,6 +642,8 @@ def test_marian_exports_refuse_a_pre_norm_model_and_unnamed_languages_saying_why
     # A model trained on a TSV without --src-lang/--tgt-lang records its columns' names, not languages.
     (model / "train_config.json").write_text(json.dumps({"src_lang": "src", "tgt_lang": "tgt"}))
     assert languages_of(model) == (None, None)
+    (model / "train_config.json").write_text(json.dumps({"src_lang": "de", "tgt_lang": "tgt"}))  # one side given
+    assert languages_of(model) == ("de", None)
     one_line_error(*cli(capsys, *argos[:3])[::2], "does not record its languages; give --source-lang and --target-lang")
     (model / "train_config.json").write_text(json.dumps({"src_lang": "en", "tgt_lang": "es"}))
     assert languages_of(model) == ("en", "es")

@@ -468,6 +468,8 @@ def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_di
     (b"x" * ((1 << 20) + 1), {"Content-Type": "application/json"}, 413, "over 1,048,576 bytes"),
     ({"text": ["a", "b\ud800c"]}, None, 422, "text 2 is not valid Unicode (it holds a lone surrogate)"),
     ({"text": "a"}, {"Host": "evil.example:8000"}, 421, "not to Host 'evil.example'"),  # DNS rebinding
+    (b"[" * 100_000, {"Content-Type": "application/json"}, 400, "the body is not valid JSON"),  # Python's parser recurses
+    (b"\xef\xbb\xbf" + b"[" * 100_000, {"Content-Type": "application/json"}, 400, "the body is not valid JSON: Recursion"),
 ])
 def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(server, body, headers, status, fragment):
     got, answer, _ = request(server, "POST", "/translate", body, headers)
@@ -567,6 +569,12 @@ def test_a_chunked_body_is_refused_unread(server):
         response.begin()
         answer = json.loads(response.read())
     assert response.status == 411 and answer == {"error": "send the body with a Content-Length header"}
+    with socket.create_connection(("127.0.0.1", server), timeout=30) as raw:  # chunks that also claim a length
+        raw.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"tex\r\n")
+        response = http.client.HTTPResponse(raw)
+        response.begin()
+    assert response.status in (400, 411)  # the HTTP parser's refusal, or the app's
     assert request(server, "POST", "/translate", {"text": "the cat"})[0] == 200
 
 

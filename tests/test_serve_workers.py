@@ -219,6 +219,7 @@ def test_a_step_that_raises_in_a_worker_fails_that_search_only(model_dir, monkey
         greedy.join([[8, 9, 10]], ["b"], Options(beam=1))
         failing.join([[5, 6, 7]], ["a"], Options(beam=2))
         while not any(isinstance(report, Exception) for report in worker._reports.get(failing.search_id, ())):
+            assert worker.connection.poll(60), "the worker sent nothing for 60 s, and no report of the failed step"
             worker._read()  # until the failed step's report has come
         with pytest.raises(RuntimeError, match="injected fault"):
             failing.join([[5]], ["c"], Options(beam=2))

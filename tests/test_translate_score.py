@@ -96,7 +96,7 @@ def test_length_ratio_and_repetition_rate():
 
 def test_translate_errors_are_one_line(tmp_path, model_dir):
     missing = aiayn("translate", tmp_path / "nowhere", stdin="x\n")
-    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "neither a model folder" in missing.stderr
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such model or run folder" in missing.stderr
     (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\xfe broken\n")
     bad = aiayn("translate", model_dir, "--input", tmp_path / "bad.txt")
     assert bad.returncode == 2 and "bad.txt, line 2: invalid UTF-8" in bad.stderr and bad.stderr.count("\n") == 1

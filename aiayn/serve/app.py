@@ -154,8 +154,9 @@ def _error(status: int, message: str, headers: Optional[dict] = None) -> JSONRes
 
 class BodyLimit:
     """Refuse a request body over `limit` bytes from its Content-Length, before it is read. A body
-    sent without one (chunked) could grow without bound, so it is refused too (411). A request
-    with neither has no body (RFC 9112, 6.3): a LibreTranslate client's query parameters alone."""
+    sent in chunks could grow without bound, so it is refused too (411), whatever Content-Length
+    it also claims. A request with neither has no body (RFC 9112, 6.3): a LibreTranslate client's
+    query parameters alone."""
 
     def __init__(self, app, limit: int = MAX_BODY_BYTES) -> None:
         self.app, self.limit = app, limit
@@ -164,7 +165,7 @@ class BodyLimit:
         if scope["type"] == "http":
             headers = dict(scope["headers"])
             length = headers.get(b"content-length")
-            if length is None and b"transfer-encoding" in headers:
+            if b"transfer-encoding" in headers:  # with a Content-Length too, some servers read the chunks
                 return await _error(411, "send the body with a Content-Length header")(scope, receive, send)
             if length is not None and int(length) > self.limit:  # the HTTP parser has checked it is a number
                 return await _error(413, f"the request body is over {self.limit:,} bytes")(scope, receive, send)
@@ -201,9 +202,9 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-# What FastAPI answers for a JSON body it cannot decode as UTF-8 (its JSON errors are a
-# RequestValidationError, said below as aiayn says them).
-FASTAPI_UNDECODABLE_BODY = "There was an error parsing the body"
+# What FastAPI answers for a JSON body it failed to read (not UTF-8, nested too deep for Python's
+# parser), the failure as its cause; the JSON errors it names are a RequestValidationError.
+FASTAPI_UNREADABLE_BODY = "There was an error parsing the body"
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -225,8 +226,10 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        if error.status_code == 400 and error.detail == FASTAPI_UNDECODABLE_BODY:
-            return _error(400, "the body is not valid JSON: it is not UTF-8 text")
+        if error.status_code == 400 and error.detail == FASTAPI_UNREADABLE_BODY:
+            cause = error.__cause__
+            return _error(400, "the body is not valid JSON: " + (
+                "it is not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else f"{type(cause).__name__}"))
         return _error(error.status_code, str(error.detail), error.headers)
 
     @app.exception_handler(QueueFull)

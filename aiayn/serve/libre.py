@@ -61,7 +61,7 @@ def error(status: int, message: str) -> HTTPException:
 def _is_aiayn_json(body: bytes) -> bool:
     try:
         value = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: arrays nested thousands deep
         return True  # aiayn's route answers bad JSON with its 400
     return not (isinstance(value, dict) and "text" not in value and not LIBRE_FIELDS.isdisjoint(value))
 
