@@ -80,6 +80,21 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
         raise ValueError(f"{path} is not a regular file or folder; choose another output")
     if not force and path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(f"{path} already exists; pass --force to replace it")
+    _check_writable(out.parent)
+
+
+def _check_writable(folder: Path) -> None:
+    """Whether a file can be made in `folder` (or, while it does not exist, in the folder it would
+    be made in), found by making a nameless one: permission bits do not tell (root, `chattr +i`,
+    a read-only mount), and a command that writes its output last would fail after its work."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return  # a file where a folder is needed: said where the output is made
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as error:
+        raise OSError(f"cannot write in {folder}: {error.strerror}") from None
 
 
 _held: set[Path] = set()  # the lock files this process holds: `aiayn demo` locks its folder, then trains in it

@@ -478,6 +478,27 @@ def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys,
                    f"no such run folder: {tmp_path / 'nope'}")
 
 
+def test_an_output_folder_that_cannot_be_written_is_refused_before_the_work(tmp_path, model_dir, capsys, monkeypatch):
+    """Found by making a file there, before decoding or drawing: root writes through permission
+    bits, so for root the folder is made immutable."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.geteuid() == 0 and subprocess.run(["chattr", "+i", folder], capture_output=True).returncode != 0:
+        pytest.skip("root writes through permission bits, and chattr +i is not allowed here")
+    monkeypatch.setattr(translate_module, "translate_ids", lambda *a, **k: pytest.fail("decoded"))
+    try:
+        for argv in (["translate", model_dir, "--output", folder / "out.txt"],
+                     ["attention", model_dir, "--sentence", "the cat", "--out", folder / "maps" / "new"]):
+            one_line_error(*cli(capsys, *argv, stdin=b"the cat\n", monkeypatch=monkeypatch)[::2],
+                           f"cannot write in {folder}:")
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", folder], check=True)
+        folder.chmod(0o755)
+    assert not any(folder.iterdir())
+
+
 def test_a_line_too_long_for_learned_positions_is_cut_not_fatal(tmp_path, capsys):
     model_dir = make_model(tmp_path / "learned", positional="learned", max_len=16)
     (tmp_path / "in.txt").write_text("the cat\n" + "the big dog " * 30 + "\na red bird\n", encoding="utf-8")
