@@ -258,8 +258,8 @@ def tokenizer_folder(model_dir: Path, path: PathLike) -> Path:
 
 
 def model_inputs(path: PathLike) -> list[Path]:
-    """What loading the model at `path` reads (its model folder, its tokenizer's files): the
-    inputs no output of a command that loads it may replace (`files.refuse_to_replace`)."""
+    """What loading the model at `path` reads, its model folder first, then its tokenizer's files:
+    the inputs no output of a command that loads it may replace (`files.refuse_to_replace`)."""
     model_dir = resolve_model_dir(path)
     return [model_dir, *tokenizer_files(tokenizer_folder(model_dir, path))]
 

@@ -23,7 +23,7 @@ from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep
 from aiayn.inference import inference_copy
 from aiayn.model import Transformer
-from aiayn.run import languages_of, load_for_inference, model_inputs, resolve_model_dir
+from aiayn.run import languages_of, load_for_inference, model_inputs
 from aiayn.search import BeamSearch, Hypothesis, beam_search
 from aiayn.sentences import interleave, split_sentences
 from aiayn.visualize import attention_figures
@@ -374,16 +374,15 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
 
     out = None
     if options.output:
-        model = resolve_model_dir(options.run_dir)
+        reads = model_inputs(options.run_dir)  # the model folder first, then its tokenizer's files
         # What the lines depend on, by flag; not the speed knobs, so that a run stopped for memory
         # may resume with smaller batches; --lang only where it splits.
         flags = {**dataclasses.asdict(decode), "max_input_tokens": options.max_input_tokens,
                  "split_sentences": options.split_sentences, "lang": options.lang if options.split_sentences else None}
-        settings = {"model": file_sha256(model / WEIGHTS), "command": command,
+        settings = {"model": file_sha256(reads[0] / WEIGHTS), "command": command,
                     **{f"--{name.replace('_', '-')}": value for name, value in flags.items()
                        if name not in ("batch_tokens", "cuda_graphs")}}
-        out = PartialOutput(options.output, options.input, options.resume, options.force,
-                            model_inputs(options.run_dir), settings)
+        out = PartialOutput(options.output, options.input, options.resume, options.force, reads, settings)
     skip = out.skip if out else 0
 
     def write(lines: list[str]) -> None:
