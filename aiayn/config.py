@@ -150,7 +150,7 @@ class TrainConfig:
     compile: bool = _option(False, "true: torch.compile the model (one graph for all batch shapes; the first steps "
                                    "compile, for a minute or more)")
     # bf16 only: the step runs on a copy of the model with bf16 weights and no autocast; the fp32
-    # model stays the master that Adam updates and checkpoints hold (aiayn.kernels.Bf16Twin)
+    # model stays the master that Adam updates and checkpoints hold (aiayn.train_kernels.Bf16Twin)
     bf16_weights: bool = _option(False, "with bf16, true: train a bf16 copy of the model, fp32 master weights for Adam "
                                         "(the fast recipe's default in bf16)")
     device: str = _option("auto", "auto (cuda if available, else cpu), cpu, cuda, cuda:N")

@@ -28,8 +28,8 @@ reference math:
   rather than compiling a kernel for every new source length.
 - `fold_queries`: the beams of a sentence attend to its one copy of the encoder-decoder keys and
   values as g·L_q queries of one row, not g rows of copies.
-- `Bf16Twin`: bf16 training with fp32 master weights: a bf16 copy of the model runs the step, the
-  fp32 model takes Adam's update.
+- the training step's products in a precision: aiayn.train_kernels, the tricks of this module's
+  family that change how a linear layer trains (`Bf16Twin`, `fp32_linears`).
 - the model to decode with, its weights cast, quantized or laid out once: aiayn.inference, the
   tricks of this module's family that a decoding copy's weights hold.
 
@@ -40,7 +40,6 @@ One switch turns every trick off: inside `with reference_math():` attention runs
 
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, Optional
 
@@ -439,38 +438,3 @@ def source_width(length: int) -> int:
     if _reference:
         return length
     return -(-length // SOURCE_WIDTH_MULTIPLE) * SOURCE_WIDTH_MULTIPLE
-
-
-# --------------------------------------------------------------------------------------------
-# Mixed-precision training
-
-
-class Bf16Twin:
-    """Mixed precision with fp32 master weights, for training in bf16 (`TrainConfig.bf16_weights`).
-
-    `model` is a copy of `master` whose weights and buffers are bf16. It runs the forward and
-    backward with no autocast, so no step casts a weight, and LayerNorm, dropout, residuals and
-    their gradients move half the bytes they move in fp32 (autocast keeps those in fp32). After
-    the backward its gradients become the master's (in fp32), Adam updates the fp32 master,
-    and the master's weights are rounded into the copy again: updates smaller than bf16's
-    spacing still accumulate in the master, which checkpoints, validation and decoding use."""
-
-    def __init__(self, master: nn.Module) -> None:
-        self.master = master
-        self.model = copy.deepcopy(master).to(torch.bfloat16)
-        # parameters() lists a tied weight once, in the same order in both
-        self.pairs = list(zip(master.parameters(), self.model.parameters()))
-
-    def grads_to_master(self) -> None:
-        """The copy's gradients, in fp32, added to the master's (accumulated batches sum in fp32);
-        the copy's are released."""
-        for master, low in self.pairs:
-            if low.grad is not None:
-                master.grad = low.grad.float() if master.grad is None else master.grad.add_(low.grad)
-                low.grad = None
-
-    @torch.no_grad()
-    def weights_from_master(self) -> None:
-        """The master's weights, rounded to bf16, into the copy."""
-        for master, low in self.pairs:
-            low.copy_(master)

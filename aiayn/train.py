@@ -41,7 +41,7 @@ from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, check_precision, 
                           resident_mib, resolve_device, sum_over_ranks)
 from aiayn.evaluate import score
 from aiayn.flops import training_flops
-from aiayn.kernels import Bf16Twin
+from aiayn.train_kernels import Bf16Twin, fp32_linears
 from aiayn.loss import label_smoothed_nll
 from aiayn.model import Transformer, check_tokens
 from aiayn.optim import make_optimizer, noam_lr, set_lr
@@ -116,8 +116,8 @@ class TrainStep:
                 target = to_device(flat[positions], self.device, non_blocking=True)  # (N,)
                 positions = to_device(positions, self.device, non_blocking=True)
                 batch = batch.to(self.device, non_blocking=True)
-                # bf16 weights compute in bf16 as they are; otherwise autocast casts for fp32 weights
-                with contextlib.nullcontext() if self.twin else autocast(self.device, self.precision):
+                precision = contextlib.nullcontext() if self.twin else autocast(self.device, self.precision)  # bf16 weights: as they are
+                with precision, fp32_linears(self.device, self.precision, self.compiled):
                     logits = self.net(batch.src, batch.tgt_in, positions, check_range=False)  # (N, V)
                 loss, nll = label_smoothed_nll(logits, target, self.label_smoothing, self.pad_id)
                 # DDP averages gradients over ranks; × world makes it a sum over all tokens.
@@ -354,7 +354,7 @@ class Trainer:
         loss_sum = nll_sum = tokens = 0.0
         for indices in make_batches(self.data.dev.lengths + 1, self.recipe.max_tokens, 0, 0):
             batch = collate([self.data.dev[i] for i in indices], c.pad_id, c.bos_id, c.eos_id)
-            with autocast(self.device, self.recipe.precision):
+            with autocast(self.device, self.recipe.precision), fp32_linears(self.device, self.recipe.precision):
                 logits = self.model(batch.src.to(self.device), batch.tgt_in.to(self.device))
             loss, nll = label_smoothed_nll(logits, batch.tgt_out.to(self.device), self.recipe.label_smoothing, c.pad_id)
             loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tgt_tokens

@@ -1,12 +1,15 @@
 """aiayn.kernels: every speed trick held to the reference math of aiayn.attention and aiayn.model."""
 
+import copy
 import dataclasses
+from contextlib import nullcontext
 
 import pytest
 import torch
 
-from aiayn import kernels
+from aiayn import kernels, train_kernels
 from aiayn.attention import scaled_dot_product_attention
+from aiayn.batching import collate
 from aiayn.config import ModelConfig
 from aiayn.loss import label_smoothed_nll
 from aiayn.kernels import attention_mask, fused_attention, local_attention, matmul_attention, reference_math
@@ -302,7 +305,7 @@ def test_bf16_weights_hand_the_master_gradients_within_bf16_rounding_of_fp32():
     model(src, tgt).logsumexp(-1).mean().backward()
     reference = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    twin = kernels.Bf16Twin(model)
+    twin = train_kernels.Bf16Twin(model)
     twin.model(src, tgt).float().logsumexp(-1).mean().backward()
     twin.grads_to_master()
     assert all(p.grad.dtype == torch.float32 for p in model.parameters())
@@ -317,7 +320,7 @@ def test_bf16_weights_keep_updates_below_bf16_spacing_in_the_fp32_master():
     still add up, as they would in fp32."""
     torch.manual_seed(0)
     model = Transformer(TINY)
-    twin = kernels.Bf16Twin(model)
+    twin = train_kernels.Bf16Twin(model)
     assert all(low.dtype == torch.bfloat16 and torch.equal(low, m.bfloat16()) for m, low in twin.pairs)
     start = [m.detach().clone() for m, _ in twin.pairs]
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)  # Adam's first step moves a weight by ~lr
@@ -333,6 +336,116 @@ def test_bf16_weights_keep_updates_below_bf16_spacing_in_the_fp32_master():
         if before.abs().min() > 1e-2:  # LayerNorm gains: 1e-6 is far below their bf16 spacing
             assert torch.equal(low, before.bfloat16())
     assert sum(pushed) > len(pushed) // 2
+
+
+U = 2.0**-24  # fp32's unit roundoff
+
+
+def within_dot_product_error(got, exact, magnitude, terms):
+    """|got - exact| ≤ γ_n Σ|a_i b_i| entry by entry, γ_n = n u / (1 - n u): what any order of
+    summing n fp32 products (FMA or not) can be off by (Higham, Accuracy and Stability of
+    Numerical Algorithms, §3.1). exact and magnitude in float64."""
+    gamma = terms * U / (1 - terms * U)
+    assert ((got.double() - exact).abs() <= gamma * magnitude).all()
+
+
+@pytest.mark.numeric
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_linear_and_its_gradients_are_fp32_products(bias):
+    """fp32_linears' layer: x Wᵀ + b, and the gradients g W, gᵀ x and Σ g, each entry within what
+    fp32 summation of its products may be off by: oneDNN computes in IEEE fp32, as MKL does."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 70, 48, generator=generator).transpose(0, 1).requires_grad_()  # (70, 3, 48), not contiguous
+    weight = torch.randn(96, 48, generator=generator, requires_grad=True)
+    b = torch.randn(96, generator=generator, requires_grad=True) if bias else None
+    grad = torch.randn(70, 3, 96, generator=generator)
+    y = train_kernels._OneDnnLinear.apply(x, weight, b)
+    y.backward(grad)
+    assert y.shape == (70, 3, 96) and x.grad.shape == x.shape
+    rows, w, g = x.detach().double().reshape(-1, 48), weight.detach().double(), grad.double().reshape(-1, 96)
+    b64 = b.detach().double() if bias else torch.zeros(96, dtype=torch.float64)
+    within_dot_product_error(y.reshape(-1, 96), rows @ w.T + b64, rows.abs() @ w.abs().T + b64.abs(), 49)
+    within_dot_product_error(x.grad.reshape(-1, 48), g @ w, g.abs() @ w.abs(), 96)
+    within_dot_product_error(weight.grad, g.T @ rows, g.abs().T @ rows.abs(), 210)
+    if bias:
+        within_dot_product_error(b.grad, g.sum(0), g.abs().sum(0), 210)
+
+
+@pytest.mark.numeric
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+def test_fp32_linears_take_every_fp32_linear_layer_and_train_as_closely_as_f_linear(monkeypatch):
+    """Inside the context every linear layer of the model, the tied pre-softmax projection
+    included, is the oneDNN layer, once each; a bf16 product is left to F.linear. The gradients
+    are as close to float64's as F.linear's own fp32 ones: both are fp32 sums of the same
+    products in other orders, under the same error bound."""
+    taken = []
+    original = train_kernels._OneDnnLinear.apply
+    monkeypatch.setattr(train_kernels._OneDnnLinear, "apply", lambda *args: taken.append(args[1].shape) or original(*args))
+    torch.manual_seed(0)
+    model = Transformer(TINY).train()
+    src = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0]])
+    tgt = torch.tensor([[1, 14, 15, 16, 17], [1, 18, 19, 20, 0]])
+
+    def gradients(net, mode):
+        net.zero_grad(set_to_none=True)
+        with mode:
+            loss = net(src, tgt).logsumexp(-1).mean()
+        loss.backward()
+        return torch.cat([p.grad.double().flatten() for p in net.parameters()])
+
+    exact = gradients(copy.deepcopy(model).double(), nullcontext())
+    plain = gradients(model, nullcontext())
+    assert taken == []
+    onednn = gradients(model, train_kernels._Fp32Linears())
+    linears = [m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(taken) == sorted(linears + [model.decoder.embed.weight.shape])
+    error = lambda got: ((got - exact).norm() / exact.norm()).item()  # noqa: E731
+    assert error(onednn) <= 4 * max(error(plain), U)
+    taken.clear()
+    with train_kernels._Fp32Linears(), torch.autocast("cpu", torch.bfloat16):
+        model(src, tgt)
+    assert taken == []
+
+
+def test_fp32_linears_only_for_fp32_on_a_cpu_whose_sgemm_runs_avx2_code(monkeypatch):
+    """The oneDNN layers where MKL takes its AVX2 code (an AMD CPU with AVX-512); never for
+    another precision, a GPU, a compiled step or under reference_math()."""
+    cpu = torch.device("cpu")
+    try:
+        for kind, expected in (("amd-epyc-zen5", True), ("amd-epyc", True), ("intel-xeon", False), ("amd-epyc-avx2", False)):
+            train_kernels._sgemm_at_avx2_rate.cache_clear()
+            monkeypatch.setattr(train_kernels, "cpu_kind", lambda: kind)
+            made = train_kernels.fp32_linears(cpu, "fp32")
+            assert isinstance(made, train_kernels._Fp32Linears) == (expected and torch.backends.mkldnn.is_available())
+            for device, precision, compiled in ((cpu, "bf16", False), (cpu, "fp32", True), (torch.device("cuda"), "fp32", False)):
+                assert isinstance(train_kernels.fp32_linears(device, precision, compiled), nullcontext)
+            with reference_math():
+                assert isinstance(train_kernels.fp32_linears(cpu, "fp32"), nullcontext)
+    finally:
+        train_kernels._sgemm_at_avx2_rate.cache_clear()
+
+
+def test_fp32_training_steps_are_deterministic_with_onednn_linears(monkeypatch):
+    """Two fp32 steps of the same model on the same batches give the same losses and weights bit
+    for bit with the oneDNN layers on: what an exact resume needs."""
+    from aiayn.config import TrainConfig
+    from aiayn.optim import make_optimizer
+    from aiayn.train import TrainStep
+
+    monkeypatch.setattr(train_kernels, "_sgemm_at_avx2_rate", lambda: True)
+    taken = []
+    original = train_kernels._OneDnnLinear.apply
+    monkeypatch.setattr(train_kernels._OneDnnLinear, "apply", lambda *args: taken.append(1) or original(*args))
+    batch = collate([([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17])], TINY.pad_id, TINY.bos_id, TINY.eos_id)
+    results = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = Transformer(TINY).train()
+        step = TrainStep(model, make_optimizer(model), TrainConfig(precision="fp32"), torch.device("cpu"))
+        losses = torch.stack([step([batch], batch.n_tgt_tokens) for _ in range(3)])
+        results.append(torch.cat([losses.flatten(), *(p.detach().flatten() for p in model.parameters())]))
+    assert taken and torch.equal(results[0], results[1])
 
 
 def loss_and_gradient(logits, target, epsilon, weights=(0.7, 0.3)):
