@@ -1,12 +1,11 @@
 """How the training step computes in its precision: speed tricks of aiayn.kernels' family, in a
-module of their own, each held equal to the reference math by tests/test_kernels.py, and each
-off inside `kernels.reference_math()`.
+module of their own, each held to the reference math by tests/test_kernels.py.
 
 - `fp32_linears`: fp32 training's linear layers (W^Q, W^K, W^V, W^O, the feed-forward network,
   the pre-softmax projection) and their gradients through oneDNN's fp32 products, on an AMD CPU
-  with AVX-512, where F.linear's MKL sgemm runs its AVX2 code.
-- `Bf16Twin`: bf16 training with fp32 master weights: a bf16 copy of the model runs the step, the
-  fp32 model takes Adam's update.
+  with AVX-512, where F.linear's MKL sgemm runs its AVX2 code; off inside `kernels.reference_math()`.
+- `Bf16Twin`: bf16 training with fp32 master weights (`--bf16-weights`): a bf16 copy of the model
+  runs the step, the fp32 model takes Adam's update.
 """
 
 from __future__ import annotations
