@@ -239,4 +239,19 @@ class BatchStream:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
-__all__ = ["EncodedPairs", "as_encoded", "within_length", "Batch", "make_batches", "collate", "BatchStream"]
+def check_tokens(name: str, tokens: Tensor, vocab_size: int, check_range: bool = True) -> None:
+    """A one-line error for `tokens` that are no (batch, length) LongTensor of ids in [0,
+    vocab_size). `check_range` false skips the ids' range, which reads values back: a sync on a
+    GPU, where a training step checks its batches on the host instead (aiayn.train.TrainStep)."""
+    if not isinstance(tokens, Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        dtype = tokens.dtype if isinstance(tokens, Tensor) else ""
+        raise ValueError(f"{name} must be a LongTensor of shape (batch, length), got {dtype} {shape}")
+    if tokens.size(1) == 0:
+        raise ValueError(f"{name} is empty: every sequence needs at least one token")
+    check_range = check_range and not torch.compiler.is_compiling()  # a compiled step: our own batches
+    if check_range and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size})")
+
+
+__all__ = ["EncodedPairs", "as_encoded", "within_length", "Batch", "make_batches", "collate", "BatchStream", "check_tokens"]

@@ -315,7 +315,7 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
      ("translate", [f.name for f in dataclasses.fields(DecodeConfig)])),
     ("parse", cmd_parse, "parse tokenized sentences into trees (§6.3 decoding)", FileDecodeOptions,
      ("parse", [f.name for f in dataclasses.fields(DecodeConfig)])),
-    ("score", cmd_score, "BLEU of hypotheses against references", ScoreOptions, None),
+    ("score", cmd_score, "BLEU of hypotheses against references, or EVALB's F1 of trees", ScoreOptions, None),
     ("attention", cmd_attention, "attention heatmaps of one sentence (Figures 3-5)", AttentionOptions,
      ("translate", ["beam", "alpha"])),
     ("serve", cmd_serve, "serve a model over HTTP: POST /translate (continuous batching) and a page with the attention",
@@ -329,8 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of 'Attention Is All You Need', as a tool.")
     parser.add_argument("--version", action="version", version=f"aiayn {__version__}, PyTorch {torch.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, run, what, cls, decoding in COMMANDS:
-        command = sub.add_parser(name, help=what, description=cls.__doc__)
+    classes = [cls for _, _, _, cls, _ in COMMANDS]
+    for name, run, what, cls, decoding in COMMANDS:  # options two commands share describe neither alone
+        described = cls.__doc__ if classes.count(cls) == 1 else what[0].upper() + what[1:]
+        command = sub.add_parser(name, help=what, description=described)
         add_options(command, cls)
         if name in ("info", "train"):
             add_overrides(command, ModelConfig, "model options (override the preset)")

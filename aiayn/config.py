@@ -616,8 +616,8 @@ class CorpusExportOptions:
 class ScoreOptions:
     """`aiayn score`: BLEU of hypotheses against references, or EVALB F1 of trees."""
 
-    ref: str = _option(help="reference file, one sentence a line")
-    hyp: Optional[str] = _option(None, "hypothesis file (default: stdin)")
+    ref: str = _option(help="reference file: one sentence a line (with --parse, bracketed trees)")
+    hyp: Optional[str] = _option(None, "hypothesis file, as --ref (default: stdin)")
     lang: str = _option("en", "target language for the paper protocol's Moses tokenizer")
     parse: bool = _option(False, "score bracketed trees (F1, EVALB conventions)")
 
@@ -627,7 +627,7 @@ class Table3Options:
     """`aiayn experiment table3`: Table 3 in miniature (aiayn.experiment)."""
 
     out: str = _option(help="experiment folder (continued when it holds this experiment)")
-    scale: str = _option("small", "miniature size: tiny, small, ... (small: about two hours on a 2-core CPU)")
+    scale: str = _option("small", "miniature size: tiny or small (small: about two hours on a 2-core CPU)")
     steps: Optional[int] = _option(None, "training steps of every row (default: the scale's)", least=1)
     rows: Optional[list[str]] = _option(None, "rows or groups to run (default all), e.g. base A1 C", nargs="+")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _option(

@@ -130,23 +130,32 @@ def _read_lines(path: Optional[str]) -> list[str]:
         return list(iter_lines(handle, name))
 
 
+def _read_trees(path: Optional[str]) -> list:
+    """The bracketed trees of a file (or stdin for none); a malformed one is named with its file."""
+    from aiayn.parsing import read_trees
+
+    text = "\n".join(_read_lines(path))
+    try:
+        return read_trees(text)
+    except ValueError as error:
+        raise ValueError(f"{path or 'stdin'}: {error}") from None
+
+
 def score_files(options, echo=print) -> None:
     """`aiayn score`: sacreBLEU with its signature and the paper's BLEU of a hypothesis file
     against a reference file; with `parse`, EVALB's bracket scores of trees."""
     if options.parse:
-        from aiayn.parsing import evalb, read_trees
+        from aiayn.parsing import evalb
 
-        if options.hyp is None:
-            raise ValueError("--parse needs --hyp (a file of bracketed trees)")
-        gold, test = (read_trees("\n".join(_read_lines(path))) for path in (options.ref, options.hyp))
-        if len(gold) != len(test):
-            raise ValueError(f"{len(test)} test trees but {len(gold)} gold trees")
+        gold, test = (_read_trees(path) for path in (options.ref, options.hyp))
         if not gold:
             raise ValueError(f"{options.ref} holds no trees: nothing to score")
+        if len(gold) != len(test):
+            raise ValueError(f"{len(test)} test trees but {len(gold)} gold trees")
         result = evalb(gold, test)
         echo(f"bracketing precision {result['precision']:.2f}  recall {result['recall']:.2f}  "
              f"F1 {result['f1']:.2f}  complete match {result['complete_match']:.2f}  "
-             f"({len(gold)} sentences; EVALB with COLLINS.prm conventions)")
+             f"({len(gold)} sentence{'s' if len(gold) != 1 else ''}; EVALB with COLLINS.prm conventions)")
         return
     try:  # before reading and scoring, not after
         check_moses_language(options.lang)

@@ -139,7 +139,7 @@ def _check_out(out: Path, settings: dict) -> None:
         kept = read_json(path)
         changed = sorted(key for key in set(kept) | set(settings) if kept.get(key) != settings.get(key))
         if changed and _started(out):
-            first = changed[0]
+            first = "scale" if "scale" in changed else changed[0]  # the scale sets most of the others
             raise ValueError(f"{out} holds an experiment with {first}={kept.get(first)!r}, not {settings.get(first)!r}; "
                              f"continue it with its settings or choose another --out")
     elif out.exists() and any(p.name != LOCK for p in out.iterdir()):  # its lock: a start that failed
@@ -239,7 +239,12 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
     out = Path(out)
     with RunDir(out).lock():  # the settings too: a refused second start must not rewrite them
         _check_out(out, _settings(scale_name, scale, precision, seed, corpus))
-        return _run_rows(out, chosen, scale, scale_name, precision, seed, corpus, echo)
+        try:
+            return _run_rows(out, chosen, scale, scale_name, precision, seed, corpus, echo)
+        except BaseException:
+            if not _started(out):  # settings that bound nothing: a new folder goes whole (RunDir.lock)
+                (out / EXPERIMENT).unlink(missing_ok=True)
+            raise
 
 
 def _run_rows(out: Path, chosen: list[str], scale: Scale, scale_name: str, precision: str, seed: int, corpus: str,

@@ -153,6 +153,9 @@ def import_marian(
         echo(f"note: activation_dropout={hf['activation_dropout']} has no aiayn counterpart and is dropped")
     if not MarianTokenizer.is_in(hf_dir):
         raise FileNotFoundError(f"{hf_dir} lacks the Marian tokenizer files (source.spm, target.spm, vocab.json)")
+    if hf.get("separate_vocabs") or (hf_dir / "target_vocab.json").exists():
+        raise ValueError(f"{hf_dir} has a target vocabulary of its own (target_vocab.json); aiayn imports Marian "
+                         "models of one shared vocabulary")
     tokenizer = MarianTokenizer.load(hf_dir)
     config = config_from_marian(hf, tokenizer.unk_id)
     if tokenizer.vocab_size > config.vocab_size:
@@ -175,7 +178,11 @@ def import_marian(
     state["logits_bias"] = get("final_logits_bias").reshape(-1) if "final_logits_bias" in weights else torch.zeros(config.vocab_size)
 
     model = build_model(Transformer, config, hf_dir / "config.json")
-    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    except RuntimeError as error:  # torch lists every mismatch on lines of their own: the first says which
+        mismatch = next((line.strip() for line in str(error).splitlines() if "size mismatch" in line), str(error))
+        raise ValueError(f"the weights in {hf_dir} do not fit its config.json: {mismatch}") from None
     tied = {"decoder.embed.lookup.weight"} if config.share_embeddings else set()
     if set(missing) - tied or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
@@ -317,16 +324,19 @@ def export_marian(
     bias = state.get("logits_bias", torch.zeros(config.vocab_size))
     weights["final_logits_bias"] = bias.reshape(1, -1).contiguous()
     native = not isinstance(tokenizer, MarianTokenizer)  # an imported model keeps its Marian vocabulary
-    pad = config.pad_id
+    pad, start = config.pad_id, config.bos_id
+    zero_start = state["decoder.embed.lookup.weight"][config.bos_id].abs().max() == 0
     if native:
         weights, pad = _with_pad_row(weights), config.vocab_size
-        hf = {**hf, "vocab_size": config.vocab_size + 1, "decoder_vocab_size": config.vocab_size + 1, "pad_token_id": pad}
+        start = pad if zero_start else start  # Marian's own start, the same zero vector: its output skips it as text
+        hf = {**hf, "vocab_size": config.vocab_size + 1, "decoder_vocab_size": config.vocab_size + 1, "pad_token_id": pad,
+              "decoder_start_token_id": start}
 
     def build(folder: Path) -> None:
         atomic_write(folder / "model.safetensors", lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
         write_json(folder / "config.json", hf)
         write_json(folder / "generation_config.json", {
-            "decoder_start_token_id": config.bos_id,
+            "decoder_start_token_id": start,
             "eos_token_id": config.eos_id,
             "forced_eos_token_id": config.eos_id,
             "pad_token_id": pad,
@@ -344,8 +354,7 @@ def export_marian(
     if config.layer_norm_eps != HF_LAYER_NORM_EPS:
         echo(f"note: Marian's LayerNorm eps is {HF_LAYER_NORM_EPS:g}, this model's {config.layer_norm_eps:g}: "
              "outputs differ in the last digits")
-    start = state["decoder.embed.lookup.weight"][config.bos_id]
-    if start.abs().max() > 0:
+    if not zero_start:
         echo("note: CTranslate2 starts a Marian decoder from a zero vector; this model starts from BOS's "
              "learned embedding, so CTranslate2's output will differ from aiayn's and HF's "
              "(train with --bos-id equal to --pad-id, as Marian does, to deploy there)")

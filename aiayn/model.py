@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import MultiHeadAttention
+from aiayn.batching import check_tokens
 from aiayn.cache import KVCache
 from aiayn.checkpoint import load_model, save_model
 from aiayn.config import ModelConfig
@@ -104,6 +105,21 @@ class Embeddings(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.lookup(tokens) * self.scale  # (B, L, d_model)
+
+
+class _PaddingRowKept(torch.autograd.Function):
+    """The table as it is, whose gradient leaves padding's row out, as the lookup's does: tied to
+    the pre-softmax projection, that row stays zero, so a decoder that starts from the padding
+    token (`--bos-id` = pad) starts from a zero vector, as Marian's and CTranslate2's do."""
+
+    @staticmethod
+    def forward(ctx, table: Tensor, pad_id: int) -> Tensor:  # (V, d_model)
+        ctx.pad_id = pad_id
+        return table.view_as(table)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad.index_fill(0, torch.tensor([ctx.pad_id], device=grad.device), 0.0), None
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,23 +310,6 @@ class Decoder(nn.Module):
 # The models
 
 
-def check_tokens(name: str, tokens: Tensor, vocab_size: int, check_range: bool = True) -> None:
-    """A one-line error for `tokens` that are no (batch, length) LongTensor of ids in [0,
-    vocab_size). `check_range` false skips the ids' range, which reads values back: a sync on a
-    GPU, where a training step checks its batches on the host instead (aiayn.train.TrainStep)."""
-    if not isinstance(tokens, Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
-        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-        dtype = tokens.dtype if isinstance(tokens, Tensor) else ""
-        raise ValueError(f"{name} must be a LongTensor of shape (batch, length), got {dtype} {shape}")
-    if tokens.size(1) == 0:
-        raise ValueError(f"{name} is empty: every sequence needs at least one token")
-    # The range check reads values back (a graph break under torch.compile, a sync on a GPU), so a
-    # compiled training step skips it: its batches come from our own tokenizer.
-    check_range = check_range and not torch.compiler.is_compiling()
-    if check_range and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size})")
-
-
 class _Model(nn.Module):
     """What the three model families share: saving, loading, initialisation, the output projection."""
 
@@ -339,7 +338,7 @@ class _Model(nn.Module):
     def _logits(self, hidden: Tensor, embed: Embeddings) -> Tensor:
         """The pre-softmax linear transformation: (..., d_model) -> (..., vocab_size)."""
         if self.output_proj is None:
-            return F.linear(hidden, embed.weight, self.logits_bias)
+            return F.linear(hidden, _PaddingRowKept.apply(embed.weight, self.config.pad_id), self.logits_bias)
         logits = self.output_proj(hidden)  # a module: an int8 copy (aiayn.kernels) holds no float weight
         return logits if self.logits_bias is None else logits + self.logits_bias
 
@@ -430,8 +429,9 @@ class Transformer(_Model):
     def next_log_probs(self, tokens: Tensor, cache) -> Tensor:
         """tokens: (B,) each row's newest token, one decoding step on `cache` (a KVCache, or
         aiayn.graphs' static one) -> log-probabilities of the next token (B, V), in fp32."""
-        logits = self.decode(tokens.unsqueeze(1), cache=cache)  # (B, 1, V)
-        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32)
+        log_probs = torch.log_softmax(self.decode(tokens.unsqueeze(1), cache=cache)[:, -1], dim=-1, dtype=torch.float32)
+        log_probs[:, self.config.pad_id] = float("-inf")  # padding is no word (CTranslate2 has no row for it)
+        return log_probs  # (B, V)
 
     def init_cache(self, memory: Tensor, memory_mask: Optional[Tensor], max_len: int, beam: int = 1) -> KVCache:
         """The decoding state for up to `max_len` target positions against `memory` (B, S, d_model):

@@ -265,9 +265,11 @@ def delinearize(target_tokens: Union[str, Sequence[str]], words: Sequence[str]) 
 
 
 def tree_to_string(tree: Node) -> str:
-    """The tree in PTB bracket format on one line: (S (NP (DT the) (NN dog)) (VP (VBZ barks)))."""
+    """The tree in PTB bracket format on one line: (S (NP (DT the) (NN dog)) (VP (VBZ barks))).
+    A bracket in a word is written as the treebank writes it, -LRB- and -RRB-, so that the line
+    reads back as the same tree."""
     if isinstance(tree, Leaf):
-        return f"({tree.tag} {tree.word})"
+        return f"({tree.tag} {tree.word.replace('(', '-LRB-').replace(')', '-RRB-')})"
     return f"({tree.label} {' '.join(tree_to_string(child) for child in tree.children)})"
 
 

@@ -258,10 +258,24 @@ def tokenizer_folder(model_dir: Path, path: PathLike) -> Path:
 
 
 def model_inputs(path: PathLike) -> list[Path]:
-    """What loading the model at `path` reads, its model folder first, then its tokenizer's files:
-    the inputs no output of a command that loads it may replace (`files.refuse_to_replace`)."""
+    """What loading the model at `path` reads, its model folder first, then its tokenizer's files,
+    and the files of the run it belongs to (`run_files`): what no output of a command that loads
+    it may replace (`files.refuse_to_replace`)."""
     model_dir = resolve_model_dir(path)
-    return [model_dir, *tokenizer_files(tokenizer_folder(model_dir, path))]
+    return [model_dir, *tokenizer_files(tokenizer_folder(model_dir, path)), *run_files(model_dir)]
+
+
+def run_files(path: PathLike) -> list[Path]:
+    """The files of the run folder that `path` is or lies in (a model or checkpoint of it): its
+    configs, log, data, checkpoints, final model and tokenizer, which hours of training made and
+    no command's --force may replace. None where `path` belongs to no run."""
+    path = Path(path).resolve()
+    for folder in (path, path.parent, path.parent.parent):
+        run = RunDir(folder)
+        if run.has_configs():
+            return [run.model_config, run.train_config, run.log, run.plot, run.data, run.checkpoint_root, run.final,
+                    *tokenizer_files(folder)]
+    return []
 
 
 def load_for_inference(path: PathLike, device: Union[str, torch.device] = "cpu"):
@@ -306,9 +320,10 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
         raise ValueError(f"no checkpoints in {options.run_dir}" if Path(options.run_dir).is_dir()
                          else f"no such run folder: {options.run_dir}")
     chosen = found[-options.last:]
-    refuse_to_replace(options.out, options.force, inputs=chosen)
+    refuse_to_replace(options.out, options.force, inputs=chosen + run_files(options.run_dir))
     if len(chosen) < options.last:
-        echo(f"note: {options.run_dir} keeps {len(found)} checkpoints; averaging those")
+        kept = f"{len(found)} checkpoints; averaging those" if len(found) > 1 else "1 checkpoint; averaging it alone"
+        echo(f"note: {options.run_dir} keeps {kept}")
     with output_lock(options.out):
         average_checkpoints(chosen, options.out, force=options.force)
     echo(f"averaged {', '.join(p.name for p in chosen)} into {options.out}")

@@ -186,6 +186,8 @@ class MarianTokenizer:
         directory = Path(directory)
         try:
             vocab = json.loads((directory / VOCAB_JSON).read_text(encoding="utf-8"))
+            if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+                raise ValueError(f"{directory / VOCAB_JSON} must map each piece to its id (a JSON object)")
             return cls((directory / SOURCE_SPM).read_bytes(), (directory / TARGET_SPM).read_bytes(), vocab)
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ValueError(f"cannot read the Marian tokenizer in {directory}: {error}") from None

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.fx.experimental._config
 from torch import Tensor
 
-from aiayn.batching import Batch, BatchStream, collate, make_batches, to_device
+from aiayn.batching import Batch, BatchStream, check_tokens, collate, make_batches, to_device
 from aiayn.checkpoint import load_checkpoint, read_config
 from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
 from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, check_precision, deterministic_from_environment,
@@ -43,7 +43,7 @@ from aiayn.evaluate import score
 from aiayn.flops import training_flops
 from aiayn.train_kernels import Bf16Twin, fp32_linears
 from aiayn.loss import label_smoothed_nll
-from aiayn.model import Transformer, check_tokens
+from aiayn.model import Transformer
 from aiayn.optim import make_optimizer, noam_lr, set_lr
 from aiayn.prepare import TrainData, prepare_data
 from aiayn.run import RunDir, resolve_model_dir

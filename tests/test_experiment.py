@@ -148,12 +148,15 @@ def test_table3_refuses_to_mix_settings_and_bad_rows(tmp_path):
 
 
 def test_a_start_that_failed_before_any_work_does_not_bind_its_settings(tmp_path):
-    """`--corpus nope` fails after writing the experiment's settings; the corrected command is
-    not refused for settings no row or data was ever made with."""
+    """`--corpus nope` fails after writing the experiment's settings: the folder it made goes
+    whole, and settings no row or data was ever made with (left by an older aiayn, say) do not
+    refuse the corrected command."""
     out = tmp_path / "table3"
     failed = _table3(out, "--corpus", "nope")
     assert failed.returncode == 2 and "unknown corpus 'nope'" in failed.stderr
-    assert json.loads((out / "experiment.json").read_text())["corpus"] == "nope"
+    assert not out.exists()
+    out.mkdir()
+    (out / "experiment.json").write_text(json.dumps(_settings("tiny", SCALES["tiny"], "fp32", 1, "nope")))
     settings = _settings("tiny", SCALES["tiny"], "fp32", 1, "bible-en-es")
     _check_out(out, settings)
     assert json.loads((out / "experiment.json").read_text()) == settings

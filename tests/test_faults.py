@@ -617,6 +617,27 @@ def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_pa
     assert losses(run) == {step: loss for step, loss in losses(straight_run).items() if step <= 40}
 
 
+def test_no_output_replaces_a_file_of_the_run_it_reads(tmp_path, straight_run, capsys):
+    """Not with --force either: a run's checkpoints, data, log, configs, final model and tokenizer
+    took its training to make. Commands given the run, or a model or checkpoint inside it, refuse
+    them as outputs; a new name inside the run folder (RUN/averaged) stays allowed."""
+    run = Path(shutil.copytree(straight_run, tmp_path / "run"))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    newest = RunDir(run).checkpoints()[-1]
+    (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
+    translate = ["translate", "--input", tmp_path / "in.txt", "--force", "--output"]
+    for argv in (["average", run, "--last", "2", "--force", "--out", run / "data"],
+                 ["average", run, "--last", "2", "--force", "--out", run / "tokenizer.model"],
+                 ["export-hf", run, run / "checkpoints", "--force"],
+                 ["attention", run, "--sentence", "the cat", "--force", "--out", run / "checkpoints"],
+                 ["translate", run, *translate[1:], run / "log.jsonl"],
+                 ["translate", run / "model", *translate[1:], run / "train_config.json"],
+                 ["translate", newest, *translate[1:], run / "data" / "new.txt"]):
+        one_line_error(*cli(capsys, *argv)[::2], "an input of this command")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert cli(capsys, "average", run, "--last", "2", "--out", run / "averaged")[0] == 0
+
+
 def test_written_files_have_the_usual_modes(tmp_path, corpus_tsv, capsys):
     old = os.umask(0o022)
     try:
@@ -691,6 +712,19 @@ def test_score_of_empty_files_and_an_unknown_language(tmp_path, capsys):
     (tmp_path / "one").write_text("a line\n")
     one_line_error(*cli(capsys, "score", "--ref", tmp_path / "one", "--hyp", tmp_path / "one", "--lang", "xx")[::2],
                    "--lang xx", "de")
+    (tmp_path / "tree").write_text("(S (NP (DT a) (NN cat)) (VP (VBZ sits)))\n")
+    (tmp_path / "open").write_text("(S (NP (DT a) (NN cat)) (VP (VBZ sits))\n")
+    one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "empty", "--hyp", tmp_path / "tree")[::2],
+                   "holds no trees")
+    one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "tree", "--hyp", tmp_path / "open")[::2],
+                   f"{tmp_path / 'open'}: ")
+
+
+def test_score_parse_reads_the_hypothesis_trees_from_stdin(tmp_path, capsys, monkeypatch):
+    (tmp_path / "tree").write_text("(S (NP (DT a) (NN cat)) (VP (VBZ sits)))\n")
+    code, out, err = cli(capsys, "score", "--parse", "--ref", tmp_path / "tree",
+                         stdin=(tmp_path / "tree").read_bytes(), monkeypatch=monkeypatch)
+    assert code == 0 and "F1 100.00" in out, err
 
 
 def test_invalid_utf8_on_stdin(model_dir, capsys, monkeypatch):

@@ -201,14 +201,29 @@ def test_export_to_ctranslate2_gives_the_same_greedy_tokens(imported, tmp_path):
 
 
 def native_model(folder, seed: int):
-    """A random model trained-by-aiayn style (its own tokenizer, <pad> first) whose BOS is the pad
-    token: a zero start, as CTranslate2 starts a Marian decoder. Saved in `folder`."""
+    """A model trained by aiayn (its own tokenizer, <pad> first) whose BOS is the pad token: a
+    zero start, as CTranslate2 starts a Marian decoder. A few Adam steps with label smoothing
+    train it: the tied pre-softmax projection must leave the pad row at zero. Saved in `folder`."""
+    from aiayn.loss import label_smoothed_nll
+
     tokenizer = Tokenizer.train(TEXT, 300, folder)
     config = ModelConfig(vocab_size=300, d_model=16, n_heads=4, d_ff=32, n_layers=2, layer_norm_eps=1e-5, dropout=0.0,
                          bos_id=0)
     torch.manual_seed(seed)
-    model = Transformer(config).eval()
-    model.save(folder)
+    model = Transformer(config).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ids = [tokenizer.encode(line) for line in TEXT[:8]]
+    width = max(map(len, ids)) + 1
+    src = torch.tensor([row + [config.eos_id] + [config.pad_id] * (width - len(row) - 1) for row in ids])
+    tgt_in = torch.cat([torch.zeros(len(ids), 1, dtype=torch.long), src[:, :-1]], dim=1)  # BOS = pad, then the copy
+    for _ in range(5):
+        logits = model(src, tgt_in)
+        loss, _ = label_smoothed_nll(logits.flatten(0, 1), src.flatten(), 0.1, config.pad_id)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert torch.equal(model.decoder.embed.weight[config.pad_id], torch.zeros(16))
+    model.eval().save(folder)
     return model, tokenizer
 
 
@@ -233,6 +248,14 @@ def test_a_native_model_converts_to_ctranslate2_and_gives_the_same_greedy_tokens
     vocab = json.loads((tmp_path / "hf" / "vocab.json").read_text())
     assert [[vocab[p] for p in r.hypotheses[0]] for r in results] == ours
     assert len({tuple(o) for o in ours}) == 3
+    # transformers: the same tokens and, decoded, the same text: its start token is no text
+    hf_tokenizer = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
+    for sentence, tokens in zip(sentences, ours):
+        batch = hf_tokenizer([sentence], return_tensors="pt")
+        # one token more: at its last, generate forces EOS (forced_eos_token_id), where aiayn stops
+        generated = hf_model(tmp_path / "hf").generate(**batch, num_beams=1, do_sample=False, max_new_tokens=limit + 1)
+        assert generated[0, 1:len(tokens) + 1].tolist() == tokens
+        assert hf_tokenizer.decode(generated[0], skip_special_tokens=True) == tokenizer.decode(tokens)
 
 
 def test_an_argos_package_holds_the_converted_model_its_tokenizer_and_languages(tmp_path):
@@ -316,6 +339,23 @@ def test_unsupported_marian_options_are_refused(hf_dir, tmp_path):
         from aiayn.marian import marian_config
 
         marian_config(export_marian_config)
+
+
+def test_an_hf_folder_that_aiayn_cannot_read_is_refused_in_one_line(hf_dir, tmp_path):
+    """A target vocabulary of its own (it would decode target ids through the source's pieces),
+    weights of other shapes than config.json says, and a vocab.json that is not a piece -> id map."""
+    separate = copy_with_config(hf_dir, tmp_path / "separate", separate_vocabs=True)
+    with pytest.raises(ValueError, match="target vocabulary of its own"):
+        import_marian(separate, tmp_path / "out", echo=lambda _: None)
+    wider = copy_with_config(hf_dir, tmp_path / "wider", d_model=2 * json.loads((hf_dir / "config.json").read_text())["d_model"])
+    with pytest.raises(ValueError, match="do not fit its config.json: size mismatch for ") as refused:
+        import_marian(wider, tmp_path / "out", echo=lambda _: None)
+    assert "\n" not in str(refused.value)
+    listed = copy_with_config(hf_dir, tmp_path / "listed")
+    (listed / "vocab.json").write_text("[]", encoding="utf-8")
+    with pytest.raises(ValueError, match="must map each piece to its id"):
+        import_marian(listed, tmp_path / "out", echo=lambda _: None)
+    assert not (tmp_path / "out").exists()
 
 
 def test_fine_tune_an_imported_model(imported, tmp_path):

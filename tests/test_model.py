@@ -89,6 +89,31 @@ def test_embeddings_scaled_and_shared_with_softmax():
     torch.testing.assert_close(unscaled.encoder.embed(ids), unscaled.encoder.embed.lookup.weight[ids])
 
 
+def test_padding_is_never_predicted_and_its_tied_row_never_trained():
+    """Padding is no word. A decoding step gives it probability 0, however high its logit (an
+    imported model's bias, say), as HF's bad_words_ids and CTranslate2's vocabulary, which has
+    no row for it, do. In training, the pre-softmax projection leaves its row of the shared table
+    untouched, as the lookup (padding_idx) does: the row stays zero."""
+    from aiayn.translate import translate_ids
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0, final_logits_bias=True)
+    model = Transformer(config)
+    with torch.no_grad():
+        model.logits_bias[config.pad_id] = 1e4
+    src, tgt = torch.tensor([[5, 6, 7, config.eos_id]]), torch.tensor([[config.bos_id, 8, 9]])
+    assert model(src, tgt)[0].argmax(-1).eq(config.pad_id).all()  # the logits would choose it
+    for beam in (1, 3):
+        out = translate_ids(model.eval(), [[5, 6, 7]], beam=beam, extra_len=5)[0]
+        assert out and config.pad_id not in out
+    model.train()
+    with torch.no_grad():
+        model.logits_bias.zero_()  # else the loss's gradient would be all on padding's logit
+    model(src, tgt).logsumexp(-1).sum().backward()
+    table = model.decoder.embed.weight
+    assert table.grad[config.pad_id].eq(0).all() and table.grad.abs().sum() > 0
+
+
 def test_untied_options_add_exactly_their_matrices():
     shared = tiny().num_parameters()
     matrix = 50 * 16

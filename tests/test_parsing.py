@@ -242,6 +242,15 @@ def test_linearize_delinearize_round_trip_on_every_toy_tree():
         assert read_trees(tree_to_string(tree)) == [tree]
 
 
+def test_a_parse_of_words_with_brackets_reads_back():
+    """The words of a sentence to parse are the user's: "(" and ")" in them are written as the
+    treebank writes them, or the tree's line would not read back (nor score)."""
+    words = ["The", "cat", "(", "sat", ")", "f(x)"]
+    line = tree_to_string(delinearize("(S " + "XX " * len(words) + ")S", words))
+    assert line == "(S (XX The) (XX cat) (XX -LRB-) (XX sat) (XX -RRB-) (XX f-LRB-x-RRB-))"
+    assert tree_to_string(read_trees(line)[0]) == line
+
+
 WORDS = ["a", "b", "c"]
 GOOD = "(S (NP (XX a) (XX b)) (VP (XX c)))"
 
