@@ -153,7 +153,11 @@ def import_marian(
         echo(f"note: activation_dropout={hf['activation_dropout']} has no aiayn counterpart and is dropped")
     if not MarianTokenizer.is_in(hf_dir):
         raise FileNotFoundError(f"{hf_dir} lacks the Marian tokenizer files (source.spm, target.spm, vocab.json)")
-    if hf.get("separate_vocabs") or (hf_dir / "target_vocab.json").exists():
+    try:  # a tokenizer setting, saved in tokenizer_config.json
+        separate = read_json(hf_dir / "tokenizer_config.json").get("separate_vocabs") is True
+    except (OSError, ValueError, AttributeError):
+        separate = False
+    if separate or (hf_dir / "target_vocab.json").exists():
         raise ValueError(f"{hf_dir} has a target vocabulary of its own (target_vocab.json); aiayn imports Marian "
                          "models of one shared vocabulary")
     tokenizer = MarianTokenizer.load(hf_dir)

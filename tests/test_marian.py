@@ -344,7 +344,8 @@ def test_unsupported_marian_options_are_refused(hf_dir, tmp_path):
 def test_an_hf_folder_that_aiayn_cannot_read_is_refused_in_one_line(hf_dir, tmp_path):
     """A target vocabulary of its own (it would decode target ids through the source's pieces),
     weights of other shapes than config.json says, and a vocab.json that is not a piece -> id map."""
-    separate = copy_with_config(hf_dir, tmp_path / "separate", separate_vocabs=True)
+    separate = copy_with_config(hf_dir, tmp_path / "separate")
+    (separate / "target_vocab.json").write_bytes((hf_dir / "vocab.json").read_bytes())  # as HF's tokenizer saves one
     with pytest.raises(ValueError, match="target vocabulary of its own"):
         import_marian(separate, tmp_path / "out", echo=lambda _: None)
     wider = copy_with_config(hf_dir, tmp_path / "wider", d_model=2 * json.loads((hf_dir / "config.json").read_text())["d_model"])
