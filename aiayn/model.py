@@ -338,7 +338,8 @@ class _Model(nn.Module):
     def _logits(self, hidden: Tensor, embed: Embeddings) -> Tensor:
         """The pre-softmax linear transformation: (..., d_model) -> (..., vocab_size)."""
         if self.output_proj is None:
-            return F.linear(hidden, _PaddingRowKept.apply(embed.weight, self.config.pad_id), self.logits_bias)
+            table = _PaddingRowKept.apply(embed.weight, self.config.pad_id) if torch.is_grad_enabled() else embed.weight
+            return F.linear(hidden, table, self.logits_bias)  # a decoding step skips the Function: no backward
         logits = self.output_proj(hidden)  # a module: an int8 copy (aiayn.kernels) holds no float weight
         return logits if self.logits_bias is None else logits + self.logits_bias
 
