@@ -278,6 +278,9 @@ def _permute_residual_stream(state: dict[str, torch.Tensor], order: torch.Tensor
 # zero embedding named <pad>, the config's pad token; aiayn's own pad piece keeps its row under
 # PAD_PIECE (no text encodes to either, and generation is barred from both).
 MARIAN_PAD, PAD_PIECE = "<pad>", "<aiayn-pad>"
+# CTranslate2 keeps aiayn's pad row as an ordinary token, its logit the bias alone (the row is
+# zero): this bias at that id bars it there as aiayn's search bars it (finite, so fp16 keeps it).
+BARRED_LOGIT = -1e4
 
 
 def _marian_vocab(tokenizer: Tokenizer, pad_id: int) -> dict[str, int]:
@@ -331,6 +334,7 @@ def export_marian(
     pad, start = config.pad_id, config.bos_id
     zero_start = state["decoder.embed.lookup.weight"][config.bos_id].abs().max() == 0
     if native:
+        weights["final_logits_bias"][0, config.pad_id] = BARRED_LOGIT
         weights, pad = _with_pad_row(weights), config.vocab_size
         start = pad if zero_start else start  # Marian's own start, the same zero vector: its output skips it as text
         hf = {**hf, "vocab_size": config.vocab_size + 1, "decoder_vocab_size": config.vocab_size + 1, "pad_token_id": pad,

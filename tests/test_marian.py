@@ -18,7 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the `marian` extra (transformers) is not installed")
 
 from aiayn.config import ModelConfig  # noqa: E402
-from aiayn.marian import export_marian, import_marian  # noqa: E402
+from aiayn.marian import BARRED_LOGIT, PAD_PIECE, export_marian, import_marian  # noqa: E402
 from aiayn.model import Transformer  # noqa: E402
 from aiayn.search import beam_search, greedy  # noqa: E402
 from aiayn.translate import ModelStep  # noqa: E402
@@ -175,9 +175,12 @@ def test_export_of_a_native_model_is_exact(tmp_path):
     with torch.no_grad():
         expected = model(src, tgt)
         got = hf_model(tmp_path / "hf")(input_ids=src, decoder_input_ids=tgt).logits
-    # The export's one extra row is Marian's <pad>, which CTranslate2 drops (aiayn.marian).
+    # The export's one extra row is Marian's <pad>, which CTranslate2 drops (aiayn.marian); aiayn's
+    # own pad, which CTranslate2 keeps, is barred by the logits bias as aiayn's search bars it.
     assert got.size(-1) == config.vocab_size + 1
-    torch.testing.assert_close(got[..., :-1], expected, atol=1e-4, rtol=1e-4)
+    tokens = [i for i in range(config.vocab_size) if i != config.pad_id]
+    torch.testing.assert_close(got[..., tokens], expected[..., tokens], atol=1e-4, rtol=1e-4)
+    assert torch.all(got[..., config.pad_id] <= BARRED_LOGIT + expected[..., config.pad_id].abs() + 1e-3)
     theirs = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
     assert theirs("the cat sat")["input_ids"] == src[0].tolist()
 
@@ -247,6 +250,9 @@ def test_a_native_model_converts_to_ctranslate2_and_gives_the_same_greedy_tokens
     results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=limit, min_decoding_length=0)
     vocab = json.loads((tmp_path / "hf" / "vocab.json").read_text())
     assert [[vocab[p] for p in r.hypotheses[0]] for r in results] == ours
+    # CTranslate2 keeps aiayn's pad as a token (it drops only Marian's): it gets no probability
+    (scored,) = translator.score_batch([pieces[0]], [[PAD_PIECE]])
+    assert scored.log_probs[0] < BARRED_LOGIT / 2
     assert len({tuple(o) for o in ours}) == 3
     # transformers: the same tokens and, decoded, the same text: its start token is no text
     hf_tokenizer = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
