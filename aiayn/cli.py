@@ -24,7 +24,7 @@ import torch
 from aiayn.config import (
     DECODE_PRECISIONS, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, AttentionOptions,
     ArgosOptions, AverageOptions, ConvertOptions, CorpusExportOptions, DecodeConfig, DemoOptions, FileDecodeOptions, InfoOptions,
-    ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions,
+    ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions, TranslateFileOptions,
     check_options, decode_field_problem, preset, recipe,
 )
 from aiayn import __version__
@@ -238,7 +238,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
     """Translate one sentence a line (§6.1 settings by default); empty lines stay empty."""
     from aiayn.translate import translate_file
 
-    translate_file(options(args, FileDecodeOptions), decode_config(args), "translate")
+    translate_file(options(args, TranslateFileOptions), decode_config(args), "translate")
 
 
 def cmd_parse(args: argparse.Namespace) -> None:
@@ -311,7 +311,7 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
      ConvertOptions, None),
     ("export-argos", cmd_export_argos, "write a run as an Argos Translate package (.argosmodel) for LibreTranslate",
      ArgosOptions, None),
-    ("translate", cmd_translate, "translate a file or stdin, one sentence a line (§6.1 decoding)", FileDecodeOptions,
+    ("translate", cmd_translate, "translate a file or stdin, one sentence a line (§6.1 decoding)", TranslateFileOptions,
      ("translate", [f.name for f in dataclasses.fields(DecodeConfig)])),
     ("parse", cmd_parse, "parse tokenized sentences into trees (§6.3 decoding)", FileDecodeOptions,
      ("parse", [f.name for f in dataclasses.fields(DecodeConfig)])),

@@ -454,6 +454,13 @@ class FileDecodeOptions:
     device: str = _option("auto", "auto, cpu, cuda, cuda:N")
     resume: bool = _option(False, "continue OUTPUT.partial, left by an interrupted run, with the same input")
     force: bool = _option(False, "replace an existing --output")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TranslateFileOptions(FileDecodeOptions):
+    """`aiayn translate`: FileDecodeOptions, and lines that may be paragraphs (a parser's input
+    is one tokenized sentence a line)."""
+
     split_sentences: bool = _option(False, "a line is a paragraph: translate it sentence by sentence (aiayn.sentences)")
     lang: Optional[str] = _option(None, "the input's language, for --split-sentences (default: the run's source, else en)")
 

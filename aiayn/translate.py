@@ -16,7 +16,9 @@ from torch import Tensor
 
 from aiayn import kernels
 from aiayn.checkpoint import WEIGHTS
-from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, AttentionOptions, DecodeConfig, FileDecodeOptions
+from aiayn.config import (
+    DECODE_PRESETS, MAX_INPUT_TOKENS, AttentionOptions, DecodeConfig, FileDecodeOptions, TranslateFileOptions,
+)
 from aiayn.corpora import iter_lines
 from aiayn.device import resolve_device
 from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
@@ -373,12 +375,13 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
     from tqdm.auto import tqdm
 
     out = None
+    paragraphs = isinstance(options, TranslateFileOptions) and options.split_sentences
     if options.output:
         reads = model_inputs(options.run_dir)  # the model folder first, then its tokenizer's files
         # What the lines depend on, by flag; not the speed knobs, so that a run stopped for memory
         # may resume with smaller batches; --lang only where it splits.
         flags = {**dataclasses.asdict(decode), "max_input_tokens": options.max_input_tokens,
-                 "split_sentences": options.split_sentences, "lang": options.lang if options.split_sentences else None}
+                 "split_sentences": paragraphs, "lang": options.lang if paragraphs else None}
         settings = {"model": file_sha256(reads[0] / WEIGHTS), "command": command,
                     **{f"--{name.replace('_', '-')}": value for name, value in flags.items()
                        if name not in ("batch_tokens", "cuda_graphs")}}
@@ -405,8 +408,8 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         interactive = source is sys.stdin.buffer and sys.stdin.isatty()
         note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
         with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
-            lang = options.lang or languages_of(options.run_dir)[0] or "en"
-            split = (lambda text: split_sentences(text, lang)) if options.split_sentences else None
+            lang = options.lang or languages_of(options.run_dir)[0] or "en" if paragraphs else None
+            split = (lambda text: split_sentences(text, lang)) if paragraphs else None
             translator.stream(iter_lines(source, name, skip), write, max_input_tokens=options.max_input_tokens,
                               finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=note,
                               first_line=skip + 1, progress=bar, split=split)

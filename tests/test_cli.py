@@ -85,3 +85,16 @@ def test_every_training_option_says_what_it_does(capsys):
     for f in dataclasses.fields(ModelConfig) + dataclasses.fields(TrainConfig):
         assert f.metadata.get("help"), f"{f.name} has no help text"
         assert f"--{f.name.replace('_', '-')}" in shown and "".join(f.metadata["help"].split()) in shown, f.name
+
+
+@pytest.mark.parametrize("command, offered", [("translate", True), ("parse", False)])
+def test_only_translate_offers_paragraphs(capsys, command, offered):
+    """A parser reads one tokenized sentence a line: `parse` has no --split-sentences or --lang."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    shown = capsys.readouterr().out
+    assert ("--split-sentences" in shown) == ("--lang" in shown) == offered
+    if not offered:
+        with pytest.raises(SystemExit) as stopped:
+            main([command, "run", "--split-sentences"])
+        assert stopped.value.code == 2 and "unrecognized arguments: --split-sentences" in capsys.readouterr().err

@@ -84,7 +84,7 @@ def test_a_list_alternatives_and_auto_source_as_json(server, translator, model_d
         assert status == 200 and answer == {"translatedText": translator.translate([SENTENCES[0]])[0]}
     # `curl -X POST URL?q=...` sends neither Content-Length nor a body: HTTP/1.1 reads that as no body.
     with socket.create_connection(("127.0.0.1", server.port), timeout=60) as raw:
-        raw.sendall(f"POST /translate?q=the%20cat&source=en&target=es HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        raw.sendall("POST /translate?q=the%20cat&source=en&target=es HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                     "Connection: close\r\n\r\n".encode())
         response = http.client.HTTPResponse(raw)
         response.begin()
