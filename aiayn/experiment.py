@@ -358,8 +358,9 @@ def _value(result: dict, metric: str) -> str:
 
 def _verdict(results: dict[str, dict], claim: Claim, metric: str, noise: float) -> str:
     """'yes' when every pair goes the paper's way by more than the noise, 'no' when one goes the
-    other way by more than the noise, else 'within noise' (for `same`: 'yes' when every pair is
-    within the noise); then the values it was judged on."""
+    other way by more than the noise, else 'within noise', or 'equal' where the noise floor was
+    not measured (for `same`: 'yes' when every pair is within the noise); then the values it was
+    judged on."""
     signs = []
     for worse, better in claim.pairs:
         gap = results[worse][metric] - results[better][metric]
@@ -370,7 +371,7 @@ def _verdict(results: dict[str, dict], claim: Claim, metric: str, noise: float) 
     elif any(s < 0 for s in signs):
         verdict = "no"
     else:
-        verdict = "yes" if all(s > 0 for s in signs) else "within noise"
+        verdict = "yes" if all(s > 0 for s in signs) else ("within noise" if REPEAT in results else "equal")
     rows = list(dict.fromkeys(row for pair in claim.pairs for row in pair))
     return f"{verdict} ({', '.join(f'{row} {_value(results[row], metric)}' for row in rows)})"
 

@@ -86,6 +86,8 @@ def test_a_conclusion_counts_only_beyond_the_two_seed_noise():
     results.pop(REPEAT)
     assert noise_floor(results) == (0.0, 0.0)
     assert findings(results)[0]["dev_bleu"].startswith("yes")  # every difference counts, 0.1 BLEU too
+    results["A1"]["dev_bleu"] = results["base"]["dev_bleu"]  # a tie, with no noise floor to be within
+    assert findings(results)[0]["dev_bleu"] == "equal (A1 5.0, base 5.0)"
 
 
 def test_the_table_has_the_papers_layout_and_values():
