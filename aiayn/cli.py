@@ -157,6 +157,8 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(f"preset {info.preset}")
     for key, value in config.to_dict().items():
         print(f"  {key:18} {({'d_k': d_k, 'd_v': d_v}[key] if key in ('d_k', 'd_v') and value is None else value)}")
+    for key, value in TRAIN_OVERRIDES.get(info.preset, {}).items():  # a Table 3 row that changes training
+        print(f"  {key:18} {value} (training: `aiayn train --preset {info.preset}` sets it)")
     print(f"parameters         {total:,} ({total / 1e6:.1f}M)")
     print(f"  embeddings       {total - encoder - decoder:,}")
     print(f"  encoder          {encoder:,}")

@@ -23,6 +23,9 @@ def test_info_prints_config_parameters_and_flops(capsys):
     assert "parameters         63,082,496 (63.1M)" in out
     assert "paper (Table 3)  65M" in out
     assert "training" in out and "MFLOP" in out
+    assert "label_smoothing" not in out
+    _, out, _ = run(capsys, "info", "--preset", "D3")  # a row whose change is in training, not in the model
+    assert "label_smoothing    0.0 (training" in out
 
 
 def test_info_takes_config_overrides(capsys):
