@@ -408,7 +408,7 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         interactive = source is sys.stdin.buffer and sys.stdin.isatty()
         note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
         with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
-            lang = options.lang or languages_of(options.run_dir)[0] or "en" if paragraphs else None
+            lang = (options.lang or languages_of(options.run_dir)[0] or "en") if paragraphs else None
             split = (lambda text: split_sentences(text, lang)) if paragraphs else None
             translator.stream(iter_lines(source, name, skip), write, max_input_tokens=options.max_input_tokens,
                               finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=note,
