@@ -332,8 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"aiayn {__version__}, PyTorch {torch.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     classes = [cls for _, _, _, cls, _ in COMMANDS]
-    for name, run, what, cls, decoding in COMMANDS:  # options two commands share describe neither alone
-        described = cls.__doc__ if classes.count(cls) == 1 else what[0].upper() + what[1:]
+    for name, run, what, cls, decoding in COMMANDS:  # options two commands share (or extend) describe neither alone
+        shared = sum(issubclass(cls, other) or issubclass(other, cls) for other in classes) > 1
+        described = what[0].upper() + what[1:] if shared else cls.__doc__
         command = sub.add_parser(name, help=what, description=described)
         add_options(command, cls)
         if name in ("info", "train"):

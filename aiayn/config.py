@@ -458,8 +458,8 @@ class FileDecodeOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class TranslateFileOptions(FileDecodeOptions):
-    """`aiayn translate`: FileDecodeOptions, and lines that may be paragraphs (a parser's input
-    is one tokenized sentence a line)."""
+    """`aiayn translate`: the options of FileDecodeOptions, and lines that may be paragraphs
+    (`aiayn parse` reads one tokenized sentence a line)."""
 
     split_sentences: bool = _option(False, "a line is a paragraph: translate it sentence by sentence (aiayn.sentences)")
     lang: Optional[str] = _option(None, "the input's language, for --split-sentences (default: the run's source, else en)")

@@ -6,6 +6,7 @@ stream through in chunks, so memory stays flat and every finished chunk is writt
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 from pathlib import Path
@@ -408,8 +409,8 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         interactive = source is sys.stdin.buffer and sys.stdin.isatty()
         note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
         with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
-            lang = (options.lang or languages_of(options.run_dir)[0] or "en") if paragraphs else None
-            split = (lambda text: split_sentences(text, lang)) if paragraphs else None
+            split = functools.partial(split_sentences, lang=options.lang or languages_of(options.run_dir)[0] or "en") \
+                if paragraphs else None
             translator.stream(iter_lines(source, name, skip), write, max_input_tokens=options.max_input_tokens,
                               finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=note,
                               first_line=skip + 1, progress=bar, split=split)

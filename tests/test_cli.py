@@ -97,6 +97,8 @@ def test_only_translate_offers_paragraphs(capsys, command, offered):
         main([command, "--help"])
     shown = capsys.readouterr().out
     assert ("--split-sentences" in shown) == ("--lang" in shown) == offered
+    other = "parse" if command == "translate" else "translate"
+    assert f"aiayn {other}" not in shown and "Options" not in shown  # each described as itself
     if not offered:
         with pytest.raises(SystemExit) as stopped:
             main([command, "run", "--split-sentences"])
