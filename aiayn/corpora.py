@@ -187,21 +187,16 @@ def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[st
 # Readers
 
 
-def iter_lines(handle: BinaryIO, name: str, skip: int = 0) -> Iterator[str]:
+def iter_lines(handle: BinaryIO, name: str) -> Iterator[str]:
     """The lines of a UTF-8 byte stream split on "\\n" only (a trailing "\\r" dropped), so that the
-    line count agrees with `wc -l` whatever separators (\\f, U+2028, ...) a line holds. The first
-    `skip` lines are passed over. Invalid UTF-8 is an error naming `name` and the line."""
-    number = 0
+    line count agrees with `wc -l` whatever separators (\\f, U+2028, ...) a line holds. Invalid
+    UTF-8 is an error naming `name` and the line."""
     for number, raw in enumerate(handle, start=1):
-        if number <= skip:
-            continue
         try:
             # utf-8-sig on line 1: a byte-order mark is not part of the first sentence.
             yield raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\n").removesuffix("\r")
         except UnicodeDecodeError as error:
             raise ValueError(f"{name}, line {number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
-    if number < skip:  # a stream is known to be too short only once it ends
-        raise ValueError(f"{name} has {number} lines, fewer than the {skip} to pass over: --resume needs the same input")
 
 
 def _file_lines(path: Path) -> Iterator[str]:

@@ -208,10 +208,15 @@ def file_sha256(path: Union[str, Path]) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _complete_lines(partial: Path) -> int:
-    """The number of whole lines in an interrupted output; a line cut short is removed."""
+def _complete_lines(partial: Path, most: Optional[int] = None) -> int:
+    """The number of whole lines in an interrupted output, at `most` if given; a line cut short,
+    and the lines after the first `most`, are removed."""
     data = partial.read_bytes()
     end = data.rfind(b"\n") + 1
+    if most is not None and data.count(b"\n", 0, end) > most:
+        end = 0
+        for _ in range(most):
+            end = data.index(b"\n", end) + 1
     if end < len(data):
         with open(partial, "r+b") as handle:
             handle.truncate(end)
@@ -229,10 +234,12 @@ class PartialOutput:
     """An output file written as it is translated: lines go to OUTPUT.partial as each chunk is
     done, and OUTPUT.partial becomes OUTPUT when all are. OUTPUT.partial.json records what the
     lines translate: the input (its SHA-256) and `settings` (the model's weights' SHA-256 and the
-    decoding settings). An interrupted run leaves OUTPUT.partial, which `resume` continues after
-    its last whole line, with the same input, model and settings only: lines of two models or two
-    beams in one file would pass for one translation. The output is never the model it reads
-    (`model`: its files, `run.model_inputs`), nor a folder or a device."""
+    decoding settings), and after each write the number of lines written and the SHA-256 of the
+    input lines they translate, so that an input that has no digest of its own (stdin) is checked
+    too. An interrupted run leaves OUTPUT.partial, which `resume` continues after its last line
+    the record vouches for, with the same input, model and settings only: lines of two models,
+    two beams or two inputs in one file would pass for one translation. The output is never the
+    model it reads (`model`: its files, `run.model_inputs`), nor a folder or a device."""
 
     def __init__(self, output: str, input: Optional[str], resume: bool, force: bool,
                  model: Sequence[Path] = (), settings: Optional[dict] = None) -> None:
@@ -258,21 +265,61 @@ class PartialOutput:
             if changed:
                 raise ValueError(f"{self.partial} was translated with another {' and '.join(changed)}; "
                                  "--resume needs the same model and settings, --force starts over")
-            self.skip = _complete_lines(self.partial)
+            self._record = {**kept, **settings}
+            self.skip = self._resume_at(kept.get("lines"))
         elif resume and self.final.exists():
             raise ValueError(f"{self.final} is complete: nothing to resume (--force translates again)")
         elif not force and self.partial.exists():
             raise ValueError(f"{self.partial} holds an interrupted translation; pass --resume to continue it "
                              "or --force to start over")
         self.handle = open(self.partial, "ab" if self.skip else "wb")  # an unwritable output fails here, before decoding
+        self._read, self._lines_read = hashlib.sha256(), 0  # the input lines read so far
         if not self.skip:
-            write_json(self.record, {"input": input or "-", "input_sha256": digest, **settings})
+            self._record = {"input": input or "-", "input_sha256": digest, **settings}
+            self._keep_record()
         self.written = self.skip
 
+    def _resume_at(self, recorded: Optional[int]) -> int:
+        """The lines to pass over: the partial's whole lines, cut back to the `recorded` ones
+        (lines written after the record was last updated are translated again); a record from
+        before lines were counted vouches for every whole line."""
+        lines = _complete_lines(self.partial, recorded)
+        if recorded is not None and lines < recorded:
+            raise ValueError(f"{self.partial} holds {lines} lines but its record says {recorded}: it was changed "
+                             "after it was written; --force starts over")
+        return lines
+
+    def lines(self, lines: Iterable[str], name: str) -> Iterator[str]:
+        """The input's lines after the `skip` already translated, each line read added to the
+        digest the record keeps. The lines passed over must hash as they did when they were
+        translated (the check that stdin, which has no digest of its own, gets); a record from
+        before that digest was kept checks their number only."""
+        for line in lines:
+            self._read.update(line.encode("utf-8") + b"\n")
+            self._lines_read += 1
+            if self._lines_read == self.skip and self._record.get("lines_sha256") not in (None, self._read.hexdigest()):
+                raise ValueError(f"{name} is not the input {self.partial} translates (its first {self.skip} lines "
+                                 "differ); --resume needs the same input, --force starts over")
+            if self._lines_read > self.skip:
+                yield line
+        if self._lines_read < self.skip:  # a stream is known to be too short only once it ends
+            raise ValueError(f"{name} has {self._lines_read} lines, fewer than the {self.skip} to pass over: "
+                             "--resume needs the same input")
+
+    def _keep_record(self) -> None:
+        write_json(self.record, {**self._record, "lines": self._lines_read, "lines_sha256": self._read.hexdigest()})
+
     def write(self, text: str, lines: int) -> None:
+        """Append `lines` output lines, those of every input line read so far (a stream reads no
+        line past those it writes next), then record them: the lines first, on disk, so that the
+        record never vouches for lines a crash lost."""
         self.handle.write(text.encode("utf-8"))
         self.handle.flush()
+        os.fsync(self.handle.fileno())
         self.written += lines
+        if self.written != self._lines_read:
+            raise RuntimeError(f"{self.written} output lines for {self._lines_read} input lines read")
+        self._keep_record()
 
     def abandon(self, interrupted: bool) -> None:
         """After a failure: nothing written is removed; what was is kept for --resume."""

@@ -411,7 +411,8 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
             split = functools.partial(split_sentences, lang=options.lang or languages_of(options.run_dir)[0] or "en") \
                 if paragraphs else None
-            translator.stream(iter_lines(source, name, skip), write, max_input_tokens=options.max_input_tokens,
+            lines = iter_lines(source, name) if out is None else out.lines(iter_lines(source, name), name)
+            translator.stream(lines, write, max_input_tokens=options.max_input_tokens,
                               finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=note,
                               first_line=skip + 1, progress=bar, split=split)
     except BaseException as error:

@@ -384,6 +384,8 @@ def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_pa
     code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "other.txt", "--output", out, "--resume")
     one_line_error(code, err, "translates another input", "--force starts over")
     monkeypatch.setattr(translate_module, "translate_ids", real)
+    with open(tmp_path / "out.txt.partial", "ab") as handle:
+        handle.write(b"a whole line written after the record\n")  # a kill between the lines and their record
     assert cli(capsys, *argv, "--output", out, "--resume")[0] == 0
     assert out.read_text(encoding="utf-8") == straight and not (tmp_path / "out.txt.partial").exists()
     assert not (tmp_path / "out.txt.partial.json").exists()
@@ -428,9 +430,12 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
     other = make_model(tmp_path / "other", positional="learned")
     one_line_error(*cli(capsys, "translate", other, *argv[2:], "--resume", stdin=lines, monkeypatch=monkeypatch)[::2],
                    "another model")
-    short = lines[: lines.index(b"\n") + 1]  # stdin records no digest: at least its length must do
+    short = lines[: lines.index(b"\n") + 1]
     one_line_error(*cli(capsys, *argv, "--resume", stdin=short, monkeypatch=monkeypatch)[::2],
                    "has 1 lines, fewer than the 3", "same input")
+    other = b"".join(f"{SENTENCES[(i + 1) % 7]}\n".encode() for i in range(9))  # as long, not the same
+    one_line_error(*cli(capsys, *argv, "--resume", stdin=other, monkeypatch=monkeypatch)[::2],
+                   "stdin is not the input", "first 3 lines differ", "--force starts over")
     assert out.with_name("out.txt.partial").read_text(encoding="utf-8").count("\n") == 3
     code, _, err = cli(capsys, *argv, "--resume", "--batch-tokens", "100", "--lang", "de", stdin=lines,
                        monkeypatch=monkeypatch)
