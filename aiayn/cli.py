@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import os
 import signal
 import sys
@@ -18,8 +19,6 @@ import threading
 import typing
 from pathlib import Path
 from typing import Optional, Sequence
-
-import torch
 
 from aiayn.config import (
     DECODE_PRECISIONS, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, AttentionOptions,
@@ -143,6 +142,8 @@ def config_from_args(args: argparse.Namespace, preset_name: str) -> ModelConfig:
 
 def cmd_info(args: argparse.Namespace) -> None:
     """Print a preset's configuration, parameter count and FLOPs per token."""
+    import torch
+
     from aiayn.flops import forward_flops, training_flops
     from aiayn.model import Transformer
 
@@ -329,7 +330,7 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of 'Attention Is All You Need', as a tool.")
-    parser.add_argument("--version", action="version", version=f"aiayn {__version__}, PyTorch {torch.__version__}")
+    parser.add_argument("--version", action="version", version=f"aiayn {__version__}, PyTorch {importlib.metadata.version('torch')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     classes = [cls for _, _, _, cls, _ in COMMANDS]
     for name, run, what, cls, decoding in COMMANDS:  # options two commands share (or extend) describe neither alone
@@ -363,7 +364,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so that partial outputs are reported.
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     try:
-        args.run(args)
+        args.run(args)  # PyTorch loads here, under the handlers: a Ctrl-C while it loads is one line too
+    except BrokenPipeError:  # stdout's reader has gone (`aiayn translate ... | head`): nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or Python's last flush fails again
+        return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended
     except (UserError, ValueError, ImportError, OSError) as error:  # OSError: files, network
         message = os_error_message(error) if isinstance(error, OSError) else str(error)
         parser.exit(2, f"aiayn: error: {' '.join(message.split())}\n")

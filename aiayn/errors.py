@@ -11,8 +11,6 @@ import errno
 import os
 from pathlib import Path
 
-import torch
-
 
 def os_error_message(error: OSError) -> str:
     """An error from the system about a path, said of the path the user gave: "F is a folder, not
@@ -39,4 +37,6 @@ def os_error_message(error: OSError) -> str:
 def out_of_memory(error: BaseException) -> bool:
     """Whether `error` says an allocation failed: a GPU's OutOfMemoryError, Python's MemoryError, or
     the RuntimeError PyTorch's CPU allocator raises (its message the only sign of it)."""
+    import torch  # here, not on top: the command line parses its flags before PyTorch loads (aiayn.cli)
+
     return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(error)

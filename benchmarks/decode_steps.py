@@ -35,7 +35,8 @@ import torch
 
 from aiayn.config import DECODE_PRESETS
 from aiayn.corpora import load_corpus
-from aiayn.device import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache, matmul_peak_flops
+from aiayn.device import matmul_peak_flops
+from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
 from aiayn.translate import ContinuousDecoding, Translator
 from common import RESULTS, command_line, cpu_kind, default_threads, machine, spread, write_results
 

@@ -1,5 +1,5 @@
 """The resident memory of training over its steps, with oneDNN's cache of compiled kernels bounded
-as aiayn bounds it (aiayn.device.KERNEL_CACHE_CAPACITY) and at oneDNN's own default (1,024).
+as aiayn bounds it (aiayn.kernel_cache.KERNEL_CACHE_CAPACITY) and at oneDNN's own default (1,024).
 
     .venv/bin/python benchmarks/train_memory.py --steps 400       # two demo runs, ~6 min -> docs/train-memory-KIND.png
     .venv/bin/python benchmarks/train_memory.py --plot runs/demo --out x.png   # any run folders' logs
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from aiayn.files import atomic_write
-from aiayn.device import KERNEL_CACHE_CAPACITY, cpu_kind
+from aiayn.device import cpu_kind
+from aiayn.kernel_cache import KERNEL_CACHE_CAPACITY
 from aiayn.run import LOG, read_log
 from common import RESULTS, command_line, machine, require_precision, write_results
 

@@ -53,6 +53,46 @@ def test_user_mistakes_get_one_line_and_exit_2(capsys, argv, message):
     assert err.startswith("aiayn: error:") and message in err and err.count("\n") == 1
 
 
+# Run with PyTorch's import made to fail as it starts (or to be Ctrl-C'd there): what the command
+# line does before PyTorch has loaded, and that a Ctrl-C while it loads is handled.
+NO_TORCH = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise {error}("torch")
+sys.meta_path.insert(0, Refuse())
+from aiayn.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def without_torch(error: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", NO_TORCH.format(error=error), *argv], capture_output=True, text=True)
+
+
+def test_the_command_line_answers_help_and_mistakes_before_pytorch_loads():
+    """PyTorch takes seconds to import; --help, --version and a flag's mistake need none of it."""
+    for argv in (["--help"], ["translate", "--help"], ["--version"]):
+        done = without_torch("ImportError", *argv)
+        assert done.returncode == 0 and "aiayn" in done.stdout, done.stderr
+    done = without_torch("ImportError", "info", "--length", "x")
+    assert done.returncode == 2 and "invalid int value: 'x'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_while_pytorch_loads_is_one_line():
+    done = without_torch("KeyboardInterrupt", "info", "--preset", "base")
+    assert (done.returncode, done.stderr) == (130, "aiayn: interrupted\n")
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly():
+    """`aiayn info ... | head -1`: no error for stdout's pipe closed early, as for any filter."""
+    child = subprocess.Popen([sys.executable, "-m", "aiayn", "info", "--preset", "big"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    child.stdout.close()  # before the command has printed anything
+    assert child.wait() == 141 and child.stderr.read() == ""
+
+
 def test_demo_trains_translates_and_scores(tmp_path):
     """The README's main command, on a budget of seconds: python -m aiayn demo."""
     argv = [sys.executable, "-m", "aiayn", "demo", "--minutes", "0.05", "--preset", "tiny", "--test-sentences", "6",

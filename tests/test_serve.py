@@ -969,7 +969,7 @@ def test_a_server_widens_onednns_kernel_cache_before_it_loads_a_model(monkeypatc
     model's loading), unless the user sized it."""
     import os
 
-    from aiayn import device
+    from aiayn import kernel_cache
     from aiayn.config import ServeOptions
     from aiayn.serve import server
 
@@ -983,15 +983,15 @@ def test_a_server_widens_onednns_kernel_cache_before_it_loads_a_model(monkeypatc
         raise Loading
 
     monkeypatch.setattr(server, "load_for_inference", load)
-    monkeypatch.setenv(device._OURS, str(device.KERNEL_CACHE_CAPACITY))  # restored after, as the variable
+    monkeypatch.setenv(kernel_cache._OURS, str(kernel_cache.KERNEL_CACHE_CAPACITY))  # restored after, as the variable
     # As `import aiayn` left it, then as a user set it.
-    for capacity, user_sized in ((device.KERNEL_CACHE_CAPACITY, False), (7, True)):
+    for capacity, user_sized in ((kernel_cache.KERNEL_CACHE_CAPACITY, False), (7, True)):
         monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(capacity))
-        monkeypatch.setattr(device, "_USER_SIZED", user_sized)
+        monkeypatch.setattr(kernel_cache, "_USER_SIZED", user_sized)
         with pytest.raises(Loading):
             server.serve(ServeOptions(run_dir=str(model_dir), port=0), DECODE_PRESETS["translate"])
-    assert seen == [str(device.SERVING_KERNEL_CACHE_CAPACITY), "7"]
-    assert device.SERVING_KERNEL_CACHE_CAPACITY > device.KERNEL_CACHE_CAPACITY
+    assert seen == [str(kernel_cache.SERVING_KERNEL_CACHE_CAPACITY), "7"]
+    assert kernel_cache.SERVING_KERNEL_CACHE_CAPACITY > kernel_cache.KERNEL_CACHE_CAPACITY
     # A server started by a program that imported aiayn: tests/test_train.py's kernel-cache test.
 
 

@@ -109,11 +109,11 @@ def test_copy_task_reaches_near_perfect_accuracy(tmp_path):
 def test_importing_aiayn_bounds_onednns_kernel_cache_unless_the_user_sized_it():
     """A long run's memory (docs/robustness.md): oneDNN's cache of compiled kernels grows with
     every batch shape up to its size, read once at the process's first kernel."""
-    from aiayn.device import _OURS, KERNEL_CACHE_CAPACITY, SERVING_KERNEL_CACHE_CAPACITY
+    from aiayn.kernel_cache import _OURS, KERNEL_CACHE_CAPACITY, SERVING_KERNEL_CACHE_CAPACITY
 
     def capacity(serving: bool = False, **env) -> str:
         given = {k: v for k, v in os.environ.items() if not k.endswith("_PRIMITIVE_CACHE_CAPACITY")}
-        code = ("import os, aiayn.device as d; " + ("d.bound_kernel_cache(d.SERVING_KERNEL_CACHE_CAPACITY); " * serving)
+        code = ("import os, aiayn.kernel_cache as d; " + ("d.bound_kernel_cache(d.SERVING_KERNEL_CACHE_CAPACITY); " * serving)
                 + "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))")
         done = subprocess.run([sys.executable, "-c", code], env={**given, **env}, capture_output=True, text=True, check=True)
         return done.stdout.strip()

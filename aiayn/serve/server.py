@@ -18,7 +18,8 @@ import threading
 import uvicorn
 
 from aiayn.config import DecodeConfig, ServeOptions
-from aiayn.device import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache, resolve_device
+from aiayn.device import resolve_device
+from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
 from aiayn.run import languages_of, load_for_inference
 from aiayn.serve.app import LOOPBACK_NAMES, create_app
 from aiayn.serve.connections import guarded_protocol

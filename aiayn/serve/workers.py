@@ -70,7 +70,7 @@ def _answer_until_closed(connection, run_dir: str, device: str, precision: str, 
     import torch
 
     from aiayn.config import DECODE_PRESETS
-    from aiayn.device import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
+    from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
     from aiayn.run import load_for_inference
     from aiayn.serve.app import ServedModel
     from aiayn.translate import Translator
