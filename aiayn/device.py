@@ -157,7 +157,7 @@ def available_bytes() -> Optional[int]:
 # pages from the kernel and unmaps it when it is freed. At the paper's 25,000-token batches a
 # feed-forward activation alone is 50-100 MB, so every step had the kernel fault in and zero
 # gigabytes again: 7.2 million page faults and a fifth of the CPU time in the kernel over a short
-# profile of Transformer-base (README, "Speed against the peers"). mallopt's parameters (malloc.h):
+# profile of Transformer-base (docs/speed-notes.md, "What made training faster"). mallopt's parameters (malloc.h):
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 
 

@@ -16,7 +16,7 @@ KERNEL_CACHE_CAPACITY = 128
 # the columns of the keys attended, which change with every step and every join. With 128 kernels
 # a 16-sentence search compiled about 2 kernels a step, about 0.3 ms each (benchmarks/
 # decode_steps.py, AMD EPYC Zen 5); oneDNN's own 1,024 keep them, for about 210 MiB more in the
-# demo model's server (README, "Serving under load").
+# demo model's server (docs/serving-load.md).
 SERVING_KERNEL_CACHE_CAPACITY = 1024
 # The size aiayn set, beside oneDNN's variable: a child process inherits both (a server started
 # by a program that imported aiayn), and must not take aiayn's own setting for the user's.

@@ -5,7 +5,7 @@ small operators, which one thread runs while PyTorch's other OpenMP threads wait
 over worker processes of one thread each, the fixed costs of N searches run side by side on N
 cores, where one process's threads would run them one after the other: on a 2-core AMD EPYC
 (Zen 5), two workers answered 16 clients 1.23× the sentences a second of one 2-thread process
-(`benchmarks/serve_load.py --workers 2 --compare-workers 1`, the README's serving figures).
+(`benchmarks/serve_load.py --workers 2 --compare-workers 1`, docs/serving-load.md).
 Threads of one process would share the model, but Python's lock would run their fixed costs one
 at a time again.
 
@@ -16,8 +16,8 @@ between two steps, and sends one report a step, the finished texts' results (tra
 alternatives, attention) as plain Python values. The lane reads the reports in order, one a step
 of its own. So no step waits for the server: with a step that waited for the server's message,
 one client got 0.92× as many sentences a second (p50 latency 77 against 69 ms, 16 clients
-unchanged: benchmarks/serve_load.py --compare-with, 2-core AMD EPYC Zen 5, the README's serving
-figures).
+unchanged: benchmarks/serve_load.py --compare-with, 2-core AMD EPYC Zen 5,
+docs/serving-load.md).
 The server process keeps the HTTP side, the queue and the tokenizer; it reads the model's
 config and lets the weights go.
 A worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the server
