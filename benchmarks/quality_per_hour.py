@@ -12,17 +12,19 @@ budget of wall-clock time since its launch is spent, and its last periodic check
 steps) is what is decoded, not an average of checkpoints (the demo averages; the peers'
 averaging tools are not wired in); no system validates during the budget. The peers read the
 corpus with their own pipelines, with a bucket of 32,768 pairs (one pass over bible-en-es)
-instead of their default 262,144, which cycles the corpus for minutes before the first step. aiayn trains in bf16 (the demo's precision); each peer in
-bf16 where it can train in bf16 on a CPU, else fp32 (its harness says which).
+instead of their default 262,144, which cycles the corpus for minutes before the first step. aiayn trains in the demo's precision
+(`--precision auto`: bf16 where the CPU computes it in hardware, else fp32) or the one given; Eole in the same, OpenNMT-py in fp32, which
+is all it trains in on a CPU (its harness says so).
 
 The test books (1,021 verses of Acts and Philemon) are decoded with beam 4 and α 0.6, outputs
 limited to source length + 50 (§6.1), and scored with sacreBLEU against the original text.
 
     .venv/bin/python benchmarks/quality_per_hour.py                 # 3 × 20 min + decoding, ~70 min
+    .venv/bin/python benchmarks/quality_per_hour.py --precision fp32  # every system in fp32 (an AVX2-only CPU's auto)
     .venv/bin/python benchmarks/quality_per_hour.py --minutes 0.5 --test-sentences 20 --runs /tmp/q --out /tmp/q.json  # smoke test
 
 Needs the peers' environments: `bash benchmarks/setup_train_peers.sh`. Writes
-results/quality-per-hour-KIND.json (KIND: the CPU kind); the run folders go to
+results/quality-per-hour-KIND.json (KIND: the CPU kind; -KIND-fp32.json for a run in fp32); the run folders go to
 runs/quality-per-hour/.
 """
 
@@ -39,7 +41,7 @@ from pathlib import Path
 import torch
 
 from aiayn.config import DEMO_MODEL_CHANGES, DEMO_RECIPE, DEMO_RECIPE_NAME, DecodeConfig
-from aiayn.device import cpu_kind, matmul_peak_flops
+from aiayn.device import cpu_kind, matmul_peak_flops, resolve_precision
 from aiayn.evaluate import score, score_hypotheses
 from aiayn.model import Transformer
 from aiayn.store import load_store
@@ -49,20 +51,25 @@ from aiayn.translate import Translator
 from common import PEER_ENVS, RESULTS, command_line, default_threads, machine, require_precision, write_results
 from peers.harness import run_for, thread_env
 
-# Each peer's fastest training precision on a CPU (see its harness's docstring).
-PEER_PRECISION = {"eole": "bf16", "onmt": "fp32"}
+# The precisions each peer trains in on a CPU (see its harness's docstring): Eole in bf16 or fp32, OpenNMT-py in fp32 only.
+PEER_PRECISIONS = {"eole": ("bf16", "fp32"), "onmt": ("fp32",)}
 SYSTEMS = ("aiayn", *PEER_ENVS)
 DECODE = DecodeConfig()  # §6.1: beam 4, α 0.6, source length + 50
 NO_VALIDATION = 10**9  # eval_every: no system validates inside the budget
 SAVE_EVERY, KEEP_LAST = DEMO_RECIPE["save_every"], DEMO_RECIPE["keep_last"]  # every system's checkpoints, as the demo's
-AIAYN_PRECISION = "bf16"
 
 
-def train_aiayn(run: Path, minutes: float, threads: int) -> dict:
+def peer_precision(name: str, precision: str) -> str:
+    """The peer's training precision in a run whose aiayn trains in `precision`: the same, or fp32
+    where the peer has no other."""
+    return precision if precision in PEER_PRECISIONS[name] else "fp32"
+
+
+def train_aiayn(run: Path, minutes: float, threads: int, precision: str) -> dict:
     """`aiayn train` with the demo's recipe (its named recipe, `fast`, included), stopped as the peers are. aiayn saves a checkpoint
     when stopped; the peers save none, so aiayn is judged, as they are, on its last periodic
     checkpoint."""
-    recipe = {**DEMO_RECIPE, "eval_every": NO_VALIDATION, "precision": AIAYN_PRECISION, "seed": 1}
+    recipe = {**DEMO_RECIPE, "eval_every": NO_VALIDATION, "precision": precision, "seed": 1}
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in recipe.items()]
     flags += [f"--{k.replace('_', '-')}={v}" for k, v in DEMO_MODEL_CHANGES.items()]  # the demo's model
     command = [sys.executable, "-m", "aiayn", "train", "--preset", "small", "--recipe", DEMO_RECIPE_NAME, "--out", str(run),
@@ -73,7 +80,7 @@ def train_aiayn(run: Path, minutes: float, threads: int) -> dict:
     if not periodic:
         sys.exit(f"aiayn saved no checkpoint in {minutes:g} min: see {log}")
     return {"steps": max(r["step"] for r in RunDir(run).read_log() if r.get("split") == "train"), "wall_s": round(wall, 1),
-            "checkpoint": str(periodic[-1]), "precision": AIAYN_PRECISION}
+            "checkpoint": str(periodic[-1]), "precision": precision}
 
 
 def write_pieces(store_dir: Path, data: Path) -> Tokenizer:
@@ -115,12 +122,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="result file (default results/quality-per-hour-KIND.json)")
     parser.add_argument("--force", action="store_true", help="replace the run folders of an earlier call")
     parser.add_argument("--test-sentences", type=int, help="decode only the first N test verses (a smoke test)")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="aiayn's and Eole's (default: bf16 where the CPU computes it in hardware, else fp32)")
     args = parser.parse_args()
+    precision = resolve_precision(args.precision, torch.device("cpu"))
     if not args.minutes > 0:
         sys.exit("--minutes must be positive")
     if "aiayn" not in args.systems:
         sys.exit("aiayn must be among --systems: its run trains the shared vocabulary")
-    require_precision(AIAYN_PRECISION, *(PEER_PRECISION.get(s, "fp32") for s in args.systems))
+    require_precision(precision)
     if args.runs.exists() and not args.force:
         sys.exit(f"{args.runs} exists: pass --force to replace it")
     if args.runs.exists():
@@ -128,12 +138,13 @@ def main() -> None:
     args.runs.mkdir(parents=True)
     torch.set_num_threads(args.threads)
     # What the steps in the budget depend on: this machine's matrix-product peak, on these threads
-    peak = {p: round(matmul_peak_flops(torch.device("cpu"), p) / 1e12, 3) for p in ("bf16", "fp32")}
-    print(f"matmul peak on {args.threads} threads: bf16 {peak['bf16']} TFLOP/s, fp32 {peak['fp32']} TFLOP/s", flush=True)
+    # (of the precisions trained in only: bf16 products without hardware bf16 take minutes to time)
+    peak = {p: round(matmul_peak_flops(torch.device("cpu"), p) / 1e12, 3) for p in sorted({precision, "fp32"})}
+    print(f"matmul peak on {args.threads} threads: " + ", ".join(f"{p} {v} TFLOP/s" for p, v in peak.items()), flush=True)
 
     aiayn_run = args.runs / "aiayn"
     print(f"aiayn: training for {args.minutes:g} min...", flush=True)
-    trained = {"aiayn": train_aiayn(aiayn_run, args.minutes, args.threads)}
+    trained = {"aiayn": train_aiayn(aiayn_run, args.minutes, args.threads, precision)}
     model_config = json.loads((RunDir(aiayn_run).model_config).read_text())
     data = args.runs / "pieces"
     tokenizer = write_pieces(RunDir(aiayn_run).data, data)
@@ -145,8 +156,8 @@ def main() -> None:
         if name in args.systems:
             print(f"{name}: training for {args.minutes:g} min...", flush=True)
             trained[name] = peer(name, ["train", "--data", str(data), "--out", str(args.runs / name), "--minutes", str(args.minutes),
-                                        "--precision", PEER_PRECISION[name], *map(str, shape + recipe)], args.threads)
-            trained[name]["precision"] = PEER_PRECISION[name]
+                                        "--precision", peer_precision(name, precision), *map(str, shape + recipe)], args.threads)
+            trained[name]["precision"] = peer_precision(name, precision)
 
     test = load_store(RunDir(aiayn_run).data).texts("test")[: args.test_sentences]
     references = [t for _, t in test]
@@ -154,9 +165,9 @@ def main() -> None:
     for name in trained:
         print(f"{name}: decoding {len(test):,} test verses...", flush=True)
         if name == "aiayn":
-            decode = dataclasses.replace(DECODE, precision=AIAYN_PRECISION)
+            decode = dataclasses.replace(DECODE, precision=precision)
             result = score(Translator(Transformer.load(trained["aiayn"]["checkpoint"]), tokenizer, decode), test)
-            decoded = {"seconds": result.seconds, "precision": AIAYN_PRECISION}
+            decoded = {"seconds": result.seconds, "precision": precision}
             hypotheses = result.hypotheses
         else:
             out = args.runs / name / "test.hyp"
@@ -176,7 +187,8 @@ def main() -> None:
                       "fairness_notes": decoded.get("fairness_notes", []), "signature": signature}
         print(f"{name}: {rows[name]['steps']:,} steps, test BLEU {value:.2f}, decoding {seconds:.0f} s", flush=True)
 
-    write_results(args.out or RESULTS / f"quality-per-hour-{cpu_kind()}.json", {
+    suffix = "" if precision == "bf16" else f"-{precision}"
+    write_results(args.out or RESULTS / f"quality-per-hour-{cpu_kind()}{suffix}.json", {
         "benchmark": "quality-per-hour", "command": command_line(), "machine": machine(torch.device("cpu"), args.threads),
         "matmul_peak_tflops": peak,
         "settings": {"minutes": args.minutes, "model": model_config, "recipe": DEMO_RECIPE, "decode": DECODE.__dict__,
