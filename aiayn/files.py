@@ -265,7 +265,8 @@ class PartialOutput:
             if changed:
                 raise ValueError(f"{self.partial} was translated with another {' and '.join(changed)}; "
                                  "--resume needs the same model and settings, --force starts over")
-            self._record = {**kept, **settings}
+            # (a partial without a record, from before records were kept, gets one from now on)
+            self._record = {"input": input or "-", "input_sha256": digest, **kept, **settings}
             self.skip = self._resume_at(kept.get("lines"))
         elif resume and self.final.exists():
             raise ValueError(f"{self.final} is complete: nothing to resume (--force translates again)")
