@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from aiayn.config import (
     DECODE_PRECISIONS, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, AttentionOptions,
-    ArgosOptions, AverageOptions, ConvertOptions, CorpusExportOptions, DecodeConfig, DemoOptions, FileDecodeOptions, InfoOptions,
+    ArgosOptions, AverageOptions, ConvertOptions, CorpusExportOptions, Ct2Options, DecodeConfig, DemoOptions, FileDecodeOptions, InfoOptions,
     ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions, TranslateFileOptions,
     check_options, decode_field_problem, preset, recipe,
 )
@@ -202,28 +202,26 @@ def cmd_average(args: argparse.Namespace) -> None:
     average_last(options(args, AverageOptions))
 
 
-def cmd_import_hf(args: argparse.Namespace) -> None:
-    """An HF Marian (OPUS-MT) folder -> an aiayn run folder."""
-    from aiayn.marian import import_marian
+def cmd_hf(args: argparse.Namespace) -> None:
+    """import-hf: an HF Marian (OPUS-MT) folder -> an aiayn run folder; export-hf: an aiayn run or
+    model folder -> an HF Marian folder (loadable by transformers): aiayn.marian."""
+    from aiayn.marian import export_marian, import_marian
 
     convert = options(args, ConvertOptions)
-    import_marian(convert.source, convert.out, force=convert.force)
+    (import_marian if args.command == "import-hf" else export_marian)(convert.source, convert.out, force=convert.force)
 
 
-def cmd_export_hf(args: argparse.Namespace) -> None:
-    """An aiayn run or model folder -> an HF Marian folder (loadable by transformers and CTranslate2)."""
-    from aiayn.marian import export_marian
+def cmd_ct2(args: argparse.Namespace) -> None:
+    """export-ct2: an aiayn run or model folder -> a CTranslate2 model folder; export-argos: -> an
+    Argos Translate package, which LibreTranslate installs: aiayn.ct2."""
+    from aiayn.ct2 import export_argos, export_ct2
 
-    convert = options(args, ConvertOptions)
-    export_marian(convert.source, convert.out, force=convert.force)
-
-
-def cmd_export_argos(args: argparse.Namespace) -> None:
-    """An aiayn run or model folder -> an Argos Translate package (LibreTranslate loads those)."""
-    from aiayn.marian import export_argos
-
-    argos = options(args, ArgosOptions)
-    export_argos(argos.source, argos.out, argos.source_lang, argos.target_lang, force=argos.force)
+    if args.command == "export-argos":
+        argos = options(args, ArgosOptions)
+        export_argos(argos.source, argos.out, argos.source_lang, argos.target_lang, force=argos.force)
+    else:
+        ct2 = options(args, Ct2Options)
+        export_ct2(ct2.source, ct2.out, ct2.quantization, force=ct2.force)
 
 
 def cmd_corpus_export(args: argparse.Namespace) -> None:
@@ -308,11 +306,10 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
     ("preprocess", cmd_preprocess, "encode a corpus once into a memory-mapped folder for train --data",
      PreprocessOptions, None),
     ("average", cmd_average, "average the last N checkpoints of a run (§6.1)", AverageOptions, None),
-    ("import-hf", cmd_import_hf, "convert a local HF Marian (OPUS-MT) folder into an aiayn run folder",
-     ConvertOptions, None),
-    ("export-hf", cmd_export_hf, "write a run as an HF MarianMTModel folder (for transformers, CTranslate2)",
-     ConvertOptions, None),
-    ("export-argos", cmd_export_argos, "write a run as an Argos Translate package (.argosmodel) for LibreTranslate",
+    ("import-hf", cmd_hf, "convert a local HF Marian (OPUS-MT) folder into an aiayn run folder", ConvertOptions, None),
+    ("export-hf", cmd_hf, "write a run as an HF MarianMTModel folder (for transformers)", ConvertOptions, None),
+    ("export-ct2", cmd_ct2, "write a run as a CTranslate2 model folder (pre-norm or post-norm)", Ct2Options, None),
+    ("export-argos", cmd_ct2, "write a run as an Argos Translate package (.argosmodel) for LibreTranslate",
      ArgosOptions, None),
     ("translate", cmd_translate, "translate a file or stdin, one sentence a line (§6.1 decoding)", TranslateFileOptions,
      ("translate", [f.name for f in dataclasses.fields(DecodeConfig)])),

@@ -596,6 +596,21 @@ class ConvertOptions:
     force: bool = _option(False, "replace an existing OUT, whole")
 
 
+# CTranslate2's weight types (ctranslate2.converters.Converter's --quantization).
+CT2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ct2Options:
+    """`aiayn export-ct2`: a CTranslate2 model folder, its tokenizer beside it."""
+
+    source: str = _option(help="a run folder, a checkpoint or a model folder", positional=True, metavar="RUN_DIR")
+    out: str = _option(help="the folder to write", positional=True, metavar="OUT")
+    quantization: Optional[str] = _option(None, "the weights' type in CTranslate2 (default: as they are)",
+                                          choices=lambda: CT2_QUANTIZATIONS)
+    force: bool = _option(False, "replace an existing OUT, whole")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ArgosOptions:
     """`aiayn export-argos`: an Argos Translate package, for LibreTranslate and argostranslate."""

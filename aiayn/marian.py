@@ -16,11 +16,8 @@ not needed here (the tests use it to check the results). A `pytorch_model.bin` i
 from __future__ import annotations
 
 import pickle
-import shutil
-import tempfile
-import zipfile
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterator, Union
 
 import torch
 from safetensors import SafetensorError
@@ -29,10 +26,9 @@ from safetensors.torch import load_file, save_file
 from aiayn.checkpoint import build_model
 from aiayn.files import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
 from aiayn.config import DECODE_PRESETS, ModelConfig
-from aiayn.corpora import language_name
 from aiayn.model import Transformer
-from aiayn.run import RunDir, languages_of, model_inputs, resolve_model_dir, tokenizer_folder
-from aiayn.tokenizer import MODEL_FILE, MarianTokenizer, Tokenizer, load_tokenizer
+from aiayn.run import RunDir, model_inputs, resolve_model_dir, tokenizer_folder
+from aiayn.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 HF_LAYER_NORM_EPS = 1e-5  # torch's default, which Marian's nn.LayerNorm layers keep
@@ -368,51 +364,3 @@ def export_marian(
              "(train with --bos-id equal to --pad-id, as Marian does, to deploy there)")
     echo(f"exported {model_dir} -> {out_dir} (HF MarianMTModel folder)")
     return out_dir
-
-
-# --------------------------------------------------------------------------------------------
-# Argos Translate packages (what LibreTranslate loads)
-
-ARGOS_VERSION = "1.9"  # the package format of argostranslate 1.9 and later
-
-
-def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], source_lang: Optional[str] = None,
-                 target_lang: Optional[str] = None, force: bool = False, echo: Callable[[str], None] = print) -> Path:
-    """Write an Argos Translate package (`.argosmodel`, what LibreTranslate and argostranslate
-    install): a zip of one folder holding metadata.json, model/ (the model exported as Marian and
-    converted by CTranslate2's own converter) and sentencepiece.model (the run's tokenizer, which
-    Argos uses for both sides). The languages are the run's, unless given. Argos splits sentences
-    itself, with a model it downloads on first use (MiniSBD)."""
-    try:
-        import ctranslate2
-    except ImportError as error:
-        raise ImportError(f"export-argos needs CTranslate2 ({error}): pip install 'aiayn[marian]'") from None
-    model_dir, out_file = resolve_model_dir(model_path), Path(out_file)
-    refuse_to_replace(out_file, force, inputs=model_inputs(model_path))
-    source, target = languages_of(model_path)
-    source, target = source_lang or source, target_lang or target
-    if not source or not target:
-        raise ValueError(f"{model_path} does not record its languages; give --source-lang and --target-lang")
-    tokenizer_dir = tokenizer_folder(model_dir, model_path)
-    if not isinstance(load_tokenizer(tokenizer_dir), Tokenizer):
-        raise ValueError("an Argos package holds one SentencePiece model for both sides; this model has Marian's two")
-    name = f"{source}_{target}"
-    with tempfile.TemporaryDirectory(prefix=".argos.", dir=out_file.parent if out_file.parent.exists() else None) as tmp:
-        work = Path(tmp)
-        export_marian(model_path, work / "hf", echo=echo)
-        package = work / name
-        ctranslate2.converters.TransformersConverter(str(work / "hf")).convert(str(package / "model"))
-        shutil.copyfile(tokenizer_dir / MODEL_FILE, package / "sentencepiece.model")
-        write_json(package / "metadata.json", {
-            "package_version": "1.0", "argos_version": ARGOS_VERSION, "type": "translate",
-            "from_code": source, "from_name": language_name(source), "to_code": target, "to_name": language_name(target),
-        })
-
-        def write(tmp_zip: str) -> None:
-            with zipfile.ZipFile(tmp_zip, "w", zipfile.ZIP_DEFLATED) as archive:
-                for path in sorted(package.rglob("*")):
-                    archive.write(path, path.relative_to(work))
-
-        atomic_write(out_file, write)
-    echo(f"wrote {out_file} (Argos Translate package {source} → {target}; install with argospm install {out_file})")
-    return out_file

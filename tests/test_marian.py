@@ -264,41 +264,6 @@ def test_a_native_model_converts_to_ctranslate2_and_gives_the_same_greedy_tokens
         assert hf_tokenizer.decode(generated[0], skip_special_tokens=True) == tokenizer.decode(tokens)
 
 
-def test_an_argos_package_holds_the_converted_model_its_tokenizer_and_languages(tmp_path):
-    """`aiayn export-argos`: the zip LibreTranslate installs; its CTranslate2 model gives aiayn's
-    greedy tokens (BOS = pad), its sentencepiece.model is the run's tokenizer."""
-    ctranslate2 = pytest.importorskip("ctranslate2", reason="the `marian` extra (ctranslate2) is not installed")
-    import zipfile
-
-    import sentencepiece
-
-    model, tokenizer = native_model(tmp_path / "model", seed=2)
-    config = model.config
-    done = subprocess.run([sys.executable, "-m", "aiayn", "export-argos", str(tmp_path / "model"),
-                           str(tmp_path / "en_es.argosmodel"), "--source-lang", "en", "--target-lang", "es"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    with zipfile.ZipFile(tmp_path / "en_es.argosmodel") as archive:
-        names = set(archive.namelist())
-        assert {"en_es/metadata.json", "en_es/sentencepiece.model", "en_es/model/model.bin"} <= names
-        metadata = json.loads(archive.read("en_es/metadata.json"))
-        archive.extractall(tmp_path / "unzipped")
-    assert (metadata["from_code"], metadata["to_code"], metadata["from_name"]) == ("en", "es", "English")
-    package = tmp_path / "unzipped" / "en_es"
-    assert (package / "sentencepiece.model").read_bytes() == (tmp_path / "model" / "tokenizer.model").read_bytes()
-    pieces = sentencepiece.SentencePieceProcessor(model_file=str(package / "sentencepiece.model"))
-    translator = ctranslate2.Translator(str(package / "model"), device="cpu")
-    src = torch.tensor([tokenizer.encode("the cat sat") + [config.eos_id]])
-    step = ModelStep(model, src, 13)
-    ours = greedy(step.step, step.reorder, config.bos_id, config.eos_id, torch.full((1,), 12))[0]
-    result = translator.translate_batch([pieces.encode("the cat sat", out_type=str) + ["</s>"]], beam_size=1,
-                                        max_decoding_length=12, min_decoding_length=0)[0]
-    assert [pieces.piece_to_id(p) for p in result.hypotheses[0]] == ours
-    refused = subprocess.run([sys.executable, "-m", "aiayn", "export-argos", str(tmp_path / "model"),
-                              str(tmp_path / "other.argosmodel")], capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2 and "give --source-lang and --target-lang" in refused.stderr
-
-
 def test_cli_import_translate_export(hf_dir, tmp_path):
     def aiayn(*args, stdin=None):
         return subprocess.run([sys.executable, "-m", "aiayn", *args], input=stdin, capture_output=True, text=True)

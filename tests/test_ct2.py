@@ -1,0 +1,144 @@
+"""aiayn models written as CTranslate2 models (aiayn.ct2), checked against CTranslate2 itself:
+the same log-probabilities of a target, token by token, and the same greedy tokens, for pre-norm
+and post-norm models, each kind of positions, tied and untied projections, BOS as the decoder's
+start; and the Argos Translate package LibreTranslate installs."""
+
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.ct2 import transformer_spec
+from aiayn.model import Transformer
+from aiayn.search import greedy
+from aiayn.tokenizer import Tokenizer
+from aiayn.translate import ModelStep
+from test_faults import cli, make_model, one_line_error
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="the `marian` extra (ctranslate2) is not installed")
+
+SENTENCES = ["the cat sat on the mat", "a dog ran in the park", "we read books at night"]
+LIMIT = 10  # output tokens at most
+# The decisions compared must not hang on rounding: fp32 sums in another order differ by ~1e-6
+# at these sizes, so every greedy choice here wins by far more.
+DECISIVE = 1e-3
+
+CASES = {
+    "pre-norm, interleaved sinusoids": {"norm_first": True},
+    "post-norm (§3.1), [sin | cos]": {"norm_first": False, "positional": "sinusoidal_concat"},
+    "learned positions, swish, untied, logits bias": {"positional": "learned", "activation": "swish", "tie_output": False,
+                                                      "share_embeddings": False, "final_logits_bias": True},
+}
+
+
+def randomize_biases(model: Transformer) -> None:
+    """A saved random model has zero biases and unit LayerNorms: give them values, so that a
+    bias or a norm put in the wrong place shows."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if tensor.dim() == 1:
+                tensor.add_(0.1 * torch.randn(tensor.shape, generator=g))
+
+
+def log_probs_of(model: Transformer, src: list[int], out: list[int]) -> torch.Tensor:
+    """aiayn's log-probability of each token of `out` + EOS given `src`, padding barred."""
+    config = model.config
+    tgt = torch.tensor([[config.bos_id] + out])
+    with torch.no_grad():
+        logits = model(torch.tensor([src + [config.eos_id]]), tgt)[0]  # (T, V)
+    logits[:, config.pad_id] = float("-inf")
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return log_probs.gather(1, torch.tensor(out + [config.eos_id])[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ctranslate2_computes_what_aiayn_computes(case, tmp_path):
+    folder = make_model(tmp_path / "model", **CASES[case])
+    model = Transformer.load(folder).eval()
+    randomize_biases(model)
+    tokenizer = Tokenizer.load(folder)
+    pieces = [tokenizer.id_to_piece(i) for i in range(model.config.vocab_size)]
+
+    class Converter(ctranslate2.converters.Converter):
+        def _load(self):
+            return transformer_spec(model, pieces)
+
+    Converter().convert(str(tmp_path / "ct2"))
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", compute_type="float32")
+    sources = tokenizer.encode_batch(SENTENCES)
+    ours = []
+    for src in sources:  # aiayn's greedy tokens, each choice decisive
+        step = ModelStep(model, torch.tensor([src + [model.config.eos_id]]), LIMIT + 1)
+        (tokens,) = greedy(step.step, step.reorder, model.config.bos_id, model.config.eos_id, torch.full((1,), LIMIT))
+        ours.append(tokens)
+        logits = model(torch.tensor([src + [model.config.eos_id]]), torch.tensor([[model.config.bos_id] + tokens]))[0]
+        logits[:, model.config.pad_id] = float("-inf")
+        top = logits.topk(2, dim=-1).values
+        assert (top[: len(tokens), 0] - top[: len(tokens), 1]).min() > DECISIVE  # the test is well posed
+    # The source without EOS, as argostranslate passes it: CTranslate2 appends EOS (add_source_eos).
+    text = [[pieces[i] for i in src] for src in sources]
+    results = translator.translate_batch(text, beam_size=1, max_decoding_length=LIMIT, min_decoding_length=0)
+    assert [[tokenizer.piece_to_id(p) for p in r.hypotheses[0]] for r in results] == ours
+    assert len({tuple(o) for o in ours}) == len(ours)  # outputs that differ: the source is read
+    scored = translator.score_batch(text, [[pieces[i] for i in out] for out in ours])
+    for src, out, score in zip(sources, ours, scored):
+        expected = log_probs_of(model, src, out)
+        assert torch.allclose(torch.tensor(score.log_probs), expected, atol=1e-4), (score.log_probs, expected)
+
+
+def test_export_ct2_writes_a_folder_ctranslate2_loads_and_keeps_what_is_there(tmp_path, capsys):
+    folder = make_model(tmp_path / "model")  # pre-norm: the Marian route refuses it
+    out = tmp_path / "ct2"
+    code, stdout, err = cli(capsys, "export-ct2", folder, out, "--quantization", "int8")
+    assert code in (0, None), err
+    assert (out / "model.bin").exists() and (out / "tokenizer.model").read_bytes() == (folder / "tokenizer.model").read_bytes()
+    config = json.loads((out / "config.json").read_text())
+    assert config["add_source_eos"] is True and config["decoder_start_token"] == "<s>"
+    translator = ctranslate2.Translator(str(out), device="cpu", compute_type="int8")
+    assert translator.translate_batch([["▁the", "▁cat"]], max_decoding_length=4)[0].hypotheses
+    one_line_error(*cli(capsys, "export-ct2", folder, out)[::2], "exists")
+    code, _, err = cli(capsys, "export-ct2", folder, tmp_path / "other", "--quantization", "int3")
+    assert code == 2 and "invalid choice: 'int3'" in err
+    restricted = make_model(tmp_path / "restricted", neighborhood=4)
+    one_line_error(*cli(capsys, "export-ct2", restricted, tmp_path / "r")[::2], "no restricted self-attention")
+    assert not (tmp_path / "other").exists() and not (tmp_path / "r").exists()
+
+
+def test_an_argos_package_holds_the_ctranslate2_model_its_tokenizer_and_languages(tmp_path):
+    """`aiayn export-argos`: the zip LibreTranslate installs. Its model, given the pieces of a
+    sentence as argostranslate gives them (no EOS), gives aiayn's greedy tokens."""
+    folder = make_model(tmp_path / "model")
+    model, tokenizer = Transformer.load(folder).eval(), Tokenizer.load(folder)
+    config = model.config
+    done = subprocess.run([sys.executable, "-m", "aiayn", "export-argos", str(folder),
+                           str(tmp_path / "en_es.argosmodel"), "--source-lang", "en", "--target-lang", "es"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with zipfile.ZipFile(tmp_path / "en_es.argosmodel") as archive:
+        names = set(archive.namelist())
+        assert {"en_es/metadata.json", "en_es/sentencepiece.model", "en_es/model/model.bin"} <= names
+        metadata = json.loads(archive.read("en_es/metadata.json"))
+        archive.extractall(tmp_path / "unzipped")
+    assert (metadata["from_code"], metadata["to_code"], metadata["from_name"]) == ("en", "es", "English")
+    package = tmp_path / "unzipped" / "en_es"
+    assert (package / "sentencepiece.model").read_bytes() == (folder / "tokenizer.model").read_bytes()
+    translator = ctranslate2.Translator(str(package / "model"), device="cpu")
+    src = tokenizer.encode(SENTENCES[0])
+    step = ModelStep(model, torch.tensor([src + [config.eos_id]]), LIMIT + 1)
+    (ours,) = greedy(step.step, step.reorder, config.bos_id, config.eos_id, torch.full((1,), LIMIT))
+    result = translator.translate_batch([[tokenizer.id_to_piece(i) for i in src]], beam_size=1,
+                                        max_decoding_length=LIMIT, min_decoding_length=0)[0]
+    assert [tokenizer.piece_to_id(p) for p in result.hypotheses[0]] == ours
+    refused = subprocess.run([sys.executable, "-m", "aiayn", "export-argos", str(folder),
+                              str(tmp_path / "other.argosmodel")], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "give --source-lang and --target-lang" in refused.stderr
+
+
+def test_what_ctranslate2_cannot_hold_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="d_k = d_v"):
+        transformer_spec(Transformer(ModelConfig(vocab_size=20, d_model=16, n_heads=4, d_ff=32, n_layers=1, d_k=8)), [])
