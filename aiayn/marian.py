@@ -210,8 +210,8 @@ def marian_config(config: ModelConfig) -> dict:
 
     require(config.positional in ("sinusoidal", "sinusoidal_concat"), "Marian has no learned positions")
     require(not config.norm_first, "Marian is post-norm (§3.1) and this model is pre-norm (norm_first, as --recipe "
-                                   "fast trains); a model trained with --norm-first false is one Marian and CTranslate2 "
-                                   "can hold")
+                                   "fast trains); a model trained with --norm-first false is one Marian can hold "
+                                   "(export-ct2 writes either kind for CTranslate2)")
     require(config.head_dims == (config.d_model // config.n_heads,) * 2, "Marian needs d_k = d_v = d_model / h")
     require(config.neighborhood is None, "Marian has no restricted self-attention")
     return {

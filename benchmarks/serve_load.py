@@ -34,6 +34,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 from aiayn.serve.process import ServerProcess
 from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, spread,
@@ -49,9 +50,11 @@ def get(port: int, path: str) -> dict:
         connection.close()
 
 
-def load(port: int, clients: int, seconds: float, verses: list[str], start: int) -> dict:
+def load(port: int, clients: int, seconds: float, verses: list[str], start: int, libre: Optional[tuple] = None) -> dict:
     """`clients` threads, each sending one verse per request on its own keep-alive connection
-    until `seconds` have passed; verses are handed out in order from `start`."""
+    until `seconds` have passed; verses are handed out in order from `start`. Requests are aiayn's
+    own (`{"text": ...}`), or with `libre` = (source, target) LibreTranslate's
+    (`{"q": ..., "source": ..., "target": ...}`, answered `{"translatedText": "..."}`)."""
     lock = threading.Lock()
     cursor = [start]
     latencies: list[float] = []
@@ -64,13 +67,14 @@ def load(port: int, clients: int, seconds: float, verses: list[str], start: int)
             with lock:
                 verse = verses[cursor[0] % len(verses)]
                 cursor[0] += 1
-            body = json.dumps({"text": verse}).encode()
+            body = json.dumps({"q": verse, "source": libre[0], "target": libre[1]} if libre else {"text": verse}).encode()
             began = time.perf_counter()
             try:
                 connection.request("POST", "/translate", body, {"Content-Type": "application/json"})
                 response = connection.getresponse()
                 answer = response.read()
-                ok = response.status == 200 and len(json.loads(answer)["translations"]) == 1
+                ok = response.status == 200 and (isinstance(json.loads(answer)["translatedText"], str) if libre
+                                                 else len(json.loads(answer)["translations"]) == 1)
             except (OSError, http.client.HTTPException, ValueError) as error:
                 ok, answer = False, repr(error).encode()
                 connection.close()

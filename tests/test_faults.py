@@ -680,12 +680,15 @@ def test_an_empty_tokenizer_a_device_aiayn_does_not_run_on_and_the_version(tmp_p
     assert code == 0 and out.startswith("aiayn 0.") and f"PyTorch {torch.__version__}" in out
 
 
-def test_marian_exports_refuse_a_pre_norm_model_and_unnamed_languages_saying_why(tmp_path, capsys):
+def test_exports_refuse_what_their_format_cannot_hold_and_unnamed_languages_saying_why(tmp_path, capsys):
     model = make_model(tmp_path / "pre", norm_first=True)
+    one_line_error(*cli(capsys, "export-hf", model, tmp_path / "hf")[::2], "Marian is post-norm", "this model is pre-norm",
+                   "--recipe fast", "export-ct2")
+    restricted = make_model(tmp_path / "restricted", neighborhood=4)  # CTranslate2 has no restricted attention
     argos = ["export-argos", model, tmp_path / "en_es.argosmodel", "--source-lang", "en", "--target-lang", "es"]
-    for argv in (["export-hf", model, tmp_path / "hf"], argos):
-        one_line_error(*cli(capsys, *argv)[::2], "Marian is post-norm", "this model is pre-norm", "--recipe fast")
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["pre"]
+    for argv in (["export-ct2", restricted, tmp_path / "ct2"], ["export-argos", restricted, *argos[2:]]):
+        one_line_error(*cli(capsys, *argv)[::2], "cannot export to CTranslate2: it has no restricted self-attention")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["pre", "restricted"]
     # A model trained on a TSV without --src-lang/--tgt-lang records its columns' names, not languages.
     (model / "train_config.json").write_text(json.dumps({"src_lang": "src", "tgt_lang": "tgt"}))
     assert languages_of(model) == (None, None)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Creates benchmarks/.venv-libretranslate with LibreTranslate 1.9.6 (and argos-translate-lt
+# 1.12.1, CTranslate2, through its pins) and spaCy, whose rule-based sentencizer splits sentences
+# for benchmarks/libretranslate_load.py: LibreTranslate's own splitters download their models on
+# first use. LibreTranslate needs no torch, so none is installed here. Apart from aiayn's .venv:
+# it pins Flask, numpy<2 and requests of its own. Safe to run again.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="$here/.venv-libretranslate"
+test -x "$venv/bin/python" || "${PYTHON:-python3}" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+"$venv/bin/python" -m pip install -q "libretranslate==1.9.6" "spacy==3.8.18"
+"$venv/bin/python" -m pip check
+"$venv/bin/python" -c "import importlib.metadata as m; print('benchmarks/.venv-libretranslate ready: LibreTranslate', m.version('libretranslate'), 'argos-translate-lt', m.version('argos-translate-lt'), 'ctranslate2', m.version('ctranslate2'), 'spacy', m.version('spacy'))"
