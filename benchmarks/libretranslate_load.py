@@ -35,7 +35,7 @@ from pathlib import Path
 from aiayn.ct2 import export_argos
 from aiayn.serve.process import ServerProcess, free_port
 from common import HERE, RESULTS, command_line, cpu_kind, require_precision, spread, tree_rss_mib, write_results
-from serve_load import load, machine_info, matmul_peak, test_verses
+from serve_load import load, machine_info, matmul_peak, peak_precision, test_verses
 
 VENV = HERE / ".venv-libretranslate"
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"}  # aiayn's precision -> CTranslate2's
@@ -113,7 +113,7 @@ def main() -> None:
     results = {"command": command_line(), "cpu_kind": cpu_kind(), "machine": machine_info(), "model": args.run_dir,
                "precision": args.precision, "libretranslate_compute_type": COMPUTE_TYPES[args.precision],
                "requests": "LibreTranslate's API, one test verse of bible-en-es each, beam 4",
-               f"{'fp32' if args.precision == 'int8' else args.precision}_matmul_peak_tflops": matmul_peak(args.precision)}
+               f"{peak_precision(args.precision)}_matmul_peak_tflops": matmul_peak(args.precision)}
     home = Path(tempfile.mkdtemp(prefix="libretranslate-load."))
     try:
         with contextlib.ExitStack() as stack:

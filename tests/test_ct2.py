@@ -45,15 +45,19 @@ def randomize_biases(model: Transformer) -> None:
                 tensor.add_(0.1 * torch.randn(tensor.shape, generator=g))
 
 
-def log_probs_of(model: Transformer, src: list[int], out: list[int]) -> torch.Tensor:
-    """aiayn's log-probability of each token of `out` + EOS given `src`, padding barred."""
+def word_logits(model: Transformer, src: list[int], out: list[int]) -> torch.Tensor:
+    """aiayn's logits of every position of `out` + EOS given `src`, padding barred: (len(out) + 1, V)."""
     config = model.config
-    tgt = torch.tensor([[config.bos_id] + out])
     with torch.no_grad():
-        logits = model(torch.tensor([src + [config.eos_id]]), tgt)[0]  # (T, V)
+        logits = model(torch.tensor([src + [config.eos_id]]), torch.tensor([[config.bos_id] + out]))[0]  # (T, V)
     logits[:, config.pad_id] = float("-inf")
-    log_probs = torch.log_softmax(logits, dim=-1)
-    return log_probs.gather(1, torch.tensor(out + [config.eos_id])[:, None]).squeeze(1)
+    return logits
+
+
+def log_probs_of(model: Transformer, src: list[int], out: list[int]) -> torch.Tensor:
+    """aiayn's log-probability of each token of `out` + EOS given `src`."""
+    log_probs = torch.log_softmax(word_logits(model, src, out), dim=-1)
+    return log_probs.gather(1, torch.tensor(out + [model.config.eos_id])[:, None]).squeeze(1)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -76,9 +80,7 @@ def test_ctranslate2_computes_what_aiayn_computes(case, tmp_path):
         step = ModelStep(model, torch.tensor([src + [model.config.eos_id]]), LIMIT + 1)
         (tokens,) = greedy(step.step, step.reorder, model.config.bos_id, model.config.eos_id, torch.full((1,), LIMIT))
         ours.append(tokens)
-        logits = model(torch.tensor([src + [model.config.eos_id]]), torch.tensor([[model.config.bos_id] + tokens]))[0]
-        logits[:, model.config.pad_id] = float("-inf")
-        top = logits.topk(2, dim=-1).values
+        top = word_logits(model, src, tokens).topk(2, dim=-1).values
         assert (top[: len(tokens), 0] - top[: len(tokens), 1]).min() > DECISIVE  # the test is well posed
     # The source without EOS, as argostranslate passes it: CTranslate2 appends EOS (add_source_eos).
     text = [[pieces[i] for i in src] for src in sources]
