@@ -129,10 +129,19 @@ class MultiHeadAttention(nn.Module):
         self.w_k = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
         self.w_v = nn.Linear(d_model, n_heads * self.d_v, bias=bias)
         self.w_o = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
+        # A decoding copy (aiayn.inference) computes projections of one input as one product:
+        # W^Q, W^K, W^V side by side (self-attention) or W^K, W^V (encoder-decoder attention).
+        self.w_qkv: Optional[nn.Module] = None
+        self.w_kv: Optional[nn.Module] = None
 
     def _split_heads(self, x: Tensor, d_head: int) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_heads, d_head).transpose(1, 2)  # (B, h, L, d_head)
+
+    def _split_product(self, x: Tensor, *d_heads: int) -> list[Tensor]:
+        """One product of projections side by side (B, L, h·Σ d_heads) -> each in heads, (B, h, L, d)."""
+        parts = x.split([self.n_heads * d for d in d_heads], dim=-1)
+        return [self._split_heads(part, d) for part, d in zip(parts, d_heads)]
 
     def _check_input(self, name: str, x: Tensor) -> None:
         if x.dim() != 3 or x.size(-1) != self.d_model:
@@ -152,7 +161,20 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"key and value shapes differ: {tuple(key.shape)} vs {tuple(value.shape)}")
         if value is key:
             key = value = kernels.autocast_input(key)
+            if self.w_kv is not None:
+                k, v = self._split_product(self.w_kv(key), self.d_k, self.d_v)
+                return k, v
         return self._split_heads(self.w_k(key), self.d_k), self._split_heads(self.w_v(value), self.d_v)
+
+    def projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's queries, keys and values of one input x (B, L, d_model), in heads:
+        (B, h, L, d_k), (B, h, L, d_k), (B, h, L, d_v)."""
+        self._check_input("query", x)
+        x = kernels.autocast_input(x)
+        if self.w_qkv is None:
+            return (self._split_heads(self.w_q(x), self.d_k), *self.keys_values(x, x))
+        q, k, v = self._split_product(self.w_qkv(x), self.d_k, self.d_k, self.d_v)
+        return q, k, v
 
     def forward(
         self,
@@ -170,15 +192,25 @@ class MultiHeadAttention(nn.Module):
         L_q of the L_k positions (see `attention_mask`).
         Returns (output (B, L_q, d_model), weights (B, h, L_q, L_k) or None).
         """
-        self._check_input("query", query)
-        if query is key and key is value:
-            query = key = value = kernels.autocast_input(query)
-        if keys_values is None:
-            if key is None or value is None:
-                raise ValueError("pass key and value, or keys_values")
-            keys_values = self.keys_values(key, value)
-        k, v = keys_values  # (B / g, h, L_k, d_k), (B / g, h, L_k, d_v)
-        q = self._split_heads(self.w_q(query), self.d_k)  # (B, h, L_q, d_k)
+        if keys_values is None and query is key and key is value:
+            q, k, v = self.projections(query)  # (B, h, L, d_k), (B, h, L, d_k), (B, h, L, d_v)
+        else:
+            self._check_input("query", query)
+            if keys_values is None:
+                if key is None or value is None:
+                    raise ValueError("pass key and value, or keys_values")
+                keys_values = self.keys_values(key, value)
+            k, v = keys_values  # (B / g, h, L_k, d_k), (B / g, h, L_k, d_v)
+            q = self._split_heads(self.w_q(query), self.d_k)  # (B, h, L_q, d_k)
+        return self.attend(q, k, v, mask, need_weights, causal)
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, need_weights: bool = False,
+        causal: bool = False,
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """The heads' attention and W^O, from projected queries q (B, h, L_q, d_k), keys
+        k (B / g, h, L_k, d_k) and values v (B / g, h, L_k, d_v); `mask`, `need_weights` and
+        `causal` as in `forward`. Returns (output (B, L_q, d_model), weights (B, h, L_q, L_k) or None)."""
         batch, kv_rows, row_len = q.size(0), k.size(0), q.size(2)
         group = batch // kv_rows
         if group > 1:

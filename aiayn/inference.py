@@ -9,19 +9,22 @@ weights a decoding copy holds. Inside `kernels.reference_math()` a copy is made 
 - int8: every linear layer (W^Q, W^K, W^V, W^O, the feed-forward network and the pre-softmax
   projection) with int8 weights, one scale per output row, and activations quantized per call
   (dynamic quantization, the FBGEMM / oneDNN int8 GEMM).
+- fp32, bf16 and int8 on a CPU: the projections of one input are one product (`fuse_projections`:
+  W^Q, W^K, W^V side by side in self-attention, W^K, W^V in encoder-decoder attention).
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn import kernels
+from aiayn.attention import MultiHeadAttention
 from aiayn.device import DTYPES, check_precision
 
 # The rows oneDNN lays a packed weight out for, about a search's rows at a decoding step (a
@@ -67,6 +70,16 @@ class PackedLinear(nn.Module):
         raise TypeError("a decoding copy's laid-out weights cannot be pickled: save the model, not its decoding copy")
 
 
+def _float_linear(weight: Tensor, bias: Optional[Tensor]) -> nn.Linear:
+    """An fp32 nn.Linear holding a copy of `weight` (out, in) and `bias`."""
+    layer = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None, device=weight.device)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer
+
+
 def packed_product(rows: Tensor, packed: Tensor, bias: Optional[Tensor]) -> Tensor:
     """rows (N, in_features) times a laid-out weight, plus bias -> (N, out_features)."""
     return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
@@ -87,6 +100,24 @@ def packs(weight: Tensor, precision: str) -> bool:
     outside `reference_math()`."""
     return (precision in ("fp32", "bf16") and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
             and torch.backends.cpu.get_cpu_capability().startswith("AVX") and not kernels.use_reference())
+
+
+def fuse_projections(model: nn.Module, low: nn.Module, make: Callable[[Tensor, Optional[Tensor]], nn.Module]) -> None:
+    """Each attention of `low`, a copy of `model`, computes the projections of its one input in
+    one product: self-attention its W^Q, W^K, W^V side by side (`w_qkv`), encoder-decoder
+    attention its W^K, W^V (`w_kv`), made by `make(weight, bias)` from `model`'s weights; the
+    copy's separate layers are dropped. A decoding step has a few rows, where each product's
+    fixed cost is most of its time: one product of 3·d_model outputs costs about what one of
+    d_model costs (benchmarks/decode_steps.py)."""
+    attentions = lambda m: [(name, a) for name, a in m.named_modules() if isinstance(a, MultiHeadAttention)]  # noqa: E731
+    for (name, ours), (_, theirs) in zip(attentions(model), attentions(low)):
+        names = ("w_q", "w_k", "w_v") if name.rsplit(".", 1)[-1] == "self_attn" else ("w_k", "w_v")
+        linears = [getattr(ours, n) for n in names]
+        weight = torch.cat([layer.weight for layer in linears]).detach()  # (Σ out_features, d_model)
+        bias = None if linears[0].bias is None else torch.cat([layer.bias for layer in linears]).detach()
+        setattr(theirs, "w_qkv" if len(names) == 3 else "w_kv", make(weight, bias))
+        for n in names:
+            setattr(theirs, n, None)
 
 
 def _tied_projection(model: nn.Module) -> Optional[Tensor]:
@@ -119,6 +150,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         memo = {id(m): PackedLinear(m.weight.to(dtype), None if m.bias is None else m.bias.to(dtype))
                 for m in model.modules() if isinstance(m, nn.Linear)}
         low = copy.deepcopy(model, memo).to(dtype).eval()
+        fuse_projections(model, low, lambda w, b: PackedLinear(w.to(dtype), None if b is None else b.to(dtype)))
         if (table := _tied_projection(low)) is not None:  # the lookup keeps the table; the projection a laid-out copy
             low.output_proj = PackedLinear(table, None)
         low.inference_precision = precision
@@ -126,6 +158,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     if precision != "int8":
         return model if weight.dtype == DTYPES[precision] else copy.deepcopy(model).to(DTYPES[precision]).eval()
     low = copy.deepcopy(model).float().eval()
+    fuse_projections(model, low, _float_linear)
     if (table := _tied_projection(low)) is not None:  # a copy of the embedding to quantize
         low.output_proj = nn.Linear(table.size(1), table.size(0), bias=False)
         low.output_proj.weight = nn.Parameter(table.detach().clone())

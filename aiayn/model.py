@@ -222,8 +222,9 @@ class DecoderLayer(nn.Module):
         def self_attention(y: Tensor):
             if cache is None:
                 return self.self_attn(y, y, y, need_weights=need_weights, causal=True)
-            k, v = cache.append(index, *self.self_attn.keys_values(y, y))  # (B, h, T_total, d)
-            return self.self_attn(y, mask=cache.self_mask, need_weights=need_weights, keys_values=(k, v), causal=True)
+            q, k, v = self.self_attn.projections(y)  # (B, h, T, d) each
+            k, v = cache.append(index, k, v)  # (B, h, T_total, d)
+            return self.self_attn.attend(q, k, v, cache.self_mask, need_weights, causal=True)
 
         def cross_attention(y: Tensor):
             if cache is None:

@@ -49,7 +49,10 @@ def test_a_decoding_copy_lays_out_every_linear_layer_and_the_tied_projection(pre
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     low = inference_copy(model, precision)
     assert not any(isinstance(m, torch.nn.Linear) for m in low.modules())
-    assert sum(isinstance(m, PackedLinear) for m in low.modules()) == linears + 1  # + the pre-softmax projection
+    self_attentions = sum(name.endswith("self_attn") for name, _ in model.named_modules())
+    cross_attentions = sum(name.endswith("cross_attn") for name, _ in model.named_modules())
+    # + the pre-softmax projection; W^Q, W^K, W^V one product in self-attention, W^K, W^V in the other
+    assert sum(isinstance(m, PackedLinear) for m in low.modules()) == linears + 1 - 2 * self_attentions - cross_attentions
     assert low.decoder.embed.weight.dtype == DTYPES[precision]  # the lookup keeps its table
     assert inference_copy(low, precision) is low and low is not model and not low.training
     assert not any(t.is_mkldnn for t in low.state_dict().values())  # nothing opaque where a state dict looks
@@ -82,6 +85,37 @@ def test_a_packed_copy_decodes_as_the_plain_copy(precision):
         outputs = [translate_ids(m, sources, beam=beam, precision=precision, extra_len=6) for m in (plain, packed)]
         same = sum(a == b for a, b in zip(*outputs)) / len(sources)
         assert same >= 0.9, (beam, same)
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("precision", [*PRECISIONS, "int8"])
+def test_an_attentions_projections_in_one_product_are_each_projection_s_own(precision, monkeypatch):
+    """A decoding copy computes W^Q, W^K, W^V of self-attention (and W^K, W^V of the encoder-
+    decoder attention) as one product of the weights side by side. Each output column is still
+    its own row of the weight times the input: in int8 the same integer sums with the same scales
+    as separate products, so exactly equal to them; packed fp32 and bf16 within the summation
+    bound of F.linear with the model's own weight."""
+    model = sharp_model()
+    fused = inference_copy(model, precision)
+    monkeypatch.setattr(inference, "fuse_projections", lambda *args: None)
+    separate = inference_copy(model, precision)
+    x = torch.randn(3, 5, model.config.d_model, generator=torch.Generator().manual_seed(1))
+    stacks = zip(model.decoder.layers, fused.decoder.layers, separate.decoder.layers)
+    with torch.inference_mode():
+        for ours, one, each in stacks:
+            assert one.self_attn.w_q is None and one.cross_attn.w_k is None and one.cross_attn.w_q is not None
+            pairs = [(ours.self_attn, "w_q", "w_k", "w_v", one.self_attn.projections(x), each.self_attn.projections(x)),
+                     (ours.cross_attn, "w_k", "w_v", one.cross_attn.keys_values(x, x), each.cross_attn.keys_values(x, x))]
+            for attention, *names, got, separately in pairs:
+                for name, heads, expected in zip(names, got, separately):
+                    if precision == "int8":
+                        assert torch.equal(heads, expected)
+                        continue
+                    layer = getattr(attention, name)
+                    dtype = DTYPES[precision]
+                    weight, bias, rows = layer.weight.to(dtype), layer.bias.to(dtype), x.to(dtype)
+                    flat = heads.transpose(1, 2).reshape(3, 5, -1)  # (B, L, h·d)
+                    assert_within_summation_bound(flat, F.linear(rows, weight, bias), rows, weight, bias, precision)
 
 
 def test_rows_are_padded_to_a_few_counts_at_most_an_eighth_more():
