@@ -9,7 +9,7 @@ on both alike, and reports each case's median and range and the ratio this / oth
             tokens, each checkout's own batching cutting them from the same sentence lengths,
             eager or compiled ("... compiled": TrainConfig.compile, compiling in the warm-up)
     decode  fp32 (beam 4 and greedy), bf16 and int8 (beam 4): output tokens/s of 64 sentences
-            of 32 tokens
+            of 32 tokens; fp32 and int8 at beam 4 also of one sentence at a time
     demo    (only when named in --cases) `aiayn train` of the demo's model and recipe
             (`--recipe fast` in bf16, as each checkout's own fast recipe has it) on
             bible-en-es: the target tokens/s its log reports over steps 51-100
@@ -52,6 +52,11 @@ CASES = {  # label: one_case.py arguments after the common ones
                            "--warmup", "1", "--calls", "1"],
     "decode int8 beam 4": ["decode", "--system", "aiayn", "--precision", "int8", "--beam", "4", "--sentences", "64",
                            "--warmup", "1", "--calls", "1"],
+    # one sentence at a time, as a server answers a lone client: each step's fixed costs
+    "decode fp32 beam 4 one sentence": ["decode", "--system", "aiayn", "--precision", "fp32", "--beam", "4",
+                                        "--sentences", "1", "--warmup", "2", "--calls", "8"],
+    "decode int8 beam 4 one sentence": ["decode", "--system", "aiayn", "--precision", "int8", "--beam", "4",
+                                        "--sentences", "1", "--warmup", "2", "--calls", "8"],
 }
 # speed.py's real batch shapes: (precision, budget, warm-up steps, timed batches, compiled); each
 # checkout's own batching cuts them from the same sentence lengths (the same shapes wherever the
