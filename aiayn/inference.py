@@ -102,22 +102,34 @@ def packs(weight: Tensor, precision: str) -> bool:
             and torch.backends.cpu.get_cpu_capability().startswith("AVX") and not kernels.use_reference())
 
 
+def _projections(model: nn.Module) -> list[tuple[MultiHeadAttention, tuple[str, ...]]]:
+    """Each attention of `model` with the names of its projections of one input: W^Q, W^K, W^V
+    in self-attention, W^K, W^V in encoder-decoder attention (whose query is another input)."""
+    return [(a, ("w_q", "w_k", "w_v") if name.rsplit(".", 1)[-1] == "self_attn" else ("w_k", "w_v"))
+            for name, a in model.named_modules() if isinstance(a, MultiHeadAttention)]
+
+
 def fuse_projections(model: nn.Module, low: nn.Module, make: Callable[[Tensor, Optional[Tensor]], nn.Module]) -> None:
     """Each attention of `low`, a copy of `model`, computes the projections of its one input in
     one product: self-attention its W^Q, W^K, W^V side by side (`w_qkv`), encoder-decoder
-    attention its W^K, W^V (`w_kv`), made by `make(weight, bias)` from `model`'s weights; the
-    copy's separate layers are dropped. A decoding step has a few rows, where a product's fixed
-    cost is much of its time: one sentence of Transformer-base at beam 4 decoded 1.53× faster in
-    int8 and 1.07× in fp32 on an AMD EPYC (Zen 3), 64 sentences 1.04-1.16× (docs/speed-notes.md)."""
-    attentions = lambda m: [(name, a) for name, a in m.named_modules() if isinstance(a, MultiHeadAttention)]  # noqa: E731
-    for (name, ours), (_, theirs) in zip(attentions(model), attentions(low)):
-        names = ("w_q", "w_k", "w_v") if name.rsplit(".", 1)[-1] == "self_attn" else ("w_k", "w_v")
+    attention its W^K, W^V (`w_kv`), made by `make(weight, bias)` from `model`'s weights, where
+    the copy holds no separate layers for them (`_unfused`). A decoding step has a few rows,
+    where a product's fixed cost is much of its time: one sentence of Transformer-base at beam 4
+    decoded 1.53× faster in int8 and 1.07× in fp32 on an AMD EPYC (Zen 3), 64 sentences
+    1.04-1.16× (docs/speed-notes.md)."""
+    for (ours, names), (theirs, _) in zip(_projections(model), _projections(low)):
         linears = [getattr(ours, n) for n in names]
         weight = torch.cat([layer.weight for layer in linears]).detach()  # (Σ out_features, d_model)
         bias = None if linears[0].bias is None else torch.cat([layer.bias for layer in linears]).detach()
-        setattr(theirs, "w_qkv" if len(names) == 3 else "w_kv", make(weight, bias))
         for n in names:
             setattr(theirs, n, None)
+        setattr(theirs, "w_qkv" if len(names) == 3 else "w_kv", make(weight, bias))
+
+
+def _unfused(model: nn.Module) -> dict[int, None]:
+    """A deepcopy memo that leaves out of the copy the layers `fuse_projections` replaces, so that
+    no decoding copy holds them even for a while."""
+    return {id(getattr(a, n)): None for a, names in _projections(model) for n in names}
 
 
 def _tied_projection(model: nn.Module) -> Optional[Tensor]:
@@ -147,8 +159,9 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         # Every linear layer laid out straight from the model's weights, the copy's in its place:
         # the rest of the model is copied, the linear layers' plain weights never are.
         dtype = DTYPES[precision]
-        memo = {id(m): PackedLinear(m.weight.to(dtype), None if m.bias is None else m.bias.to(dtype))
-                for m in model.modules() if isinstance(m, nn.Linear)}
+        memo = _unfused(model)
+        memo |= {id(m): PackedLinear(m.weight.to(dtype), None if m.bias is None else m.bias.to(dtype))
+                 for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in memo}
         low = copy.deepcopy(model, memo).to(dtype).eval()
         fuse_projections(model, low, lambda w, b: PackedLinear(w.to(dtype), None if b is None else b.to(dtype)))
         if (table := _tied_projection(low)) is not None:  # the lookup keeps the table; the projection a laid-out copy
@@ -157,7 +170,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         return low
     if precision != "int8":
         return model if weight.dtype == DTYPES[precision] else copy.deepcopy(model).to(DTYPES[precision]).eval()
-    low = copy.deepcopy(model).float().eval()
+    low = copy.deepcopy(model, _unfused(model)).float().eval()
     fuse_projections(model, low, _float_linear)
     if (table := _tied_projection(low)) is not None:  # a copy of the embedding to quantize
         low.output_proj = nn.Linear(table.size(1), table.size(0), bias=False)

@@ -97,7 +97,7 @@ def test_an_attentions_projections_in_one_product_are_each_projection_s_own(prec
     bound of F.linear with the model's own weight."""
     model = sharp_model()
     fused = inference_copy(model, precision)
-    monkeypatch.setattr(inference, "fuse_projections", lambda *args: None)
+    monkeypatch.setattr(inference, "_projections", lambda model: [])  # no attention fused
     separate = inference_copy(model, precision)
     x = torch.randn(3, 5, model.config.d_model, generator=torch.Generator().manual_seed(1))
     stacks = zip(model.decoder.layers, fused.decoder.layers, separate.decoder.layers)
