@@ -16,6 +16,7 @@ and the others idle, so the ceiling of K+1 workers is (K+1) × N × step(1) alon
 joins per step × join) beside them.
 
     python benchmarks/decode_steps.py runs/demo60 --precision bf16
+    python benchmarks/decode_steps.py runs/demo --precision int8   # where bf16 is refused (an AVX2-only CPU)
     python benchmarks/decode_steps.py runs/demo --precision bf16 --live 8 --threads 1   # one of 2 workers
     python benchmarks/decode_steps.py runs/demo --precision bf16 --live 8 --threads 1 --beside 1
 """
@@ -39,6 +40,7 @@ from aiayn.device import matmul_peak_flops
 from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
 from aiayn.translate import ContinuousDecoding, Translator
 from common import RESULTS, command_line, cpu_kind, default_threads, machine, spread, write_results
+from serve_load import peak_precision
 
 
 def decode(translator: Translator, sources: list[list[int]], live: int) -> dict:
@@ -85,7 +87,7 @@ def stop(others: list[subprocess.Popen]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "int8"])
     parser.add_argument("--live", type=int, default=16, help="sentences decoding at once (default 16, as 16 clients)")
     parser.add_argument("--threads", type=int, default=default_threads(),
                         help="threads (default: every core; 1 is one worker of `aiayn serve --workers N`)")
@@ -127,10 +129,10 @@ def main() -> None:
             print(f"  beside {args.beside}: step {one['step_ms']:.2f} ms with 1, {many['step_ms']:.2f} ms with "
                   f"{args.live}; join {many['join_ms']:.2f} ms; ceiling {reps[-1]['ceiling_beside']:.2f}× a "
                   f"process, {(args.beside + 1) * reps[-1]['ceiling_beside']:.2f}× all", flush=True)
-    peak = matmul_peak_flops(torch.device("cpu"), args.precision)
+    peak = matmul_peak_flops(torch.device("cpu"), peak_precision(args.precision))
     results = {"command": command_line(), "cpu_kind": cpu_kind(), "machine": machine(torch.device("cpu"), args.threads),
                "model": str(args.run_dir), "precision": args.precision, "live": args.live, "reps": reps,
-               f"{args.precision}_matmul_peak_tflops": peak / 1e12,
+               f"{peak_precision(args.precision)}_matmul_peak_tflops": peak / 1e12,
                "summary": {"step_ms_1": spread([r["one"]["step_ms"] for r in reps]),
                            f"step_ms_{args.live}": spread([r["live"]["step_ms"] for r in reps]),
                            "join_ms": spread([r["live"]["join_ms"] for r in reps]),
@@ -143,7 +145,7 @@ def main() -> None:
             join_ms_beside=spread([r["live_beside"]["join_ms"] for r in reps]),
             ceiling_beside=spread([r["ceiling_beside"] for r in reps]),
             ceiling_all=spread([(args.beside + 1) * r["ceiling_beside"] for r in reps]))
-    print(f"{args.precision} matmul peak {peak / 1e12:.2f} TFLOP/s")
+    print(f"{peak_precision(args.precision)} matmul peak {peak / 1e12:.2f} TFLOP/s")
     write_results(args.out or RESULTS / f"decode-steps-{cpu_kind()}-{args.precision}.json", results)
 
 
