@@ -129,7 +129,7 @@ class MultiHeadAttention(nn.Module):
         self.w_k = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
         self.w_v = nn.Linear(d_model, n_heads * self.d_v, bias=bias)
         self.w_o = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
-        # A decoding copy (aiayn.inference) computes projections of one input as one product:
+        # A packed or int8 decoding copy (aiayn.inference) computes projections of one input as one product:
         # W^Q, W^K, W^V side by side (self-attention) or W^K, W^V (encoder-decoder attention).
         self.w_qkv: Optional[nn.Module] = None
         self.w_kv: Optional[nn.Module] = None

@@ -9,8 +9,9 @@ weights a decoding copy holds. Inside `kernels.reference_math()` a copy is made 
 - int8: every linear layer (W^Q, W^K, W^V, W^O, the feed-forward network and the pre-softmax
   projection) with int8 weights, one scale per output row, and activations quantized per call
   (dynamic quantization, the FBGEMM / oneDNN int8 GEMM).
-- fp32, bf16 and int8 on a CPU: the projections of one input are one product (`fuse_projections`:
-  W^Q, W^K, W^V side by side in self-attention, W^K, W^V in encoder-decoder attention).
+- the packed (fp32, bf16) and int8 copies: the projections of one input are one product
+  (`fuse_projections`: W^Q, W^K, W^V side by side in self-attention, W^K, W^V in encoder-decoder
+  attention). The cast copies and the model itself keep separate products.
 """
 
 from __future__ import annotations
@@ -115,8 +116,8 @@ def fuse_projections(model: nn.Module, low: nn.Module, make: Callable[[Tensor, O
     attention its W^K, W^V (`w_kv`), made by `make(weight, bias)` from `model`'s weights, where
     the copy holds no separate layers for them (`_unfused`). A decoding step has a few rows,
     where a product's fixed cost is much of its time: one sentence of Transformer-base at beam 4
-    decoded 1.53× faster in int8 and 1.07× in fp32 on an AMD EPYC (Zen 3), 64 sentences
-    1.04-1.16× (docs/speed-notes.md)."""
+    decoded 1.53× faster in int8 on an AMD EPYC (Zen 3); fp32, and 64 sentences, gained within
+    that machine's spread (docs/speed-notes.md)."""
     for (ours, names), (theirs, _) in zip(_projections(model), _projections(low)):
         linears = [getattr(ours, n) for n in names]
         weight = torch.cat([layer.weight for layer in linears]).detach()  # (Σ out_features, d_model)

@@ -1,6 +1,7 @@
 """aiayn.inference: the decoding copy's weights, held to the plain computation they replace."""
 
 import copy
+import dataclasses
 import pickle
 
 import pytest
@@ -11,6 +12,7 @@ from aiayn.device import DTYPES
 from aiayn import inference
 from aiayn.inference import PackedLinear, inference_copy, padded_rows
 from aiayn.kernels import reference_math
+from aiayn.model import Transformer
 from aiayn.translate import translate_ids
 from test_kernels import keeps_decisive_tokens, sharp_model
 
@@ -89,17 +91,22 @@ def test_a_packed_copy_decodes_as_the_plain_copy(precision):
 
 @pytest.mark.numeric
 @pytest.mark.parametrize("precision", [*PRECISIONS, "int8"])
-def test_an_attentions_projections_in_one_product_are_each_projection_s_own(precision, monkeypatch):
+@pytest.mark.parametrize("head_dims", [None, (5, 7)])  # d_k = d_v = d_model / h, and Table 3 rows A/B's d_k ≠ d_v
+def test_an_attentions_projections_in_one_product_are_each_projection_s_own(precision, head_dims, monkeypatch):
     """A decoding copy computes W^Q, W^K, W^V of self-attention (and W^K, W^V of the encoder-
     decoder attention) as one product of the weights side by side. Each output column is still
     its own row of the weight times the input: in int8 the same integer sums with the same scales
     as separate products, so exactly equal to them; packed fp32 and bf16 within the summation
     bound of F.linear with the model's own weight."""
     model = sharp_model()
+    if head_dims is not None:
+        torch.manual_seed(0)
+        model = Transformer(dataclasses.replace(model.config, d_k=head_dims[0], d_v=head_dims[1])).eval()
     fused = inference_copy(model, precision)
     monkeypatch.setattr(inference, "_projections", lambda model: [])  # no attention fused
     separate = inference_copy(model, precision)
     x = torch.randn(3, 5, model.config.d_model, generator=torch.Generator().manual_seed(1))
+    x = x if precision == "int8" else x.to(DTYPES[precision])  # int8 copies take fp32 activations
     stacks = zip(model.decoder.layers, fused.decoder.layers, separate.decoder.layers)
     with torch.inference_mode():
         for ours, one, each in stacks:
@@ -113,7 +120,7 @@ def test_an_attentions_projections_in_one_product_are_each_projection_s_own(prec
                         continue
                     layer = getattr(attention, name)
                     dtype = DTYPES[precision]
-                    weight, bias, rows = layer.weight.to(dtype), layer.bias.to(dtype), x.to(dtype)
+                    weight, bias, rows = layer.weight.to(dtype), layer.bias.to(dtype), x
                     flat = heads.transpose(1, 2).reshape(3, 5, -1)  # (B, L, h·d)
                     assert_within_summation_bound(flat, F.linear(rows, weight, bias), rows, weight, bias, precision)
 
