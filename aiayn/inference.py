@@ -113,8 +113,8 @@ def _projections(model: nn.Module) -> list[tuple[MultiHeadAttention, tuple[str, 
 def fuse_projections(model: nn.Module, low: nn.Module, make: Callable[[Tensor, Optional[Tensor]], nn.Module]) -> None:
     """Each attention of `low`, a copy of `model`, computes the projections of its one input in
     one product: self-attention its W^Q, W^K, W^V side by side (`w_qkv`), encoder-decoder
-    attention its W^K, W^V (`w_kv`), made by `make(weight, bias)` from `model`'s weights, where
-    the copy holds no separate layers for them (`_unfused`). A decoding step has a few rows,
+    attention its W^K, W^V (`w_kv`), made by `make(weight, bias)` from `model`'s weights; `low`
+    was copied without the separate layers (`_unfused`). A decoding step has a few rows,
     where a product's fixed cost is much of its time: one sentence of Transformer-base at beam 4
     decoded 1.53× faster in int8 on an AMD EPYC (Zen 3); fp32, and 64 sentences, gained within
     that machine's spread (docs/speed-notes.md)."""
@@ -122,8 +122,6 @@ def fuse_projections(model: nn.Module, low: nn.Module, make: Callable[[Tensor, O
         linears = [getattr(ours, n) for n in names]
         weight = torch.cat([layer.weight for layer in linears]).detach()  # (Σ out_features, d_model)
         bias = None if linears[0].bias is None else torch.cat([layer.bias for layer in linears]).detach()
-        for n in names:
-            setattr(theirs, n, None)
         setattr(theirs, "w_qkv" if len(names) == 3 else "w_kv", make(weight, bias))
 
 
@@ -160,11 +158,11 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         # Every linear layer laid out straight from the model's weights, the copy's in its place:
         # the rest of the model is copied, the linear layers' plain weights never are.
         dtype = DTYPES[precision]
+        pack = lambda w, b: PackedLinear(w.to(dtype), None if b is None else b.to(dtype))  # noqa: E731
         memo = _unfused(model)
-        memo |= {id(m): PackedLinear(m.weight.to(dtype), None if m.bias is None else m.bias.to(dtype))
-                 for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in memo}
+        memo |= {id(m): pack(m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in memo}
         low = copy.deepcopy(model, memo).to(dtype).eval()
-        fuse_projections(model, low, lambda w, b: PackedLinear(w.to(dtype), None if b is None else b.to(dtype)))
+        fuse_projections(model, low, pack)
         if (table := _tied_projection(low)) is not None:  # the lookup keeps the table; the projection a laid-out copy
             low.output_proj = PackedLinear(table, None)
         low.inference_precision = precision
@@ -174,8 +172,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     low = copy.deepcopy(model, _unfused(model)).float().eval()
     fuse_projections(model, low, _float_linear)
     if (table := _tied_projection(low)) is not None:  # a copy of the embedding to quantize
-        low.output_proj = nn.Linear(table.size(1), table.size(0), bias=False)
-        low.output_proj.weight = nn.Parameter(table.detach().clone())
+        low.output_proj = _float_linear(table.detach(), None)
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     with warnings.catch_warnings():  # torch 2.13 marks torch.ao as moving to torchao; the kernels are the same

@@ -129,10 +129,11 @@ def main() -> None:
             print(f"  beside {args.beside}: step {one['step_ms']:.2f} ms with 1, {many['step_ms']:.2f} ms with "
                   f"{args.live}; join {many['join_ms']:.2f} ms; ceiling {reps[-1]['ceiling_beside']:.2f}× a "
                   f"process, {(args.beside + 1) * reps[-1]['ceiling_beside']:.2f}× all", flush=True)
-    peak = matmul_peak_flops(torch.device("cpu"), peak_precision(args.precision))
+    products = peak_precision(args.precision)  # the precision of the matrix products (int8: fp32 activations)
+    peak = matmul_peak_flops(torch.device("cpu"), products)
     results = {"command": command_line(), "cpu_kind": cpu_kind(), "machine": machine(torch.device("cpu"), args.threads),
                "model": str(args.run_dir), "precision": args.precision, "live": args.live, "reps": reps,
-               f"{peak_precision(args.precision)}_matmul_peak_tflops": peak / 1e12,
+               f"{products}_matmul_peak_tflops": peak / 1e12,
                "summary": {"step_ms_1": spread([r["one"]["step_ms"] for r in reps]),
                            f"step_ms_{args.live}": spread([r["live"]["step_ms"] for r in reps]),
                            "join_ms": spread([r["live"]["join_ms"] for r in reps]),
@@ -145,7 +146,7 @@ def main() -> None:
             join_ms_beside=spread([r["live_beside"]["join_ms"] for r in reps]),
             ceiling_beside=spread([r["ceiling_beside"] for r in reps]),
             ceiling_all=spread([(args.beside + 1) * r["ceiling_beside"] for r in reps]))
-    print(f"{peak_precision(args.precision)} matmul peak {peak / 1e12:.2f} TFLOP/s")
+    print(f"{products} matmul peak {peak / 1e12:.2f} TFLOP/s")
     write_results(args.out or RESULTS / f"decode-steps-{cpu_kind()}-{args.precision}.json", results)
 
 
