@@ -119,7 +119,11 @@ class _PaddingRowKept(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return grad.index_fill(0, torch.tensor([ctx.pad_id], device=grad.device), 0.0), None
+        # The row zeroed through a view: an index tensor made here would be a copy from the host,
+        # which on a GPU waits for it (tests/test_cuda.py runs the step with such waits an error).
+        grad = grad.clone()  # (V, d_model); autograd may hold the incoming one elsewhere
+        grad[ctx.pad_id] = 0.0
+        return grad, None
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,7 +27,10 @@
 #   recipe    the test of the WMT14 recipe on synthetic data on the GPU (300 steps of base)
 #   decode    benchmarks/speed.py: beam 4 and greedy at batch 64, aiayn (bf16, fp16, bf16 with
 #             CUDA graphs) against HF Marian (bf16) and CTranslate2 (bf16, fp16, int8_float16)
-#             (DECODE_SYSTEMS="aiayn ctranslate2" narrows it)
+#             (DECODE_SYSTEMS="aiayn ctranslate2" narrows it, DECODE_ONLY="'CUDA graphs' ctranslate2" keeps
+#             the cases whose labels hold one of these)
+#   decode-profile  benchmarks/profile_decode.py: where the time of aiayn's bf16 decoding with CUDA
+#             graphs goes, beam 4 and greedy
 #
 # The wheels (.whl/, ignored by git) are fetched beforehand on a machine with network:
 #   bash benchmarks/fetch_gpu_wheels.sh       (benchmarks/README.md lists them)
@@ -53,6 +56,10 @@ part() {
     timeout --signal=INT --kill-after=10 "$seconds" "$@" >>"$LOG" 2>&1
     say "$name: exit status $?"
 }
+
+# DECODE_ONLY holds shell words ('CUDA graphs' ctranslate2): split as the shell would, quotes kept.
+only=()
+[ -n "${DECODE_ONLY:-}" ] && eval "only=(--only $DECODE_ONLY)"
 
 for what in "$@"; do
     case "$what" in
@@ -114,7 +121,13 @@ for what in "$@"; do
         part decode "${DECODE_SECONDS:-130}" env PYTHONPATH="$repo:/tmp/site-ct2" \
             LD_LIBRARY_PATH="/tmp/cu12:${LD_LIBRARY_PATH:-}" "$PYTHON" benchmarks/speed.py --device cuda \
             --tasks decode --systems ${DECODE_SYSTEMS:-aiayn marian ctranslate2} --precisions bf16 --reps "${REPS:-1}" \
-            --out "$OUT/speed-decode-cuda.json"
+            "${only[@]}" --out "$OUT/speed-decode-cuda.json"
+        ;;
+    decode-profile)
+        for beam in 4 1; do
+            part "decode profile beam $beam" 40 "$PYTHON" benchmarks/profile_decode.py --device cuda --precision bf16 \
+                --cuda-graphs --beam "$beam" --out "$OUT/profile-decode-cuda-bf16-beam$beam-graphs.txt"
+        done
         ;;
     *)
         say "unknown part $what"

@@ -247,6 +247,8 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS,
                         help="those to measure (default: fp32 and bf16 on a CPU, tf32 and bf16 on a GPU; int8 "
                              "decoding comes with fp32 on a CPU, fp16 and int8 with bf16 on a GPU)")
+    parser.add_argument("--only", nargs="+", metavar="TEXT", help="only the cases whose label holds one of these, "
+                        "e.g. 'CUDA graphs' ctranslate2 (the matmul peak is always measured)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks that every case runs")
     parser.add_argument("--out", type=Path, help="result file (default results/speed-DEVICE.json)")
     args = parser.parse_args()
@@ -283,6 +285,10 @@ def main() -> None:
     budgets = [None if b == "fixed" else int(b) for b in args.batches or ["fixed", *known]]
     settings = Settings(**{**asdict(settings), "budgets": tuple(b for b in settings.budgets if b[0] in budgets)})
     cases = make_cases(args.tasks, args.systems, device, args.compile, budgets, precisions, tuple(args.models))
+    if args.only:
+        cases = [c for c in cases if c.task == "peak" or any(text in c.label for text in args.only)]
+        if all(c.task == "peak" for c in cases):
+            parser.error(f"--only {' '.join(args.only)}: no case's label holds any of these")
     runs = []
     peer_notes: dict[str, list[str]] = {}  # what each peer's harness says differs from the common shape
     with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as scratch:
