@@ -119,10 +119,8 @@ class _PaddingRowKept(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        # The row zeroed through a view: an index tensor made here would be a copy from the host,
-        # which on a GPU waits for it (tests/test_cuda.py runs the step with such waits an error).
-        grad = grad.clone()  # (V, d_model); autograd may hold the incoming one elsewhere
-        grad[ctx.pad_id] = 0.0
+        grad = grad.clone()  # (V, d_model): autograd may hold the incoming one elsewhere
+        grad[ctx.pad_id] = 0.0  # a view's fill: an index tensor would be a host copy, a GPU wait
         return grad, None
 
 

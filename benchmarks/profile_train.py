@@ -34,9 +34,11 @@ from aiayn.device import cpu_kind, resolve_device
 from common import RESULTS, Timer, command_line, default_threads, matmul_precision, require_precision
 
 
-# What a GPU kernel computes, read from its name (cuBLAS, CUTLASS, PyTorch's attention kernels).
-KERNEL_KINDS = (("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "splitk")),
-                ("attention (fused)", ("flash", "fmha", "attention", "sdpa", "cudnn")),
+# What a GPU kernel computes, read from its name (cuBLAS, CUTLASS, PyTorch's attention kernels),
+# the first kind that matches: attention before matrix products, since the names of PyTorch's
+# attention kernels hold "cutlass" too (fmha_cutlassF_..., flash kernels templated on cutlass types).
+KERNEL_KINDS = (("attention (fused)", ("flash", "fmha", "attention", "sdpa", "cudnn")),
+                ("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "splitk")),
                 ("softmax / log-softmax", ("softmax",)),
                 ("layer norm", ("layer_norm", "layernorm")),
                 ("Adam", ("adam",)),

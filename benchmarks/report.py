@@ -161,15 +161,16 @@ def decoding_table(cases: list[dict], s: dict) -> list[str]:
                     "peak MiB", "memory vs aiayn"], rows)
     lines += [""]
     for beam in sorted({c["beam"] for c in cases if c["task"] == "decode"}, reverse=True):
-        peer = next((c for c in cases if c["task"] == "decode" and c["beam"] == beam and c["system"] == "ctranslate2"
-                     and c["precision"] == "int8" and "tokens_per_s" in c), None)
+        peers = [c for c in cases if c["task"] == "decode" and c["beam"] == beam and c["system"] == "ctranslate2"
+                 and "tokens_per_s" in c]
         ours = [c for c in cases if c["task"] == "decode" and c["beam"] == beam and c["system"] == "aiayn"
                 and not c.get("compile") and "tokens_per_s" in c]
-        if peer and ours:
-            best = max(ours, key=lambda c: c["tokens_per_s"]["median"])
-            lines.append(f"- {'greedy' if beam == 1 else f'beam {beam}'}: aiayn's fastest ({best['precision']}) at "
-                         f"{best['tokens_per_s']['median'] / peer['tokens_per_s']['median']:.2f}× CTranslate2 int8's "
-                         "tokens/s")
+        if peers and ours:
+            best, peer = (max(cs, key=lambda c: c["tokens_per_s"]["median"]) for cs in (ours, peers))
+            variant = system_name(best).removeprefix(NAMES["aiayn"]).strip(" ()")  # CUDA graphs, bf16 weights
+            lines.append(f"- {'greedy' if beam == 1 else f'beam {beam}'}: aiayn's fastest ({variant + ', ' if variant else ''}"
+                         f"{PRECISIONS[best['precision']]}) at {best['tokens_per_s']['median'] / peer['tokens_per_s']['median']:.2f}× "
+                         f"CTranslate2's fastest ({PRECISIONS[peer['precision']]}) tokens/s")
     return lines
 
 
