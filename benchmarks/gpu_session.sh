@@ -29,6 +29,8 @@
 #             CUDA graphs) against HF Marian (bf16) and CTranslate2 (bf16, fp16, int8_float16)
 #             (DECODE_SYSTEMS="aiayn ctranslate2" narrows it, DECODE_ONLY="'CUDA graphs' ctranslate2" keeps
 #             the cases whose labels hold one of these)
+#   decode-mix  benchmarks/decode_mix.py: aiayn's bf16 decoding of 1,000 sentences of the corpus'
+#             lengths in batches of many shapes, with CUDA graphs and without (beam 4 and greedy)
 #   decode-profile  benchmarks/profile_decode.py: where the time of aiayn's bf16 decoding with CUDA
 #             graphs goes, beam 4 and greedy
 #
@@ -122,6 +124,12 @@ for what in "$@"; do
             LD_LIBRARY_PATH="/tmp/cu12:${LD_LIBRARY_PATH:-}" "$PYTHON" benchmarks/speed.py --device cuda \
             --tasks decode --systems ${DECODE_SYSTEMS:-aiayn marian ctranslate2} --precisions bf16 --reps "${REPS:-1}" \
             "${only[@]}" --out "$OUT/speed-decode-cuda.json"
+        ;;
+    decode-mix)
+        for beam in 4 1; do
+            part "decode mix beam $beam" "${MIX_SECONDS:-90}" "$PYTHON" benchmarks/decode_mix.py --device cuda \
+                --precision bf16 --beam "$beam" --out "$OUT/decode-mix-cuda-bf16-beam$beam.json"
+        done
         ;;
     decode-profile)
         for beam in 4 1; do
