@@ -4,9 +4,10 @@ A decoding step of the Transformer (§3.1, one new position per row) is a few hu
 kernels. On a GPU the host takes longer to launch them than the GPU takes to run them: an H100
 took about 4.5 ms for a beam-4 step of 256 rows of the base model, where CTranslate2 took a
 quarter to a third of that (benchmarks/results/speed-decode-cuda-h100.json). A CUDA graph records the step's
-kernels once and launches them all at once on every later step: on an H100 (2026-11-27), beam 4
-at 2.9× and greedy at 4.9× the tokens/s of the same search without it, above CTranslate2's in the
-same run (benchmarks/results/speed-decode-cuda-h100-b69fbca.json).
+kernels once and launches them all at once on every later step: on an H100 (2026-11-27, base,
+one batch of 64 sentences of one length), beam 4 at 2.9× and greedy at 4.9× the tokens/s of the
+same search without it, above CTranslate2's in the same run (greedy: beside its int8 only;
+benchmarks/results/speed-decode-cuda-h100-b69fbca.json).
 
 A graph replays fixed shapes at fixed addresses, which the decoding state of aiayn.cache does
 not keep (its buffers grow with the output and shrink as sentences leave). `StaticCache` keeps

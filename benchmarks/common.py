@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -189,7 +190,7 @@ def command_line() -> str:
     """How this script was run, with its path relative to the repository when it lies inside."""
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(HERE.parent) if script.is_relative_to(HERE.parent) else script
-    return " ".join(["python", str(shown), *sys.argv[1:]])
+    return shlex.join(["python", str(shown), *sys.argv[1:]])  # quoted as a shell takes it back
 
 
 def default_output(kind: str, device: torch.device, quick: bool) -> Path:

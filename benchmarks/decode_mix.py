@@ -9,7 +9,7 @@ still win there: random ids at the source lengths of the built-in corpus under s
 tokenizer, Transformer-base with random weights, each output as long as its source
 (`extra_len` 0: a random model rarely ends earlier).
 
-    python benchmarks/decode_mix.py --device cuda --precision bf16      # -> results/decode-mix-cuda-GPU-bf16.json
+    python benchmarks/decode_mix.py --device cuda --precision bf16      # -> results/decode-mix-cuda-GPU-bf16-beam4.json
     .venv/bin/python benchmarks/decode_mix.py --sentences 64 --reps 1   # a CPU: the graphs are off there, a smoke test
 """
 
@@ -51,7 +51,7 @@ def main() -> None:
                         help="source tokens a batch, as `aiayn translate --batch-tokens` (default its default)")
     parser.add_argument("--reps", type=int, default=3, help="interleaved passes of each (default 3), after one untimed")
     parser.add_argument("--threads", type=int, default=default_threads())
-    parser.add_argument("--out", type=Path, help="result file (default results/decode-mix-KIND-PRECISION.json)")
+    parser.add_argument("--out", type=Path, help="result file (default results/decode-mix-KIND-PRECISION-beamK.json)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     try:
@@ -68,16 +68,16 @@ def main() -> None:
     sources = mix_sources(args.sentences)
     variants = {"without graphs": False, "CUDA graphs": True}
     outputs, seconds = {}, {name: [] for name in variants}
-    for rep in range(args.reps + 1):  # the first pass makes the decoding copy and warms the kernels
+    for rep in range(args.reps + 1):  # the first pass warms the kernels and the allocator, untimed
         for name, graphs in variants.items():
             with Timer(device) as timer:
                 outputs[name] = translator.translate_ids(sources, cuda_graphs=graphs)
             if rep:
                 seconds[name].append(timer.seconds)
                 print(f"[{rep}/{args.reps}] {name}: {timer.seconds:.3f} s", flush=True)
-    tokens = sum(len(out) for out in outputs["without graphs"])
+    tokens = {name: sum(len(out) for out in outs) for name, outs in outputs.items()}
     same = sum(a == b for a, b in zip(*outputs.values())) / len(sources)
-    rates = {name: spread([tokens / s for s in times]) for name, times in seconds.items()}
+    rates = {name: spread([tokens[name] / s for s in times]) for name, times in seconds.items()}
     kind = f"cuda-{torch.cuda.get_device_name(device).replace(' ', '-')}" if device.type == "cuda" else cpu_kind()
     results = {
         "benchmark": "decode_mix", "command": command_line(), "machine": machine(device, args.threads),
@@ -90,7 +90,7 @@ def main() -> None:
     for name, rate in rates.items():
         print(f"{name}: {rate['median']:,.0f} output tokens/s ({rate['min']:,.0f}–{rate['max']:,.0f})")
     print(f"graphs over without: {results['graphs_over_without']:.2f}×; the same output for {same:.1%} of the sentences")
-    write_results(args.out or RESULTS / f"decode-mix-{kind}-{precision}.json", results)
+    write_results(args.out or RESULTS / f"decode-mix-{kind}-{precision}-beam{args.beam}.json", results)
 
 
 if __name__ == "__main__":

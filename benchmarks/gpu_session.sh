@@ -3,7 +3,7 @@
 # PyTorch installed and no network (aiayn runs from this checkout, not installed; the peers'
 # missing packages come as wheels, see below). Every part writes into OUT as it goes and is cut
 # by its own time limit, so a slow part leaves the later ones their time and a stopped run keeps
-# what it measured (speed.py's *.running.json). At the default limits all parts take up to 18
+# what it measured (speed.py's *.running.json). At the default limits all parts take up to 22
 # minutes, more than a lent machine's 15: choose the parts, narrow them (below), or lower
 # TRAIN_SECONDS and the rest.
 #
@@ -54,14 +54,17 @@ say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
 part() {
     local name="$1" seconds="$2"
     shift 2
-    say "$name (limit ${seconds} s): $*"
+    say "$name (limit ${seconds} s): $(printf '%q ' "$@")"
     timeout --signal=INT --kill-after=10 "$seconds" "$@" >>"$LOG" 2>&1
     say "$name: exit status $?"
 }
 
 # DECODE_ONLY holds shell words ('CUDA graphs' ctranslate2): split as the shell would, quotes kept.
 only=()
-[ -n "${DECODE_ONLY:-}" ] && eval "only=(--only $DECODE_ONLY)"
+if [ -n "${DECODE_ONLY:-}" ] && ! eval "only=(--only $DECODE_ONLY)"; then
+    echo "DECODE_ONLY is not a list of shell words: $DECODE_ONLY" >&2
+    exit 2
+fi
 
 for what in "$@"; do
     case "$what" in

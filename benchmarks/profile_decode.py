@@ -38,7 +38,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--model", choices=systems.MODELS, default="base", help="Table 3's shape (default base)")
-    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16", "int8"), default="bf16")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16", "int8"),
+                        help="default: bf16 on a GPU, fp32 on a CPU")
     parser.add_argument("--beam", type=int, default=4, help="1: greedy (default 4)")
     parser.add_argument("--cuda-graphs", action="store_true", help="each step one CUDA graph (a GPU only)")
     parser.add_argument("--sentences", type=int, default=64, help="one batch of them (default 64, as speed.py)")
@@ -54,6 +55,7 @@ def main() -> None:
         sys.exit(f"profile_decode.py: {error}")
     if args.cuda_graphs and device.type != "cuda":
         sys.exit("profile_decode.py: --cuda-graphs needs --device cuda")
+    args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     require_precision(args.precision, device=device)
     systems.use_model(args.model)
     gpu = device.type == "cuda"
@@ -74,7 +76,9 @@ def main() -> None:
     host = [e for e in averages if e.device_type == DeviceType.CPU and e.self_cpu_time_total > 0]
     if gpu:
         device_own = lambda e: e.self_device_time_total  # noqa: E731
-        kernels = [e for e in averages if e.device_type == DeviceType.CUDA and device_own(e) > 0]
+        # Kernels only, not a span annotated around some (which would count their time again).
+        kernels = [e for e in averages if e.device_type == DeviceType.CUDA and device_own(e) > 0
+                   and not getattr(e, "is_user_annotation", False)]
         busy = sum(device_own(e) for e in kernels)
         lines.append(f"# GPU kernels busy {busy / total_us:.1%} of the wall time")
         for kind_name, share in kernel_kinds(kernels, device_own).items():

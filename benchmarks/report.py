@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -167,7 +168,7 @@ def decoding_table(cases: list[dict], s: dict) -> list[str]:
                 and not c.get("compile") and "tokens_per_s" in c]
         if peers and ours:
             best, peer = (max(cs, key=lambda c: c["tokens_per_s"]["median"]) for cs in (ours, peers))
-            variant = system_name(best).removeprefix(NAMES["aiayn"]).strip(" ()")  # CUDA graphs, bf16 weights
+            variant = ", ".join(re.findall(r"\(([^)]*)\)", system_name(best)))  # CUDA graphs, bf16 weights
             lines.append(f"- {'greedy' if beam == 1 else f'beam {beam}'}: aiayn's fastest ({variant + ', ' if variant else ''}"
                          f"{PRECISIONS[best['precision']]}) at {best['tokens_per_s']['median'] / peer['tokens_per_s']['median']:.2f}× "
                          f"CTranslate2's fastest ({PRECISIONS[peer['precision']]}) tokens/s")
