@@ -151,11 +151,13 @@ def reproducible_compilation(cpu: bool = True) -> Iterator[None]:
       and would only cost Inductor its autotuning. Memory is not filled on allocation;
     - no graphs from Inductor's on-disk caches (the FX graph and AOTAutograd caches): an entry
       written by another process is served on a key that leaves out state the compiled code
-      depends on. Measured on an AMD EPYC Zen 5 with torch 2.13: a graph that a process with
-      other settings had cached gave a first loss 3e-5 away from a fresh compile's, and one
-      cached under ATEN_CPU_CAPABILITY=avx2 corrupted the heap of a later run without it. Each
-      process compiles its own graph (the C++ kernels' cache, keyed by their source and
-      compiler flags, still serves)."""
+      depends on (on an AMD EPYC Zen 5, torch 2.13: a graph cached by a process with other
+      settings gave a first loss 3e-5 off a fresh compile's; one cached under
+      ATEN_CPU_CAPABILITY=avx2 corrupted the heap of a later run without it). The C++ kernels'
+      cache, keyed by their source and compiler flags, still serves;
+    - floats (dropout's p) as the graph's constants: as symbols, the trace would restart at a
+      rounding that needs them (on Zen 3, 28 s of compiling the tiny model's step became 16 s)."""
+    import torch._dynamo.config
     import torch._functorch.config
     import torch._inductor.config  # here, not at the top: it takes most of a second to import
 
@@ -166,6 +168,7 @@ def reproducible_compilation(cpu: bool = True) -> Iterator[None]:
     torch.utils.deterministic.fill_uninitialized_memory = False
     try:
         with torch.fx.experimental._config.patch(use_duck_shape=False), \
+                torch._dynamo.config.patch(specialize_float=True), \
                 torch._inductor.config.patch(fx_graph_cache=False), \
                 torch._functorch.config.patch(enable_autograd_cache=False):
             yield
@@ -224,16 +227,8 @@ class Trainer:
     checkpoints into the run folder `run`; `resume` continues from its newest checkpoint. The
     tokenizer, when given, is saved with the model and used for the dev BLEU."""
 
-    def __init__(
-        self,
-        model_config: ModelConfig,
-        train_config: TrainConfig,
-        run: Union[RunDir, str, Path],
-        data: TrainData,
-        tokenizer=None,
-        resume: bool = False,
-        echo: Callable[[str], None] = print,
-    ) -> None:
+    def __init__(self, model_config: ModelConfig, train_config: TrainConfig, run: Union[RunDir, str, Path],
+                 data: TrainData, tokenizer=None, resume: bool = False, echo: Callable[[str], None] = print) -> None:
         self.config = model_config
         self.recipe = train_config
         self.run = run if isinstance(run, RunDir) else RunDir(run)
