@@ -94,12 +94,17 @@ class StaticCache:
         self.values.zero_()
         self.t.zero_()
 
-    def move(self, parents: Tensor, slots: Tensor, written: int) -> None:
-        """Slots `slots` (B',) continue the rows of slots `parents` (B',): their first `written`
-        columns, every layer at once. The columns after them are masked until a step writes them,
-        so a beam search's reorder moves what it has written, as KVCache's does, not max_len."""
+    def move(self, parents: Tensor, slots: Optional[Tensor], written: int) -> None:
+        """Slots `slots` (B',) continue the rows of slots `parents` (B',), every slot in order
+        where `slots` is None: their first `written` columns, every layer at once. The columns
+        after them are masked until a step writes them, so a beam search's reorder moves what it
+        has written, as KVCache's does, not max_len."""
         for buffers in (self.keys, self.values):
-            buffers[:, slots, :, :written] = buffers[:, parents, :, :written]
+            moved = buffers[:, parents, :, :written]  # a copy: every parent is read before any slot is written
+            if slots is None:
+                buffers[:, :, :, :written] = moved
+            else:
+                buffers[:, slots, :, :written] = moved
 
 
 @dataclass
@@ -155,6 +160,9 @@ class GraphedStep:
             self.run = _LAST[model] = _Recording(key, cache, tokens, torch.cuda.Stream(src.device) if graphed else None)
         self.live = torch.arange(sentences, device=src.device)  # (M',) the live sentences among the M
         self.slots = self.live * beam  # (B',) the live rows' slots: one row a sentence before the first step
+        # Whether the live rows are every slot in order (all sentences, all beams): a step then
+        # reads and writes the state whole, with no index, as long as no sentence has left.
+        self.dense = beam == 1
         self.written = 0  # the columns this search has written: its steps so far
 
     @staticmethod
@@ -166,7 +174,10 @@ class GraphedStep:
     def step(self, tokens: Tensor) -> Tensor:
         """tokens: (B',) of the live rows -> their log-probabilities of the next token (B', V)."""
         run = self.run
-        run.tokens[self.slots] = tokens
+        if self.dense:
+            run.tokens.copy_(tokens)
+        else:
+            run.tokens[self.slots] = tokens
         if run.graph is not None:
             run.graph.replay()
         elif run.stream is None:
@@ -188,14 +199,16 @@ class GraphedStep:
             run.graph.replay()
         run.steps += 1
         self.written += 1
-        return run.log_probs[self.slots]
+        return run.log_probs if self.dense else run.log_probs[self.slots]  # the graph's output, read before its next replay
 
     def reorder(self, rows: Tensor, sentences: Tensor, beam: int) -> None:
         """As KVCache.reorder: continue with the live rows `rows` (M'·beam,), the beams of the
         live sentences `sentences` (M',); each moves into its sentence's slots."""
         if rows.numel() != sentences.numel() * beam:
             raise ValueError(f"{rows.numel()} rows are not {sentences.numel()} sentences × beam {beam}")
-        parents = self.slots[rows]  # (M'·beam,)
-        self.live = self.live[sentences]  # (M',)
-        self.slots = (self.live[:, None] * self.beam + torch.arange(beam, device=rows.device)).flatten()  # (M'·beam,)
-        self.run.cache.move(parents, self.slots, self.written)
+        parents = rows if self.dense else self.slots[rows]  # (M'·beam,)
+        if sentences.numel() != self.live.numel() or not self.dense:  # else every slot stays live, in order
+            self.live = self.live[sentences]  # (M',)
+            self.slots = (self.live[:, None] * self.beam + torch.arange(beam, device=rows.device)).flatten()  # (M'·beam,)
+            self.dense = self.slots.numel() == self.run.cache.rows
+        self.run.cache.move(parents, None if self.dense else self.slots, self.written)

@@ -103,3 +103,30 @@ def test_on_a_gpu_the_graph_replays_search_as_the_step_run_without_it(beam):
     moving, _ = search(model, ModelStep, beam)
     assert [h.tokens for h in graphed] == [h.tokens for h in plain] == [h.tokens for h in moving]
     assert [h.log_prob for h in graphed] == [h.log_prob for h in plain]
+
+
+def test_while_every_sentence_decodes_a_step_reads_and_moves_the_state_whole():
+    """Until a sentence leaves, the live rows are every slot in order: the step writes the
+    tokens and returns the log-probabilities without an index, and a reorder moves the cache
+    into every slot, as moving it slot by slot does. Once a sentence has left, slots again."""
+    model = eos_prone_model()
+    src, max_len = padded_batch(model.config, [[5, 6, 7], [8, 9]], DecodeConfig(extra_len=6))
+    with torch.inference_mode():
+        state = GraphedStep(model, src, int(max_len.max()) + 1, beam=4)
+        assert not state.dense  # one row a sentence before the first step
+        state.step(torch.full((2,), model.config.bos_id))
+        state.reorder(torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), torch.arange(2), 4)  # the first step's beams
+        assert state.dense and state.slots.tolist() == list(range(8))
+        assert state.step(torch.arange(4, 12)).shape == (8, model.config.vocab_size)
+        cache = state.run.cache
+        keys, values = cache.keys.clone(), cache.values.clone()
+        parents = torch.tensor([3, 3, 0, 1, 7, 4, 4, 5])
+        cache.move(parents, None, 2)
+        whole = cache.keys.clone(), cache.values.clone()
+        cache.keys.copy_(keys), cache.values.copy_(values)
+        cache.move(parents, torch.arange(8), 2)
+        assert torch.equal(whole[0], cache.keys) and torch.equal(whole[1], cache.values)
+        assert torch.equal(whole[0][:, :, :, :2], keys[:, parents, :, :2])
+        state.reorder(torch.tensor([4, 5, 6, 7]), torch.tensor([1]), 4)  # the first sentence has left
+        assert not state.dense and state.slots.tolist() == [4, 5, 6, 7]
+        assert state.step(torch.arange(4, 8)).shape == (4, model.config.vocab_size)
