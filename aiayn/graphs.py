@@ -175,6 +175,8 @@ class GraphedStep:
         """tokens: (B',) of the live rows -> their log-probabilities of the next token (B', V)."""
         run = self.run
         if self.dense:
+            if tokens.numel() != run.tokens.numel():
+                raise ValueError(f"{tokens.numel()} tokens for the {run.tokens.numel()} rows of every slot")
             run.tokens.copy_(tokens)
         else:
             run.tokens[self.slots] = tokens

@@ -155,8 +155,8 @@ def reproducible_compilation(cpu: bool = True) -> Iterator[None]:
       settings gave a first loss 3e-5 off a fresh compile's; one cached under
       ATEN_CPU_CAPABILITY=avx2 corrupted the heap of a later run without it). The C++ kernels'
       cache, keyed by their source and compiler flags, still serves;
-    - floats (dropout's p) as the graph's constants: as symbols, the trace would restart at a
-      rounding that needs them (on Zen 3, 28 s of compiling the tiny model's step became 16 s)."""
+    - and, for compiling time only, floats (dropout's p) as the graph's constants: as symbols, the
+      trace would restart at a rounding that needs them (Zen 3: the tiny model's 28 s became 16 s)."""
     import torch._dynamo.config
     import torch._functorch.config
     import torch._inductor.config  # here, not at the top: it takes most of a second to import

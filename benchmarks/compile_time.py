@@ -1,7 +1,9 @@
 """How long the compiled training step (`--compile true`, aiayn.train.TrainStep) takes to compile:
 the first step of a fresh process, which compiles the one graph with symbolic sizes, and a step
 of another batch shape, which must reuse it. With --other, another checkout's in turn
-(this, other, this, ...), each importing the aiayn of its own checkout.
+(this, other, this, ...), each importing the aiayn of its own checkout. Inductor's on-disk cache
+of C++ kernels is shared, as between a user's runs: one untimed process of each checkout first
+compiles the kernels the timed ones then find, whichever checkout comes first.
 
     .venv/bin/python benchmarks/compile_time.py                          # the demo's model, fp32
     git worktree add /tmp/before HEAD~3
@@ -19,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from common import HERE, RESULTS, command_line, cpu_kind, default_threads, machine, spread, write_results
+from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, spread,
+                    write_results)
 
 # One process's measurement, run with the checkout's aiayn on the path; prints one JSON line.
 PROBE = """
@@ -49,12 +52,16 @@ print(json.dumps({"compile_step_s": seconds[0], "next_shape_step_s": seconds[1],
 
 
 def measure(checkout: Path, model: str, precision: str, threads: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", PROBE, model, precision, str(threads)], capture_output=True,
                           text=True, cwd=checkout, env=env)
     if done.returncode != 0:
         sys.exit(f"compile_time.py: the probe failed in {checkout}:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["graphs"] != 1:
+        sys.exit(f"compile_time.py: {checkout} compiled {result['graphs']} graphs, not one: the second shape's "
+                 "time would hold a compile")
+    return result
 
 
 def main() -> None:
@@ -66,10 +73,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--out", type=Path, help="result file (default results/compile-time-KIND-MODEL-PRECISION.json)")
     args = parser.parse_args()
+    if args.reps < 1:
+        parser.error("--reps takes 1 or more")
+    require_precision(args.precision)
     if args.other and not (args.other / "aiayn" / "train.py").is_file():
         parser.error(f"--other {args.other}: no aiayn checkout there")
     sides = {"this": HERE.parent, **({"other": args.other.resolve()} if args.other else {})}
     runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for checkout in sides.values():  # untimed: the C++ kernels into the cache
+        measure(checkout, args.model, args.precision, args.threads)
     for rep in range(args.reps):
         for side, checkout in sides.items():
             runs[side].append(measure(checkout, args.model, args.precision, args.threads))
@@ -81,7 +93,8 @@ def main() -> None:
               f"({s['compile_step_s']['min']:.1f}–{s['compile_step_s']['max']:.1f})")
     heads = {side: subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                   cwd=checkout).stdout.strip() or None for side, checkout in sides.items()}
-    results = {"benchmark": "compile_time", "command": command_line(), "machine": machine(torch.device("cpu"), args.threads),
+    results = {"benchmark": "compile_time", "command": command_line(),
+               "machine": machine(torch.device("cpu"), args.threads),
                "settings": {"model": args.model, "precision": args.precision, "reps": args.reps, "revisions": heads},
                "summary": summary, "runs": runs}
     write_results(args.out or RESULTS / f"compile-time-{cpu_kind()}-{args.model}-{args.precision}.json", results)
