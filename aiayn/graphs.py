@@ -160,10 +160,13 @@ class GraphedStep:
             self.run = _LAST[model] = _Recording(key, cache, tokens, torch.cuda.Stream(src.device) if graphed else None)
         self.live = torch.arange(sentences, device=src.device)  # (M',) the live sentences among the M
         self.slots = self.live * beam  # (B',) the live rows' slots: one row a sentence before the first step
-        # Whether the live rows are every slot in order (all sentences, all beams): a step then
-        # reads and writes the state whole, with no index, as long as no sentence has left.
-        self.dense = beam == 1
         self.written = 0  # the columns this search has written: its steps so far
+
+    @property
+    def dense(self) -> bool:
+        """Whether the live rows are every slot, in order (all sentences, all beams, as long as no
+        sentence has left): a step then reads and writes the state whole, with no index."""
+        return self.slots.numel() == self.run.cache.rows
 
     @staticmethod
     def fits(config) -> bool:
@@ -212,5 +215,4 @@ class GraphedStep:
         if sentences.numel() != self.live.numel() or not self.dense:  # else every slot stays live, in order
             self.live = self.live[sentences]  # (M',)
             self.slots = (self.live[:, None] * self.beam + torch.arange(beam, device=rows.device)).flatten()  # (M'·beam,)
-            self.dense = self.slots.numel() == self.run.cache.rows
         self.run.cache.move(parents, None if self.dense else self.slots, self.written)

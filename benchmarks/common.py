@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import torch
 
-from aiayn.device import check_precision, cpu_kind  # noqa: F401  (cpu_kind: one definition, for the result names)
+from aiayn.device import check_precision, cpu_kind, resolve_device  # noqa: F401  (cpu_kind: one definition, for the result names)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -44,6 +44,19 @@ def require_precision(*precisions: str, device: torch.device = torch.device("cpu
             check_precision(device, precision)
         except ValueError as error:
             sys.exit(f"{Path(sys.argv[0]).stem}: {precision}: {error}")
+
+
+def device_or_exit(name: str) -> torch.device:
+    """The device `name` (aiayn.device.resolve_device), or this script's one-line exit."""
+    try:
+        return resolve_device(name)
+    except ValueError as error:
+        sys.exit(f"{Path(sys.argv[0]).name}: {error}")
+
+
+def decoding_precision(device: torch.device) -> str:
+    """The decoding precision of a benchmark not told one: bf16 on a GPU, fp32 on a CPU."""
+    return "bf16" if device.type == "cuda" else "fp32"
 
 
 def matmul_precision(precision: str, device: torch.device) -> str:

@@ -16,7 +16,6 @@ tokenizer, Transformer-base with random weights, each output as long as its sour
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
@@ -25,10 +24,11 @@ import torch
 
 import systems
 from aiayn.config import DecodeConfig
-from aiayn.device import cpu_kind, resolve_device
+from aiayn.device import cpu_kind
 from aiayn.model import Transformer
 from aiayn.translate import Translator
-from common import RESULTS, Timer, command_line, default_threads, machine, require_precision, spread, write_results
+from common import (RESULTS, Timer, command_line, decoding_precision, default_threads, device_or_exit, machine,
+                    require_precision, spread, write_results)
 
 
 def mix_sources(count: int, seed: int = 1) -> list[list[int]]:
@@ -54,11 +54,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="result file (default results/decode-mix-KIND-PRECISION-beamK.json)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    try:
-        device = resolve_device(args.device)
-    except ValueError as error:
-        sys.exit(f"decode_mix.py: {error}")
-    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    device = device_or_exit(args.device)
+    precision = args.precision or decoding_precision(device)
     require_precision(precision, device=device)
     systems.use_model(args.model)
     torch.manual_seed(0)

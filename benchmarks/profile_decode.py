@@ -21,9 +21,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import systems
-from aiayn.device import cpu_kind, resolve_device
-from common import RESULTS, Timer, command_line, default_threads, require_precision
-from profile_train import HOST_WAITS, kernel_kinds
+from aiayn.device import cpu_kind
+from common import RESULTS, Timer, command_line, decoding_precision, default_threads, device_or_exit, require_precision
+from profile_train import gpu_kernels, gpu_summary
 
 
 def table(title: str, events: list, own, total_us: float, calls: int, rows: int) -> list[str]:
@@ -49,13 +49,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    try:
-        device = resolve_device(args.device)
-    except ValueError as error:
-        sys.exit(f"profile_decode.py: {error}")
+    device = device_or_exit(args.device)
     if args.cuda_graphs and device.type != "cuda":
         sys.exit("profile_decode.py: --cuda-graphs needs --device cuda")
-    args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    args.precision = args.precision or decoding_precision(device)
     require_precision(args.precision, device=device)
     systems.use_model(args.model)
     gpu = device.type == "cuda"
@@ -75,19 +72,9 @@ def main() -> None:
     averages = prof.key_averages()
     host = [e for e in averages if e.device_type == DeviceType.CPU and e.self_cpu_time_total > 0]
     if gpu:
-        device_own = lambda e: e.self_device_time_total  # noqa: E731
-        # Kernels only, not a span annotated around some (which would count their time again).
-        kernels = [e for e in averages if e.device_type == DeviceType.CUDA and device_own(e) > 0
-                   and not getattr(e, "is_user_annotation", False)]
-        busy = sum(device_own(e) for e in kernels)
-        lines.append(f"# GPU kernels busy {busy / total_us:.1%} of the wall time")
-        for kind_name, share in kernel_kinds(kernels, device_own).items():
-            lines.append(f"#   {kind_name:<28} {share / args.calls / 1e3:>8.2f} ms/call {share / total_us:>7.1%}")
-        for event in host:
-            if event.key in HOST_WAITS:
-                lines.append(f"# host in {event.key}: {event.self_cpu_time_total / args.calls / 1e3:.2f} ms/call, "
-                             f"{event.count / args.calls:.0f} calls/call")
-        lines += table("kernel", kernels, device_own, total_us, args.calls, 15)
+        kernels = gpu_kernels(averages)
+        lines += gpu_summary(averages, kernels, total_us, args.calls, "call")
+        lines += table("kernel", kernels, lambda e: e.self_device_time_total, total_us, args.calls, 15)
     lines += table("host operator", host, lambda e: e.self_cpu_time_total, total_us, args.calls, 30)
     text = "\n".join(lines) + "\n"
     print(text)

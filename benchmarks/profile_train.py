@@ -21,7 +21,6 @@ the CPU kind, or cuda-GPU NAME), or --out.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
@@ -30,8 +29,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import systems
-from aiayn.device import cpu_kind, resolve_device
-from common import RESULTS, Timer, command_line, default_threads, matmul_precision, require_precision
+from aiayn.device import cpu_kind
+from common import RESULTS, Timer, command_line, default_threads, device_or_exit, matmul_precision, require_precision
 
 
 # What a GPU kernel computes, read from its name (cuBLAS, CUTLASS, PyTorch's attention kernels),
@@ -58,6 +57,30 @@ def kernel_kinds(events: list, own) -> dict[str, float]:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
+def gpu_kernels(averages: list) -> list:
+    """A GPU profile's kernels: not the CPU operators that launched them, nor a span annotated
+    around some (the optimizer's step), which would count their time again."""
+    return [e for e in averages if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0
+            and not getattr(e, "is_user_annotation", False)]
+
+
+def gpu_summary(averages: list, kernels: list, total_us: float, count: int, unit: str) -> list[str]:
+    """The share of the wall time `total_us` the GPU's `kernels` were busy, their time by kind and
+    the host's calls that may wait for the GPU, per `unit` (`count` of them profiled)."""
+    own = lambda e: e.self_device_time_total  # noqa: E731
+    lines = [f"# GPU kernels busy {sum(map(own, kernels)) / total_us:.1%} of the wall time (kernels of side streams "
+             "may overlap)"]
+    for kind_name, share in kernel_kinds(kernels, own).items():
+        lines.append(f"#   {kind_name:<28} {share / count / 1e3:>8.2f} ms/{unit} {share / total_us:>7.1%}")
+    # The host's calls that may wait for the GPU (a copy from pinned memory is only queued):
+    # while the host waits it queues nothing, and the GPU idles once it has caught up.
+    for event in averages:
+        if event.key in HOST_WAITS:
+            lines.append(f"# host in {event.key}: {event.self_cpu_time_total / count / 1e3:.2f} ms/{unit}, "
+                         f"{event.count / count:.0f} calls/{unit}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -76,10 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    try:
-        device = resolve_device(args.device)
-    except ValueError as error:
-        sys.exit(f"profile_train.py: {error}")
+    device = device_or_exit(args.device)
     precision = matmul_precision(args.precision, device)
     require_precision(precision, device=device)
     systems.use_model(args.model)
@@ -107,10 +127,7 @@ def main() -> None:
     # The time that counts: the GPU's kernels on a GPU (the host only launches them), the
     # operators' own CPU time on a CPU.
     own = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
-    # On a GPU the kernels only: not the CPU operators that launched them, nor a span annotated
-    # around them (the optimizer's step), which would count their time again.
-    events = [e for e in prof.key_averages() if own(e) > 0 and (not gpu or (
-        e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)))]
+    events = gpu_kernels(prof.key_averages()) if gpu else [e for e in prof.key_averages() if own(e) > 0]
     events.sort(key=own, reverse=True)
     total_us = seconds * 1e6
     label = f"{args.precision}{' bf16 weights' if args.bf16_weights else ''}{' compiled' if args.compile else ''}" + \
@@ -121,16 +138,7 @@ def main() -> None:
              f"{tokens_per_s:,.0f} target tokens/s, {flops / 1e12:.1f} model TFLOP/s, over {args.steps} profiled steps "
              f"({seconds:.2f} s)"]
     if gpu:
-        busy = sum(own(e) for e in events)
-        lines.append(f"# GPU kernels busy {busy / total_us:.1%} of the wall time (kernels of side streams may overlap)")
-        for kind_name, share in kernel_kinds(events, own).items():
-            lines.append(f"#   {kind_name:<28} {share / args.steps / 1e3:>8.2f} ms/step {share / total_us:>7.1%}")
-        # The host's calls that may wait for the GPU (a copy from pinned memory is only queued):
-        # while the host waits it queues nothing, and the GPU idles once it has caught up.
-        for event in prof.key_averages():
-            if event.key in HOST_WAITS:
-                lines.append(f"# host in {event.key}: {event.self_cpu_time_total / args.steps / 1e3:.2f} ms/step, "
-                             f"{event.count / args.steps:.0f} calls/step")
+        lines += gpu_summary(prof.key_averages(), events, total_us, args.steps, "step")
     lines.append(f"{'kernel' if gpu else 'operator':<64} {'self ms/step':>12} {'share':>7} {'calls/step':>10}")
     for event in events[:40 if gpu else 25]:
         per_step = own(event) / args.steps / 1e3

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from pathlib import Path
 from typing import Optional
 
@@ -64,9 +63,14 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def variants(case: dict) -> list[str]:
+    """How a case runs its system beside the plain way: compiled, bf16 weights, CUDA graphs."""
+    return [name for flag, name in (("compile", "torch.compile"), ("bf16_weights", "bf16 weights"),
+                                    ("cuda_graphs", "CUDA graphs")) if case.get(flag)]
+
+
 def system_name(case: dict) -> str:
-    return NAMES[case["system"]] + (" (torch.compile)" if case.get("compile") else "") + \
-        (" (bf16 weights)" if case.get("bf16_weights") else "") + (" (CUDA graphs)" if case.get("cuda_graphs") else "")
+    return NAMES[case["system"]] + "".join(f" ({variant})" for variant in variants(case))
 
 
 def machine_section(info: dict, settings_line: str) -> list[str]:
@@ -168,9 +172,9 @@ def decoding_table(cases: list[dict], s: dict) -> list[str]:
                 and not c.get("compile") and "tokens_per_s" in c]
         if peers and ours:
             best, peer = (max(cs, key=lambda c: c["tokens_per_s"]["median"]) for cs in (ours, peers))
-            variant = ", ".join(re.findall(r"\(([^)]*)\)", system_name(best)))  # CUDA graphs, bf16 weights
-            lines.append(f"- {'greedy' if beam == 1 else f'beam {beam}'}: aiayn's fastest ({variant + ', ' if variant else ''}"
-                         f"{PRECISIONS[best['precision']]}) at {best['tokens_per_s']['median'] / peer['tokens_per_s']['median']:.2f}× "
+            how = ", ".join([*variants(best), PRECISIONS[best["precision"]]])
+            times = best["tokens_per_s"]["median"] / peer["tokens_per_s"]["median"]
+            lines.append(f"- {'greedy' if beam == 1 else f'beam {beam}'}: aiayn's fastest ({how}) at {times:.2f}× "
                          f"CTranslate2's fastest ({PRECISIONS[peer['precision']]}) tokens/s")
     return lines
 

@@ -41,8 +41,9 @@ from typing import Optional
 import torch
 
 import systems
-from aiayn.device import fast_bf16, resolve_device
-from common import PEER_ENVS, command_line, default_output, default_threads, machine, run_case, spread, write_results
+from aiayn.device import fast_bf16
+from common import (PEER_ENVS, command_line, default_output, default_threads, device_or_exit, machine, run_case, spread,
+                    write_results)
 
 PRECISIONS = ("fp32", "tf32", "bf16")  # of training and the peak; decoding adds its own (make_cases)
 
@@ -269,10 +270,7 @@ def main() -> None:
               and not PEER_ENVS[s][0].exists()]
     if absent:
         sys.exit(f"{', '.join(absent)} missing: run `bash benchmarks/setup_train_peers.sh`")
-    try:
-        device = resolve_device(args.device)
-    except ValueError as error:
-        sys.exit(f"speed.py: {error}")
+    device = device_or_exit(args.device)
     precisions = tuple(args.precisions or default_precisions(device))
     if "tf32" in precisions and device.type != "cuda":
         parser.error("tf32 is a CUDA GPU's format; use fp32 on a CPU")
