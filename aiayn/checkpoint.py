@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from safetensors.torch import load_model as _load_safetensors
 from safetensors.torch import save_model as _save_safetensors
+from torch.overrides import TorchFunctionMode
 
 from aiayn.config import ModelConfig
 from aiayn.device import available_bytes
@@ -68,6 +69,27 @@ def load_model(cls, directory: Union[str, Path], device: Union[str, torch.device
     return model.to(device)
 
 
+class _NoInitOnMeta(TorchFunctionMode):
+    """Skips the in-place operations (`normal_`, `fill_`, ...) on meta tensors, which have no data
+    to fill: PyTorch runs them through its Python references, whose first call imports Dynamo,
+    2 of a command's 5 seconds on a slow CPU (an AMD EPYC Zen 3, torch 2.13)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        # torch.nn.init's functions pass their tensor by keyword, a Tensor method as `self`
+        target = args[0] if args else kwargs.get("tensor")
+        if name.endswith("_") and not name.startswith("__") and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
+def meta_model(cls, config) -> torch.nn.Module:
+    """`cls(config)` on the meta device: its parameters' and buffers' shapes, no memory."""
+    with torch.device("meta"), _NoInitOnMeta():
+        return cls(config)
+
+
 def build_model(cls, config, source: Union[str, Path]) -> torch.nn.Module:
     """`cls(config)`, once its size is known to fit: the model is first built on the meta device
     (shapes, no memory), and one whose weights would not fit in the memory available now (a
@@ -77,8 +99,7 @@ def build_model(cls, config, source: Union[str, Path]) -> torch.nn.Module:
         return ValueError(f"cannot build the model {source} describes: {' '.join(str(error).split())[:200]}")
 
     try:
-        with torch.device("meta"):
-            shapes = cls(config)
+        shapes = meta_model(cls, config)
     except (RuntimeError, MemoryError) as error:
         raise refuse(error) from None
     needed = sum(t.numel() * t.element_size() for t in (*shapes.parameters(), *shapes.buffers()))

@@ -142,15 +142,13 @@ def config_from_args(args: argparse.Namespace, preset_name: str) -> ModelConfig:
 
 def cmd_info(args: argparse.Namespace) -> None:
     """Print a preset's configuration, parameter count and FLOPs per token."""
-    import torch
-
+    from aiayn.checkpoint import meta_model
     from aiayn.flops import forward_flops, training_flops
     from aiayn.model import Transformer
 
     info = options(args, InfoOptions)
     config = config_from_args(args, info.preset)
-    with torch.device("meta"):  # shapes only: even `big` costs no memory
-        model = Transformer(config)
+    model = meta_model(Transformer, config)  # shapes only: even `big` costs no memory
     encoder = sum(p.numel() for n, p in model.encoder.named_parameters() if not n.startswith("embed."))
     decoder = sum(p.numel() for n, p in model.decoder.named_parameters() if not n.startswith("embed."))
     total = model.num_parameters()

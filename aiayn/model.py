@@ -59,9 +59,12 @@ class PositionalEncoding(nn.Module):
         if self.kind == "learned":
             self.table = nn.Embedding(config.max_len, config.d_model)
         else:
-            # Not a parameter and not saved: it is a function of the shape alone.
+            # Not a parameter and not saved: it is a function of the shape alone. A model being sized
+            # (aiayn.checkpoint.meta_model) gets its shape only: computing it there imports Dynamo.
             self.concat = self.kind == "sinusoidal_concat"
-            table = sinusoidal_positions(config.max_len, config.d_model, self.concat)  # (max_len, d_model)
+            sized = torch.get_default_device().type == "meta"
+            table = torch.empty(config.max_len, config.d_model) if sized else \
+                sinusoidal_positions(config.max_len, config.d_model, self.concat)  # (max_len, d_model)
             self.register_buffer("table", table, persistent=False)
 
     def forward(self, x: Tensor, start: Union[int, Tensor] = 0, end: Optional[int] = None) -> Tensor:
@@ -171,10 +174,8 @@ class Residual(nn.Module):
 def _attention(config: ModelConfig, self_attention: bool) -> MultiHeadAttention:
     """Restricted attention (`config.neighborhood`, Table 1) applies to self-attention only."""
     d_k, d_v = config.head_dims
-    neighborhood = config.neighborhood if self_attention else None
-    return MultiHeadAttention(
-        config.d_model, config.n_heads, d_k, d_v, dropout=config.attention_dropout, neighborhood=neighborhood
-    )
+    return MultiHeadAttention(config.d_model, config.n_heads, d_k, d_v, dropout=config.attention_dropout,
+                              neighborhood=config.neighborhood if self_attention else None)
 
 
 class EncoderLayer(nn.Module):

@@ -353,6 +353,38 @@ def test_save_then_load_gives_identical_outputs(tmp_path, cls):
     assert torch.equal(model(*args), loaded(*args))
 
 
+@pytest.mark.parametrize("changes", [{}, {"positional": "learned", "tie_output": False}, {"positional": "sinusoidal_concat"},
+                                     {"share_embeddings": False, "final_logits_bias": True, "norm_first": True}])
+@pytest.mark.parametrize("cls", [Transformer, EncoderModel, DecoderModel])
+def test_a_model_on_the_meta_device_has_the_real_ones_tensors(cls, changes):
+    """aiayn.checkpoint.meta_model, which sizes a model before it is built, skips the filling of
+    tensors on the meta device: every parameter and buffer still has the real model's name,
+    shape and dtype, and a fixed buffer (the sinusoids) is on the meta device with the rest."""
+    from aiayn.checkpoint import meta_model
+
+    config = dataclasses.replace(TINY, **changes)
+    shapes, real = meta_model(cls, config), cls(config)
+    described = lambda model: {name: (tuple(t.shape), t.dtype) for name, t in  # noqa: E731
+                               [*model.named_parameters(), *model.named_buffers()]}
+    assert described(shapes) == described(real)
+    assert {t.device.type for t in [*shapes.parameters(), *shapes.buffers()]} == {"meta"}
+
+
+def test_loading_a_model_imports_no_dynamo(tmp_path):
+    """A command that loads a model (translate, average, serve) is not made to import Dynamo,
+    2 of its 5 seconds on a slow CPU, by building the model on the meta device first: PyTorch
+    runs operations on meta tensors through its Python references, whose first call imports it."""
+    import subprocess
+    import sys
+
+    tiny().save(tmp_path)
+    code = ("import sys; from aiayn.model import Transformer; Transformer.load(sys.argv[1]); "
+            "print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def test_load_errors_are_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="not an aiayn model folder"):
         Transformer.load(tmp_path)
