@@ -99,7 +99,9 @@ class MultiHeadAttention(nn.Module):
     (Table 3 rows A, B); they default to d_model / h.
 
     With a `neighborhood` r (self-attention only) each position attends to those within r // 2
-    of it (restricted self-attention, Table 1). aiayn.kernels computes the attention; with
+    of it (restricted self-attention, Table 1). `self_attention` says that queries, keys and
+    values are projections of one input (§3.2.3), which a decoding copy (aiayn.inference) then
+    computes in one product; in encoder-decoder attention only the keys and values are. aiayn.kernels computes the attention; with
     `need_weights=True` the reference math runs instead and the per-head weights are returned
     (never stored).
     """
@@ -113,6 +115,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         neighborhood: Optional[int] = None,
+        self_attention: bool = True,
     ) -> None:
         super().__init__()
         if (d_k is None or d_v is None) and d_model % n_heads:
@@ -125,6 +128,7 @@ class MultiHeadAttention(nn.Module):
         self.d_v = d_v or d_model // n_heads
         self.dropout = dropout
         self.neighborhood = neighborhood
+        self.self_attention = self_attention  # queries, keys and values from one input (§3.2.3)
         self.w_q = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
         self.w_k = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
         self.w_v = nn.Linear(d_model, n_heads * self.d_v, bias=bias)

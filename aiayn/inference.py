@@ -106,8 +106,8 @@ def packs(weight: Tensor, precision: str) -> bool:
 def _projections(model: nn.Module) -> list[tuple[MultiHeadAttention, tuple[str, ...]]]:
     """Each attention of `model` with the names of its projections of one input: W^Q, W^K, W^V
     in self-attention, W^K, W^V in encoder-decoder attention (whose query is another input)."""
-    return [(a, ("w_q", "w_k", "w_v") if name.rsplit(".", 1)[-1] == "self_attn" else ("w_k", "w_v"))
-            for name, a in model.named_modules() if isinstance(a, MultiHeadAttention)]
+    return [(a, ("w_q", "w_k", "w_v") if a.self_attention else ("w_k", "w_v"))
+            for a in model.modules() if isinstance(a, MultiHeadAttention)]
 
 
 def fuse_projections(model: nn.Module, low: nn.Module, make: Callable[[Tensor, Optional[Tensor]], nn.Module]) -> None:
