@@ -3,15 +3,14 @@
 import dataclasses
 
 import pytest
-import torch
 
+from aiayn.checkpoint import meta_model
 from aiayn.config import PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, preset
 from aiayn.model import Transformer
 
 
 def count(config: ModelConfig) -> float:
-    with torch.device("meta"):  # shapes only, no memory
-        return Transformer(config).num_parameters() / 1e6
+    return meta_model(Transformer, config).num_parameters() / 1e6  # shapes only, no memory
 
 
 COUNTS = {name: count(config) for name, config in PRESETS.items()}
