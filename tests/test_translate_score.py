@@ -145,6 +145,36 @@ def test_attention_maps_for_every_layer_and_kind(tmp_path, model_dir):
     assert all((tmp_path / "maps" / n).stat().st_size > 5000 for n in names)
 
 
+@pytest.mark.parametrize("heads, queries, keys", [(1, 3, 3), (4, 30, 20), (6, 10, 14), (8, 52, 40)])
+def test_an_attention_figure_has_room_for_every_label_and_title(heads, queries, keys):
+    """aiayn.visualize lays out its grid from the measured sizes of its texts (not tight_layout's
+    extra drawing): drawn, every tick label and title lies inside the figure, and none overlaps
+    a heatmap, its own or another head's; six heads leave the last row short, so the keys'
+    labels of the upper row's last heads sit between the rows."""
+    import matplotlib.pyplot as plt
+    import matplotlib.text
+
+    from aiayn.visualize import heads_figure
+
+    weights = torch.rand(heads, queries, keys, generator=torch.Generator().manual_seed(0)).softmax(-1)
+    fig = heads_figure(weights, [f"▁query{i}" for i in range(queries)], [f"▁key{i}" for i in range(keys)], "a title")
+    try:
+        renderer = fig.canvas.get_renderer()
+        fig.draw(renderer)
+        bounds = fig.bbox
+        maps = [ax.get_window_extent(renderer) for ax in fig.axes if ax.axison]
+        texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text() == "a title"]
+        assert len(texts) == 1
+        texts += [t for ax in fig.axes if ax.axison for t in [ax.title, *ax.get_xticklabels(), *ax.get_yticklabels()]]
+        for text in texts:
+            box = text.get_window_extent(renderer)
+            inside = bounds.x0 <= box.x0 and box.x1 <= bounds.x1 and bounds.y0 <= box.y0 and box.y1 <= bounds.y1
+            assert inside, (text.get_text(), box, bounds)
+            assert not any(box.overlaps(heatmap) for heatmap in maps), text.get_text()
+    finally:
+        plt.close(fig)
+
+
 @pytest.mark.bf16
 def test_bf16_decoding_uses_a_copy_cast_from_the_current_weights():
     """Dev BLEU during training decodes in bf16: it must see the weights as they are now."""
