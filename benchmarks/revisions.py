@@ -13,6 +13,9 @@ on both alike, and reports each case's median and range and the ratio this / oth
     demo    (only when named in --cases) `aiayn train` of the demo's model and recipe
             (`--recipe fast` in bf16, as each checkout's own fast recipe has it) on
             bible-en-es: the target tokens/s its log reports over steps 51-100
+    translate command  (only when named in --cases) `aiayn translate` of 3 test verses with the
+            demo's model (untrained weights, the demo's tokenizer), start to finish: lines/s
+            over the whole process, its start-up and the model's loading included
 
 Make the other checkout with git, e.g. `git worktree add /tmp/before HEAD~3`; each side imports
 the aiayn of its own checkout (PYTHONPATH) with this environment's packages.
@@ -28,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy
@@ -68,6 +72,40 @@ BUDGETS = {f"train {precision} {budget}-token batches{' compiled' if compiled el
            for compiled in (False, True)}
 DEMO = "demo train bf16"  # the whole trainer, `aiayn train`: its loop, data path and memory handling too
 DEMO_STEPS = 100  # the demo case's steps; the first half (start-up, warm-up of the allocator) is not timed
+TRANSLATE = "translate command"  # what a user waits for from the command line, start-up included
+TRANSLATE_LINES = 3
+
+
+def translate_inputs(scratch: Path, data: Path) -> tuple[Path, Path]:
+    """A model folder of the demo's shape (untrained, this checkout's format) with the tokenizer
+    of `data`, and a file of the first test verses."""
+    from aiayn.config import demo_model
+    from aiayn.corpora import load_corpus
+    from aiayn.model import Transformer
+    from aiayn.tokenizer import Tokenizer
+
+    model = scratch / "translate-model"
+    torch.manual_seed(0)
+    Transformer(demo_model()).save(model)
+    Tokenizer.load(data).save(model)
+    lines = scratch / "verses.txt"
+    verses = [source for source, _ in load_corpus("bible-en-es").splits["test"][:TRANSLATE_LINES]]
+    lines.write_text("".join(verse + "\n" for verse in verses), encoding="utf-8")
+    return model, lines
+
+
+def measure_translate(checkout: Path, model: Path, lines: Path, threads: int) -> float:
+    """Lines/s of `checkout`'s `aiayn translate` of `lines` with `model`, over the process's wall time."""
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [sys.executable, "-m", "aiayn", "translate", str(model), "--input", str(lines), "--output",
+                   str(Path(scratch) / "out.txt")]
+        start = time.perf_counter()
+        proc = subprocess.run(command, capture_output=True, text=True, env=thread_env(threads, PYTHONPATH=str(checkout)),
+                              cwd=scratch)
+        seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"revisions: {checkout}: aiayn translate failed:\n{proc.stderr[-2000:]}")
+    return TRANSLATE_LINES / seconds
 
 
 def measure_demo(checkout: Path, data: Path, threads: int) -> float:
@@ -110,6 +148,10 @@ def measure(checkout: Path, args: list[str], threads: int) -> float:
     return json.loads(lines[-1])["tokens_per_s"]
 
 
+def unit(case: str) -> str:
+    return "lines/s" if case == TRANSLATE else "tok/s"
+
+
 def revision(checkout: Path) -> str:
     return subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip() + (" + changes" if subprocess.run(
@@ -122,7 +164,7 @@ def main() -> None:
     parser.add_argument("--other", type=Path, required=True, help="the other checkout (a git worktree)")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of every case on each side (default 5)")
     parser.add_argument("--threads", type=int, default=default_threads())
-    parser.add_argument("--cases", nargs="+", choices=[*CASES, *BUDGETS, DEMO],
+    parser.add_argument("--cases", nargs="+", choices=[*CASES, *BUDGETS, DEMO, TRANSLATE],
                         help="default: the fixed-shape cases, without bf16 on a CPU that has no hardware bf16")
     parser.add_argument("--out", type=Path, help="result file (default results/revisions-cpu.json)")
     args = parser.parse_args()
@@ -134,7 +176,8 @@ def main() -> None:
         sys.exit(f"revisions: {args.other} is not an aiayn checkout with benchmarks/one_case.py")
     runs: dict[str, dict[str, list[float]]] = {case: {side: [] for side in sides} for case in args.cases}
     with tempfile.TemporaryDirectory(prefix="revisions-") as scratch:
-        data = learning_curve.prepare_data(Path(scratch)) if DEMO in args.cases else None
+        data = learning_curve.prepare_data(Path(scratch)) if {DEMO, TRANSLATE} & set(args.cases) else None
+        translating = translate_inputs(Path(scratch), data) if TRANSLATE in args.cases else None
         cases = {side: dict(CASES) for side in sides}
         timed_shapes = {case: {} for case in args.cases if case in BUDGETS}  # each side's (rows, source, target)
         if any(case in BUDGETS for case in args.cases):
@@ -153,10 +196,15 @@ def main() -> None:
         for rep in range(args.reps):
             for case in args.cases:
                 for side in (("this", "other") if rep % 2 == 0 else ("other", "this")):
-                    runs[case][side].append(measure_demo(sides[side], data, args.threads) if case == DEMO
-                                            else measure(sides[side], cases[side][case], args.threads))
+                    if case == DEMO:
+                        runs[case][side].append(measure_demo(sides[side], data, args.threads))
+                    elif case == TRANSLATE:
+                        runs[case][side].append(measure_translate(sides[side], *translating, args.threads))
+                    else:
+                        runs[case][side].append(measure(sides[side], cases[side][case], args.threads))
                 this, other = runs[case]["this"][-1], runs[case]["other"][-1]
-                print(f"rep {rep + 1}: {case}: this {this:,.0f} tok/s, other {other:,.0f} tok/s", flush=True)
+                print(f"rep {rep + 1}: {case}: this {this:,.2f} {unit(case)}, other {other:,.2f} {unit(case)}",
+                      flush=True)
     precisions = sorted({"bf16" if "bf16" in case else "fp32" for case in args.cases})
     torch.set_num_threads(args.threads)
     results = {
@@ -167,12 +215,13 @@ def main() -> None:
         "shapes": timed_shapes,
         "cases": {case: {side: spread(values) for side, values in by_side.items()} | {
             "ratio_of_medians": spread(by_side["this"])["median"] / spread(by_side["other"])["median"],
-            "runs": by_side} for case, by_side in runs.items()},
+            "unit": unit(case), "runs": by_side} for case, by_side in runs.items()},
     }
     for case, result in results["cases"].items():
         this, other = result["this"], result["other"]
-        print(f"{case}: this {this['median']:,.0f} ({this['min']:,.0f}-{this['max']:,.0f}), other "
-              f"{other['median']:,.0f} ({other['min']:,.0f}-{other['max']:,.0f}) tok/s: ×{result['ratio_of_medians']:.3f}")
+        print(f"{case}: this {this['median']:,.2f} ({this['min']:,.2f}-{this['max']:,.2f}), other "
+              f"{other['median']:,.2f} ({other['min']:,.2f}-{other['max']:,.2f}) {unit(case)}: "
+              f"×{result['ratio_of_medians']:.3f}")
     write_results(args.out or HERE / "results" / "revisions-cpu.json", results)
 
 
