@@ -101,9 +101,9 @@ class MultiHeadAttention(nn.Module):
     With a `neighborhood` r (self-attention only) each position attends to those within r // 2
     of it (restricted self-attention, Table 1). `self_attention` says that queries, keys and
     values are projections of one input (§3.2.3), which a decoding copy (aiayn.inference) then
-    computes in one product; in encoder-decoder attention only the keys and values are. aiayn.kernels computes the attention; with
-    `need_weights=True` the reference math runs instead and the per-head weights are returned
-    (never stored).
+    computes in one product; in encoder-decoder attention only the keys and values are.
+    aiayn.kernels computes the attention; with `need_weights=True` the reference math runs
+    instead and the per-head weights are returned (never stored).
     """
 
     def __init__(

@@ -69,17 +69,21 @@ def load_model(cls, directory: Union[str, Path], device: Union[str, torch.device
     return model.to(device)
 
 
+# What filling a new model's tensors calls: values only, which meta tensors do not hold.
+_FILLS = {"normal_", "uniform_", "zero_", "fill_", "copy_", "ones_", "zeros_", "constant_", "trunc_normal_",
+          "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "eye_"}
+
+
 class _NoInitOnMeta(TorchFunctionMode):
-    """Skips the in-place operations (`normal_`, `fill_`, ...) on meta tensors, which have no data
-    to fill: PyTorch runs them through its Python references, whose first call imports Dynamo,
-    2 of a command's 5 seconds on a slow CPU (an AMD EPYC Zen 3, torch 2.13)."""
+    """Skips the fills of meta tensors (`_FILLS`): PyTorch runs them through its Python
+    references, whose first call imports Dynamo, about 2 of a command's 6 seconds on a slow CPU
+    (an AMD EPYC Zen 3, torch 2.13). Every other operation, one that changes a shape too, runs."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
         # torch.nn.init's functions pass their tensor by keyword, a Tensor method as `self`
         target = args[0] if args else kwargs.get("tensor")
-        if name.endswith("_") and not name.startswith("__") and isinstance(target, torch.Tensor) and target.is_meta:
+        if getattr(func, "__name__", "") in _FILLS and isinstance(target, torch.Tensor) and target.is_meta:
             return target
         return func(*args, **kwargs)
 

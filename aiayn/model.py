@@ -62,9 +62,9 @@ class PositionalEncoding(nn.Module):
             # Not a parameter and not saved: it is a function of the shape alone. A model being sized
             # (aiayn.checkpoint.meta_model) gets its shape only: computing it there imports Dynamo.
             self.concat = self.kind == "sinusoidal_concat"
-            sized = torch.get_default_device().type == "meta"
-            table = torch.empty(config.max_len, config.d_model) if sized else \
-                sinusoidal_positions(config.max_len, config.d_model, self.concat)  # (max_len, d_model)
+            table = torch.empty(config.max_len, config.d_model, dtype=torch.float32)  # where the model is built
+            if not table.is_meta:
+                table = sinusoidal_positions(config.max_len, config.d_model, self.concat)  # (max_len, d_model)
             self.register_buffer("table", table, persistent=False)
 
     def forward(self, x: Tensor, start: Union[int, Tensor] = 0, end: Optional[int] = None) -> Tensor:

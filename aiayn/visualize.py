@@ -59,19 +59,18 @@ def heads_figure(weights: Tensor, queries: Sequence[str], keys: Sequence[str], t
             ax.set_yticks(range(len(queries)), queries, fontsize=7)
         else:
             ax.set_yticks([])
-    _lay_out(fig, title, rows, columns, keys, queries, labels_between_rows=heads % columns != 0 and rows > 1)
+    _lay_out(fig, title, rows, columns, keys, queries)
     return fig
 
 
-def _lay_out(fig, title: str, rows: int, columns: int, keys: Sequence[str], queries: Sequence[str],
-             labels_between_rows: bool) -> None:
+def _lay_out(fig, title: str, rows: int, columns: int, keys: Sequence[str], queries: Sequence[str]) -> None:
     """The figure's `title` at its top, and room for the tick labels and titles of
     `heads_figure`'s grid, from the measured extents of its texts: `tight_layout` finds the same
     by drawing the whole figure once more (without it a figure of 4 heads over 52 × 40 tokens
     took 0.78× the time, of 8 heads 0.86×; Zen 3). Column 0 holds the queries' labels, the
-    lowest head of each column the keys' (turned upright: as tall as they are wide), each head
-    its title above it; between rows go the titles, and keys' labels where the last row is not
-    full (`labels_between_rows`)."""
+    lowest head of each column the keys' (turned upright: as tall as they are wide; where the
+    last row is short, over its empty cells), each head its title above it. Labels too long for
+    the figure are cut at its edge rather than squeezing the heatmaps away."""
     renderer = fig.canvas.get_renderer()
     probe = fig.text(0, 0, "")
 
@@ -88,13 +87,13 @@ def _lay_out(fig, title: str, rows: int, columns: int, keys: Sequence[str], quer
     width, height = fig.get_size_inches()
     pad = 0.12  # inches: ticks and their gap to the labels, and a margin
     fig.suptitle(title, y=1 - pad / height, va="top", fontsize=12)
-    left, bottom = (queries_wide + 2 * pad) / width, (keys_tall + 2 * pad) / height
-    right, top = 1 - pad / width, 1 - (suptitle + head_title + 2 * pad) / height
-    gap_x, gap_y = pad, head_title + pad + (keys_tall + pad if labels_between_rows else 0.0)
+    left, bottom = min((queries_wide + 2 * pad) / width, 0.4), min((keys_tall + 2 * pad) / height, 0.4)
+    right, top = 1 - pad / width, max(1 - (suptitle + head_title + 2 * pad) / height, bottom + 0.2)
+    gap_x, gap_y = pad, head_title + pad
     spare_x, spare_y = (right - left) * width, (top - bottom) * height  # inches the axes and gaps share
     fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top,
-                        wspace=gap_x * columns / max(spare_x - (columns - 1) * gap_x, 1e-3),
-                        hspace=gap_y * rows / max(spare_y - (rows - 1) * gap_y, 1e-3))
+                        wspace=gap_x * columns / (spare_x - (columns - 1) * gap_x),
+                        hspace=gap_y * rows / (spare_y - (rows - 1) * gap_y))
 
 
 @torch.no_grad()

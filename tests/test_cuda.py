@@ -162,7 +162,7 @@ def test_the_wmt14_recipe_runs_end_to_end(tmp_path, device):
                       STEPS=str(steps), SAVE_EVERY=str(every), TORCHRUN=" ".join(torchrun()), **sizes)
     start = time.monotonic()
     done = subprocess.run(["bash", str(REPO / "recipes" / "wmt14-en-de-base.sh")], capture_output=True, text=True,
-                          timeout=300 if gpu else 120, env=env)
+                          timeout=400, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     seconds = time.monotonic() - start
 

@@ -372,7 +372,7 @@ def test_a_model_on_the_meta_device_has_the_real_ones_tensors(cls, changes):
 
 def test_loading_a_model_imports_no_dynamo(tmp_path):
     """A command that loads a model (translate, average, serve) is not made to import Dynamo,
-    2 of its 5 seconds on a slow CPU, by building the model on the meta device first: PyTorch
+    about 2 of its 6 seconds on a slow CPU, by building the model on the meta device first: PyTorch
     runs operations on meta tensors through its Python references, whose first call imports it."""
     import subprocess
     import sys

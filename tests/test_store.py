@@ -1,5 +1,6 @@
 """The preprocessed corpus (aiayn.store): encoded once, memory-mapped, checked against its manifest,
-never half-written; and the paper's WMT14 recipe run end to end on a small file in WMT14's format."""
+never half-written. (The paper's WMT14 recipe, end to end on files in WMT14's format, is run by
+tests/test_cuda.py: on the CPU with two gloo processes, and on a GPU.)"""
 
 import json
 import os
@@ -19,9 +20,6 @@ from aiayn.corpora import load_corpus
 from aiayn.batching import EncodedPairs
 from aiayn.store import load_store, preprocess
 from aiayn.tokenizer import Tokenizer
-
-REPO = Path(__file__).resolve().parent.parent
-
 
 def toy_pairs(n: int, seed: int = 0,
               length: Optional[Callable[[np.random.Generator], int]] = None) -> list[tuple[str, str]]:

@@ -347,6 +347,7 @@ def test_resume_after_sigkill_reaches_the_same_losses(tmp_path, corpus_tsv):
     argv = lambda *args: from_data(train_argv(*args), tmp_path / "data")  # noqa: E731
     done = subprocess.run(argv(corpus_tsv, tmp_path / "straight", *steps), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    assert "torch.compile" not in done.stdout  # eager
     reference = losses(tmp_path / "straight")
     assert sorted(reference) == list(range(1, 61))
 
@@ -397,10 +398,17 @@ def test_a_compiled_run_resumes_with_fresh_graphs_to_the_same_losses(tmp_path, c
             shutil.rmtree(checkpoint)
     shutil.rmtree(RunDir(run).final)
     assert RunDir(run).checkpoints()[-1].name == "step_00000030"
+    # The log as a kill after step 34 leaves it, the steps after the checkpoint marked: the resumed
+    # run must train them again, not keep them.
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    kept = [{**r, "loss": -1.0} if r["step"] > 30 else r for r in records if r["step"] <= 34]
+    (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
 
     again = subprocess.run(argv(corpus_tsv, run, "--resume"), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "resumed from" in again.stdout and "at step 30" in again.stdout
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in records if r["split"] == "train") == list(range(1, 61))  # each step once
     assert losses(run) == reference  # every step's loss, bit for bit
 
 

@@ -148,9 +148,9 @@ def test_attention_maps_for_every_layer_and_kind(tmp_path, model_dir):
 @pytest.mark.parametrize("heads, queries, keys", [(1, 3, 3), (4, 30, 20), (6, 10, 14), (8, 52, 40)])
 def test_an_attention_figure_has_room_for_every_label_and_title(heads, queries, keys):
     """aiayn.visualize lays out its grid from the measured sizes of its texts (not tight_layout's
-    extra drawing): drawn, every tick label and title lies inside the figure, and none overlaps
-    a heatmap, its own or another head's; six heads leave the last row short, so the keys'
-    labels of the upper row's last heads sit between the rows."""
+    extra drawing): drawn, every tick label and title lies inside the figure, off every heatmap
+    (its own or another head's) and off every other text; six heads leave the last row short,
+    so the keys' labels of the upper row's last heads hang over its empty cells."""
     import matplotlib.pyplot as plt
     import matplotlib.text
 
@@ -161,18 +161,29 @@ def test_an_attention_figure_has_room_for_every_label_and_title(heads, queries, 
     try:
         renderer = fig.canvas.get_renderer()
         fig.draw(renderer)
-        bounds = fig.bbox
         maps = [ax.get_window_extent(renderer) for ax in fig.axes if ax.axison]
         texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text() == "a title"]
         assert len(texts) == 1
         texts += [t for ax in fig.axes if ax.axison for t in [ax.title, *ax.get_xticklabels(), *ax.get_yticklabels()]]
-        for text in texts:
-            box = text.get_window_extent(renderer)
+        boxes = [(text.get_text(), text.get_window_extent(renderer)) for text in texts]
+        bounds = fig.bbox
+        for i, (text, box) in enumerate(boxes):
             inside = bounds.x0 <= box.x0 and box.x1 <= bounds.x1 and bounds.y0 <= box.y0 and box.y1 <= bounds.y1
-            assert inside, (text.get_text(), box, bounds)
-            assert not any(box.overlaps(heatmap) for heatmap in maps), text.get_text()
+            assert inside, (text, box, bounds)
+            assert not any(box.overlaps(heatmap) for heatmap in maps), text
+            assert not any(box.overlaps(other) for _, other in boxes[i + 1:]), text
     finally:
         plt.close(fig)
+
+
+def test_an_attention_figure_of_labels_too_long_for_it_is_still_drawn(tmp_path):
+    """Labels wider than the figure (a 3-token sentence of 80-character pieces) cut at its edge:
+    the heatmaps keep a share of it, and the file is written."""
+    from aiayn.visualize import plot_heads
+
+    long = ["▁" + "w" * 80, "▁" + "x" * 80, "</s>"]
+    path = plot_heads(torch.full((2, 3, 3), 1 / 3), long, long, "long labels", tmp_path / "long.png")
+    assert path.stat().st_size > 1000
 
 
 @pytest.mark.bf16
