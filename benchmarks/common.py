@@ -185,15 +185,17 @@ def machine(device: torch.device, threads: int) -> dict:
     }
 
 
-def revision() -> Optional[str]:
-    """The git commit of this checkout (aiayn may run from it uninstalled), "+" if it has changes;
-    AIAYN_REVISION where the checkout is a copy without its history (a lent GPU machine)."""
-    if os.environ.get("AIAYN_REVISION"):
+def revision(checkout: Optional[Path] = None) -> Optional[str]:
+    """The git commit of `checkout` (by default this one: aiayn may run from it uninstalled), "+"
+    if it has changes; for this one, AIAYN_REVISION where it is a copy without its history (a
+    lent GPU machine)."""
+    if checkout is None and os.environ.get("AIAYN_REVISION"):
         return os.environ["AIAYN_REVISION"]
+    folder = checkout or HERE
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=folder, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                               cwd=HERE, timeout=10)
+                               cwd=folder, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return head.stdout.strip() + ("+" if dirty.stdout.strip() else "") if head.returncode == 0 else None

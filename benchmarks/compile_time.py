@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, spread,
-                    write_results)
+from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, revision,
+                    spread, write_results)
 
 # One process's measurement, run with the checkout's aiayn on the path; prints one JSON line.
 PROBE = """
@@ -91,8 +91,7 @@ def main() -> None:
     for side, s in summary.items():
         print(f"{side}: compiling step {s['compile_step_s']['median']:.1f} s "
               f"({s['compile_step_s']['min']:.1f}–{s['compile_step_s']['max']:.1f})")
-    heads = {side: subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                  cwd=checkout).stdout.strip() or None for side, checkout in sides.items()}
+    heads = {side: revision(checkout) for side, checkout in sides.items()}
     results = {"benchmark": "compile_time", "command": command_line(),
                "machine": machine(torch.device("cpu"), args.threads),
                "settings": {"model": args.model, "precision": args.precision, "reps": args.reps, "revisions": heads},

@@ -41,7 +41,8 @@ import learning_curve
 import speed
 import systems
 from aiayn.device import fast_bf16, matmul_peak_flops
-from common import command_line, cpu_kind, default_threads, machine, require_precision, spread, write_results
+from common import (command_line, cpu_kind, default_threads, machine, require_precision, revision, spread,
+                    write_results)
 from peers.harness import thread_env
 
 HERE = Path(__file__).resolve().parent
@@ -150,13 +151,6 @@ def measure(checkout: Path, args: list[str], threads: int) -> float:
 
 def unit(case: str) -> str:
     return "lines/s" if case == TRANSLATE else "tok/s"
-
-
-def revision(checkout: Path) -> str:
-    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip() + (" + changes" if subprocess.run(
-                              ["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
-                              capture_output=True, text=True).stdout.strip() else "")
 
 
 def main() -> None:

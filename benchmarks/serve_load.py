@@ -30,15 +30,14 @@ import http.client
 import json
 import random
 import statistics
-import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Optional
 
 from aiayn.serve.process import ServerProcess
-from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, spread,
-                    tree_rss_mib, write_results)
+from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, revision,
+                    spread, tree_rss_mib, write_results)
 
 
 def get(port: int, path: str) -> dict:
@@ -177,7 +176,7 @@ def main() -> None:
                 load(baseline.port, 2, 3, verses, 0)
                 load(baseline_alone.port, 1, 3, verses, 0)
                 results["baseline"] = {"checkout": str(args.compare_with or HERE.parent),
-                                       "revision": revision(args.compare_with or HERE.parent),
+                                       "revision": revision(args.compare_with),
                                        "workers": workers}
             reps = []
             for rep in range(args.reps):
@@ -226,11 +225,6 @@ def matmul_peak(precision: str) -> float:
     from aiayn.device import matmul_peak_flops
 
     return matmul_peak_flops(torch.device("cpu"), peak_precision(precision)) / 1e12
-
-
-def revision(checkout: Path) -> str:
-    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
 
 
 def summarize(reps: list[dict]) -> dict:
