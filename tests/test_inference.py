@@ -3,6 +3,7 @@
 import copy
 import dataclasses
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 
 from aiayn.device import DTYPES
 from aiayn import inference
-from aiayn.inference import PackedLinear, inference_copy, padded_rows
+from aiayn.inference import Int8Linear, PackedLinear, inference_copy, padded_rows
 from aiayn.kernels import reference_math
 from aiayn.model import Transformer
 from aiayn.translate import translate_ids
@@ -123,6 +124,32 @@ def test_an_attentions_projections_in_one_product_are_each_projection_s_own(prec
                     weight, bias, rows = layer.weight.to(dtype), layer.bias.to(dtype), x
                     flat = heads.transpose(1, 2).reshape(3, 5, -1)  # (B, L, h·d)
                     assert_within_summation_bound(flat, F.linear(rows, weight, bias), rows, weight, bias, precision)
+
+
+@pytest.mark.parametrize("rows", [(1,), (4,), (3, 37)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_an_int8_linear_computes_what_torch_ao_s_dynamic_linear_computes(rows, bias):
+    """The same operator with the same int8 weights (one symmetric scale per output row) and the
+    same 7-bit activations: equal bit for bit to the module it stands in for, whatever the
+    dtype of the weights it is made from."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(160, 96, bias=bias)
+    with torch.no_grad():
+        layer.weight.mul_(torch.linspace(0.1, 4.0, 96)[:, None])  # rows of different ranges: their own scales
+    x = torch.randn(*rows, 160) * 3
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = quantize_dynamic(torch.nn.Sequential(layer), {torch.nn.Linear: per_channel_dynamic_qconfig},
+                                  dtype=torch.qint8, inplace=False)
+    ours = Int8Linear(layer.weight, layer.bias)
+    with torch.inference_mode():
+        assert torch.equal(ours(x), theirs(x))
+        assert ours(x).shape == (*rows, 96) and ours(x).dtype == torch.float32
+        assert (ours(x) - layer(x)).abs().max() > 0  # it did round
+        from_bf16 = Int8Linear(layer.weight.bfloat16(), None if layer.bias is None else layer.bias.bfloat16())
+        assert from_bf16(x).dtype == torch.float32
 
 
 def test_rows_are_padded_to_a_few_counts_at_most_an_eighth_more():

@@ -13,6 +13,7 @@ from aiayn.batching import collate
 from aiayn.config import ModelConfig
 from aiayn.loss import label_smoothed_nll
 from aiayn.kernels import attention_mask, fused_attention, local_attention, matmul_attention, reference_math
+from aiayn.inference import Int8Linear
 from aiayn.model import Transformer
 from aiayn.search import greedy
 from aiayn.translate import ModelStep, decoding_model, translate_ids
@@ -240,7 +241,7 @@ def test_int8_model_quantizes_every_linear_layer_and_keeps_decisive_tokens():
     assert not any(type(m) is torch.nn.Linear for m in low.modules())
     # per layer of each stack (2 each): self-attention W^QKV (one product) and W^O; encoder-decoder
     # attention W^Q, W^KV (one product) and W^O; the two of the feed-forward network; + the projection
-    assert sum(type(m).__name__ == "Linear" for m in low.modules()) == (2 + 2) * 2 + (2 + 3 + 2) * 2 + 1
+    assert sum(isinstance(m, Int8Linear) for m in low.modules()) == (2 + 2) * 2 + (2 + 3 + 2) * 2 + 1
     keeps_decisive_tokens(model, low, share=0.5)
 
 
