@@ -71,18 +71,21 @@ class PackedLinear(nn.Module):
         raise TypeError("a decoding copy's laid-out weights cannot be pickled: save the model, not its decoding copy")
 
 
-_LINEAR_INT8 = torch.ops.quantized.linear_dynamic.default
+# The operator's C++ entry: its Python overload (a TorchBind op, for the packed weight) first scans
+# every argument for the fake script objects that only export and compile make.
+_LINEAR_INT8 = torch.ops.quantized.linear_dynamic.default._op
 
 
 class Int8Linear(nn.Module):
     """x Wᵀ + b with W rounded to int8 once, one scale per output row (symmetric: max |W_j| /
     127.5, torch.ao's per-channel weight observer), and x quantized per call to 7 bits over its
     range (dynamic quantization: AVX2's int8 products sum pairs into int16, which 8 bits could
-    overflow): FBGEMM's int8 GEMM (QNNPACK's on ARM) through `quantized::linear_dynamic`.
+    overflow): FBGEMM's int8 GEMM through `quantized::linear_dynamic`.
 
     The same operator and packed weight as torch.ao's dynamic `Linear`, called straight: that
     module reaches it through Python (an attribute chain per call, the operator packet's checks
-    for script objects), about 20 µs of a 4-row product's 40-100 on an AMD EPYC (Zen 3)."""
+    for script objects), a fixed cost that is much of a product's time at a decoding step's few
+    rows."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor]) -> None:
         super().__init__()
