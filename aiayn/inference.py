@@ -45,7 +45,7 @@ class PackedLinear(nn.Module):
     oneDNN compiles a kernel for every number of rows it meets and keeps it (in its kernel
     cache, aiayn.device), and decoding meets a new one at nearly every step: 200 row counts
     kept 121 MiB for one 512 -> 2,048 layer (benchmarks/decode_kernels.py). So the rows are
-    padded up to `padded_rows(n)`: 8 at least, above that at most an eighth more.
+    padded up to `padded_rows(n)`: none below 8, from 8 up at most an eighth more.
 
     The laid-out W is opaque: no copy, pickle or state dict takes it (copying or pickling the
     module is refused), and it lives in decoding copies only."""
@@ -115,10 +115,13 @@ def packed_product(rows: Tensor, packed: Tensor, bias: Optional[Tensor]) -> Tens
 
 
 def padded_rows(n: int) -> int:
-    """n rounded up to 8 rows at least, else to a number of the form k·2^j with 8 ≤ k < 16: eight
-    counts per doubling, none more than an eighth above n (8, 9, ..., 15, 16, 18, ..., 30, 32, 36, ...)."""
-    if n <= 8:
-        return 8 if n else 0
+    """n itself below 8, else n rounded up to a number of the form k·2^j with 8 ≤ k < 16: eight
+    counts per doubling, none more than an eighth above n (1, ..., 7, 8, 9, ..., 15, 16, 18, ...,
+    30, 32, 36, ...). A step of one sentence has 1 (greedy) or 4 (beam 4) rows, where padding to 8
+    multiplied the product's arithmetic, which on a CPU without AVX-512 bounds it as much as
+    reading the weight does (docs/speed-notes.md)."""
+    if n < 8:
+        return n
     step = 1 << (n.bit_length() - 4)  # 2^j, with n in [8·2^j, 16·2^j)
     return -(-n // step) * step
 

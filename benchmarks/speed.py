@@ -12,7 +12,8 @@ slow drifts of the machine (heat, other load) spread over all systems alike.
              paper's per-step batch) on a CPU; on a GPU 3,125 (the paper's per-GPU share: 25,000
              over 8 GPUs) and 25,000
     decode   output tokens/s for 64 sentences of 32 tokens, every output forced to 32 tokens,
-             beam 4 and greedy
+             beam 4 and greedy; --sentences 1 decodes one sentence a call instead, as a server
+             answers a lone client, over more calls (at least 16 sentences timed a process)
     peak     the matmul FLOP/s roof of each precision, measured among the other cases
 
 --models base big measures Table 3's two shapes (default base). Precisions: fp32 and bf16 on a
@@ -66,6 +67,8 @@ FULL = Settings(reps=3, rows=64, train_warmup=2, train_steps=5, sentences=64, de
 # On a GPU a step of a budget's batch takes milliseconds: more of them, and the paper's per-GPU share.
 CUDA = Settings(reps=3, rows=64, train_warmup=3, train_steps=10, sentences=64, decode_warmup=1, decode_calls=3,
                 budgets=((3125, 3, 12), (25000, 3, 8)))
+# --sentences below a setting's: each process times at least this many sentences, over more calls.
+MIN_TIMED_SENTENCES = 16
 # A smoke test of every case (CTranslate2 conversion included): the numbers mean nothing.
 QUICK = Settings(reps=1, rows=4, train_warmup=1, train_steps=1, sentences=4, decode_warmup=1, decode_calls=1,
                  budgets=((200, 1, 2),))
@@ -250,6 +253,8 @@ def main() -> None:
                              "decoding comes with fp32 on a CPU, fp16 and int8 with bf16 on a GPU)")
     parser.add_argument("--only", nargs="+", metavar="TEXT", help="only the cases whose label holds one of these, "
                         "e.g. 'CUDA graphs' ctranslate2 (the matmul peak is always measured)")
+    parser.add_argument("--sentences", type=int, help=f"sentences decoded per call (default {FULL.sentences}); with "
+                        f"fewer, each process times enough calls to decode {MIN_TIMED_SENTENCES} at least")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks that every case runs")
     parser.add_argument("--out", type=Path, help="result file (default results/speed-DEVICE.json)")
     args = parser.parse_args()
@@ -277,6 +282,13 @@ def main() -> None:
     settings = QUICK if args.quick else CUDA if device.type == "cuda" else FULL
     if args.reps:
         settings = Settings(**{**asdict(settings), "reps": args.reps})
+    if args.sentences is not None:
+        if args.sentences < 1:
+            parser.error("--sentences takes a positive number")
+        calls = max(settings.decode_calls, -(-MIN_TIMED_SENTENCES // args.sentences))
+        warmup = max(settings.decode_warmup, 2 if args.sentences < settings.sentences else 1)
+        settings = Settings(**{**asdict(settings), "sentences": args.sentences, "decode_calls": calls,
+                               "decode_warmup": warmup})
     known = [str(b) for b, _, _ in settings.budgets]
     if any(b not in ("fixed", *known) for b in args.batches or []):
         parser.error(f"--batches takes fixed and the budgets {', '.join(known)}")
