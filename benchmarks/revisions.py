@@ -9,7 +9,7 @@ on both alike, and reports each case's median and range and the ratio this / oth
             tokens, each checkout's own batching cutting them from the same sentence lengths,
             eager or compiled ("... compiled": TrainConfig.compile, compiling in the warm-up)
     decode  fp32 (beam 4 and greedy), bf16 and int8 (beam 4): output tokens/s of 64 sentences
-            of 32 tokens; fp32 and int8 at beam 4 also of one sentence at a time
+            of 32 tokens; fp32 and int8 at beam 4, and fp32 greedy, also of one sentence at a time
     demo    (only when named in --cases) `aiayn train` of the demo's model and recipe
             (`--recipe fast` in bf16, as each checkout's own fast recipe has it) on
             bible-en-es: the target tokens/s its log reports over steps 51-100
@@ -61,6 +61,8 @@ CASES = {  # label: one_case.py arguments after the common ones
     "decode fp32 beam 4 one sentence": ["decode", "--system", "aiayn", "--precision", "fp32", "--beam", "4",
                                         "--sentences", "1", "--warmup", "2", "--calls", "8"],
     "decode int8 beam 4 one sentence": ["decode", "--system", "aiayn", "--precision", "int8", "--beam", "4",
+                                        "--sentences", "1", "--warmup", "2", "--calls", "8"],
+    "decode fp32 greedy one sentence": ["decode", "--system", "aiayn", "--precision", "fp32", "--beam", "1",
                                         "--sentences", "1", "--warmup", "2", "--calls", "8"],
 }
 # speed.py's real batch shapes: (precision, budget, warm-up steps, timed batches, compiled); each
