@@ -153,7 +153,8 @@ def training_table(cases: list[dict], s: dict) -> list[str]:
 
 def decoding_table(cases: list[dict], s: dict) -> list[str]:
     lines = ["### Decoding: output tokens/s", "",
-              f"{s['sentences']} sentences of {s['src_len']} source tokens, every output forced to exactly "
+              f"{s['sentences']} sentence{'s' if s['sentences'] != 1 else ''} of {s['src_len']} source tokens, every "
+              f"output forced to exactly "
               f"{s['out_len']} tokens (checked); {s['decode_warmup']} warm-up + {s['decode_calls']} timed call(s) "
               "over all sentences per process.", ""]
     rows = []
