@@ -78,9 +78,9 @@ _LINEAR_INT8 = torch.ops.quantized.linear_dynamic.default._op
 
 class Int8Linear(nn.Module):
     """x Wᵀ + b with W rounded to int8 once, one scale per output row (symmetric: max |W_j| /
-    127.5, torch.ao's per-channel weight observer), and x quantized per call to 7 bits over its
-    range (dynamic quantization: AVX2's int8 products sum pairs into int16, which 8 bits could
-    overflow): FBGEMM's int8 GEMM through `quantized::linear_dynamic`.
+    127.5, as torch.ao's per-channel weight observer has it), and x quantized per call to 7 bits
+    over its range (dynamic quantization: AVX2's int8 products sum pairs into int16, which 8 bits
+    could overflow): FBGEMM's int8 GEMM through `quantized::linear_dynamic`.
 
     The same operator and packed weight as torch.ao's dynamic `Linear`, called straight: that
     module reaches it through Python (an attribute chain per call, the operator packet's checks
@@ -89,16 +89,14 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor]) -> None:
         super().__init__()
-        from torch.ao.quantization import per_channel_dynamic_qconfig
-
         self.out_features, self.in_features = weight.shape
         weight = weight.detach().float()
-        observer = per_channel_dynamic_qconfig.weight()
-        observer(weight)
-        scales, zero_points = observer.calculate_qparams()  # (out_features,) each
+        # symmetric: max |W_j| is half of int8's span of 255 steps ([-128, 127]) away from 0
+        scales = (weight.abs().amax(dim=1) / 127.5).clamp(min=torch.finfo(torch.float32).eps)  # (out_features,)
+        zero_points = torch.zeros(self.out_features, dtype=torch.long)
         with warnings.catch_warnings():  # torch 2.13 marks quantized tensors as moving to torchao; the kernels stay
             warnings.simplefilter("ignore")
-            rounded = torch.quantize_per_channel(weight, scales.double(), zero_points.long(), 0, torch.qint8)
+            rounded = torch.quantize_per_channel(weight, scales.double(), zero_points, 0, torch.qint8)
         bias = None if bias is None else bias.detach().float().clone()
         self.packed = torch.ops.quantized.linear_prepack(rounded, bias)  # opaque, FBGEMM's layout
 

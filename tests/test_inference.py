@@ -136,6 +136,7 @@ def test_an_int8_linear_computes_what_torch_ao_s_dynamic_linear_computes(rows, b
     layer = torch.nn.Linear(160, 96, bias=bias)
     with torch.no_grad():
         layer.weight.mul_(torch.linspace(0.1, 4.0, 96)[:, None])  # rows of different ranges: their own scales
+        layer.weight[5] = 0  # a row of zeros: the smallest step, not a division by zero
     x = torch.randn(*rows, 160) * 3
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
