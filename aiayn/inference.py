@@ -85,7 +85,8 @@ class Int8Linear(nn.Module):
     The same operator and packed weight as torch.ao's dynamic `Linear`, called straight: that
     module reaches it through Python (an attribute chain per call, the operator packet's checks
     for script objects), a fixed cost that is much of a product's time at a decoding step's few
-    rows."""
+    rows. The packed weight is no parameter or buffer: a state dict leaves it out (save the model,
+    not its decoding copy); copying and pickling keep it (FBGEMM's object restores itself)."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor]) -> None:
         super().__init__()

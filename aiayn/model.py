@@ -344,7 +344,7 @@ class _Model(nn.Module):
         if self.output_proj is None:
             table = _PaddingRowKept.apply(embed.weight, self.config.pad_id) if torch.is_grad_enabled() else embed.weight
             return F.linear(hidden, table, self.logits_bias)  # a decoding step skips the Function: no backward
-        logits = self.output_proj(hidden)  # a module: an int8 copy (aiayn.kernels) holds no float weight
+        logits = self.output_proj(hidden)  # a module: an int8 copy (aiayn.inference) holds no float weight
         return logits if self.logits_bias is None else logits + self.logits_bias
 
     def num_parameters(self) -> int:

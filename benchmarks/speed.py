@@ -286,6 +286,7 @@ def main() -> None:
         if args.sentences < 1:
             parser.error("--sentences takes a positive number")
         calls = max(settings.decode_calls, -(-MIN_TIMED_SENTENCES // args.sentences))
+        # a call of few sentences meets few of the row counts oneDNN makes kernels for: one more untimed
         warmup = max(settings.decode_warmup, 2 if args.sentences < settings.sentences else 1)
         settings = Settings(**{**asdict(settings), "sentences": args.sentences, "decode_calls": calls,
                                "decode_warmup": warmup})

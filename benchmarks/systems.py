@@ -119,7 +119,8 @@ FAIRNESS_NOTES = (
     "torch.nn.Transformer compute F.linear (MKL's sgemm in fp32).",
     "int8 decoding: aiayn quantizes every linear layer of a copy once (aiayn.inference.inference_copy: int8 "
     "weights with one scale per output row, activations quantized per call with one scale per tensor, "
-    "FBGEMM/oneDNN kernels; attention, cache and softmax in fp32); CTranslate2 runs its own int8 kernels.",
+    "FBGEMM's kernels (aiayn.inference.Int8Linear); attention, cache and softmax in fp32); CTranslate2 runs its "
+    "own int8 kernels.",
     "CTranslate2 is converted from the same Marian model (same seed); its vocabulary drops the pad "
     "row (7,999 entries) and its decoder starts from a zero embedding, as for any Marian model.",
     "Eole 0.6.4 and OpenNMT-py 3.0.4 (training only) are measured by their harnesses in "

@@ -130,8 +130,8 @@ def test_an_attentions_projections_in_one_product_are_each_projection_s_own(prec
 @pytest.mark.parametrize("bias", [True, False])
 def test_an_int8_linear_computes_what_torch_ao_s_dynamic_linear_computes(rows, bias):
     """The same operator with the same int8 weights (one symmetric scale per output row) and the
-    same 7-bit activations: equal bit for bit to the module it stands in for, whatever the
-    dtype of the weights it is made from."""
+    same 7-bit activations: equal bit for bit to the module it stands in for. Made from bf16
+    weights (a bf16 model's int8 copy), it rounds those and still takes and gives fp32."""
     torch.manual_seed(0)
     layer = torch.nn.Linear(160, 96, bias=bias)
     with torch.no_grad():
@@ -149,8 +149,9 @@ def test_an_int8_linear_computes_what_torch_ao_s_dynamic_linear_computes(rows, b
         assert torch.equal(ours(x), theirs(x))
         assert ours(x).shape == (*rows, 96) and ours(x).dtype == torch.float32
         assert (ours(x) - layer(x)).abs().max() > 0  # it did round
-        from_bf16 = Int8Linear(layer.weight.bfloat16(), None if layer.bias is None else layer.bias.bfloat16())
-        assert from_bf16(x).dtype == torch.float32
+        bf16 = [None if p is None else p.bfloat16() for p in (layer.weight, layer.bias)]
+        rounded = Int8Linear(*(None if p is None else p.float() for p in bf16))
+        assert torch.equal(Int8Linear(*bf16)(x), rounded(x)) and not torch.equal(rounded(x), ours(x))
 
 
 def test_rows_are_padded_to_a_few_counts_at_most_an_eighth_more():

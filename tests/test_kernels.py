@@ -214,14 +214,14 @@ def keeps_decisive_tokens(model: Transformer, copy: torch.nn.Module, share: floa
 
 @pytest.mark.numeric
 def test_an_int8_linear_layer_is_within_its_rounding_bound():
-    """y = xWᵀ + b with W rounded to int8 per output row (step s_j = max|W_j| / 127) and x to
+    """y = xWᵀ + b with W rounded to int8 per output row (step s_j = max|W_j| / 127.5) and x to
     at most 8 bits per call (step s_x = range(x) / 127 where the kernel keeps 7 bits): each
     product moves by at most |x_i|·s_j/2 + |W_ji|·s_x/2 + s_j·s_x/4, and so does the sum."""
     torch.manual_seed(0)
     layer = torch.nn.Sequential(torch.nn.Linear(64, 48)).eval()
     x = torch.randn(10, 64) * torch.linspace(0.1, 3.0, 64)
     low = decoding_model(layer, "int8")
-    s_w = layer[0].weight.abs().amax(1) / 127  # (48,)
+    s_w = layer[0].weight.abs().amax(1) / 127.5  # (48,)
     s_x = (x.max() - x.min()).clamp(min=0) / 127
     bound = x.abs().sum(1, keepdim=True) * s_w / 2 + layer[0].weight.abs().sum(1) * s_x / 2 + 64 * s_w * s_x / 4
     with torch.no_grad():
