@@ -2,8 +2,8 @@
 shapes (d_model 512, 8 heads of 64, d_ff 2048, vocabulary 8,000) with 256 rows (64 sentences ×
 beam 4), 64 rows (greedy) and 4 rows (one sentence, beam 4: a server answering one request):
 
-    linear     y = xWᵀ + b in fp32, bf16, int8 weights with dynamic int8 activations (FBGEMM /
-               oneDNN: what `--precision int8` uses) and int8 weights with bf16 activations
+    linear     y = xWᵀ + b in fp32, bf16, int8 weights with dynamic int8 activations (FBGEMM,
+               aiayn.inference.Int8Linear: what `--precision int8` uses) and int8 weights with bf16 activations
                (torch._weight_int8pack_mm, weight-only); and fp32 and bf16 with the weight packed
                once for oneDNN (aiayn.inference.PackedLinear, what `--precision fp32` and `bf16`
                use on a CPU: rows padded to aiayn.inference.padded_rows)

@@ -347,7 +347,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     the checks of a request and the error answers live apart (`_read_request`,
     `_add_error_handlers`)."""
     decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision)
-    parameters = model.num_parameters()  # the model's own: an int8 decoding copy keeps its weights packed, outside its parameters
+    parameters = model.num_parameters()  # the model's own: an int8 copy's packed weights are no parameters
     config = model.config
     if engines is None:
         translator = ServedModel(Translator(model.eval(), tokenizer, decode))
