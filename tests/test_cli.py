@@ -26,6 +26,19 @@ def test_info_prints_config_parameters_and_flops(capsys):
     assert "label_smoothing" not in out
     _, out, _ = run(capsys, "info", "--preset", "D3")  # a row whose change is in training, not in the model
     assert "label_smoothing    0.0 (training" in out
+    _, out, _ = run(capsys, "info", "--preset", "big")
+    assert "max_steps          300000 (training" in out and "keep_last          20 (training" in out
+
+
+def test_train_preset_big_trains_300k_steps_and_keeps_the_20_checkpoints_it_averages(tmp_path, monkeypatch, capsys):
+    """Table 3's big row trains 300K steps and §6.1 averages its last 20 checkpoints; an option
+    given on the command line still wins."""
+    made = []
+    monkeypatch.setattr("aiayn.train.train_run", lambda model, training, out, resume: made.append(training))
+    assert run(capsys, "train", "--preset", "big", "--out", str(tmp_path / "big"))[0] == 0
+    assert run(capsys, "train", "--preset", "big", "--out", str(tmp_path / "short"), "--max-steps", "10")[0] == 0
+    assert run(capsys, "train", "--preset", "base", "--out", str(tmp_path / "base"))[0] == 0
+    assert [(t.max_steps, t.keep_last) for t in made] == [(300_000, 20), (10, 20), (100_000, 5)]
 
 
 def test_info_takes_config_overrides(capsys):
