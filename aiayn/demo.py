@@ -6,17 +6,22 @@ until the budget is spent, then only averages and translates."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime, timezone
 
 import torch
 
+from aiayn import __version__
 from aiayn.config import DEMO_AVERAGE_LAST, DecodeConfig, DemoOptions, demo_model, demo_training, recipe
 from aiayn.device import cpu_kind, matmul_peak_flops, resolve_device, resolve_precision
 from aiayn.evaluate import score
+from aiayn.files import write_json
 from aiayn.model import Transformer
 from aiayn.run import RunDir, average_checkpoints
 from aiayn.train import train_run
 from aiayn.translate import Translator
 from aiayn.visualize import attention_figures
+
+RESULT = "demo.json"  # the run's figures: machine, peak, steps, test BLEU
 
 
 def run_demo(options: DemoOptions, decode: DecodeConfig) -> None:
@@ -55,6 +60,17 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
     peak = matmul_peak_flops(trainer.device, training.precision)
     print(f"machine: {cpu_kind()}, {torch.get_num_threads()} threads, {training.precision} matmul peak "
           f"{peak / 1e12:.2f} TFLOP/s; {trainer.step:,} steps")
+    # A row of the README's demo table, kept with the run: committed under benchmarks/results, it
+    # is that row's source.
+    write_json(run.path / RESULT, {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "aiayn": __version__,
+        "cpu_kind": cpu_kind(), "threads": torch.get_num_threads(), "precision": training.precision,
+        "bf16_weights": training.bf16_weights, "norm_first": model_config.norm_first,
+        "matmul_peak_tflops": peak / 1e12, "parameters": model.num_parameters(),
+        "training_minutes": trainer.elapsed / 60, "steps": trainer.step, "test_sentences": len(test),
+        "test_bleu": result.bleu, "bleu_signature": result.signature, "paper_protocol_bleu": result.paper_bleu,
+        "sentences_per_s": len(test) / result.seconds})
+    print(f"these figures: {run.path / RESULT}")
     samples = list(range(0, len(test), max(1, len(test) // 4)))[:4]
     for i in samples:
         print(f"\n  source     {test[i][0]}\n  reference  {test[i][1]}\n  aiayn      {result.hypotheses[i]}")
