@@ -323,8 +323,15 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """A mistake on the command line is one line, as every other user error (not the usage block)."""
+
+    def error(self, message: str):
+        self.exit(2, f"aiayn: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of 'Attention Is All You Need', as a tool.")
+    parser = _Parser(prog="aiayn", description="The Transformer of 'Attention Is All You Need', as a tool.")
     parser.add_argument("--version", action="version", version=f"aiayn {__version__}, PyTorch {importlib.metadata.version('torch')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     classes = [cls for _, _, _, cls, _ in COMMANDS]
@@ -371,9 +378,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (MemoryError, RuntimeError) as error:
         if not out_of_memory(error):
             raise
-        parser.exit(2, f"aiayn: error: out of memory ({type(error).__name__}); ask for less: a smaller "
-                       "--batch-tokens (a --resume may change it), or a smaller --extra-len or --max-output-len, "
-                       "batch or model\n")
+        ask = {"train": "a smaller --max-tokens (--accumulate N keeps the batch) or model",
+               "demo": "a smaller --preset", "experiment": "a smaller --scale"}.get(
+            args.command, "a smaller --batch-tokens (a --resume may change it), or a smaller --extra-len or "
+                          "--max-output-len, batch or model")
+        parser.exit(2, f"aiayn: error: out of memory ({type(error).__name__}); ask for less: {ask}\n")
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

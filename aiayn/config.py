@@ -453,12 +453,18 @@ class FileDecodeOptions:
     """`aiayn translate` and `aiayn parse`: one sentence a line, streamed through a model."""
 
     run_dir: str = _option(help="a run folder, a checkpoint or an averaged model folder", positional=True)
-    input: Optional[str] = _option(None, "input file (default: stdin)")
-    output: Optional[str] = _option(None, "output file (default: stdout)")
+    input: Optional[str] = _option(None, "input file (default, or -: stdin)")
+    output: Optional[str] = _option(None, "output file (default, or -: stdout)")
     max_input_tokens: int = _option(MAX_INPUT_TOKENS, "longer lines are cut", least=1)
     device: str = _option("auto", "auto, cpu, cuda, cuda:N")
     resume: bool = _option(False, "continue OUTPUT.partial, left by an interrupted run, with the same input")
     force: bool = _option(False, "replace an existing --output")
+
+    def __post_init__(self) -> None:
+        if self.output == "-":  # as --input - is stdin
+            object.__setattr__(self, "output", None)
+        if self.resume and self.force:
+            raise ValueError("--resume continues an output and --force translates it anew: give one of them")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -159,7 +159,7 @@ def export_ct2(model_path: Union[str, Path], out_dir: Union[str, Path], quantiza
     if quantization is not None and quantization not in CT2_QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}: one of {', '.join(CT2_QUANTIZATIONS)}")
     model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
-    refuse_to_replace(out_dir, force, inputs=model_inputs(model_path))
+    refuse_to_replace(out_dir, force, inputs=model_inputs(model_path), folder=True)
     folder, tokenizer = native_tokenizer(model_dir, model_path)
 
     def build(tmp: Path) -> None:
@@ -181,7 +181,7 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     downloads on first use (MiniSBD), or with spaCy (ARGOS_CHUNK_TYPE=SPACY) from a pipeline in
     the package's spacy/ folder (benchmarks/libretranslate_load.py adds one)."""
     model_dir, out_file = resolve_model_dir(model_path), Path(out_file)
-    refuse_to_replace(out_file, force, inputs=model_inputs(model_path))
+    refuse_to_replace(out_file, force, inputs=model_inputs(model_path), folder=False)
     source, target = languages_of(model_path)
     source, target = source_lang or source, target_lang or target
     if not source or not target:

@@ -60,12 +60,15 @@ def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> None:
         raise
 
 
-def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Union[str, Path]] = ()) -> None:
+def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Union[str, Path]] = (),
+                      folder: Optional[bool] = None) -> None:
     """The one rule for outputs: writing `path` may replace something (a file, or a folder that
     is not empty) only with `force`, and never what the command reads: an output that is one of
     its `inputs`, holds one or lies inside one is refused, `force` or not, since replacing it
-    would delete the input (symbolic links and `..` resolved). Commands call it before their
-    work, so that the refusal comes before minutes of decoding rather than after."""
+    would delete the input (symbolic links and `..` resolved). Nor, `force` or not, a file where
+    the output is a folder (`folder` True) or a folder where it is a file (`folder` False): a
+    mistyped --out would delete a data file. Commands call it before their work, so that the
+    refusal comes before minutes of decoding rather than after."""
     path = Path(path)
     out = path.resolve()
     for source in inputs:
@@ -78,6 +81,9 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
             raise ValueError(f"{path} lies inside {source}, an input of this command; choose another output")
     if path.exists() and not (path.is_file() or path.is_dir()):  # a device or a pipe: a rename would replace it
         raise ValueError(f"{path} is not a regular file or folder; choose another output")
+    if folder is not None and path.exists() and path.is_dir() != folder:
+        raise ValueError(f"{path} is a {'folder' if path.is_dir() else 'file'}, and this output is a "
+                         f"{'folder' if folder else 'file'}; choose another path")
     if not force and path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(f"{path} already exists; pass --force to replace it")
     _check_writable(out.parent)
@@ -160,7 +166,7 @@ def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: boo
     an empty folder) is an error unless `force`, and then it is replaced whole: no file of the
     old one stays."""
     path = Path(path)
-    refuse_to_replace(path, force)
+    refuse_to_replace(path, force, folder=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:

@@ -138,7 +138,7 @@ def import_marian(
     written whole and atomically; an existing one only with `force`, and then replaced whole.
     Returns the model folder."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
-    refuse_to_replace(out_dir, force, inputs=[hf_dir])
+    refuse_to_replace(out_dir, force, inputs=[hf_dir], folder=True)
     try:
         hf = read_json(hf_dir / "config.json")
     except FileNotFoundError:
@@ -308,7 +308,7 @@ def export_marian(
     Returns `out_dir`."""
     model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
     tokenizer_dir = tokenizer_folder(model_dir, model_path)
-    refuse_to_replace(out_dir, force, inputs=model_inputs(model_path))
+    refuse_to_replace(out_dir, force, inputs=model_inputs(model_path), folder=True)
     model = Transformer.load(model_dir)
     config = model.config
     hf = marian_config(config)

@@ -320,7 +320,7 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
         raise ValueError(f"no checkpoints in {options.run_dir}" if Path(options.run_dir).is_dir()
                          else f"no such run folder: {options.run_dir}")
     chosen = found[-options.last:]
-    refuse_to_replace(options.out, options.force, inputs=chosen + run_files(options.run_dir))
+    refuse_to_replace(options.out, options.force, inputs=chosen + run_files(options.run_dir), folder=True)
     if len(chosen) < options.last:
         kept = f"{len(found)} checkpoints; averaging those" if len(found) > 1 else "1 checkpoint; averaging it alone"
         echo(f"note: {options.run_dir} keeps {kept}")

@@ -408,7 +408,7 @@ def preprocess_command(options: PreprocessOptions, echo: Callable[[str], None] =
     if options.vocab_size is not None and options.tokenizer is not None:
         raise ValueError("--tokenizer fixes the vocabulary; drop --vocab-size")
     read = [spec for spec in (options.corpus, options.tokenizer) if spec is not None and Path(spec).exists()]
-    refuse_to_replace(options.out, options.force, inputs=read)
+    refuse_to_replace(options.out, options.force, inputs=read, folder=True)
     vocab_size = options.vocab_size or ModelConfig.vocab_size
     if options.tokenizer is not None:
         if not has_tokenizer(options.tokenizer):

@@ -426,7 +426,7 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
 def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=print) -> None:
     """`aiayn attention`: translate one sentence, then draw every layer's and head's attention."""
     translator = Translator.load(options.run_dir, options.device, decode)
-    refuse_to_replace(options.out, options.force, inputs=model_inputs(options.run_dir))
+    refuse_to_replace(options.out, options.force, inputs=model_inputs(options.run_dir), folder=True)
     source = options.sentence.strip()
     if not source:
         raise ValueError("--sentence is empty")

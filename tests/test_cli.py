@@ -42,6 +42,29 @@ def test_train_preset_big_trains_300k_steps_and_keeps_the_20_checkpoints_it_aver
     assert [(t.max_steps, t.keep_last) for t in made] == [(300_000, 20), (10, 20), (100_000, 5)]
 
 
+@pytest.mark.parametrize("argv, says", [(["translate", "run", "--precision", "fp8"], "invalid choice: 'fp8'"),
+                                        (["translaet"], "invalid choice: 'translaet'"),
+                                        (["train", "--max-tokens", "many"], "invalid int value: 'many'")])
+def test_a_mistake_the_parser_finds_is_one_line_too(capsys, argv, says):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("aiayn: error:") and err.count("\n") == 1
+    assert says in err and "--help)" in err
+
+
+def test_out_of_memory_in_training_names_the_options_of_training(tmp_path, monkeypatch, capsys):
+    def allocate(*args):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr("aiayn.train.train_run", allocate)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "out of memory" in err
+    assert "--max-tokens" in err and "--accumulate" in err and "--batch-tokens" not in err
+
+
 def test_info_takes_config_overrides(capsys):
     _, out, _ = run(capsys, "info", "--preset", "base", "--vocab-size", "8000", "--positional", "learned",
                     "--share-embeddings", "false")
@@ -56,6 +79,7 @@ def test_info_takes_config_overrides(capsys):
         (["info", "--preset", "huge"], "unknown preset 'huge'"),
         (["info", "--d-model", "100", "--n-heads", "3"], "not divisible by n_heads"),
         (["info", "--length", "0"], "--length must be at least 1"),
+        (["translate", "/nonexistent/run", "--output", "out.txt", "--resume", "--force"], "give one of them"),
         (["demo", "--minutes", "0", "--out", "/nonexistent/demo"], "--minutes must be above 0, got 0.0"),  # before any folder
     ],
 )

@@ -20,7 +20,7 @@ from aiayn import translate as translate_module
 from aiayn.run import RunDir, languages_of
 from aiayn.cli import main
 from aiayn.config import ModelConfig
-from aiayn.device import check_precision
+from aiayn.device import check_precision, fast_bf16
 from aiayn.marian import export_marian
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
@@ -146,6 +146,21 @@ def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_
 def tree_of(folder: Path) -> dict:
     """Every file under `folder` with its bytes."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_force_never_puts_a_folder_where_a_file_is_nor_a_file_where_a_folder_is(tmp_path, model_dir, capsys):
+    """A mistyped output path is refused in one line, --force or not: a folder output (weights,
+    maps) never deletes a data file to stand in its place, nor a file output a folder."""
+    data = tmp_path / "test.en"
+    data.write_text("mine\n")
+    for argv in (["export-ct2", model_dir, data], ["export-hf", model_dir, data],
+                 ["attention", model_dir, "--sentence", "the cat", "--out", data]):
+        one_line_error(*cli(capsys, *argv, "--force")[::2], "is a file, and this output is a folder")
+    folder = tmp_path / "kept"
+    (folder / "inside").mkdir(parents=True)
+    one_line_error(*cli(capsys, "export-argos", model_dir, folder, "--source-lang", "en", "--target-lang", "es",
+                        "--force")[::2], "is a folder, and this output is a file")
+    assert data.read_text() == "mine\n" and (folder / "inside").is_dir()
 
 
 def test_force_never_replaces_an_input(tmp_path, model_dir, corpus_tsv, capsys):
@@ -441,6 +456,13 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
                        monkeypatch=monkeypatch)
     assert code == 0, err  # a speed knob may change, and --lang where nothing is split
     assert out.read_text(encoding="utf-8").count("\n") == 9
+
+
+def test_output_dash_is_stdout_as_input_dash_is_stdin(tmp_path, model_dir, capsys, monkeypatch):
+    code, out, err = cli(capsys, "translate", model_dir, "--input", "-", "--output", "-", "--beam", "1",
+                         stdin=b"the cat\nthe dog\n", monkeypatch=monkeypatch)
+    assert code == 0 and out.count("\n") == 2, err
+    assert not (tmp_path / "-").exists() and not Path("-").exists()
 
 
 def test_a_search_too_large_is_a_one_line_error(tmp_path, model_dir, capsys, monkeypatch):
@@ -751,7 +773,9 @@ def test_decoding_options_out_of_range(model_dir, capsys, option, value):
 
 
 def test_a_decoding_precision_the_device_cannot_run_is_one_line(model_dir, capsys):
-    one_line_error(*cli(capsys, "translate", model_dir, "--precision", "fp16")[::2], "fp16 needs a CUDA GPU")
+    code, _, err = cli(capsys, "translate", model_dir, "--precision", "fp16")
+    one_line_error(code, err, "fp16 needs a CUDA GPU")
+    assert ("use bf16 or fp32" in err) == fast_bf16(torch.device("cpu"))  # advice this CPU can take
     one_line_error(*cli(capsys, "serve", model_dir, "--precision", "fp16", "--port", "0")[::2], "fp16 needs a CUDA GPU")
     # int8's kernels are CPU ones: the rule holds without a GPU to try it on.
     with pytest.raises(ValueError, match="int8 decoding runs on a CPU"):
