@@ -35,6 +35,13 @@ def spans_from_strings(text: str, sentences: Sequence[str]) -> list[tuple[int, i
     return spans
 
 
+def has_words(text: str) -> bool:
+    """Whether `text` holds a letter. A piece without one (a number, a lone "." left between two
+    tags, a rule of dashes) has nothing a model could translate, and a model asked to invents
+    words: such pieces are kept as they are."""
+    return any(character.isalpha() for character in text)
+
+
 def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
     """Where each sentence of `text` starts and ends, by sentencex's rules for `lang`."""
     try:
@@ -47,11 +54,13 @@ def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
 def split_sentences(text: str, lang: str) -> tuple[list[str], list[str]]:
     """(the sentences of `text`, the text around them): `text` is rest[0] + sentences[0] +
     rest[1] + ... + sentences[-1] + rest[-1]. Lines are split first, so a line break always ends
-    a sentence and stays where it was."""
+    a sentence and stays where it was. A "sentence" without a letter stays in the text around."""
     sentences, rest, kept = [], [], ""
     for line in text.splitlines(keepends=True):
         at = 0
         for start, end in sentence_spans(line, lang):
+            if not has_words(line[start:end]):
+                continue
             rest.append(kept + line[at:start])
             sentences.append(line[start:end])
             kept, at = "", end

@@ -110,6 +110,9 @@ def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, transl
     assert answer["translatedText"] == join_html(translator.translate(texts), rest)
     assert '<script>var s = "the river";</script><code>the big dog</code>' in answer["translatedText"]
     assert answer["translatedText"].startswith('<p class="lead">')
+    # Text without a letter is no sentence: the "." after a tag, a number, a separator stay as they are.
+    texts, rest = split_html("<b>the cat</b>. <p>42</p> &raquo; <i>the dog</i>")
+    assert texts == ["the cat", "the dog"] and join_html(["X", "Y"], rest) == "<b>X</b>. <p>42</p> &raquo; <i>Y</i>"
     for malformed in ("<p>the river <b>the fish</p>", "<div <p>the cat", "text & more <"):
         status, answer, _ = request(server.port, "POST", "/translate",
                                     {"q": malformed, "source": "en", "target": "es", "format": "html"})

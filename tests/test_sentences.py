@@ -19,6 +19,9 @@ def test_a_paragraph_splits_into_sentences_and_joins_back_byte_for_byte():
     assert interleave(["X"] * 4, rest) == "  X X   X\n\nX  "  # the spaces and line breaks as they were
     assert split_sentences("Mr. Smith went to Washington.", "en")[0] == ["Mr. Smith went to Washington."]
     assert split_sentences("", "en") == ([], [""]) and split_sentences("no stop at the end", "en")[0] == ["no stop at the end"]
+    # Nothing to translate without a letter: a number, a rule of dashes stay in the text around.
+    sentences, rest = split_sentences("Chapter 12.\n3.14\n----\nThe end.", "en")
+    assert sentences == ["Chapter 12.", "The end."] and interleave(["X", "Y"], rest) == "X\n3.14\n----\nY"
 
 
 def test_spans_of_a_splitter_that_changes_the_text_keep_what_is_left():

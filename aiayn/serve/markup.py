@@ -4,7 +4,8 @@ The page is read by Python's HTML parser (html.parser, the tokenizer of the HTML
 shape, lenient with malformed markup as browsers are) into pieces: markup (tags with their
 attributes, comments, declarations, and the whole content of <script>, <style> and <code>),
 kept byte for byte except that end tags are written in lower case, and text, translated with
-its entities decoded and encoded again, its leading and trailing whitespace kept.
+its entities decoded and encoded again, its leading and trailing whitespace kept. Text without a
+letter (a number, the "." after a closing tag) is kept as it is (`sentences.has_words`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import html
 from html.parser import HTMLParser
 
-from aiayn.sentences import interleave
+from aiayn.sentences import has_words, interleave
 
 UNTRANSLATED = frozenset({"script", "style", "code", "kbd", "samp", "var"})  # content is code, not prose
 
@@ -76,8 +77,7 @@ def split_html(page: str) -> tuple[list[str], list[str]]:
     parser.close()
     texts, rest, kept = [], [], ""
     for is_text, raw in parser.pieces:
-        decoded = html.unescape(raw) if is_text else ""
-        if not decoded.strip():
+        if not (is_text and has_words(html.unescape(raw))):  # markup, or text with nothing to translate
             kept += raw
             continue
         lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
