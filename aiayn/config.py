@@ -129,7 +129,7 @@ class TrainConfig:
     src_lang: Optional[str] = _option(None, "for a folder of aligned files: the file suffix of the source side")
     tgt_lang: Optional[str] = _option(None, "for a folder of aligned files: the file suffix of the target side")
     max_tokens: int = _option(25000, "padded tokens per batch, source and target each (§5.1: about 25,000 + 25,000; "
-                                     "base then peaked at 18.5 GiB in fp32, 14.9 in bf16, on a CPU: --accumulate N "
+                                     "base then peaked at 18.5 GiB in fp32, 14.9 in bf16, on an AMD EPYC: --accumulate N "
                                      "with 1/N of it makes the same batch in less memory)")
     accumulate: int = _option(1, "batches per optimiser step: the paper's batch on fewer devices")
     warmup_steps: int = _option(4000, "steps of linear learning-rate warm-up (§5.3)")

@@ -1,4 +1,5 @@
-"""Counting the arithmetic of a Transformer, for model FLOPs utilisation (MFU).
+"""Counting the arithmetic of a Transformer, for model FLOPs utilisation (MFU), and the memory a
+training step holds at its peak (`training_peak_bytes`).
 
 Only matrix products are counted (a multiply-add is 2 FLOPs), as nanoGPT's `estimate_mfu` and
 the PaLM paper do; LayerNorm, softmax and the like are a small remainder. The backward pass costs
@@ -7,7 +8,13 @@ twice the forward, so one training step costs 3x the forward FLOPs.
 
 from __future__ import annotations
 
-from aiayn.config import ModelConfig
+import os
+from typing import Optional
+
+import torch
+
+from aiayn.config import ModelConfig, TrainConfig
+from aiayn.device import available_bytes
 
 
 def _attention_flops(config: ModelConfig, queries: int, keys: int) -> int:
@@ -33,3 +40,44 @@ def forward_flops(config: ModelConfig, src_len: int, tgt_len: int) -> int:
 def training_flops(config: ModelConfig, src_len: int, tgt_len: int) -> int:
     """Forward + backward FLOPs of one sentence pair (backward ≈ 2 × forward)."""
     return 3 * forward_flops(config, src_len, tgt_len)
+
+
+# A step of eager training on a CPU, per padded token of --max-tokens: a pair of layers (encoder
+# and decoder) keeps about 150 bytes per unit of d_model and 16 per unit of d_ff, the output
+# layer about 10 per word of the vocabulary; fitted to `aiayn train`'s peak resident set
+# (benchmarks/train_peak.py, fp32, results/train-peak-*.json), which it meets within a fifth. For
+# base at 25,000 tokens (a vocabulary of 8,000) it gives 18.2 GiB; speed.py measured 18.5 (Zen 5).
+LAYER_BYTES_PER_D_MODEL, LAYER_BYTES_PER_D_FF, OUTPUT_BYTES_PER_WORD = 150, 16, 10
+AUTOCAST_ACTIVATIONS = 0.8  # bf16 autocast keeps some in 16 bits: base peaked at 14.9 GiB against fp32's 18.5
+PROCESS_BYTES = 300 * 2**20  # Python, PyTorch, the tokenizer and the data
+
+
+def training_peak_bytes(config: ModelConfig, max_tokens: int, precision: str = "fp32") -> int:
+    """About the most memory a training step at batches of `max_tokens` padded tokens (source and
+    target each) holds: the process, fp32 weights, gradients and Adam's two moments (16 bytes a
+    parameter), and the activations the backward pass needs."""
+    from aiayn.checkpoint import meta_model  # shapes only: even `big` costs no memory
+    from aiayn.model import Transformer
+
+    per_token = (config.n_layers * (LAYER_BYTES_PER_D_MODEL * config.d_model + LAYER_BYTES_PER_D_FF * config.d_ff)
+                 + OUTPUT_BYTES_PER_WORD * config.vocab_size)
+    if precision in ("bf16", "fp16"):
+        per_token *= AUTOCAST_ACTIVATIONS
+    return int(PROCESS_BYTES + 16 * meta_model(Transformer, config).num_parameters() + max_tokens * per_token)
+
+
+def memory_warning(config: ModelConfig, recipe: TrainConfig, device: torch.device) -> Optional[str]:
+    """A line for a run on a CPU whose steps, in every process of this machine (torchrun's
+    LOCAL_WORLD_SIZE), may need more memory than the system can give now, with the --max-tokens
+    and --accumulate that make the same batch in parts that fit; else None. A warning, not a
+    refusal: the estimate is within a fifth, and the kernel kills the process without a word."""
+    available, processes = available_bytes(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    need = lambda tokens: processes * training_peak_bytes(config, tokens, recipe.precision)  # noqa: E731
+    if device.type != "cpu" or available is None or need(recipe.max_tokens) <= available:
+        return None
+    parts = next((k for k in (2, 4, 8, 16, 32, 64) if need(recipe.max_tokens // k) <= available), None)
+    advice = ("a smaller model" if parts is None else f"--max-tokens {recipe.max_tokens // parts:,} --accumulate "
+              f"{recipe.accumulate * parts} makes the same batch in parts of about {need(recipe.max_tokens // parts) / 2**30:.1f} GiB")
+    return (f"warning: this run may not fit in memory: its steps need about {need(recipe.max_tokens) / 2**30:.1f} GiB"
+            f"{f' over {processes} processes' if processes > 1 else ''} at --max-tokens {recipe.max_tokens:,}, and the "
+            f"system has {available / 2**30:.1f} GiB free (the kernel would kill it); {advice}")

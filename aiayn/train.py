@@ -40,7 +40,7 @@ from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, check_precision, 
                           init_distributed, keep_freed_memory, matmul_peak_flops, process_group_joined, rank_gpu,
                           resident_mib, resolve_device, sum_over_ranks)
 from aiayn.evaluate import score
-from aiayn.flops import training_flops
+from aiayn.flops import memory_warning, training_flops
 from aiayn.train_kernels import Bf16Twin, fp32_linears
 from aiayn.loss import label_smoothed_nll
 from aiayn.model import Transformer
@@ -508,6 +508,8 @@ def train_run(
         trainer = Trainer(model_config, recipe, run, data, tokenizer, resume=resume, echo=echo)
         echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
              f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}{' with TF32 products' if recipe.tf32 else ''}")
+        if (warning := memory_warning(model_config, recipe, trainer.device)) is not None:
+            echo(warning)
         last = trainer.fit()
         echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
              + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")

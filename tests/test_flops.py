@@ -1,4 +1,9 @@
-"""The FLOPs formula against PyTorch's own count of a real forward pass."""
+"""The FLOPs formula against PyTorch's own count of a real forward pass, and the training peak
+estimate against the measured peaks."""
+
+import dataclasses
+import json
+from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -6,8 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import aiayn.attention
 from aiayn.attention import scaled_dot_product_attention
 from aiayn.kernels import attention_mask
-from aiayn.config import ModelConfig
-from aiayn.flops import forward_flops, training_flops
+from aiayn.config import PRESETS, ModelConfig, TrainConfig
+from aiayn.flops import forward_flops, memory_warning, training_flops, training_peak_bytes
 from aiayn.model import Transformer
 
 
@@ -35,3 +40,35 @@ def test_forward_flops_equal_torch_flop_counter(monkeypatch):
     ):
         assert forward_flops(config, s, t) == measured_forward_flops(config, s, t)
         assert training_flops(config, s, t) == 3 * forward_flops(config, s, t)
+
+
+def test_the_training_peak_estimate_meets_the_measured_peaks():
+    """Every committed measurement of benchmarks/train_peak.py, on any CPU kind, within a fifth of
+    the estimate (the run-to-run spread of a peak resident set is about a tenth)."""
+    files = sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "results").glob("train-peak-*.json"))
+    assert files
+    for path in files:
+        for row in json.loads(path.read_text())["rows"]:
+            preset = "base" if row["case"].startswith("base") else "small"
+            changes = {"n_layers": 6} if "6 layers" in row["case"] else {}
+            changes.update({"vocab_size": int(row["case"].split("vocabulary ")[1].replace(",", ""))}
+                           if "vocabulary" in row["case"] else {})
+            estimate = training_peak_bytes(dataclasses.replace(PRESETS[preset], **changes), row["max_tokens"]) / 2**20
+            assert 0.8 <= estimate / row["peak_mib"] <= 1.25, (path.name, row)
+
+
+def test_a_run_that_would_not_fit_is_warned_with_the_batch_in_parts(monkeypatch):
+    base, recipe = PRESETS["base"], TrainConfig()  # the paper's 25,000 tokens
+    need = training_peak_bytes(base, recipe.max_tokens)
+    monkeypatch.setattr("aiayn.flops.available_bytes", lambda: need + 1)
+    assert memory_warning(base, recipe, torch.device("cpu")) is None
+    monkeypatch.setattr("aiayn.flops.available_bytes", lambda: need // 3)
+    warning = memory_warning(base, recipe, torch.device("cpu"))
+    assert warning.startswith("warning: this run may not fit in memory") and f"{need / 2**30:.1f} GiB" in warning
+    parts = int(warning.split("--accumulate ")[1].split()[0])  # the fewest parts that fit
+    assert training_peak_bytes(base, recipe.max_tokens // parts) <= need // 3 < training_peak_bytes(base, recipe.max_tokens // (parts // 2))
+    assert f"--max-tokens {recipe.max_tokens // parts:,}" in warning
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun's processes on this machine share its memory
+    monkeypatch.setattr("aiayn.flops.available_bytes", lambda: need + 1)
+    assert "over 4 processes" in memory_warning(base, recipe, torch.device("cpu"))
+    assert memory_warning(base, recipe, torch.device("cuda")) is None  # a GPU's memory is not the system's
