@@ -178,11 +178,12 @@ def cmd_train(args: argparse.Namespace) -> None:
     train = options(args, TrainOptions)
     chosen = recipe(train.recipe)
     given = given_fields(args, TrainConfig)
-    preset_train = TRAIN_OVERRIDES.get(train.preset, {})
+    preset_train = TRAIN_OVERRIDES.get(train.preset or "base", {})
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     model_config, training = run_configs(
-        RunDir(train.out), train.resume, preset(train.preset), chosen.model,
-        {**preset_train, **chosen.train_changes(preset_train, given, processes)}, given_fields(args, ModelConfig), given)
+        RunDir(train.out), train.resume, preset(train.preset or "base"), chosen.model,
+        {**preset_train, **chosen.train_changes(preset_train, given, processes)}, given_fields(args, ModelConfig), given,
+        preset_given=train.preset is not None)
     train_run(model_config, training, Path(train.out), train.resume)
 
 

@@ -382,6 +382,12 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
+def same_shape(a: ModelConfig, b: ModelConfig) -> bool:
+    """Whether two models have the same layers and widths: what a preset names."""
+    shape = lambda c: (c.n_layers, c.d_model, c.d_ff, c.n_heads, c.head_dims)  # noqa: E731
+    return shape(a) == shape(b)
+
+
 def recipe(name: str) -> Recipe:
     """The recipe called `name`, with an error that lists the known names."""
     try:
@@ -593,7 +599,8 @@ class TrainOptions:
     """`aiayn train`: where the run goes and what it starts from (with ModelConfig's and
     TrainConfig's fields as overrides)."""
 
-    preset: str = _option("base", "model preset: base, big, a Table 3 row (A1 ... E), tiny, small, parse")
+    preset: Optional[str] = _option(None, "model preset (default base): base, big, a Table 3 row (A1 ... E), tiny, small, "
+                                          "parse; a resumed run keeps its own")
     out: str = _option(help="the run folder: checkpoints, log.jsonl, loss.png, model/")
     resume: bool = _option(False, "continue the run in --out from its last checkpoint")
     recipe: str = _option("paper", "paper: §3.1 and §5 as written; fast: pre-norm (and in bf16 a bf16 copy of the model), learns more per step "
@@ -686,6 +693,7 @@ def check_options(options) -> None:
         if low_ok and (most is None or value <= most):
             continue
         flag = f"--{f.name.replace('_', '-')}"
+        most = int(most) if isinstance(most, float) and most.is_integer() else most  # 1e9 as 1,000,000,000
         if least is not None and most is not None:
             raise ValueError(f"{flag} must be between {least:g} and {most:g}, got {value}")
         if above is not None and most is not None:

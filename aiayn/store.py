@@ -412,7 +412,9 @@ def preprocess_command(options: PreprocessOptions, echo: Callable[[str], None] =
     vocab_size = options.vocab_size or ModelConfig.vocab_size
     if options.tokenizer is not None:
         if not has_tokenizer(options.tokenizer):
-            raise ValueError(f"{options.tokenizer} holds no tokenizer (tokenizer.model, or Marian's three files)")
+            given = Path(options.tokenizer)
+            hint = f"; give its folder, {given.parent}" if given.is_file() and has_tokenizer(given.parent) else ""
+            raise ValueError(f"{given} is no folder holding a tokenizer (tokenizer.model, or Marian's three files){hint}")
         vocab_size = load_tokenizer(options.tokenizer).vocab_size
     corpus = stream_corpus(options.corpus, options.src_lang, options.tgt_lang)
     preprocess(corpus, options.out, vocab_size, spec=options.corpus, tokenizer_from=options.tokenizer,

@@ -42,6 +42,22 @@ def test_train_preset_big_trains_300k_steps_and_keeps_the_20_checkpoints_it_aver
     assert [(t.max_steps, t.keep_last) for t in made] == [(300_000, 20), (10, 20), (100_000, 5)]
 
 
+def test_a_resumed_run_refuses_a_preset_of_another_model(tmp_path, monkeypatch, capsys):
+    from aiayn.config import PRESETS
+    from aiayn.run import RunDir
+
+    made = []
+    monkeypatch.setattr("aiayn.train.train_run", lambda model, training, out, resume: made.append(model))
+    RunDir(tmp_path).write_configs(PRESETS["tiny"], TrainConfig())
+    for given in ([], ["--preset", "tiny"], ["--preset", "tiny", "--max-steps", "5"]):  # its own preset, or none
+        assert run(capsys, "train", "--out", str(tmp_path), "--resume", *given)[0] == 0
+    assert made == [PRESETS["tiny"]] * 3
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--preset", "big", "--out", str(tmp_path), "--resume"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "a resumed run keeps its model" in err and "--preset" in err
+
+
 @pytest.mark.parametrize("argv, says", [(["translate", "run", "--precision", "fp8"], "invalid choice: 'fp8'"),
                                         (["translaet"], "invalid choice: 'translaet'"),
                                         (["train", "--max-tokens", "many"], "invalid int value: 'many'")])

@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import importlib.util
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -720,7 +721,7 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
         status, body, _ = busy.result()
     assert status == 200 and len(body["translations"]) == 64
     assert code == 0, err
-    assert "stopped: 1 requests, 64 texts" in out
+    assert "stopped: 1 request, 64 texts" in out
     with pytest.raises(OSError):
         request(port, "GET", "/health", timeout=5)
 
@@ -803,7 +804,7 @@ def test_sigterm_under_load_stops_within_the_drain_deadline(model_dir):
     refused = [(body, headers) for status, body, headers in answers if status == 503]
     assert len(done) + len(refused) == 8 and refused, [a[:2] for a in answers]
     assert all("stopped before decoding" in body["error"] and headers["retry-after"] for body, headers in refused)
-    decoded = int(out.split(" texts in ")[0].rsplit(" ", 1)[1])  # "stopped: N requests, M texts in K batches"
+    decoded = int(re.search(r"stopped: [\d,]+ requests?, ([\d,]+) texts? in", out).group(1).replace(",", ""))
     batch = 8 * MIB // max(decoding_bytes(Transformer.load(model_dir).config, "fp32", len(s), len(s) + 51, 16)
                            for s in Tokenizer.load(model_dir).encode_batch(_slow_request()["text"]))
     # Requests are finished one after the other: besides those answered, only the one under way at

@@ -169,7 +169,7 @@ def test_sigterm_drains_through_the_workers_and_they_exit(model_dir):
         status, body, _ = busy.result()
     assert status == 200 and len(body["translations"]) == 32
     assert code == 0, err
-    assert "stopped: 1 requests, 32 texts" in out and "2 workers" in out
+    assert "stopped: 1 request, 32 texts" in out and "2 workers" in out
     assert len(workers) == 2 and not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
 
 

@@ -291,6 +291,8 @@ def test_fine_tuning_from_data_needs_the_data_encoded_with_the_models_tokenizer(
               "--eval-every", "1000"]
     one_line_error(*cli(capsys, "train", "--data", data_dir, "--out", tmp_path / "run", *common)[::2],
                    "not encoded with the tokenizer of", "aiayn preprocess --tokenizer")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", corpus_dir, "--tokenizer", model / "tokenizer.model", "--out",
+                        tmp_path / "data")[::2], "is no folder holding a tokenizer", f"give its folder, {model}")
     assert cli(capsys, "preprocess", "--corpus", corpus_dir, "--tokenizer", model, "--out", tmp_path / "data")[0] == 0
     code, out, err = cli(capsys, "train", "--data", tmp_path / "data", "--out", tmp_path / "run", *common)
     assert code == 0, err

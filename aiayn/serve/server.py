@@ -128,4 +128,6 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
         batcher.run()
         http.join()
     stats = batcher.stats
-    print(f"stopped: {stats.requests:,} requests, {stats.texts:,} texts in {stats.steps:,} decoding steps", flush=True)
+    counted = lambda n, what: f"{n:,} {what}{'s' if n != 1 else ''}"  # noqa: E731
+    print(f"stopped: {counted(stats.requests, 'request')}, {counted(stats.texts, 'text')} in "
+          f"{counted(stats.steps, 'decoding step')}", flush=True)
