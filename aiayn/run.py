@@ -317,8 +317,11 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
     under the output's lock, never over one of the checkpoints it reads."""
     found = RunDir(options.run_dir).checkpoints()
     if not found:
-        raise ValueError(f"no checkpoints in {options.run_dir}" if Path(options.run_dir).is_dir()
-                         else f"no such run folder: {options.run_dir}")
+        given = Path(options.run_dir)
+        inside = given.name == CHECKPOINTS and RunDir(given.parent).checkpoints()  # the run's checkpoints/ given
+        raise ValueError(f"no such run folder: {given}" if not given.is_dir() else
+                         f"{given} is a run's checkpoints folder: give the run folder, {given.parent}" if inside else
+                         f"no checkpoints in {given}")
     chosen = found[-options.last:]
     refuse_to_replace(options.out, options.force, inputs=chosen + run_files(options.run_dir), folder=True)
     if len(chosen) < options.last:

@@ -173,6 +173,9 @@ def test_force_never_replaces_an_input(tmp_path, model_dir, corpus_tsv, capsys):
     for out, says in [(run, "holds"), (tmp_path, "holds"), (newest, "is an input"), (newest / "x", "lies inside")]:
         one_line_error(*cli(capsys, "average", run, "--last", "2", "--out", out, "--force")[::2], says, "choose another output")
     assert cli(capsys, "average", run, "--last", "2", "--out", run / "averaged")[0] == 0  # the README's own example
+    one_line_error(*cli(capsys, "average", run / "checkpoints", "--out", tmp_path / "avg")[::2],
+                   "is a run's checkpoints folder", f"give the run folder, {run}")
+    one_line_error(*cli(capsys, "import-hf", tmp_path / "nope", tmp_path / "imported")[::2], "no such folder")
     shutil.rmtree(run / "averaged")
     one_line_error(*cli(capsys, "export-hf", run, run, "--force")[::2], "holds")
     assert tree_of(run) == before
