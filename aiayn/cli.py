@@ -380,7 +380,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not out_of_memory(error):
             raise
         ask = {"train": "a smaller --max-tokens (--accumulate N keeps the batch) or model",
-               "demo": "a smaller --preset", "experiment": "a smaller --scale"}.get(
+               "demo": "a smaller --preset", "experiment": "a smaller --scale",
+               "serve": "a smaller --max-batch-mib, fewer --workers"}.get(
             args.command, "a smaller --batch-tokens (a --resume may change it), or a smaller --extra-len or "
                           "--max-output-len, batch or model")
         parser.exit(2, f"aiayn: error: out of memory ({type(error).__name__}); ask for less: {ask}\n")

@@ -129,7 +129,8 @@ class TrainConfig:
     src_lang: Optional[str] = _option(None, "for a folder of aligned files: the file suffix of the source side")
     tgt_lang: Optional[str] = _option(None, "for a folder of aligned files: the file suffix of the target side")
     max_tokens: int = _option(25000, "padded tokens per batch, source and target each (§5.1: about 25,000 + 25,000; "
-                                     "base then peaked at 18.5 GiB in fp32, 14.9 in bf16, on an AMD EPYC: --accumulate N "
+                                     "base with a vocabulary of 8,000 then peaked at 18.5 GiB in fp32, 14.9 in bf16, on an AMD EPYC, "
+                                     "and aiayn.flops puts its 37,000 at about 25 GiB in fp32: --accumulate N "
                                      "with 1/N of it makes the same batch in less memory)")
     accumulate: int = _option(1, "batches per optimiser step: the paper's batch on fewer devices")
     warmup_steps: int = _option(4000, "steps of linear learning-rate warm-up (§5.3)")
@@ -380,12 +381,6 @@ RECIPES: dict[str, Recipe] = {
               "(not the paper's §3.1): learns about twice as much per step on a small corpus; in bf16, a "
               "bf16 copy of the model trains (fp32 master weights for Adam) instead of autocast"),
 }
-
-
-def same_shape(a: ModelConfig, b: ModelConfig) -> bool:
-    """Whether two models have the same layers and widths: what a preset names."""
-    shape = lambda c: (c.n_layers, c.d_model, c.d_ff, c.n_heads, c.head_dims)  # noqa: E731
-    return shape(a) == shape(b)
 
 
 def recipe(name: str) -> Recipe:

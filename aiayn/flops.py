@@ -71,9 +71,12 @@ def memory_warning(config: ModelConfig, recipe: TrainConfig, device: torch.devic
     LOCAL_WORLD_SIZE), may need more memory than the system can give now, with the --max-tokens
     and --accumulate that make the same batch in parts that fit; else None. A warning, not a
     refusal: the estimate is within a fifth, and the kernel kills the process without a word."""
-    available, processes = available_bytes(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if device.type != "cpu" or (available := available_bytes()) is None:
+        return None
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    processes = int(local) if local.isdigit() and int(local) > 0 else 1
     need = lambda tokens: processes * training_peak_bytes(config, tokens, recipe.precision)  # noqa: E731
-    if device.type != "cpu" or available is None or need(recipe.max_tokens) <= available:
+    if need(recipe.max_tokens) <= available:
         return None
     parts = next((k for k in (2, 4, 8, 16, 32, 64) if need(recipe.max_tokens // k) <= available), None)
     advice = ("a smaller model" if parts is None else f"--max-tokens {recipe.max_tokens // parts:,} --accumulate "

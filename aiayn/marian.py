@@ -142,7 +142,7 @@ def import_marian(
     try:
         hf = read_json(hf_dir / "config.json")
     except FileNotFoundError:
-        raise FileNotFoundError(f"no config.json in {hf_dir}: not an HF model folder" if hf_dir.is_dir() else f"no such folder: {hf_dir}") from None
+        raise FileNotFoundError(f"no config.json in {hf_dir}: not an HF model folder" if hf_dir.is_dir() else f"{hf_dir} is a file, not a folder" if hf_dir.exists() else f"no such folder: {hf_dir}") from None
     if not isinstance(hf, dict):
         raise ValueError(f"{hf_dir / 'config.json'} must hold a JSON object")
     if hf.get("activation_dropout", 0.0):

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from aiayn.batching import Batch, BatchStream, check_tokens, collate, make_batches, to_device
 from aiayn.checkpoint import load_checkpoint, read_config
-from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig, same_shape
+from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
 from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, check_precision, deterministic_from_environment,
                           init_distributed, keep_freed_memory, matmul_peak_flops, process_group_joined, rank_gpu,
                           resident_mib, resolve_device, sum_over_ranks)
@@ -479,7 +479,8 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
         if training.data and "corpus" in train_overrides and "data" not in train_overrides:
             raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
         if dataclasses.replace(model_config, **model_overrides) != model_config or (
-                preset_given and not same_shape(dataclasses.replace(preset_config, **model_overrides), model_config)):
+                preset_given and dataclasses.replace(preset_config, **{**model_overrides, "vocab_size": model_config.vocab_size,
+                                                                         "norm_first": model_config.norm_first}) != model_config):
             raise ValueError(f"a resumed run keeps its model; drop the model options and any --preset of another (see {run.model_config})")
         return model_config, dataclasses.replace(training, **train_overrides)
     training = {**recipe_train, **train_overrides}

@@ -1,7 +1,7 @@
 """The peak resident set of `aiayn train` against `aiayn.flops.training_peak_bytes`, the estimate
 that warns a run before it starts that it may not fit in memory.
 
-    .venv/bin/python benchmarks/train_peak.py        # ~5 minutes on a 2-core CPU -> results/train-peak-KIND.json
+    .venv/bin/python benchmarks/train_peak.py        # ~4 minutes on a 2-core CPU -> results/train-peak-KIND.json
 
 Each case trains 3 steps of bible-en-es in fp32 in a fresh process (benchmarks/peak_rss_child.py
 reads its VmHWM): the small preset at two batch sizes, then with twice the layers and twice the

@@ -56,6 +56,11 @@ def test_a_resumed_run_refuses_a_preset_of_another_model(tmp_path, monkeypatch, 
         main(["train", "--preset", "big", "--out", str(tmp_path), "--resume"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "a resumed run keeps its model" in err and "--preset" in err
+    RunDir(tmp_path / "base").write_configs(PRESETS["base"], TrainConfig())
+    for other in ("D1", "E"):  # the base model's shape, another dropout or other positions
+        with pytest.raises(SystemExit):
+            main(["train", "--preset", other, "--out", str(tmp_path / "base"), "--resume"])
+        assert "a resumed run keeps its model" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, says", [(["translate", "run", "--precision", "fp8"], "invalid choice: 'fp8'"),
