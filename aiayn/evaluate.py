@@ -62,7 +62,7 @@ def check_moses_language(lang: str) -> None:
     from sacremoses.corpus import NonbreakingPrefixes
 
     known = sorted(set(NonbreakingPrefixes().available_langs.values()))
-    if lang not in known:
+    if lang.lower() not in known:
         raise ValueError(f"the Moses tokenizer has no rules for {lang!r}; it knows {', '.join(known)}")
 
 
@@ -75,6 +75,7 @@ def paper_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str =
 
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    lang = lang.lower()  # ES is es: language codes are written either way
     check_moses_language(lang)
     tokenizer = MosesTokenizer(lang=lang)
     prepare = lambda text: split_compounds(tokenizer.tokenize(text, escape=False, return_str=True))  # noqa: E731

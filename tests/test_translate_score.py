@@ -132,6 +132,7 @@ def test_score_agrees_with_sacrebleu_and_the_compound_split_script(tmp_path):
                                 "-b", "-w", "4", "-tok", "none", "-s", "none", "--force"], capture_output=True, text=True)
     assert paper_bleu(HYP, REF, "de") == pytest.approx(float(reference.stdout), abs=0.01)
     assert f"paper protocol  {paper_bleu(HYP, REF, 'de'):.2f}" in done.stdout
+    assert paper_bleu(HYP, REF, "DE") == paper_bleu(HYP, REF, "de")  # a language code in capitals is the same language
 
     short = aiayn("score", "--ref", tmp_path / "ref", stdin="one line\n")
     assert short.returncode == 2 and "1 hypothesis lines but 3 reference lines" in short.stderr
