@@ -116,6 +116,11 @@ class ModelConfig:
         return _from_dict(cls, values)
 
 
+def _flag(name: str) -> str:
+    """A field named as the API and the command line both call it: "max_tokens (--max-tokens)"."""
+    return f"{name} (--{name.replace('_', '-')})"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The training recipe of §5. Defaults are the paper's base model's (`--preset big` sets its
@@ -168,15 +173,15 @@ class TrainConfig:
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"invalid TrainConfig: {name} must be a positive integer, got {value!r}")
+                raise ValueError(f"invalid TrainConfig: {_flag(name)} must be a positive integer, got {value!r}")
         if self.eval_bleu_sentences < 0:
-            raise ValueError(f"invalid TrainConfig: eval_bleu_sentences must be 0 or more, got {self.eval_bleu_sentences!r}")
+            raise ValueError(f"invalid TrainConfig: {_flag('eval_bleu_sentences')} must be 0 or more, got {self.eval_bleu_sentences!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"invalid TrainConfig: label_smoothing must be in [0, 1), got {self.label_smoothing}")
+            raise ValueError(f"invalid TrainConfig: {_flag('label_smoothing')} must be in [0, 1), got {self.label_smoothing}")
         for name in ("minutes", "save_minutes", "lr_scale", "adam_eps"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ValueError(f"invalid TrainConfig: {name} must be positive, got {value}")
+                raise ValueError(f"invalid TrainConfig: {_flag(name)} must be positive, got {value}")
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"invalid TrainConfig: precision must be fp32, bf16 or fp16, got {self.precision!r}")
         if self.bf16_weights and self.precision != "bf16":

@@ -297,7 +297,7 @@ def test_adam_eps_reaches_the_optimizer(tmp_path):
     recipe = TrainConfig(max_tokens=256, max_steps=1, adam_eps=1e-8)
     trainer = Trainer(COPY_MODEL, recipe, tmp_path / "run", TrainData(copy_pairs(50, 0)), echo=lambda _: None)
     assert [g["eps"] for g in trainer.optimizer.param_groups] == [1e-8] and TrainConfig().adam_eps == 1e-9  # §5.3
-    with pytest.raises(ValueError, match="adam_eps must be positive"):
+    with pytest.raises(ValueError, match=r"adam_eps \(--adam-eps\) must be positive"):
         TrainConfig(adam_eps=0.0)
 
 
