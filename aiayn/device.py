@@ -141,17 +141,42 @@ def resident_mib() -> Optional[float]:
 
 def available_bytes() -> Optional[int]:
     """The memory the system can give this process now (MemAvailable, Linux), else its physical
-    memory, or None where neither is known."""
+    memory, or None where neither is known; less where this process's memory cgroup (a
+    container's --memory) allows less (`cgroup_room`)."""
+    found = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # reported in kB
+                found = int(line.split()[1]) * 1024  # reported in kB
     except OSError:
         pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
+    if found is None:
+        try:
+            found = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            pass
+    room = cgroup_room()
+    return room if found is None or (room is not None and room < found) else found
+
+
+def cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> Optional[int]:
+    """What the memory cgroup mounted at `root` (a container's own) still allows: its limit less
+    its working set, the usage less the file pages it can drop, as its OOM killer counts; None
+    where it sets no limit or none is readable. cgroup v2 (memory.max), else v1 (memory/)."""
+    v1 = root / "memory"
+    for limit, usage, stat, inactive in ((root / "memory.max", root / "memory.current", root / "memory.stat", "inactive_file"),
+                                         (v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes", v1 / "memory.stat",
+                                          "total_inactive_file")):
+        try:
+            cap, used = limit.read_text().strip(), int(usage.read_text())
+            dropped = next((int(line.split()[1]) for line in stat.read_text().splitlines()
+                            if line.split()[:1] == [inactive]), 0)
+        except (OSError, ValueError, IndexError):
+            continue
+        if not cap.isdigit() or int(cap) >= 2**60:  # v2's "max", v1's 2^63 rounded to a page: no limit
+            return None
+        return max(int(cap) - (used - dropped), 0)
+    return None
 
 
 # glibc's malloc serves a block over its mmap threshold (which grows to 32 MiB at most) with fresh

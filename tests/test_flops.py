@@ -72,3 +72,27 @@ def test_a_run_that_would_not_fit_is_warned_with_the_batch_in_parts(monkeypatch)
     monkeypatch.setattr("aiayn.flops.available_bytes", lambda: need + 1)
     assert "over 4 processes" in memory_warning(base, recipe, torch.device("cpu"))
     assert memory_warning(base, recipe, torch.device("cuda")) is None  # a GPU's memory is not the system's
+
+
+def test_a_containers_memory_limit_bounds_what_is_available(tmp_path):
+    """cgroup v2 and v1 as a container mounts them: the limit less the working set (usage less
+    the inactive file pages the kernel can drop), and no bound where no limit is set."""
+    from aiayn.device import cgroup_room
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("8589934592\n")  # --memory 8g
+    (v2 / "memory.current").write_text(str(3 * 2**30))
+    (v2 / "memory.stat").write_text(f"anon 1000\ninactive_file {2**30}\nactive_file 5\n")
+    assert cgroup_room(v2) == 8 * 2**30 - (3 * 2**30 - 2**30)
+    (v2 / "memory.max").write_text("max\n")
+    assert cgroup_room(v2) is None
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(4 * 2**30))
+    (v1 / "memory.usage_in_bytes").write_text(str(5 * 2**30))  # over the limit in page cache
+    (v1 / "memory.stat").write_text(f"inactive_file 7\ntotal_inactive_file {2 * 2**30}\n")
+    assert cgroup_room(tmp_path / "v1") == 2**30
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712")  # v1's "no limit"
+    assert cgroup_room(tmp_path / "v1") is None
+    assert cgroup_room(tmp_path / "none") is None
