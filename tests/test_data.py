@@ -342,7 +342,7 @@ def test_make_batches_are_seeded_by_seed_and_epoch():
 def test_a_pair_longer_than_the_budget_is_a_batch_of_its_own():
     batches = [b.tolist() for b in make_batches([(5, 5), (50, 3), (5, 6)], max_tokens=20, seed=0, epoch=0)]
     assert [1] in batches and sorted(map(sorted, batches)) == [[0, 2], [1]]
-    with pytest.raises(ValueError, match=r"max_tokens \(--max-tokens\) must be a positive integer"):
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
         make_batches([(1, 1)], 0, 0, 0)
 
 
