@@ -148,6 +148,7 @@ def available_bytes() -> Optional[int]:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found = int(line.split()[1]) * 1024  # reported in kB
+                break
     except OSError:
         pass
     if found is None:

@@ -52,10 +52,8 @@ AUTOCAST_ACTIVATIONS = 0.8  # bf16 autocast keeps some in 16 bits: base peaked a
 PROCESS_BYTES = 300 * 2**20  # Python, PyTorch, the tokenizer and the data
 
 
-def training_peak_bytes(config: ModelConfig, max_tokens: int, precision: str = "fp32") -> int:
-    """About the most memory a training step at batches of `max_tokens` padded tokens (source and
-    target each) holds: the process, fp32 weights, gradients and Adam's two moments (16 bytes a
-    parameter), and the activations the backward pass needs."""
+def _peak_parts(config: ModelConfig, precision: str) -> tuple[int, float]:
+    """(the bytes a training step holds whatever its batch, those it adds per padded token)."""
     from aiayn.checkpoint import meta_model  # shapes only: even `big` costs no memory
     from aiayn.model import Transformer
 
@@ -63,7 +61,15 @@ def training_peak_bytes(config: ModelConfig, max_tokens: int, precision: str = "
                  + OUTPUT_BYTES_PER_WORD * config.vocab_size)
     if precision in ("bf16", "fp16"):
         per_token *= AUTOCAST_ACTIVATIONS
-    return int(PROCESS_BYTES + 16 * meta_model(Transformer, config).num_parameters() + max_tokens * per_token)
+    return PROCESS_BYTES + 16 * meta_model(Transformer, config).num_parameters(), per_token
+
+
+def training_peak_bytes(config: ModelConfig, max_tokens: int, precision: str = "fp32") -> int:
+    """About the most memory a training step at batches of `max_tokens` padded tokens (source and
+    target each) holds: the process, fp32 weights, gradients and Adam's two moments (16 bytes a
+    parameter), and the activations the backward pass needs."""
+    fixed, per_token = _peak_parts(config, precision)
+    return int(fixed + max_tokens * per_token)
 
 
 def memory_warning(config: ModelConfig, recipe: TrainConfig, device: torch.device) -> Optional[str]:
@@ -75,7 +81,8 @@ def memory_warning(config: ModelConfig, recipe: TrainConfig, device: torch.devic
         return None
     local = os.environ.get("LOCAL_WORLD_SIZE", "1")
     processes = int(local) if local.isdigit() and int(local) > 0 else 1
-    need = lambda tokens: processes * training_peak_bytes(config, tokens, recipe.precision)  # noqa: E731
+    fixed, per_token = _peak_parts(config, recipe.precision)  # once: the parts are tried below
+    need = lambda tokens: processes * int(fixed + tokens * per_token)  # noqa: E731  training_peak_bytes
     if need(recipe.max_tokens) <= available:
         return None
     parts = next((k for k in (2, 4, 8, 16, 32, 64) if need(recipe.max_tokens // k) <= available), None)
