@@ -27,7 +27,7 @@ from aiayn.config import (
     check_options, decode_field_problem, preset, recipe,
 )
 from aiayn import __version__
-from aiayn.errors import os_error_message, out_of_memory
+from aiayn.errors import ask_for_less, os_error_message, out_of_memory
 
 
 class UserError(Exception):
@@ -347,23 +347,25 @@ def build_parser() -> argparse.ArgumentParser:
             add_overrides(command, TrainConfig, "training options (§5)")
         if decoding:
             add_decode_arguments(command, *decoding)
-        command.set_defaults(run=run)
+        command.set_defaults(run=run, parser=command)
     corpus = sub.add_parser("corpus", help="work with corpora")
     export = corpus.add_subparsers(dest="corpus_command", required=True, metavar="ACTION").add_parser(
         "export", help="write a split as two plain-text files")
     add_options(export, CorpusExportOptions)
-    export.set_defaults(run=cmd_corpus_export)
+    export.set_defaults(run=cmd_corpus_export, parser=export)
     experiment = sub.add_parser("experiment", help="rerun an experiment of the paper in miniature")
     table3 = experiment.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT").add_parser(
         "table3", help="train the base model and every variation of Table 3, print ours beside the paper's")
     add_options(table3, Table3Options)
-    table3.set_defaults(run=cmd_experiment_table3)
+    table3.set_defaults(run=cmd_experiment_table3, parser=table3)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's parser, whose --help lists the options it has
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so that partial outputs are reported.
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     try:
@@ -379,11 +381,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (MemoryError, RuntimeError) as error:
         if not out_of_memory(error):
             raise
-        ask = {"train": "a smaller --max-tokens (--accumulate N keeps the batch) or model",
-               "demo": "a smaller --preset", "experiment": "a smaller --scale",
-               "serve": "a smaller --max-batch-mib, fewer --workers"}.get(
-            args.command, "a smaller --batch-tokens (a --resume may change it), or a smaller --extra-len or "
-                          "--max-output-len, batch or model")
+        ask = ask_for_less(args.command)
         parser.exit(2, f"aiayn: error: out of memory ({type(error).__name__}); ask for less: {ask}\n")
     finally:
         if previous is not None:

@@ -40,3 +40,12 @@ def out_of_memory(error: BaseException) -> bool:
     import torch  # here, not on top: the command line parses its flags before PyTorch loads (aiayn.cli)
 
     return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(error)
+
+
+def ask_for_less(command: str) -> str:
+    """The options of `command` that make it need less memory, for its out-of-memory error."""
+    return {"train": "a smaller --max-tokens (--accumulate N keeps the batch) or model",
+            "demo": "a smaller --preset", "experiment": "a smaller --scale",
+            "serve": "a smaller --max-batch-mib, fewer --workers"}.get(
+        command, "a smaller --batch-tokens (a --resume may change it), or a smaller --extra-len or "
+                 "--max-output-len, batch or model")

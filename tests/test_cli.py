@@ -65,13 +65,17 @@ def test_a_resumed_run_refuses_a_preset_of_another_model(tmp_path, monkeypatch, 
 
 @pytest.mark.parametrize("argv, says", [(["translate", "run", "--precision", "fp8"], "invalid choice: 'fp8'"),
                                         (["translaet"], "invalid choice: 'translaet'"),
-                                        (["train", "--max-tokens", "many"], "invalid int value: 'many'")])
+                                        (["train", "--max-tokens", "many"], "invalid int value: 'many'"),
+                                        (["train", "--out", "r", "--max-tokenz", "9"], "unrecognized arguments: --max-tokenz"),
+                                        (["corpus", "export", "bible-en-es", "--out", "d", "--spilt"], "arguments: --spilt")])
 def test_a_mistake_the_parser_finds_is_one_line_too(capsys, argv, says):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith("aiayn: error:") and err.count("\n") == 1
-    assert says in err and "--help)" in err
+    # The help that lists the options of the command given (an unknown option included).
+    command = " ".join(word for word in argv[:2] if word in ("translate", "train", "corpus", "export"))
+    assert says in err and f"(see aiayn {command} --help)".replace("  ", " ") in err
 
 
 def test_out_of_memory_in_training_names_the_options_of_training(tmp_path, monkeypatch, capsys):
