@@ -85,7 +85,7 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
         raise ValueError(f"{path} is a {'folder' if path.is_dir() else 'file'}, and this output is a "
                          f"{'folder' if folder else 'file'}; choose another path")
     if not force and path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise FileExistsError(f"{path} already exists; pass --force to replace it")
+        raise FileExistsError(f"{path} already exists; pass --force (in Python: force=True) to replace it")
     _check_writable(out.parent)
 
 
@@ -279,6 +279,10 @@ class PartialOutput:
         elif not force and self.partial.exists():
             raise ValueError(f"{self.partial} holds an interrupted translation; pass --resume to continue it "
                              "or --force to start over")
+        try:  # as every folder output makes the folders above it
+            self.final.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError as error:  # a file where a folder of the path is needed
+            raise ValueError(f"{error.filename} is a file, not a folder") from None
         self.handle = open(self.partial, "ab" if self.skip else "wb")  # an unwritable output fails here, before decoding
         self._read, self._lines_read = hashlib.sha256(), 0  # the input lines read so far
         if not self.skip:

@@ -326,6 +326,10 @@ class Translator:
     def config(self):
         return self.model.config
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def translate_ids(self, sources: Sequence[Sequence[int]], progress: Optional[object] = None, **changes) -> list[list[int]]:
         """Output ids of each source (ids without EOS), in input order; `changes` replace fields of
         the decoding settings for this call (not the precision: the copy is made)."""
@@ -408,6 +412,8 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
                                  "--resume needs the same input")
         interactive = source is sys.stdin.buffer and sys.stdin.isatty()
         note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
+        if decode.cuda_graphs and translator.device.type != "cuda":  # a speed knob: said, not refused
+            note(f"--cuda-graphs records CUDA graphs; on the {translator.device.type.upper()} each step runs as without it")
         with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
             split = functools.partial(split_sentences, lang=options.lang or languages_of(options.run_dir)[0] or "en") \
                 if paragraphs else None

@@ -379,8 +379,8 @@ def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_pa
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     argv = ["translate", model_dir, "--input", tmp_path / "in.txt", "--beam", "2"]
     monkeypatch.setattr(translate_module, "CHUNK_LINES", 3)
-    assert cli(capsys, *argv, "--output", tmp_path / "straight.txt")[0] == 0
-    straight = (tmp_path / "straight.txt").read_text(encoding="utf-8")
+    assert cli(capsys, *argv, "--output", tmp_path / "new" / "straight.txt")[0] == 0  # its folder made, as --out's are
+    straight = (tmp_path / "new" / "straight.txt").read_text(encoding="utf-8")
     assert straight.count("\n") == 11
 
     real = interrupt_on_chunk(3, monkeypatch)
@@ -493,9 +493,10 @@ def test_translate_writes_each_chunk_when_done(model_dir):
 def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys, monkeypatch):
     monkeypatch.setattr(translate_module, "translate_ids", lambda *a, **k: pytest.fail("decoded"))
     (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
+    (tmp_path / "notes.txt").write_text("kept\n", encoding="utf-8")
     code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt",
-                       "--output", tmp_path / "no" / "such" / "folder.txt")
-    one_line_error(code, err, f"no such folder: {tmp_path / 'no' / 'such'}")
+                       "--output", tmp_path / "notes.txt" / "out.txt")
+    one_line_error(code, err, f"{tmp_path / 'notes.txt'} is a file, not a folder")
     # The system's errors said of the path given, not as "[Errno 21] Is a directory: '...'".
     one_line_error(*cli(capsys, "translate", model_dir, "--input", tmp_path)[::2], f"{tmp_path} is a folder, not a file")
     one_line_error(*cli(capsys, "score", "--ref", tmp_path / "in.txt", "--hyp", tmp_path / "none.txt")[::2],
