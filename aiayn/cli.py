@@ -183,7 +183,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     model_config, training = run_configs(
         RunDir(train.out), train.resume, preset(train.preset or "base"), chosen.model,
         {**preset_train, **chosen.train_changes(preset_train, given, processes)}, given_fields(args, ModelConfig), given,
-        preset_given=train.preset is not None)
+        given_preset=train.preset)
     train_run(model_config, training, Path(train.out), train.resume)
 
 

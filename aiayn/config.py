@@ -444,6 +444,24 @@ def preset(name: str) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
 
 
+def check_resumed(given_preset: Optional[str], model_config: ModelConfig, model_overrides: dict,
+                  training: TrainConfig, train_overrides: dict, where: object) -> None:
+    """A resumed run keeps its model and its training. Refused: model options that change it; a
+    `--preset NAME` (`given_preset`, None where none was named) of another model (the vocabulary,
+    the data's, and norm_first, the recipe's, aside); and one that trains otherwise
+    (TRAIN_OVERRIDES: D3's ε_ls, big's steps) where the options given do not set those fields,
+    since the run would not be the preset asked for. `where`: the run's model config, to see."""
+    own = {"vocab_size": model_config.vocab_size, "norm_first": model_config.norm_first}
+    if dataclasses.replace(model_config, **model_overrides) != model_config or (
+            given_preset and dataclasses.replace(preset(given_preset), **{**model_overrides, **own}) != model_config):
+        raise ValueError(f"a resumed run keeps its model; drop the model options and any --preset of another (see {where})")
+    for name, value in TRAIN_OVERRIDES.get(given_preset or "", {}).items():
+        if name not in train_overrides and getattr(training, name) != value:
+            raise ValueError(f"--preset {given_preset} trains with {_flag(name)} {value}, this run with "
+                             f"{getattr(training, name)}; a resumed run keeps its training: give "
+                             f"--{name.replace('_', '-')} {value} to change it, or drop --preset")
+
+
 # --------------------------------------------------------------------------------------------
 # The options of the commands: each `aiayn` subcommand's flags are made from one of these
 # (aiayn.cli), so a default is written once, here. `help` says what a field does; `positional`

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from aiayn.batching import Batch, BatchStream, check_tokens, collate, make_batches, to_device
 from aiayn.checkpoint import load_checkpoint, read_config
-from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
+from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig, check_resumed
 from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, check_precision, deterministic_from_environment,
                           init_distributed, keep_freed_memory, matmul_peak_flops, process_group_joined, rank_gpu,
                           resident_mib, resolve_device, sum_over_ranks)
@@ -461,10 +461,10 @@ def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
 
 
 def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_model: dict, recipe_train: dict,
-                model_overrides: dict, train_overrides: dict, preset_given: bool = False) -> tuple[ModelConfig, TrainConfig]:
+                model_overrides: dict, train_overrides: dict, given_preset: Optional[str] = None) -> tuple[ModelConfig, TrainConfig]:
     """The configs of a new run (a preset, the recipe's changes, then the options given), of a
     fine-tuning run (the model it starts from), or of the run being resumed (its own, with
-    training options changed where given)."""
+    training options changed where given; `given_preset`, the --preset named: config.check_resumed)."""
     train_overrides = dict(train_overrides)
     manifest = None
     if "data" in train_overrides:
@@ -478,11 +478,9 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
             train_overrides["bf16_weights"] = False  # a run moved off bf16 trains its fp32 weights
         if training.data and "corpus" in train_overrides and "data" not in train_overrides:
             raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
-        if dataclasses.replace(model_config, **model_overrides) != model_config or (
-                preset_given and dataclasses.replace(preset_config, **{**model_overrides, "vocab_size": model_config.vocab_size,
-                                                                         "norm_first": model_config.norm_first}) != model_config):
-            raise ValueError(f"a resumed run keeps its model; drop the model options and any --preset of another (see {run.model_config})")
-        return model_config, dataclasses.replace(training, **train_overrides)
+        training = dataclasses.replace(training, **train_overrides)
+        check_resumed(given_preset, model_config, model_overrides, training, train_overrides, run.model_config)
+        return model_config, training
     training = {**recipe_train, **train_overrides}
     if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
         _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))

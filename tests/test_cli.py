@@ -42,12 +42,13 @@ def test_train_preset_big_trains_300k_steps_and_keeps_the_20_checkpoints_it_aver
     assert [(t.max_steps, t.keep_last) for t in made] == [(300_000, 20), (10, 20), (100_000, 5)]
 
 
-def test_a_resumed_run_refuses_a_preset_of_another_model(tmp_path, monkeypatch, capsys):
+def test_a_resumed_run_refuses_a_preset_of_another_model_or_training(tmp_path, monkeypatch, capsys):
     from aiayn.config import PRESETS
     from aiayn.run import RunDir
 
-    made = []
-    monkeypatch.setattr("aiayn.train.train_run", lambda model, training, out, resume: made.append(model))
+    made, trained = [], []
+    monkeypatch.setattr("aiayn.train.train_run",
+                        lambda model, training, out, resume: (made.append(model), trained.append(training)))
     RunDir(tmp_path).write_configs(PRESETS["tiny"], TrainConfig())
     for given in ([], ["--preset", "tiny"], ["--preset", "tiny", "--max-steps", "5"]):  # its own preset, or none
         assert run(capsys, "train", "--out", str(tmp_path), "--resume", *given)[0] == 0
@@ -61,6 +62,15 @@ def test_a_resumed_run_refuses_a_preset_of_another_model(tmp_path, monkeypatch, 
         with pytest.raises(SystemExit):
             main(["train", "--preset", other, "--out", str(tmp_path / "base"), "--resume"])
         assert "a resumed run keeps its model" in capsys.readouterr().err
+    # D3 is base's model trained with ε_ls = 0: a base run resumed as D3 would go on with 0.1.
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "D3", "--out", str(tmp_path / "base"), "--resume"])
+    err = capsys.readouterr().err
+    assert "--preset D3 trains with label_smoothing (--label-smoothing) 0.0, this run with 0.1" in err
+    assert "give --label-smoothing 0.0 to change it" in err
+    assert run(capsys, "train", "--preset", "D3", "--label-smoothing", "0.0", "--out", str(tmp_path / "base"),
+               "--resume")[0] == 0  # asked for: the run's training changed, as any option given does
+    assert trained[-1].label_smoothing == 0.0 and made[-1] == PRESETS["base"]
 
 
 @pytest.mark.parametrize("argv, says", [(["translate", "run", "--precision", "fp8"], "invalid choice: 'fp8'"),
