@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -499,7 +500,8 @@ class TranslateFileOptions(FileDecodeOptions):
     (`aiayn parse` reads one tokenized sentence a line)."""
 
     split_sentences: bool = _option(False, "a line is a paragraph: translate it sentence by sentence (aiayn.sentences)")
-    lang: Optional[str] = _option(None, "the input's language, for --split-sentences (default: the run's source, else en)")
+    lang: Optional[str] = _option(None, "the input's language, for --split-sentences (default: the run's source, else en)",
+                                  language=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -596,8 +598,10 @@ class ServeOptions:
     workers: int = _option(1, "decoding processes, each with a copy of the model and its share of the CPU's threads",
                            least=1, most=64)
     # The LibreTranslate API (aiayn.serve.libre) names the model's languages; a run folder records them.
-    source_lang: Optional[str] = _option(None, "the model's source language, e.g. en (default: as its run folder says)")
-    target_lang: Optional[str] = _option(None, "the model's target language, e.g. es (default: as its run folder says)")
+    source_lang: Optional[str] = _option(None, "the model's source language, e.g. en (default: as its run folder says)",
+                                         language=True)
+    target_lang: Optional[str] = _option(None, "the model's target language, e.g. es (default: as its run folder says)",
+                                         language=True)
     api_keys: Optional[str] = _option(None, "a file of API keys, one a line, each optionally with its requests per "
                                       "minute: every translation then needs one (aiayn.serve.limits)", metavar="FILE")
     req_limit: Optional[float] = _option(None, "requests per minute from one address (default: no limit)", above=0,
@@ -655,8 +659,10 @@ class ArgosOptions:
 
     source: str = _option(help="a run folder, a checkpoint or a model folder", positional=True, metavar="RUN_DIR")
     out: str = _option(help="the package to write, e.g. en_es.argosmodel", positional=True, metavar="OUT")
-    source_lang: Optional[str] = _option(None, "the model's source language (default: as its run folder says)")
-    target_lang: Optional[str] = _option(None, "the model's target language (default: as its run folder says)")
+    source_lang: Optional[str] = _option(None, "the model's source language (default: as its run folder says)",
+                                         language=True)
+    target_lang: Optional[str] = _option(None, "the model's target language (default: as its run folder says)",
+                                         language=True)
     force: bool = _option(False, "replace an existing OUT")
 
 
@@ -699,11 +705,19 @@ class Table3Options:
 SERVE = ServeOptions(run_dir="")  # the server's defaults, for code that runs it without the CLI
 
 
+# ISO 639 letters, then BCP 47's script or region subtags: en, yue, pt-BR, zh-Hans, sr_Latn.
+_LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*")
+
+
 def check_options(options) -> None:
     """A one-line ValueError naming the first field out of its bounds (`least`, `above`,
-    `most` metadata); nan and inf fail too."""
+    `most` metadata; nan and inf fail too), or not a language code (`language`): sentencex
+    splits by its default rules for a code it has no rules of, and LibreTranslate's clients ask
+    for codes, so a name ("english") would otherwise be taken for a code without a word."""
     for f in dataclasses.fields(options):
         value, meta = getattr(options, f.name), f.metadata
+        if meta.get("language") and value is not None and not _LANGUAGE_CODE.fullmatch(value):
+            raise ValueError(f"--{f.name.replace('_', '-')} takes a language code (en, de, pt-BR), got {value!r}")
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         least, above, most = meta.get("least"), meta.get("above"), meta.get("most")

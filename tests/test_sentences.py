@@ -5,6 +5,9 @@ paragraph's own spaces and line breaks, by the library and through `aiayn transl
 import subprocess
 import sys
 
+import pytest
+
+from aiayn.config import ArgosOptions, ServeOptions, check_options
 from aiayn.sentences import interleave, spans_from_strings, split_sentences
 from aiayn.translate import Translator
 from test_faults import make_model
@@ -42,3 +45,14 @@ def test_translate_split_sentences_puts_each_paragraph_on_one_line(tmp_path):
         out = interleave(translator.translate(sentences, beam=2), rest) if sentences else ""
         expected.append(" ".join(out.splitlines()))
     assert done.stdout.split("\n")[:-1] == expected
+    named = subprocess.run([sys.executable, "-m", "aiayn", "translate", str(model), "--input", str(tmp_path / "in.txt"),
+                            "--split-sentences", "--lang", "english"], capture_output=True, text=True, timeout=300)
+    assert named.returncode == 2 and named.stderr == "aiayn: error: --lang takes a language code (en, de, pt-BR), got 'english'\n"
+
+
+def test_a_language_option_takes_a_code():
+    for code in ("en", "yue", "pt-BR", "zh-Hans", "sr_Latn"):
+        check_options(ServeOptions(run_dir="run", source_lang=code))
+    for name in ("english", "e", "en-", "en us", "", "12"):
+        with pytest.raises(ValueError, match=f"--target-lang takes a language code .*, got {name!r}"):
+            check_options(ArgosOptions(source="run", out="x.argosmodel", target_lang=name))
