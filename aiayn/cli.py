@@ -252,8 +252,8 @@ def cmd_parse(args: argparse.Namespace) -> None:
 
 
 def cmd_score(args: argparse.Namespace) -> None:
-    """sacreBLEU with its signature, and the paper's tokenized, compound-split BLEU; or, with
-    --parse, labelled bracket precision, recall and F1 (EVALB, COLLINS.prm conventions)."""
+    """sacreBLEU's BLEU and chrF with their signatures, and the paper's tokenized, compound-split
+    BLEU; or, with --parse, labelled bracket precision, recall and F1 (EVALB, COLLINS.prm)."""
     from aiayn.evaluate import score_files
 
     score_files(options(args, ScoreOptions))
@@ -314,7 +314,7 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
      ("translate", [f.name for f in dataclasses.fields(DecodeConfig)])),
     ("parse", cmd_parse, "parse tokenized sentences into trees (§6.3 decoding)", FileDecodeOptions,
      ("parse", [f.name for f in dataclasses.fields(DecodeConfig)])),
-    ("score", cmd_score, "BLEU of hypotheses against references, or EVALB's F1 of trees", ScoreOptions, None),
+    ("score", cmd_score, "BLEU and chrF of hypotheses against references, or EVALB's F1 of trees", ScoreOptions, None),
     ("attention", cmd_attention, "attention heatmaps of one sentence (Figures 3-5)", AttentionOptions,
      ("translate", ["beam", "alpha"])),
     ("serve", cmd_serve, "serve a model over HTTP: POST /translate (continuous batching) and a page with the attention",

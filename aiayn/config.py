@@ -680,7 +680,7 @@ class CorpusExportOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class ScoreOptions:
-    """`aiayn score`: BLEU of hypotheses against references, or EVALB F1 of trees."""
+    """`aiayn score`: BLEU and chrF of hypotheses against references, or EVALB F1 of trees."""
 
     ref: str = _option(help="reference file: one sentence a line (with --parse, bracketed trees)")
     hyp: Optional[str] = _option(None, "hypothesis file, as --ref (default: stdin)")

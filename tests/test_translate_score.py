@@ -118,6 +118,9 @@ def test_score_agrees_with_sacrebleu_and_the_compound_split_script(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp_path / "ref"), "-i", str(tmp_path / "hyp"), "-b", "-w", "4"],
                          capture_output=True, text=True)
     assert float(cli.stdout) == pytest.approx(ours, abs=0.01)
+    chrf_cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp_path / "ref"), "-i", str(tmp_path / "hyp"),
+                               "-m", "chrf", "-b", "-w", "4"], capture_output=True, text=True)
+    assert f"chrF            {float(chrf_cli.stdout):.2f}  nrefs:1|case:mixed|eff:yes|nc:6|nw:0" in done.stdout
 
     # The reference pipeline: Moses-tokenize, split compounds with tensor2tensor's perl one-liner,
     # then BLEU on tokens with no smoothing.
