@@ -53,8 +53,8 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
           f"max length = source + {decode.extra_len})...")
     translator = Translator(model, tokenizer, decode)
     result = score(translator, test, lang=store.tgt_lang)
-    print(f"test BLEU {result.bleu:.1f} ({result.signature}); paper protocol {result.paper_bleu:.1f}; "
-          f"{len(test) / result.seconds:.1f} sentences/s")
+    print(f"test BLEU {result.bleu:.1f} ({result.signature}); chrF {result.chrf:.1f}; "
+          f"paper protocol {result.paper_bleu:.1f}; {len(test) / result.seconds:.1f} sentences/s")
     # What the figure depends on: the steps the budget bought on this machine (the peak was
     # measured by the training itself, and is cached).
     peak = matmul_peak_flops(trainer.device, training.precision)
@@ -68,7 +68,8 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
         "bf16_weights": training.bf16_weights, "norm_first": model_config.norm_first,
         "matmul_peak_tflops": peak / 1e12, "parameters": model.num_parameters(),
         "training_minutes": trainer.elapsed / 60, "steps": trainer.step, "test_sentences": len(test),
-        "test_bleu": result.bleu, "bleu_signature": result.signature, "paper_protocol_bleu": result.paper_bleu,
+        "test_bleu": result.bleu, "bleu_signature": result.signature, "test_chrf": result.chrf,
+        "paper_protocol_bleu": result.paper_bleu,
         "sentences_per_s": len(test) / result.seconds})
     print(f"these figures: {run.path / RESULT}")
     samples = list(range(0, len(test), max(1, len(test) // 4)))[:4]

@@ -106,9 +106,11 @@ class Score:
     seconds: float  # decoding time
     paper_bleu: Optional[float] = None  # Table 2's protocol, when the target language is given
     hypotheses: list[str] = field(default_factory=list, repr=False)
+    chrf: Optional[float] = None  # sacreBLEU's chrF (its defaults: `chrf`)
 
     def to_dict(self) -> dict:
-        return {"bleu": round(self.bleu, 2), "signature": self.signature, "length_ratio": round(self.length_ratio, 3),
+        chrf = {"chrf": round(self.chrf, 2)} if self.chrf is not None else {}
+        return {"bleu": round(self.bleu, 2), "signature": self.signature, **chrf, "length_ratio": round(self.length_ratio, 3),
                 "repetition_4gram": round(self.repetition, 3), "decode_s": round(self.seconds, 1),
                 **({"paper_bleu": round(self.paper_bleu, 2)} if self.paper_bleu is not None else {})}
 
@@ -116,10 +118,10 @@ class Score:
 def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = None, **changes) -> Score:
     """Translate the sources of `pairs` ((source, reference) strings) with `translator`
     (aiayn.translate.Translator; `changes` replace its decoding settings for this call) and score
-    the outputs against the references: sacreBLEU, the length ratio, the repetition rate and the
-    decoding time, and with the target language `lang` the paper's BLEU. The one "translate a
-    split and score it" of the package: training's dev BLEU, the demo, Table 3 and the
-    benchmarks all call it."""
+    the outputs against the references: sacreBLEU's BLEU and chrF, the length ratio, the
+    repetition rate and the decoding time, and with the target language `lang` the paper's BLEU.
+    The one "translate a split and score it" of the package: training's dev BLEU, the demo,
+    Table 3 and the benchmarks all call it."""
     start = time.perf_counter()
     hypotheses = translator.translate([s for s, _ in pairs], **changes)
     return score_hypotheses(hypotheses, [r for _, r in pairs], time.perf_counter() - start, lang)
@@ -130,7 +132,8 @@ def score_hypotheses(hypotheses: Sequence[str], references: Sequence[str], secon
     """`score`'s measures of outputs made elsewhere (a peer system's, in the benchmarks)."""
     value, signature = bleu(hypotheses, references)
     return Score(value, signature, length_ratio(hypotheses, references), repetition_rate(hypotheses), seconds,
-                 paper_bleu(hypotheses, references, lang) if lang else None, list(hypotheses))
+                 paper_bleu(hypotheses, references, lang) if lang else None, list(hypotheses),
+                 chrf(hypotheses, references)[0])
 
 
 def _read_lines(path: Optional[str]) -> list[str]:

@@ -176,7 +176,7 @@ def test_demo_trains_translates_and_scores(tmp_path):
     assert "source     " in done.stdout and "reference  " in done.stdout
     assert "averaged the last" in done.stdout and (tmp_path / "demo" / "averaged" / "model.safetensors").is_file()
     figures = json.loads((tmp_path / "demo" / "demo.json").read_text())  # the README demo table's row
-    assert f"test BLEU {figures['test_bleu']:.1f} ({figures['bleu_signature']})" in done.stdout
+    assert f"test BLEU {figures['test_bleu']:.1f} ({figures['bleu_signature']}); chrF {figures['test_chrf']:.1f};" in done.stdout
     assert f"matmul peak {figures['matmul_peak_tflops']:.2f} TFLOP/s; {figures['steps']:,} steps" in done.stdout
     assert figures["test_sentences"] == 2 and figures["cpu_kind"] in done.stdout and figures["training_minutes"] > 0
     again = subprocess.run(argv, capture_output=True, text=True, timeout=300)  # reuses the run

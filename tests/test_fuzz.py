@@ -513,7 +513,7 @@ def test_score(base, files, stdin, lang):
             assert status == 0, f"{n_ref} lines each failed to score: {err!r}"
     if status == 0:
         lines = out.decode("utf-8", "replace").split("\n")
-        assert lines[0].startswith("sacreBLEU") and lines[1].startswith("paper protocol"), out
+        assert lines[0].startswith("sacreBLEU") and lines[1].startswith("chrF") and lines[2].startswith("paper protocol"), out
 
 
 @settings(FUZZ, max_examples=40)
