@@ -364,8 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # said by the command's parser, whose --help lists the options it has
-        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # said by the parser of the command they were given to, whose --help lists its options
+        words = list(sys.argv[1:] if argv is None else argv)
+        given_to = parser if words.index(unknown[0]) < words.index(args.command) else args.parser
+        given_to.error(f"unrecognized arguments: {' '.join(unknown)}")
     # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so that partial outputs are reported.
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     try:

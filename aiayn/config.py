@@ -445,18 +445,25 @@ def preset(name: str) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
 
 
+_RUN_LENGTH = ("max_steps", "keep_last")
+
+
 def check_resumed(given_preset: Optional[str], model_config: ModelConfig, model_overrides: dict,
                   training: TrainConfig, train_overrides: dict, where: object) -> None:
     """A resumed run keeps its model and its training. Refused: model options that change it; a
     `--preset NAME` (`given_preset`, None where none was named) of another model (the vocabulary,
-    the data's, and norm_first, the recipe's, aside); and one that trains otherwise
-    (TRAIN_OVERRIDES: D3's ε_ls, big's steps) where the options given do not set those fields,
-    since the run would not be the preset asked for. `where`: the run's model config, to see."""
+    the data's, and norm_first, the recipe's, aside); and one that trains otherwise (D3's and
+    D4's ε_ls in TRAIN_OVERRIDES, where the model cannot tell them from base) where the options
+    given do not set those fields: the run would not be the preset asked for. Not big's steps and
+    checkpoints kept, which a run resumed with --max-steps has changed for good.
+    `where`: the run's model config, to see."""
     own = {"vocab_size": model_config.vocab_size, "norm_first": model_config.norm_first}
     if dataclasses.replace(model_config, **model_overrides) != model_config or (
             given_preset and dataclasses.replace(preset(given_preset), **{**model_overrides, **own}) != model_config):
         raise ValueError(f"a resumed run keeps its model; drop the model options and any --preset of another (see {where})")
     for name, value in TRAIN_OVERRIDES.get(given_preset or "", {}).items():
+        if name in _RUN_LENGTH:  # how long a run trains and what it keeps: the run's own, which options change
+            continue
         if name not in train_overrides and getattr(training, name) != value:
             raise ValueError(f"--preset {given_preset} trains with {_flag(name)} {value}, this run with "
                              f"{getattr(training, name)}; a resumed run keeps its training: give "

@@ -279,6 +279,7 @@ class PartialOutput:
         elif not force and self.partial.exists():
             raise ValueError(f"{self.partial} holds an interrupted translation; pass --resume to continue it "
                              "or --force to start over")
+        self._made = [folder for folder in self.final.parents if not folder.exists()]  # nearest first
         try:  # as every folder output makes the folders above it
             self.final.parent.mkdir(parents=True, exist_ok=True)
         except FileExistsError as error:  # a file where a folder of the path is needed
@@ -333,11 +334,17 @@ class PartialOutput:
         self._keep_record()
 
     def abandon(self, interrupted: bool) -> None:
-        """After a failure: nothing written is removed; what was is kept for --resume."""
+        """After a failure: nothing written is removed (with the folders made for it, left
+        empty); what was is kept for --resume."""
         self.handle.close()
         if not self.written:
             self.partial.unlink(missing_ok=True)
             self.record.unlink(missing_ok=True)
+            for folder in self._made:
+                try:
+                    folder.rmdir()
+                except OSError:  # something else is in it now
+                    break
         elif self.written > self.skip or interrupted:
             print(f"aiayn: note: {self.written} finished lines are in {self.partial}; rerun with --resume to continue",
                   file=sys.stderr)

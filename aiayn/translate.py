@@ -412,8 +412,10 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
                                  "--resume needs the same input")
         interactive = source is sys.stdin.buffer and sys.stdin.isatty()
         note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
-        if decode.cuda_graphs and translator.device.type != "cuda":  # a speed knob: said, not refused
-            note(f"--cuda-graphs records CUDA graphs; on the {translator.device.type.upper()} each step runs as without it")
+        on_gpu = translator.device.type == "cuda"
+        if decode.cuda_graphs and not (on_gpu and GraphedStep.fits(translator.config)):  # a speed knob: said, not refused
+            why = "with this model's restricted self-attention" if on_gpu else f"on the {translator.device.type.upper()}"
+            note(f"--cuda-graphs needs a CUDA GPU and full self-attention: {why}, each step runs as without it")
         with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
             split = functools.partial(split_sentences, lang=options.lang or languages_of(options.run_dir)[0] or "en") \
                 if paragraphs else None

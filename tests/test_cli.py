@@ -71,20 +71,27 @@ def test_a_resumed_run_refuses_a_preset_of_another_model_or_training(tmp_path, m
     assert run(capsys, "train", "--preset", "D3", "--label-smoothing", "0.0", "--out", str(tmp_path / "base"),
                "--resume")[0] == 0  # asked for: the run's training changed, as any option given does
     assert trained[-1].label_smoothing == 0.0 and made[-1] == PRESETS["base"]
+    # big's 300K steps and 20 checkpoints are how long it trains: a big run resumed once with
+    # --max-steps 400000 resumes with its preset as it is.
+    RunDir(tmp_path / "big").write_configs(PRESETS["big"], TrainConfig(max_steps=400_000, keep_last=5))
+    assert run(capsys, "train", "--preset", "big", "--out", str(tmp_path / "big"), "--resume")[0] == 0
+    assert (trained[-1].max_steps, trained[-1].keep_last) == (400_000, 5)
 
 
 @pytest.mark.parametrize("argv, says", [(["translate", "run", "--precision", "fp8"], "invalid choice: 'fp8'"),
                                         (["translaet"], "invalid choice: 'translaet'"),
                                         (["train", "--max-tokens", "many"], "invalid int value: 'many'"),
                                         (["train", "--out", "r", "--max-tokenz", "9"], "unrecognized arguments: --max-tokenz"),
-                                        (["corpus", "export", "bible-en-es", "--out", "d", "--spilt"], "arguments: --spilt")])
+                                        (["corpus", "export", "bible-en-es", "--out", "d", "--spilt"], "arguments: --spilt"),
+                                        (["--verbose", "train", "--out", "r"], "unrecognized arguments: --verbose")])
 def test_a_mistake_the_parser_finds_is_one_line_too(capsys, argv, says):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith("aiayn: error:") and err.count("\n") == 1
     # The help that lists the options of the command given (an unknown option included).
-    command = " ".join(word for word in argv[:2] if word in ("translate", "train", "corpus", "export"))
+    named = argv[:2] if argv[0] in ("translate", "train", "corpus") else []  # a mistake after the command's name
+    command = " ".join(word for word in named if word in ("translate", "train", "corpus", "export"))
     assert says in err and f"(see aiayn {command} --help)".replace("  ", " ") in err
 
 

@@ -490,6 +490,16 @@ def test_translate_writes_each_chunk_when_done(model_dir):
     assert count == 7 and [len(chunk) for chunk in written] == [3, 3, 1]
 
 
+def test_cuda_graphs_that_cannot_be_used_are_said_in_a_note(tmp_path, capsys, monkeypatch):
+    """On a GPU, a model with restricted self-attention decodes without graphs: said, as on a CPU
+    (the GPU faked: the note reads only the model's device, and the step checks the tensors')."""
+    restricted = make_model(tmp_path / "restricted", neighborhood=4)
+    monkeypatch.setattr(translate_module.Translator, "device", property(lambda self: torch.device("cuda")))
+    code, out, err = cli(capsys, "translate", restricted, "--cuda-graphs", "true", stdin=b"the cat\n", monkeypatch=monkeypatch)
+    assert code == 0 and out.count("\n") == 1
+    assert "--cuda-graphs needs a CUDA GPU and full self-attention: with this model's restricted self-attention" in err
+
+
 def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys, monkeypatch):
     monkeypatch.setattr(translate_module, "translate_ids", lambda *a, **k: pytest.fail("decoded"))
     (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
@@ -497,6 +507,10 @@ def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys,
     code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt",
                        "--output", tmp_path / "notes.txt" / "out.txt")
     one_line_error(code, err, f"{tmp_path / 'notes.txt'} is a file, not a folder")
+    code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt", "--precision", "fp16",
+                       "--output", tmp_path / "new" / "folders" / "out.txt")  # refused after its folders were made
+    one_line_error(code, err, "fp16 needs a CUDA GPU")
+    assert not (tmp_path / "new").exists()  # the folders made for the output go with it
     # The system's errors said of the path given, not as "[Errno 21] Is a directory: '...'".
     one_line_error(*cli(capsys, "translate", model_dir, "--input", tmp_path)[::2], f"{tmp_path} is a folder, not a file")
     one_line_error(*cli(capsys, "score", "--ref", tmp_path / "in.txt", "--hyp", tmp_path / "none.txt")[::2],
