@@ -45,6 +45,9 @@ class EncodedPairs:
         return len(self.lengths)
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"pair {i} of {len(self):,}")
+        i = i % len(self)  # from the end, as a list counts
         row = int(i if self.rows is None else self.rows[i])
         start, end = int(self.offsets[row]), int(self.offsets[row + 1])
         middle = start + int(self.lengths[i, 0])

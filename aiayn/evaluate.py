@@ -122,6 +122,7 @@ def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = No
     repetition rate and the decoding time, and with the target language `lang` the paper's BLEU.
     The one "translate a split and score it" of the package: training's dev BLEU, the demo,
     Table 3 and the benchmarks all call it."""
+    pairs = list(pairs)  # a zip or a generator is read twice below
     start = time.perf_counter()
     hypotheses = translator.translate([s for s, _ in pairs], **changes)
     return score_hypotheses(hypotheses, [r for _, r in pairs], time.perf_counter() - start, lang)

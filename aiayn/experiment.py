@@ -20,7 +20,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 from aiayn.config import BASE, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig
 from aiayn.files import atomic_write, read_json, write_json
@@ -90,9 +90,15 @@ SCALES = {
 }
 
 
-def miniature(row: str, scale: Scale) -> tuple[ModelConfig, dict]:
-    """The model config of a Table 3 row at `scale`, and the training settings the row changes
-    (ε_ls of rows D3 and D4)."""
+def miniature(row: str, scale: Union[Scale, str]) -> tuple[ModelConfig, dict]:
+    """The model config of a Table 3 row at `scale` (a Scale, or its name in SCALES), and the
+    training settings the row changes (ε_ls of rows D3 and D4)."""
+    if row not in ROWS:
+        raise ValueError(f"unknown Table 3 row {row!r}; choose from {', '.join(ROWS)}")
+    if isinstance(scale, str):  # a scale's name, as run_table3 takes
+        if scale not in SCALES:
+            raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
+        scale = SCALES[scale]
     paper = PRESETS[paper_name(row)]
     if BASE.d_model % scale.d_model:
         raise ValueError(f"a scale's d_model must divide {BASE.d_model}, got {scale.d_model}")
@@ -118,6 +124,7 @@ def select_rows(names: Optional[Sequence[str]]) -> list[str]:
     the paper's order, each row once."""
     if not names:
         return list(ROWS)
+    names = [names] if isinstance(names, str) else names  # "base", not "b", "a", "s", "e"
     chosen = set()
     for name in names:
         matched = [row for row in ROWS if row == name or (len(name) == 1 and row[0] == name and row[0] in "ABCDE")]

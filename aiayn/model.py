@@ -412,9 +412,8 @@ class Transformer(_Model):
         row, and the memory is not needed: its keys, values and mask are in the cache.
         With `positions`, (N,) indices into the B·T target positions taken row by row, only
         those positions' logits come out, (N, vocab_size): training scores the positions that
-        hold a target token and skips the padding's share of the pre-softmax projection.
-        """
-        check_tokens("tgt", tgt, self.config.vocab_size, check_range=check_range and cache is None)
+        hold a target token and skips the padding's share of the pre-softmax projection."""
+        check_tokens("tgt", tgt, self.config.vocab_size, check_range=check_range)
         if cache is None and memory is None:
             raise ValueError("decode needs the encoder's memory, or a cache from init_cache")
         if cache is None and tgt.size(0) != memory.size(0):
@@ -433,8 +432,9 @@ class Transformer(_Model):
 
     def next_log_probs(self, tokens: Tensor, cache) -> Tensor:
         """tokens: (B,) each row's newest token, one decoding step on `cache` (a KVCache, or
-        aiayn.graphs' static one) -> log-probabilities of the next token (B, V), in fp32."""
-        log_probs = torch.log_softmax(self.decode(tokens.unsqueeze(1), cache=cache)[:, -1], dim=-1, dtype=torch.float32)
+        aiayn.graphs' static one) -> log-probabilities of the next token (B, V), in fp32. The tokens
+        are the search's own, so not checked against the vocabulary (a check waits for a GPU)."""
+        log_probs = torch.log_softmax(self.decode(tokens.unsqueeze(1), cache=cache, check_range=False)[:, -1], -1, torch.float32)
         log_probs[:, self.config.pad_id] = float("-inf")  # padding is no word (CTranslate2 has no row for it)
         return log_probs  # (B, V)
 

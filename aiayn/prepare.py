@@ -64,7 +64,7 @@ def prepare_data(
     tokenizer = load_tokenizer(run.path)
     kept, dev_text = {}, []
     for name in ("train", "dev"):
-        pairs = store.split(name)
+        pairs = store.split(name) if name in store.splits else EncodedPairs.from_lists([])  # a corpus without dev
         rows = within_length(pairs.lengths, recipe.max_sentence_tokens)  # (kept,)
         if len(rows) < len(pairs):
             echo(f"{name}: left out {len(pairs) - len(rows):,} of {len(pairs):,} pairs longer than "

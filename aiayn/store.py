@@ -127,7 +127,7 @@ class Store:
     def split(self, name: str) -> EncodedPairs:
         """The pairs of one split, memory-mapped (nothing is read until a batch asks for it)."""
         if name not in self.manifest["splits"]:
-            return EncodedPairs.from_lists([])
+            raise ValueError(f"{self.folder} has no split {name!r}; it has {', '.join(self.splits)}")
         count = self.manifest["splits"][name]["tokens"]
         ids = np.memmap(self.folder / f"{name}.bin", dtype=self.dtype, mode="r", shape=(count,)) if count else \
             np.zeros(0, self.dtype)

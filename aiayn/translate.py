@@ -340,7 +340,11 @@ class Translator:
         return translate_nbest(self.model, sources, self.decode, None, n_best, **changes)
 
     def translate(self, sentences: Sequence[str], **changes) -> list[str]:
-        """Detokenized translations of `sentences`, in order."""
+        """Detokenized translations of `sentences` (a list of strings), in order."""
+        if isinstance(sentences, str):  # else each character would be a sentence
+            raise ValueError("translate takes a list of sentences, not a string: translate([text])[0] for one")
+        if self.tokenizer is None:
+            raise ValueError("this Translator has no tokenizer: give one, or call translate_ids with token ids")
         outputs = self.translate_ids(self.tokenizer.encode_batch(list(sentences)), **changes)
         return [self.tokenizer.decode(ids) for ids in outputs]
 

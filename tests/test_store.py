@@ -68,6 +68,8 @@ def test_preprocess_stores_every_pair_as_the_tokenizer_encodes_it(data_dir, corp
         source, target = train[i]
         assert source.tolist() == tokenizer.encode(kept[i][0]) and target.tolist() == tokenizer.encode(kept[i][1])
     assert train.lengths.tolist() == [[len(tokenizer.encode(s)), len(tokenizer.encode(t))] for s, t in kept]
+    with pytest.raises(ValueError, match="has no split 'valid'; it has dev, test, train"):  # was an empty set
+        store.split("valid")
     with pytest.raises(FileExistsError, match=r"force=True"):  # the API's own word for it, beside the CLI's
         preprocess(corpus, data_dir, 300, echo=lambda _: None)
     assert store.texts("test") == corpus.splits["test"]  # test text whole, for translate and score

@@ -1,0 +1,55 @@
+"""A newcomer's mistakes with the Python API: each a one-line error saying what to do, never a
+silent wrong result (a string translated character by character, a pair from the wrong end)."""
+
+import pytest
+import torch
+
+from aiayn.batching import EncodedPairs
+from aiayn.config import ModelConfig
+from aiayn.evaluate import score
+from aiayn.experiment import SCALES, miniature, select_rows
+from aiayn.model import Transformer
+from aiayn.translate import Translator
+from test_faults import make_model
+
+
+def test_a_translator_takes_a_list_and_needs_a_tokenizer(tmp_path):
+    translator = Translator.load(make_model(tmp_path / "model"), "cpu")
+    with pytest.raises(ValueError, match=r"a list of sentences, not a string: translate\(\[text\]\)\[0\]"):
+        translator.translate("the cat")
+    one = translator.translate(["the cat"])
+    assert len(one) == 1
+    pairs = zip(["the cat"], ["the cat"])  # read twice inside: a zip once was "1 hypotheses but 0 references"
+    assert score(translator, pairs).hypotheses == one
+    with pytest.raises(ValueError, match="no tokenizer"):
+        Translator(translator.model).translate(["the cat"])
+
+
+def test_pairs_count_from_the_end_as_a_list_does():
+    pairs = EncodedPairs.from_lists([([5, 6], [7, 8, 9]), ([10, 11, 12], [13])])
+    for i in (-2, -1):
+        assert [a.tolist() for a in pairs[i]] == [a.tolist() for a in pairs[i + 2]]
+    assert [a.tolist() for a in pairs[-2]] == [[5, 6], [7, 8, 9]]
+    for i in (2, -3):
+        with pytest.raises(IndexError, match=f"pair {i} of 2"):
+            pairs[i]
+
+
+def test_decoding_with_a_cache_checks_the_tokens_given():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1)).eval()
+    src = torch.tensor([[5, 6, 7, 2]])
+    memory, mask = model.encode(src)
+    cache = model.init_cache(memory, mask, max_len=4)
+    with pytest.raises(ValueError, match="tgt"):
+        model.decode(torch.tensor([[90]]), cache=cache)  # was IndexError from inside the embedding
+    assert model.decode(torch.tensor([[1]]), cache=cache).shape == (1, 1, 50)
+
+
+def test_table3_rows_and_scales_by_name():
+    with pytest.raises(ValueError, match="unknown Table 3 row 'Z9'; choose from base"):
+        miniature("Z9", SCALES["small"])
+    with pytest.raises(ValueError, match="unknown scale 'huge'"):
+        miniature("C5", "huge")
+    assert miniature("C5", "small") == miniature("C5", SCALES["small"])
+    assert select_rows("base") == ["base"]  # a string is one row, not its letters
