@@ -131,6 +131,8 @@ def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = No
 def score_hypotheses(hypotheses: Sequence[str], references: Sequence[str], seconds: float = 0.0,
                      lang: Optional[str] = None) -> Score:
     """`score`'s measures of outputs made elsewhere (a peer system's, in the benchmarks)."""
+    if not references:
+        raise ValueError("no sentences to score")
     value, signature = bleu(hypotheses, references)
     return Score(value, signature, length_ratio(hypotheses, references), repetition_rate(hypotheses), seconds,
                  paper_bleu(hypotheses, references, lang) if lang else None, list(hypotheses),

@@ -312,6 +312,8 @@ class Translator:
     default). Every "translate and score" of the package goes through one (aiayn.evaluate.score)."""
 
     def __init__(self, model: Transformer, tokenizer=None, decode: DecodeConfig = DECODE_PRESETS["translate"]) -> None:
+        if not isinstance(decode, DecodeConfig):
+            raise ValueError(f"decode takes a DecodeConfig (DecodeConfig(beam=1)), not a {type(decode).__name__}")
         self.decode = decode
         self.tokenizer = tokenizer
         self.model = decoding_model(model, decode.precision)

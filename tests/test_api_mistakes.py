@@ -23,6 +23,10 @@ def test_a_translator_takes_a_list_and_needs_a_tokenizer(tmp_path):
     assert score(translator, pairs).hypotheses == one
     with pytest.raises(ValueError, match="no tokenizer"):
         Translator(translator.model).translate(["the cat"])
+    with pytest.raises(ValueError, match=r"decode takes a DecodeConfig \(DecodeConfig\(beam=1\)\), not a dict"):
+        Translator(translator.model, decode={"beam": 1})
+    with pytest.raises(ValueError, match="no sentences to score"):  # was sacreBLEU's IndexError
+        score(translator, [])
 
 
 def test_pairs_count_from_the_end_as_a_list_does():
