@@ -45,13 +45,18 @@ class EncodedPairs:
         return len(self.lengths)
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"pair {i} of {len(self):,}")
-        i = i % len(self)  # from the end, as a list counts
+        # Checked only where numpy would not refuse: a batch reads every pair through here.
+        if i < 0:  # from the end, as a list counts (numpy would read the offsets of another row)
+            if i < -len(self):
+                raise IndexError(f"pair {i} of {len(self):,}")
+            i += len(self)
+        try:
+            source_len = int(self.lengths[i, 0])
+        except IndexError:  # past the end: numpy's message names an index of its own arrays
+            raise IndexError(f"pair {i} of {len(self):,}") from None
         row = int(i if self.rows is None else self.rows[i])
         start, end = int(self.offsets[row]), int(self.offsets[row + 1])
-        middle = start + int(self.lengths[i, 0])
-        return self.ids[start:middle], self.ids[middle:end]
+        return self.ids[start:start + source_len], self.ids[start + source_len:end]
 
     def subset(self, rows: np.ndarray) -> "EncodedPairs":
         """The pairs `rows` (indices into this set), in that order."""

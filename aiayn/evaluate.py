@@ -9,20 +9,21 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 
-def _corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]):
-    """sacreBLEU's corpus score with its defaults (13a tokenization, exp smoothing), and the metric."""
-    from sacrebleu.metrics import BLEU
+def _corpus_score(metric_name: str, hypotheses: Sequence[str], references: Sequence[str]):
+    """sacreBLEU's corpus score by its metric `metric_name` ("BLEU", "CHRF") with the metric's
+    defaults, and the metric (for its signature)."""
+    import sacrebleu.metrics
 
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    metric = BLEU()
+    metric = getattr(sacrebleu.metrics, metric_name)()
     return metric.corpus_score(list(hypotheses), [list(references)]), metric
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
     """Corpus BLEU of detokenized text with sacreBLEU's defaults (13a tokenization, exp
     smoothing). Returns (score, signature); the signature says exactly how it was computed."""
-    score, metric = _corpus_bleu(hypotheses, references)
+    score, metric = _corpus_score("BLEU", hypotheses, references)
     return score.score, str(metric.get_signature())
 
 
@@ -30,19 +31,20 @@ def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, s
     """Corpus chrF with sacreBLEU's defaults (character n-grams up to 6, recall weighted β = 2),
     and its signature: the metric WMT reports beside BLEU, which credits a word form half right
     and is steadier than BLEU on a small test set, where 4-gram matches are few."""
-    from sacrebleu.metrics import CHRF
-
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    metric = CHRF()
-    return metric.corpus_score(list(hypotheses), [list(references)]).score, str(metric.get_signature())
+    score, metric = _corpus_score("CHRF", hypotheses, references)
+    return score.score, str(metric.get_signature())
 
 
 def length_ratio(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     """Hypothesis length over reference length, in sacreBLEU's 13a tokens summed over the corpus
     (the ratio behind BLEU's brevity penalty): far above 1, outputs run on; below 1, they stop short."""
-    score, _ = _corpus_bleu(hypotheses, references)
-    return score.sys_len / max(score.ref_len, 1)
+    score, _ = _corpus_score("BLEU", hypotheses, references)
+    return _ratio(score)
+
+
+def _ratio(bleu_score) -> float:
+    """A sacreBLEU BLEU score's hypothesis over reference length (`length_ratio`)."""
+    return bleu_score.sys_len / max(bleu_score.ref_len, 1)
 
 
 def repetition_rate(hypotheses: Sequence[str], n: int = 4) -> float:
@@ -133,8 +135,8 @@ def score_hypotheses(hypotheses: Sequence[str], references: Sequence[str], secon
     """`score`'s measures of outputs made elsewhere (a peer system's, in the benchmarks)."""
     if not references:
         raise ValueError("no sentences to score")
-    value, signature = bleu(hypotheses, references)
-    return Score(value, signature, length_ratio(hypotheses, references), repetition_rate(hypotheses), seconds,
+    corpus, metric = _corpus_score("BLEU", hypotheses, references)  # once: the score and the lengths
+    return Score(corpus.score, str(metric.get_signature()), _ratio(corpus), repetition_rate(hypotheses), seconds,
                  paper_bleu(hypotheses, references, lang) if lang else None, list(hypotheses),
                  chrf(hypotheses, references)[0])
 
