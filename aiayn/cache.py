@@ -52,6 +52,8 @@ class KVCache:
         cross: Optional[list[tuple[Tensor, Tensor]]] = None,
         memory_mask: Optional[Tensor] = None,
     ) -> None:
+        if max_len < 1:
+            raise ValueError(f"a KV cache needs room for at least one position: max_len {max_len}")
         self.max_len = max_len
         self.length = 0
         self.n_layers = n_layers
@@ -132,6 +134,8 @@ class KVCache:
         k: (B, h, t, d_k), v: (B, h, t, d_v) -> (B, h, length + t, d_k), (B, h, length + t, d_v)
         """
         end = self.length + k.size(2)
+        if k.size(0) != self._buffers[layer].size(0):
+            raise ValueError(f"this step has {k.size(0)} rows of tokens; the KV cache was made for {self._buffers[layer].size(0)}")
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; decoding needs {end}")
         out = []

@@ -149,8 +149,8 @@ class TrainConfig:
     save_minutes: Optional[float] = _option(None, "also checkpoint after this many minutes")
     keep_last: int = _option(5, "checkpoints kept (§6.1 averages the last 5 for base, 20 for big)")
     log_every: int = _option(100, "steps between training log records")
-    eval_every: int = _option(1000, "steps between validations (dev loss and BLEU)")
-    eval_bleu_sentences: int = _option(200, "dev sentences translated for the BLEU of each validation")
+    eval_every: int = _option(1000, "steps between validations (dev loss, BLEU and chrF)")
+    eval_bleu_sentences: int = _option(200, "dev sentences translated for the BLEU and chrF of each validation")
     max_sentence_tokens: int = _option(256, "longer pairs (in tokens, either side) are left out, and counted")
     seed: int = _option(1, "seed of the weights, the batch order and dropout")
     precision: Literal["fp32", "bf16", "fp16"] = _option(

@@ -312,6 +312,8 @@ def beam_search(
     step). Returns the best finished hypothesis of each sentence, with, for `n_best` > 1, its
     next best finished ones (at most n_best - 1: a sentence that reached max_len may have fewer)
     as its `alternatives`. The guards: those of `BeamSearch`."""
+    if not isinstance(max_len, Tensor):
+        raise TypeError(f"max_len is each sentence's limit, a tensor (B,) such as torch.full((B,), 60); got {max_len!r}")
     search = BeamSearch(step, reorder, bos_id, eos_id, max_len.device, beam, min_len, no_repeat_ngram,
                         repetition_penalty)
     search.join(max_len, list(range(max_len.numel())), alpha, n_best)

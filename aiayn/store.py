@@ -120,6 +120,10 @@ class Store:
         self.src_lang, self.tgt_lang = manifest["src_lang"], manifest["tgt_lang"]
         self.dtype = np.dtype(manifest["dtype"])
 
+    def __repr__(self) -> str:
+        pairs = ", ".join(f"{name}: {split['pairs']:,} pairs" for name, split in self.manifest["splits"].items())
+        return f"Store({str(self.folder)!r}, {self.src_lang}->{self.tgt_lang}, {pairs})"
+
     @property
     def splits(self) -> list[str]:
         return list(self.manifest["splits"])

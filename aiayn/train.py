@@ -342,8 +342,8 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict:
-        """Dev loss and perplexity over every dev pair; BLEU of greedy translations of the first
-        `eval_bleu_sentences` dev sentences (beam search is for the final test)."""
+        """Dev loss and perplexity over every dev pair; BLEU and chrF of greedy translations of the
+        first `eval_bleu_sentences` dev sentences (beam search is for the final test)."""
         self.model.eval()
         c = self.config
         loss_sum = nll_sum = tokens = 0.0
@@ -357,7 +357,8 @@ class Trainer:
         count = min(self.recipe.eval_bleu_sentences, len(self.data.dev_text))
         if self.tokenizer is not None and count:
             decode = dataclasses.replace(DECODE_PRESETS["validate"], precision=self.recipe.precision)
-            record["bleu"] = score(Translator(self.model, self.tokenizer, decode), self.data.dev_text[:count]).bleu
+            result = score(Translator(self.model, self.tokenizer, decode), self.data.dev_text[:count])
+            record.update(bleu=result.bleu, chrf=result.chrf)
         self.model.train()
         return record
 

@@ -324,6 +324,11 @@ class Translator:
         model, tokenizer = load_for_inference(path, resolve_device(device))
         return cls(model, tokenizer, decode)
 
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Translator(d_model={c.d_model}, n_layers={c.n_layers}, vocab_size={c.vocab_size}, device={self.device}, "
+                f"tokenizer={self.tokenizer!r}, decode={self.decode!r})")
+
     @property
     def config(self):
         return self.model.config

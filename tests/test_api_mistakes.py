@@ -8,7 +8,8 @@ from aiayn.batching import EncodedPairs
 from aiayn.config import ModelConfig
 from aiayn.evaluate import score
 from aiayn.experiment import SCALES, miniature, select_rows
-from aiayn.model import Transformer
+from aiayn.model import DecoderModel, Transformer
+from aiayn.search import greedy
 from aiayn.translate import Translator
 from test_faults import make_model
 
@@ -18,6 +19,7 @@ def test_a_translator_takes_a_list_and_needs_a_tokenizer(tmp_path):
     with pytest.raises(ValueError, match=r"a list of sentences, not a string: translate\(\[text\]\)\[0\]"):
         translator.translate("the cat")
     one = translator.translate(["the cat"])
+    assert repr(translator).startswith("Translator(d_model=") and "decode=DecodeConfig(beam=4, alpha=0.6" in repr(translator)
     assert len(one) == 1
     pairs = zip(["the cat"], ["the cat"])  # read twice inside: a zip once was "1 hypotheses but 0 references"
     assert score(translator, pairs).hypotheses == one
@@ -48,6 +50,18 @@ def test_decoding_with_a_cache_checks_the_tokens_given():
     with pytest.raises(ValueError, match="tgt"):
         model.decode(torch.tensor([[90]]), cache=cache)  # was IndexError from inside the embedding
     assert model.decode(torch.tensor([[1]]), cache=cache).shape == (1, 1, 50)
+    with pytest.raises(ValueError, match="this step has 2 rows of tokens; the KV cache was made for 1"):
+        model.decode(torch.tensor([[1], [1]]), cache=cache)  # was an expand error from inside PyTorch
+    with pytest.raises(ValueError, match="at least one position: max_len 0"):
+        model.init_cache(memory, mask, max_len=0)  # was "cannot reshape tensor of 0 elements"
+    cache = DecoderModel(model.config).init_cache(batch=1, max_len=4)
+    with pytest.raises(ValueError, match="the KV cache was made for 1"):
+        DecoderModel(model.config)(torch.tensor([[1], [1]]), cache=cache)
+
+
+def test_the_search_takes_its_limits_as_a_tensor():
+    with pytest.raises(TypeError, match=r"a tensor \(B,\) such as torch.full\(\(B,\), 60\); got 60"):
+        greedy(lambda tokens: None, lambda rows: None, 1, 2, max_len=60)  # was "'int' object has no attribute 'device'"
 
 
 def test_table3_rows_and_scales_by_name():

@@ -61,6 +61,7 @@ def test_preprocess_stores_every_pair_as_the_tokenizer_encodes_it(data_dir, corp
     info = store.manifest["splits"]
     assert (info["train"]["dropped_empty"], info["train"]["dropped_long"], info["train"]["pairs"]) == (1, 1, 300)
     assert info["test"]["pairs"] == 25 and store.manifest["dtype"] == "uint16"
+    assert repr(store).endswith(f"en->de, dev: {info['dev']['pairs']} pairs, test: 25 pairs, train: 300 pairs)")
     train = store.split("train")
     assert isinstance(train.ids, np.memmap)  # read from disk on demand, shared through the page cache
     kept = [pair for pair in corpus.splits["train"] if len(pair[0].split()) < 300]
@@ -205,8 +206,11 @@ def test_a_resumed_run_refuses_data_of_another_tokenizer(tmp_path, data_dir, cor
     run = tmp_path / "run"
     common = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--max-tokens", "300", "--log-every", "1",
               "--eval-every", "1000", "--device", "cpu", "--out", run]
-    assert cli(capsys, "train", "--data", data_dir, "--max-steps", "2", *common)[0] == 0
-    assert (run / "tokenizer.model").read_bytes() == (data_dir / "tokenizer.model").read_bytes()
+    code, out, _ = cli(capsys, "train", "--data", data_dir, "--max-steps", "2", *common, "--eval-every", "2")
+    assert code == 0 and (run / "tokenizer.model").read_bytes() == (data_dir / "tokenizer.model").read_bytes()
+    dev = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r.get("split") == "dev"]
+    assert len(dev) == 1 and 0 <= dev[0]["bleu"] <= 100 and 0 <= dev[0]["chrf"] <= 100  # greedy outputs of 20 dev pairs
+    assert f"chrf {dev[0]['chrf']:.3f}" in out  # the validation line says what the log holds
     other = tmp_path / "other"
     preprocess(load_corpus(str(corpus_dir)), other, 290, echo=lambda _: None)
     one_line_error(*cli(capsys, "train", "--data", other, "--resume", "--max-steps", "3", *common)[::2],
