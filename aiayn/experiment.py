@@ -148,9 +148,9 @@ def _check_out(out: Path, settings: dict) -> None:
         if changed and _started(out):
             first = "scale" if "scale" in changed else changed[0]  # the scale sets most of the others
             raise ValueError(f"{out} holds an experiment with {first}={kept.get(first)!r}, not {settings.get(first)!r}; "
-                             f"continue it with its settings or choose another --out")
+                             f"continue it with its settings or choose another --out (in Python: out=...)")
     elif out.exists() and any(p.name != LOCK for p in out.iterdir()):  # its lock: a start that failed
-        raise ValueError(f"{out} exists and is not a Table 3 experiment folder; choose another --out")
+        raise ValueError(f"{out} exists and is not a Table 3 experiment folder; choose another --out (in Python: out=...)")
     out.mkdir(parents=True, exist_ok=True)
     write_json(path, settings)
 

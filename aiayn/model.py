@@ -510,7 +510,7 @@ class DecoderModel(_Model):
 
     def forward(self, tokens: Tensor, cache: Optional[KVCache] = None) -> Tensor:
         """tokens: (B, T) -> logits (B, T, vocab_size)."""
-        check_tokens("tokens", tokens, self.config.vocab_size, check_range=cache is None)
+        check_tokens("tokens", tokens, self.config.vocab_size)
         hidden, _ = self.decoder(tokens, cache=cache)
         return self._logits(hidden, self.decoder.embed)
 

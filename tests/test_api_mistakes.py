@@ -54,9 +54,12 @@ def test_decoding_with_a_cache_checks_the_tokens_given():
         model.decode(torch.tensor([[1], [1]]), cache=cache)  # was an expand error from inside PyTorch
     with pytest.raises(ValueError, match="at least one position: max_len 0"):
         model.init_cache(memory, mask, max_len=0)  # was "cannot reshape tensor of 0 elements"
-    cache = DecoderModel(model.config).init_cache(batch=1, max_len=4)
+    decoder_only = DecoderModel(model.config).eval()
+    cache = decoder_only.init_cache(batch=1, max_len=4)
     with pytest.raises(ValueError, match="the KV cache was made for 1"):
-        DecoderModel(model.config)(torch.tensor([[1], [1]]), cache=cache)
+        decoder_only(torch.tensor([[1], [1]]), cache=cache)
+    with pytest.raises(ValueError, match="tokens"):
+        decoder_only(torch.tensor([[90]]), cache=cache)  # was IndexError from inside the embedding
 
 
 def test_the_search_takes_its_limits_as_a_tensor():
