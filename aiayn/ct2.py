@@ -203,5 +203,7 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
                     archive.write(path, path.relative_to(package.parent))
 
         atomic_write(out_file, write)
-    echo(f"wrote {out_file} (Argos Translate package {source} → {target}; install with argospm install {out_file})")
+    # argospm installs only by name from the online index; a file goes through the package API.
+    echo(f"wrote {out_file} (Argos Translate package {source} → {target}); install it with: python -c \"import "
+         f"argostranslate.package; argostranslate.package.install_from_path({str(out_file)!r})\"")
     return out_file

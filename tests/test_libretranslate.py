@@ -144,10 +144,10 @@ def test_keys_and_rates_with_the_real_client(model_dir, tmp_path, translator):
     with ServerProcess(model_dir, "--source-lang", "en", "--target-lang", "es", "--api-keys", str(keys)) as server:
         assert LibreTranslateAPI(server.url, api_key="secret").translate("the river", "en", "es") == \
             translator.translate(["the river"])[0]
-        for key in (None, "wrong"):
+        for key, error in ((None, "Please provide an API key (api_key)"), ("wrong", "Invalid API key")):
             with pytest.raises(urllib.error.HTTPError) as refused:
                 LibreTranslateAPI(server.url, api_key=key).translate("the river", "en", "es")
-            assert refused.value.code == 403
+            assert refused.value.code == 403 and json.loads(refused.value.read()) == {"error": error}
         slow = LibreTranslateAPI(server.url, api_key="slow")
         slow.translate("the river", "en", "es")
         slow.translate("the river", "en", "es")
