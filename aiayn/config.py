@@ -144,7 +144,8 @@ class TrainConfig:
     adam_eps: float = _option(1e-9, "Adam's ε (§5.3; fairseq's and Eole's default is 1e-8)")
     label_smoothing: float = _option(0.1, "ε_ls of §5.4")
     max_steps: int = _option(100_000, "stop after this many steps (§5.2: 100K for base)")
-    minutes: Optional[float] = _option(None, "also stop after this many minutes of training, whichever comes first")
+    minutes: Optional[float] = _option(None, "also stop after this many minutes of training in all (a resumed run's "
+                                                 "earlier sessions count), whichever comes first")
     save_every: int = _option(1000, "steps between checkpoints")
     save_minutes: Optional[float] = _option(None, "also checkpoint after this many minutes")
     keep_last: int = _option(5, "checkpoints kept (§6.1 averages the last 5 for base, 20 for big)")
@@ -499,6 +500,8 @@ class FileDecodeOptions:
             object.__setattr__(self, "output", None)
         if self.resume and self.force:
             raise ValueError("--resume continues an output and --force translates it anew: give one of them")
+        if self.resume and self.output is None:  # stdout cannot be continued
+            raise ValueError("--resume continues the file of --output; without one the lines go to stdout")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -629,7 +632,7 @@ class TrainOptions:
     TrainConfig's fields as overrides)."""
 
     preset: Optional[str] = _option(None, "model preset (default base): base, big, a Table 3 row (A1 ... E), tiny, small, "
-                                          "parse; a resumed run keeps its own")
+                                          "parse; a resumed run keeps its own (another is refused)")
     out: str = _option(help="the run folder: checkpoints, log.jsonl, loss.png, model/")
     resume: bool = _option(False, "continue the run in --out from its last checkpoint")
     recipe: str = _option("paper", "paper: §3.1 and §5 as written; fast: pre-norm (and in bf16 a bf16 copy of the model), learns more per step "

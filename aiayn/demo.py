@@ -34,6 +34,10 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
     resume = run.has_configs()
     if resume:  # the run goes on as it began: its model and recipe, a new budget
         model_config, training = run.configs()
+        asked = demo_model(options.preset, options.recipe), resolve_precision(options.precision, resolve_device("auto"))
+        if asked != (model_config, training.precision) or options.seed != training.seed:
+            print(f"note: {run.path} goes on with the model, recipe, precision and seed it began with; "
+                  f"--preset, --recipe, --precision and --seed apply to a new --out")
         training = dataclasses.replace(training, minutes=options.minutes)
     else:
         model_config = demo_model(options.preset, options.recipe)
@@ -46,7 +50,7 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
         chosen = run.checkpoints()[-DEMO_AVERAGE_LAST:]
         average_checkpoints(chosen, run.averaged, force=True)  # made anew from this run's checkpoints
         model = Transformer.load(run.averaged, trainer.device).eval()
-        print(f"averaged the last {len(chosen)} checkpoints ({chosen[0].name} ... {chosen[-1].name}) into {run.averaged}")
+        print(f"averaged the last {len(chosen)} checkpoint{'s' if len(chosen) > 1 else ''} ({chosen[0].name} ... {chosen[-1].name}) into {run.averaged}")
     test = store.texts("test")[: options.test_sentences]
     decode = dataclasses.replace(decode, precision=training.precision)
     print(f"translating {len(test):,} test verses (beam {decode.beam}, α {decode.alpha}, "

@@ -147,10 +147,10 @@ class RunDir:
     def check_start(self, resume: bool) -> None:
         """Never train over a run, a finished or interrupted one or an imported model, by
         accident. A folder that holds only a tokenizer (a start that failed) is not a run."""
+        if self.final.exists() and not self.checkpoints():  # --resume would be refused: say what works
+            raise ValueError(f"{self.path} holds a model but no checkpoint to resume (an imported model?); "
+                             f"fine-tune it with --init-from {self.path} and another --out")
         if resume:
-            if self.final.exists() and not self.checkpoints():
-                raise ValueError(f"{self.path} holds a model but no checkpoint to resume (an imported model?); "
-                                 f"fine-tune it with --init-from {self.path} and another --out")
             return
         held = [path.name for path in (self.checkpoint_root, self.final, self.log) if path.exists()]
         if held:

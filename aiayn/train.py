@@ -511,8 +511,8 @@ def train_run(
              f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}{' with TF32 products' if recipe.tf32 else ''}")
         if (warning := memory_warning(model_config, recipe, trainer.device)) is not None:
             echo(warning)
-        last = trainer.fit()
+        start, last = trainer.step, trainer.fit()
         echo(f"done at step {trainer.step} after {trainer.elapsed / 60:.1f} min"
-             + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "")
-             + f"; model in {run.final}")
+             + (f": loss {last['loss']:.3f}, ppl {last['ppl']:.2f}" if last else "") + f"; model in {run.final}"
+             + ("" if trainer.step > start else " (no step taken: --max-steps or --minutes, which counts every session's, was reached)"))
     return trainer, store

@@ -112,8 +112,9 @@ def test_train_refuses_an_imported_run_with_or_without_resume(tmp_path, model_di
     run = tmp_path / "run"
     assert cli(capsys, "import-hf", tmp_path / "hf", run)[0] == 0
     weights = (run / "model" / "model.safetensors").read_bytes()
-    one_line_error(*cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "1"))[::2], "already holds a run", "--resume")
-    one_line_error(*cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "1", "--resume"))[::2], "--init-from")
+    for resume in ((), ("--resume",)):  # without it, "pass --resume" led only to the second refusal
+        one_line_error(*cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "1", *resume))[::2],
+                       "no checkpoint to resume (an imported model?)", f"--init-from {run} and another --out")
     assert (run / "model" / "model.safetensors").read_bytes() == weights
 
 
@@ -459,6 +460,9 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
                        monkeypatch=monkeypatch)
     assert code == 0, err  # a speed knob may change, and --lang where nothing is split
     assert out.read_text(encoding="utf-8").count("\n") == 9
+    for output in ((), ("--output", "-")):  # was ignored: the whole input translated to stdout again
+        one_line_error(*cli(capsys, "translate", model_dir, *output, "--resume", stdin=lines, monkeypatch=monkeypatch)[::2],
+                       "--resume continues the file of --output; without one the lines go to stdout")
 
 
 def test_output_dash_is_stdout_as_input_dash_is_stdin(tmp_path, model_dir, capsys, monkeypatch):
