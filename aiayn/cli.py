@@ -27,7 +27,7 @@ from aiayn.config import (
     check_options, decode_field_problem, preset, recipe,
 )
 from aiayn import __version__
-from aiayn.errors import ask_for_less, os_error_message, out_of_memory
+from aiayn.errors import ask_for_less, command_line_message, out_of_memory
 
 
 class UserError(Exception):
@@ -376,8 +376,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or Python's last flush fails again
         return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended
     except (UserError, ValueError, ImportError, OSError) as error:  # OSError: files, network
-        message = os_error_message(error) if isinstance(error, OSError) else str(error)
-        parser.exit(2, f"aiayn: error: {' '.join(message.split())}\n")
+        parser.exit(2, f"aiayn: error: {command_line_message(error)}\n")
     except KeyboardInterrupt:
         parser.exit(130, "aiayn: interrupted\n")
     except (MemoryError, RuntimeError) as error:

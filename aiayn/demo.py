@@ -6,6 +6,7 @@ until the budget is spent, then only averages and translates."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from datetime import datetime, timezone
 
 import torch
@@ -36,8 +37,8 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
         model_config, training = run.configs()
         asked = demo_model(options.preset, options.recipe), resolve_precision(options.precision, resolve_device("auto"))
         if asked != (model_config, training.precision) or options.seed != training.seed:
-            print(f"note: {run.path} goes on with the model, recipe, precision and seed it began with; "
-                  f"--preset, --recipe, --precision and --seed apply to a new --out")
+            print(f"aiayn: note: {run.path} goes on with the model, recipe, precision and seed it began with; "
+                  f"--preset, --recipe, --precision and --seed apply to a new --out", file=sys.stderr)
         training = dataclasses.replace(training, minutes=options.minutes)
     else:
         model_config = demo_model(options.preset, options.recipe)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 
 
@@ -32,6 +33,14 @@ def os_error_message(error: OSError) -> str:
     if error.errno == errno.ENOENT:
         return f"no such file or folder: {path}"
     return f"{path}: {error.strerror}"
+
+
+def command_line_message(error: Exception) -> str:
+    """What `aiayn: error:` says of a user's mistake, on one line: an OSError as `os_error_message`
+    says it, and without the API's word for an option ("pass --force (in Python: force=True)"),
+    which a command's user has no use for."""
+    message = os_error_message(error) if isinstance(error, OSError) else str(error)
+    return " ".join(re.sub(r" \(in Python: [^)]*\)", "", message).split())
 
 
 def out_of_memory(error: BaseException) -> bool:

@@ -99,7 +99,8 @@ def test_import_hf_never_replaces_a_folder_without_force_and_then_replaces_it_wh
     assert cli(capsys, "import-hf", tmp_path / "hf", run)[0] == 0
     (run / "model" / "tokenizer.model").write_bytes(b"a leftover tokenizer")
     (run / "notes.txt").write_text("mine")
-    one_line_error(*cli(capsys, "import-hf", tmp_path / "hf", run)[::2], "already exists", "--force")
+    code, _, err = cli(capsys, "import-hf", tmp_path / "hf", run)
+    one_line_error(code, err, "already exists; pass --force to replace it")  # the API's force=True is the API's to say
     assert (run / "notes.txt").read_text() == "mine"
     assert cli(capsys, "import-hf", tmp_path / "hf", run, "--force")[0] == 0
     assert sorted(p.name for p in run.iterdir()) == ["model"]  # replaced whole: nothing old is left

@@ -721,9 +721,14 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
         status, body, _ = busy.result()
     assert status == 200 and len(body["translations"]) == 64
     assert code == 0, err
-    assert "stopped: 1 request, 64 texts" in out
+    assert "stopped: 1 request, 64 texts" in out and "aiayn: note:" not in err  # on loopback only this machine's clients
     with pytest.raises(OSError):
         request(port, "GET", "/health", timeout=5)
+
+
+def test_a_server_beyond_loopback_without_keys_says_it_is_open(model_dir):
+    code, _, err = ServerProcess(model_dir, "--host", "0.0.0.0").stop()
+    assert code == 0 and "aiayn: note: any client that reaches this address may translate; --api-keys FILE" in err
 
 
 def _memory(pid: int) -> tuple[int, int]:

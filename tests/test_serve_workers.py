@@ -177,7 +177,16 @@ def test_a_model_a_worker_cannot_load_is_a_one_line_error(model_dir):
     done = subprocess.run([sys.executable, "-m", "aiayn", "serve", str(model_dir), "--port", "0", "--workers", "2",
                            "--precision", "fp16"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("aiayn: error: worker 0 could not load the model: ValueError: fp16 needs a CUDA GPU")
+    assert done.stderr.startswith("aiayn: error: fp16 needs a CUDA GPU")  # before any worker loads the model
+    import multiprocessing
+
+    from aiayn.serve.workers import Worker
+
+    worker = Worker(multiprocessing.get_context("spawn"), str(model_dir), "cpu", "fp16", 1, 0)  # as if it got that far
+    with pytest.raises(ValueError, match="^worker 0 could not load the model: fp16 needs a CUDA GPU"):
+        worker.ready()  # the refusal as the server says it, not "ValueError: ..." in the middle of it
+    worker.process.join(60)
+    worker.connection.close()
     done = subprocess.run([sys.executable, "-m", "aiayn", "serve", str(model_dir), "--workers", "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--workers must be between 1 and 64, got 0" in done.stderr

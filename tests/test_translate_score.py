@@ -151,6 +151,22 @@ def test_attention_maps_for_every_layer_and_kind(tmp_path, model_dir):
     assert all((tmp_path / "maps" / n).stat().st_size > 5000 for n in names)
 
 
+def test_attention_figures_name_each_decoder_position_by_the_token_it_produced(tmp_path, model_dir, monkeypatch):
+    """As the server's page and its `target_tokens` do: row t of a cross map is the step that
+    produced target token t (the figures named it by its input, the token before)."""
+    from aiayn import visualize
+
+    model, tokenizer = Transformer.load(model_dir).eval(), Tokenizer.load(model_dir)
+    target = translate_ids(model, [tokenizer.encode("the cat")], beam=1)[0]
+    seen, plot = {}, visualize.plot_heads
+    monkeypatch.setattr(visualize, "plot_heads", lambda weights, queries, keys, title, path: (
+        seen.setdefault(path.stem.split("-")[0], (list(queries), list(keys))), plot(weights, queries, keys, title, path))[1])
+    visualize.attention_figures(model, tokenizer, "the cat", target, tmp_path / "maps")
+    produced = [tokenizer.id_to_piece(i) for i in target] + ["</s>"]
+    source = [tokenizer.id_to_piece(i) for i in tokenizer.encode("the cat")] + ["</s>"]
+    assert seen == {"cross": (produced, source), "decoder": (produced, produced), "encoder": (source, source)}
+
+
 @pytest.mark.parametrize("heads, queries, keys", [(1, 3, 3), (4, 30, 20), (6, 10, 14), (8, 52, 40)])
 def test_an_attention_figure_has_room_for_every_label_and_title(heads, queries, keys):
     """aiayn.visualize lays out its grid from the measured sizes of its texts (not tight_layout's

@@ -13,12 +13,13 @@ import contextlib
 import ipaddress
 import signal
 import socket
+import sys
 import threading
 
 import uvicorn
 
 from aiayn.config import DecodeConfig, ServeOptions
-from aiayn.device import resolve_device
+from aiayn.device import check_precision, resolve_device
 from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
 from aiayn.run import languages_of, load_for_inference
 from aiayn.serve.app import LOOPBACK_NAMES, create_app
@@ -51,6 +52,7 @@ def _load(options: ServeOptions, precision: str, listener: socket.socket):
     bound_kernel_cache(SERVING_KERNEL_CACHE_CAPACITY)  # before the process's first matrix product
     try:
         device = resolve_device(options.device)
+        check_precision(device, precision)  # here, before N workers would each load the model to refuse it
         model, tokenizer = load_for_inference(options.run_dir, device)
         workers = Workers(str(options.run_dir), str(device), precision, options.workers) if options.workers > 1 else None
         return device, model, tokenizer, workers
@@ -67,13 +69,20 @@ def _allowed_hosts(address: str):
     return LOOPBACK_NAMES | {address if ":" not in address else f"[{address}]"}
 
 
+def _say_if_open(allowed_hosts, keys) -> None:
+    """A server beyond loopback without keys is open to whoever reaches it (as LibreTranslate's
+    default is): allowed, but said."""
+    if allowed_hosts is None and keys is None:
+        print("aiayn: note: any client that reaches this address may translate; --api-keys FILE asks for a key",
+              file=sys.stderr, flush=True)
+
+
 def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     keys = read_keys(options.api_keys) if options.api_keys else None
     listener = _listen(options.host, options.port)
     device, model, tokenizer, workers = _load(options, decode.precision, listener)
     with workers or contextlib.nullcontext():  # stopped however serving ends
         allowed = _allowed_hosts(listener.getsockname()[0])
-        # The decoding copy create_app (or a worker) makes refuses a precision the device cannot run, in one line.
         app = create_app(model, tokenizer, precision=decode.precision, source=str(options.run_dir),
                          max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
                          max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
@@ -88,6 +97,7 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
         print(f"serving {options.run_dir} ({parameters:,} parameters, {decode.precision} on {on}) at "
               f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json; "
               f"LibreTranslate: POST /translate with q, GET /languages, POST /detect)", flush=True)
+        _say_if_open(allowed, keys)
         # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
         # little later, only ever cancels the one batch being decoded then.
         config = uvicorn.Config(app, log_level="info" if options.access_log else "warning", access_log=options.access_log,

@@ -83,7 +83,8 @@ def _answer_until_closed(connection, run_dir: str, device: str, precision: str, 
                                                                               precision=precision)))
         del model  # the decoding copy only (aiayn.serve.server says why)
     except Exception as error:  # noqa: BLE001 - the server reports it in one line
-        connection.send(("failed", f"{type(error).__name__}: {error}"))
+        said = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"  # a user's mistake, or not
+        connection.send(("failed", said))
         return
     connection.send(("ready", None))
     searches: dict[int, Any] = {}  # the server's search id -> ServedSearch
