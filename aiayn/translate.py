@@ -26,6 +26,7 @@ from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep
 from aiayn.inference import inference_copy
 from aiayn.model import Transformer
+from aiayn.parsing import check_parser
 from aiayn.run import languages_of, load_for_inference, model_inputs
 from aiayn.search import BeamSearch, Hypothesis, beam_search
 from aiayn.sentences import interleave, split_sentences
@@ -414,6 +415,8 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
 
     try:
         translator = Translator.load(options.run_dir, options.device, decode)  # the fp32 weights are let go
+        if command == "parse":
+            check_parser(translator.tokenizer, options.run_dir)
         source, name = open_input(options.input)
         total = None
         if source is not sys.stdin.buffer:
