@@ -3,7 +3,8 @@
 - the layers import only downward, and no two modules import each other, directly or around a
   loop, counting the imports inside functions;
 - only aiayn.run spells the names of a run folder's files and folders;
-- only aiayn.config holds a default for decoding or for a serving or input limit.
+- only aiayn.config holds a default for decoding or for a serving or input limit;
+- every test the README and docs/ cite by name exists.
 """
 
 import ast
@@ -180,3 +181,20 @@ def test_function_sizes():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 65
             and "Length:" not in (ast.get_docstring(node) or "")]
     assert not long, "\n".join(long)
+
+
+def test_every_test_the_docs_cite_exists():
+    """docs/robustness.md backs each row with the tests that hold it: a test renamed or removed
+    leaves a row that no test holds, which reads as if one did."""
+    import re
+
+    root = PACKAGE.parent
+    defined = {path.name: set(re.findall(r"^def (test_\w+)", path.read_text(encoding="utf-8"), re.M))
+               for path in (root / "tests").glob("test_*.py")}
+    every = set().union(*defined.values())
+    wrong = []
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for file, name in re.findall(r"\b(?:(test_\w+\.py)::)?(test_\w+)\b(?!\.py)", doc.read_text(encoding="utf-8")):
+            if (name not in defined.get(file, ())) if file else (name not in every and f"{name}.py" not in defined):
+                wrong.append(f"{doc.name}: {file + '::' if file else ''}{name}")
+    assert not wrong, "\n".join(wrong)
