@@ -334,10 +334,7 @@ class _Model(nn.Module):
 
     def _logits_bias(self) -> None:
         """Marian adds a bias to the logits that it never trains: a buffer, saved with the weights."""
-        if self.config.final_logits_bias:
-            self.register_buffer("logits_bias", torch.zeros(self.config.vocab_size))
-        else:
-            self.logits_bias = None
+        self.register_buffer("logits_bias", torch.zeros(self.config.vocab_size) if self.config.final_logits_bias else None)
 
     def _logits(self, hidden: Tensor, embed: Embeddings) -> Tensor:
         """The pre-softmax linear transformation: (..., d_model) -> (..., vocab_size)."""
@@ -492,6 +489,8 @@ class EncoderModel(_Model):
         return hidden
 
     def forward(self, tokens: Tensor) -> Tensor:
+        """tokens: (B, L) -> logits over the vocabulary at every position (B, L, vocab_size), as
+        a masked language model's head reads them."""
         return self._logits(self.encode(tokens), self.encoder.embed)  # (B, L, vocab_size)
 
 
