@@ -35,10 +35,9 @@ class UserError(Exception):
 
 
 def _parse_bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
+    if text.lower() in ("1", "true", "yes", "on"):
         return True
-    if lowered in ("0", "false", "no", "off"):
+    if text.lower() in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
@@ -159,9 +158,8 @@ def cmd_info(args: argparse.Namespace) -> None:
     for key, value in TRAIN_OVERRIDES.get(info.preset, {}).items():  # a Table 3 row that changes training
         print(f"  {key:18} {value} (training: `aiayn train --preset {info.preset}` sets it)")
     print(f"parameters         {total:,} ({total / 1e6:.1f}M)")
-    print(f"  embeddings       {total - encoder - decoder:,}")
-    print(f"  encoder          {encoder:,}")
-    print(f"  decoder          {decoder:,}")
+    for part, count in (("embeddings", total - encoder - decoder), ("encoder", encoder), ("decoder", decoder)):
+        print(f"  {part:16} {count:,}")
     if info.preset in PAPER_PARAMS_M and config == PRESETS[info.preset]:
         print(f"  paper (Table 3)  {PAPER_PARAMS_M[info.preset]:.0f}M")
     length = info.length
@@ -269,8 +267,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     """Serve a model over HTTP (aiayn.serve): POST /translate decodes concurrent requests together; the page
     at / draws the attention. SIGTERM or Ctrl-C drains the queue, then exits (0 on SIGTERM)."""
-    serve_options = options(args, ServeOptions)
-    decode = decode_config(args)
+    serve_options, decode = options(args, ServeOptions), decode_config(args)  # checked before FastAPI loads
     try:
         from aiayn.serve.server import serve
     except ImportError as error:
@@ -325,7 +322,11 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
 
 
 class _Parser(argparse.ArgumentParser):
-    """A mistake on the command line is one line, as every other user error (not the usage block)."""
+    """A mistake on the command line is one line, as every other user error (not the usage block);
+    no option stands for another it begins (fairseq's `--lr 5e-4` was taken for `--lr-scale 5e-4`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs, allow_abbrev=False)
 
     def error(self, message: str):
         self.exit(2, f"aiayn: error: {message} (see {self.prog} --help)\n")

@@ -82,6 +82,9 @@ def test_a_resumed_run_refuses_a_preset_of_another_model_or_training(tmp_path, m
                                         (["translaet"], "invalid choice: 'translaet'"),
                                         (["train", "--max-tokens", "many"], "invalid int value: 'many'"),
                                         (["train", "--out", "r", "--max-tokenz", "9"], "unrecognized arguments: --max-tokenz"),
+                                        # fairseq's --lr was taken for --lr-scale, a 2,000× smaller rate
+                                        (["train", "--out", "r", "--lr", "5e-4"], "unrecognized arguments: --lr 5e-4"),
+                                        (["translate", "run", "--bea", "5"], "unrecognized arguments: --bea 5"),
                                         (["corpus", "export", "bible-en-es", "--out", "d", "--spilt"], "arguments: --spilt"),
                                         (["--verbose", "train", "--out", "r"], "unrecognized arguments: --verbose")])
 def test_a_mistake_the_parser_finds_is_one_line_too(capsys, argv, says):
