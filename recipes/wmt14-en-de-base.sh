@@ -10,8 +10,8 @@
 # 'aiayn[hf]', network needed once). Every setting is a variable, so the same sequence runs
 # elsewhere: GPUS=4 keeps the paper's 25,000 tokens per step with 2 batches per GPU per step
 # (--accumulate); CORPUS may be a folder of WMT14's Parquet files (train-*.parquet,
-# validation-*.parquet, test-*.parquet) already on disk. tests/test_store.py runs this very
-# script on a toy file with 2 CPU processes.
+# validation-*.parquet, test-*.parquet) already on disk. tests/test_cuda.py runs this very
+# script on a toy file with 2 CPU processes (and on a GPU, when there is one).
 set -euo pipefail
 
 CORPUS="${CORPUS:-wmt14-en-de}"          # a built-in name, or a folder of WMT14 Parquet files
