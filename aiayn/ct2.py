@@ -22,6 +22,8 @@ its greedy tokens equal.
 
 from __future__ import annotations
 
+import json
+import shlex
 import tempfile
 import zipfile
 from pathlib import Path
@@ -204,6 +206,7 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
 
         atomic_write(out_file, write)
     # argospm installs only by name from the online index; a file goes through the package API.
-    echo(f"wrote {out_file} (Argos Translate package {source} → {target}); install it with: python -c \"import "
-         f"argostranslate.package; argostranslate.package.install_from_path({str(out_file)!r})\"")
+    path = json.dumps(str(out_file), ensure_ascii=False)  # a Python string, inside the shell's quotes
+    install = f"import argostranslate.package; argostranslate.package.install_from_path({path})"
+    echo(f"wrote {out_file} (Argos Translate package {source} → {target}); install it with: python -c {shlex.quote(install)}")
     return out_file

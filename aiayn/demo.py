@@ -51,7 +51,9 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
         chosen = run.checkpoints()[-DEMO_AVERAGE_LAST:]
         average_checkpoints(chosen, run.averaged, force=True)  # made anew from this run's checkpoints
         model = Transformer.load(run.averaged, trainer.device).eval()
-        print(f"averaged the last {len(chosen)} checkpoint{'s' if len(chosen) > 1 else ''} ({chosen[0].name} ... {chosen[-1].name}) into {run.averaged}")
+        which = f"{len(chosen)} checkpoints ({chosen[0].name} ... {chosen[-1].name})" if len(chosen) > 1 else \
+            f"checkpoint ({chosen[0].name})"
+        print(f"averaged the last {which} into {run.averaged}")
     test = store.texts("test")[: options.test_sentences]
     decode = dataclasses.replace(decode, precision=training.precision)
     print(f"translating {len(test):,} test verses (beam {decode.beam}, α {decode.alpha}, "

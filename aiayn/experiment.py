@@ -237,7 +237,7 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
     scale = SCALES[scale_name]
     if steps is not None:
         if steps < 1:
-            raise ValueError(f"--steps must be at least 1, got {steps}")
+            raise ValueError(f"--steps (in Python: steps=) must be at least 1, got {steps}")
         scale = dataclasses.replace(scale, steps=steps)
     chosen = select_rows(rows)
     device = resolve_device("auto")

@@ -507,9 +507,10 @@ class DecoderModel(_Model):
         self._logits_bias()
         self._init_weights()
 
-    def forward(self, tokens: Tensor, cache: Optional[KVCache] = None) -> Tensor:
-        """tokens: (B, T) -> logits (B, T, vocab_size)."""
-        check_tokens("tokens", tokens, self.config.vocab_size)
+    def forward(self, tokens: Tensor, cache: Optional[KVCache] = None, check_range: bool = True) -> Tensor:
+        """tokens: (B, T) -> logits (B, T, vocab_size). `check_range` false: the caller has checked
+        the ids (a loop's own tokens; on a GPU the check waits for the device at every step)."""
+        check_tokens("tokens", tokens, self.config.vocab_size, check_range=check_range)
         hidden, _ = self.decoder(tokens, cache=cache)
         return self._logits(hidden, self.decoder.embed)
 

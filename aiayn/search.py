@@ -201,6 +201,7 @@ class BeamSearch:
         `step` gives back their `keys` as they finish, with their best hypothesis under `alpha`
         and n_best - 1 alternatives. Their model state has `width` rows each (returned)."""
         self.check_n_best(n_best)
+        check_limits(max_len)
         width, count, limits = self.width, max_len.numel(), max_len.tolist()
         if not self.live:
             self.t = 0
@@ -301,6 +302,12 @@ class BeamSearch:
         return [(self.keys[row], hypothesis) for row, hypothesis in zip(rows, best)]
 
 
+def check_limits(max_len) -> None:
+    """A search's output limits are a tensor, one per sentence: an int would fail inside it."""
+    if not isinstance(max_len, Tensor):
+        raise TypeError(f"max_len is each sentence's limit, a tensor (B,) such as torch.full((B,), 60); got {max_len!r}")
+
+
 def beam_search(
     step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, beam: int = SECTION_6_1.beam,
     alpha: float = SECTION_6_1.alpha,
@@ -312,8 +319,7 @@ def beam_search(
     step). Returns the best finished hypothesis of each sentence, with, for `n_best` > 1, its
     next best finished ones (at most n_best - 1: a sentence that reached max_len may have fewer)
     as its `alternatives`. The guards: those of `BeamSearch`."""
-    if not isinstance(max_len, Tensor):
-        raise TypeError(f"max_len is each sentence's limit, a tensor (B,) such as torch.full((B,), 60); got {max_len!r}")
+    check_limits(max_len)
     search = BeamSearch(step, reorder, bos_id, eos_id, max_len.device, beam, min_len, no_repeat_ngram,
                         repetition_penalty)
     search.join(max_len, list(range(max_len.numel())), alpha, n_best)

@@ -26,7 +26,7 @@ from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep
 from aiayn.inference import inference_copy
 from aiayn.model import Transformer
-from aiayn.parsing import check_parser
+from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
 from aiayn.run import languages_of, load_for_inference, model_inputs
 from aiayn.search import BeamSearch, Hypothesis, beam_search
 from aiayn.sentences import interleave, split_sentences
@@ -415,8 +415,6 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
 
     try:
         translator = Translator.load(options.run_dir, options.device, decode)  # the fp32 weights are let go
-        if command == "parse":
-            check_parser(translator.tokenizer, options.run_dir)
         source, name = open_input(options.input)
         total = None
         if source is not sys.stdin.buffer:
@@ -430,6 +428,9 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         if decode.cuda_graphs and not (on_gpu and GraphedStep.fits(translator.config)):  # a speed knob: said, not refused
             why = "with this model's restricted self-attention" if on_gpu else f"on the {translator.device.type.upper()}"
             note(f"--cuda-graphs needs a CUDA GPU and full self-attention: {why}, each step runs as without it")
+        if command == "parse" and not parser_vocabulary(translator.tokenizer):
+            note(f"{options.run_dir} looks like no parsing model: {WORD_PLACEHOLDER}, the word of a linearized tree, is no piece "
+                 "of its vocabulary (a translation model's outputs come out as flat trees of XX-tagged words)")
         with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
             split = functools.partial(split_sentences, lang=options.lang or languages_of(options.run_dir)[0] or "en") \
                 if paragraphs else None

@@ -116,12 +116,13 @@ def attention_figures(
     """Write the folder `out_dir` of `{kind}-layer{N}.png`, one for each kind of attention and each
     layer, for the sentence pair (source, target_ids); returns the paths. The folder is written
     whole and atomically; one that holds files is replaced only with `force`."""
-    maps, src_ids, _ = pair_attention(model, tokenizer.encode(source), target_ids)
+    maps, src_ids, tgt_in = pair_attention(model, tokenizer.encode(source), target_ids)
     src_labels = [tokenizer.id_to_piece(i) for i in src_ids]
-    # Position t of the decoder by the token it produced (its input is the one before), as the
-    # server's page and `target_tokens` name them: cross-attention rows then read as alignments.
-    tgt_labels = [tokenizer.id_to_piece(i) for i in [*target_ids, model.config.eos_id]]
-    axes = {"encoder": (src_labels, src_labels), "decoder": (tgt_labels, tgt_labels), "cross": (tgt_labels, src_labels)}
+    # As the server's page names them: a decoder position's query by the token it produced (its
+    # cross-attention row then reads as an alignment), its key by the token it was fed.
+    produced = [tokenizer.id_to_piece(i) for i in [*target_ids, model.config.eos_id]]
+    fed = [tokenizer.id_to_piece(i) for i in tgt_in]
+    axes = {"encoder": (src_labels, src_labels), "decoder": (produced, fed), "cross": (produced, src_labels)}
     names = []
 
     def build(folder: Path) -> None:

@@ -9,7 +9,7 @@ from aiayn.config import ModelConfig
 from aiayn.evaluate import score
 from aiayn.experiment import SCALES, miniature, select_rows
 from aiayn.model import DecoderModel, Transformer
-from aiayn.search import greedy
+from aiayn.search import BeamSearch, greedy
 from aiayn.translate import Translator
 from test_faults import make_model
 
@@ -65,6 +65,8 @@ def test_decoding_with_a_cache_checks_the_tokens_given():
 def test_the_search_takes_its_limits_as_a_tensor():
     with pytest.raises(TypeError, match=r"a tensor \(B,\) such as torch.full\(\(B,\), 60\); got 60"):
         greedy(lambda tokens: None, lambda rows: None, 1, 2, max_len=60)  # was "'int' object has no attribute 'device'"
+    with pytest.raises(TypeError, match="max_len is each sentence's limit"):  # the server's way in: was 'numel'
+        BeamSearch(lambda tokens: None, lambda *rows: None, 1, 2, torch.device("cpu")).join(60, ["a"])
 
 
 def test_table3_rows_and_scales_by_name():

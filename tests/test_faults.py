@@ -781,12 +781,14 @@ def test_score_parse_reads_the_hypothesis_trees_from_stdin(tmp_path, capsys, mon
     assert code == 0 and "F1 100.00" in out, err
 
 
-def test_parse_refuses_a_model_that_does_not_parse(tmp_path, model_dir, capsys, monkeypatch):
-    """A translation model's every output was repaired into a flat tree of XX-tagged words, silently."""
+def test_parse_says_when_a_model_looks_like_no_parser(tmp_path, model_dir, capsys, monkeypatch):
+    """A translation model's every output was repaired into a flat tree of XX-tagged words, silently.
+    A note, not a refusal: the smallest parsing vocabularies have no XX piece either (the toy
+    treebank's below about 310 pieces), and their models parse."""
     code, _, err = cli(capsys, "parse", model_dir, "--output", tmp_path / "trees.txt", stdin=b"the cat sat\n",
                        monkeypatch=monkeypatch)
-    one_line_error(code, err, f"{model_dir} is not a parsing model: its vocabulary has no XX")
-    assert list(tmp_path.iterdir()) == []  # nothing written, no .partial left
+    assert code == 0 and f"aiayn: note: {model_dir} looks like no parsing model: XX" in err
+    assert (tmp_path / "trees.txt").read_text(encoding="utf-8").count("(XX ") == 3  # the flat tree it warned of
 
 
 def test_invalid_utf8_on_stdin(model_dir, capsys, monkeypatch):

@@ -152,8 +152,9 @@ def test_attention_maps_for_every_layer_and_kind(tmp_path, model_dir):
 
 
 def test_attention_figures_name_each_decoder_position_by_the_token_it_produced(tmp_path, model_dir, monkeypatch):
-    """As the server's page and its `target_tokens` do: row t of a cross map is the step that
-    produced target token t (the figures named it by its input, the token before)."""
+    """As the server's page does: row t of a cross or decoder map is the step that produced target
+    token t (the figures named it by its input, the token before); a decoder map's column, the
+    token that position was fed."""
     from aiayn import visualize
 
     model, tokenizer = Transformer.load(model_dir).eval(), Tokenizer.load(model_dir)
@@ -164,7 +165,8 @@ def test_attention_figures_name_each_decoder_position_by_the_token_it_produced(t
     visualize.attention_figures(model, tokenizer, "the cat", target, tmp_path / "maps")
     produced = [tokenizer.id_to_piece(i) for i in target] + ["</s>"]
     source = [tokenizer.id_to_piece(i) for i in tokenizer.encode("the cat")] + ["</s>"]
-    assert seen == {"cross": (produced, source), "decoder": (produced, produced), "encoder": (source, source)}
+    fed = ["<s>"] + produced[:-1]
+    assert seen == {"cross": (produced, source), "decoder": (produced, fed), "encoder": (source, source)}
 
 
 @pytest.mark.parametrize("heads, queries, keys", [(1, 3, 3), (4, 30, 20), (6, 10, 14), (8, 52, 40)])
