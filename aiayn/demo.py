@@ -33,16 +33,15 @@ def run_demo(options: DemoOptions, decode: DecodeConfig) -> None:
 
 def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
     resume = run.has_configs()
+    model_config = demo_model(options.preset, options.recipe)
+    precision = resolve_precision(options.precision, resolve_device("auto"))
     if resume:  # the run goes on as it began: its model and recipe, a new budget
-        model_config, training = run.configs()
-        asked = demo_model(options.preset, options.recipe), resolve_precision(options.precision, resolve_device("auto"))
-        if asked != (model_config, training.precision) or options.seed != training.seed:
+        asked, (model_config, training) = (model_config, precision, options.seed), run.configs()
+        if asked != (model_config, training.precision, training.seed):
             print(f"aiayn: note: {run.path} goes on with the model, recipe, precision and seed it began with; "
                   f"--preset, --recipe, --precision and --seed apply to a new --out", file=sys.stderr)
         training = dataclasses.replace(training, minutes=options.minutes)
     else:
-        model_config = demo_model(options.preset, options.recipe)
-        precision = resolve_precision(options.precision, resolve_device("auto"))
         training = demo_training(options.recipe, minutes=options.minutes, precision=precision, seed=options.seed)
         print(f"recipe {options.recipe}: {recipe(options.recipe).about}")
     trainer, store = train_run(model_config, training, run, resume=resume)
