@@ -4,10 +4,10 @@ spaces and line breaks.
 
 The splitter is sentencex (Wikimedia's, rules and abbreviations per language, pure Python),
 chosen by measurement (benchmarks/sentence_split.py, docs in the README): on paragraphs of 3-8
-test verses of bible-en-es, the demo model scored 5.7 BLEU translating each paragraph whole, 18.1
-split by sentencex, 18.8 by blingfire, 17.8 by pysbd, and 19.3 verse by verse. blingfire's 0.7
-more costs a 99 MB install and splits after abbreviations ("Mr." ends a sentence); pysbd is 300×
-slower than sentencex.
+test verses of bible-en-es, the 60-minute demo model scored 3.7 BLEU translating each paragraph
+whole, 17.7 split by sentencex, 18.5 by blingfire, 17.3 by pysbd, and 18.8 verse by verse (Zen 4,
+2026-11-28). blingfire's 0.8 more costs a 99 MB install and splits after abbreviations ("Mr." ends
+a sentence); pysbd is 180× slower than sentencex.
 """
 
 from __future__ import annotations
