@@ -81,6 +81,7 @@ def test_a_resumed_run_refuses_a_preset_of_another_model_or_training(tmp_path, m
 @pytest.mark.parametrize("argv, says", [(["translate", "run", "--precision", "fp8"], "invalid choice: 'fp8'"),
                                         (["translaet"], "invalid choice: 'translaet'"),
                                         (["train", "--max-tokens", "many"], "invalid int value: 'many'"),
+                                        (["train", "--share-embeddings", "maybe"], "expected true or false, got 'maybe'"),
                                         (["train", "--out", "r", "--max-tokenz", "9"], "unrecognized arguments: --max-tokenz"),
                                         # fairseq's --lr was taken for --lr-scale, a 2,000× smaller rate
                                         (["train", "--out", "r", "--lr", "5e-4"], "unrecognized arguments: --lr 5e-4"),
@@ -116,6 +117,8 @@ def test_info_takes_config_overrides(capsys):
     assert "vocab_size         8000" in out and "positional         learned" in out
     assert "share_embeddings   False" in out
     assert "paper (Table 3)" not in out  # no longer the paper's model
+    _, out, _ = run(capsys, "info", "--share-embeddings", "OFF")  # in any case
+    assert "share_embeddings   False" in out
 
 
 @pytest.mark.parametrize(
