@@ -183,7 +183,7 @@ def cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> Optional[int]:
 # glibc's malloc serves a block over its mmap threshold (which grows to 32 MiB at most) with fresh
 # pages from the kernel and unmaps it when it is freed. At the paper's 25,000-token batches a
 # feed-forward activation alone is 50-100 MB, so every step had the kernel fault in and zero
-# gigabytes again: 7.2 million page faults and a fifth of the CPU time in the kernel over a short
+# gigabytes again: 9.1 million page faults and a fifth of the CPU time in the kernel over a short
 # profile of Transformer-base (docs/speed-notes.md, "What made training faster"). mallopt's parameters (malloc.h):
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 
@@ -192,7 +192,7 @@ def keep_freed_memory() -> bool:
     """Have glibc's malloc take every block from its heap and keep the freed ones there (no mmap,
     no trim), so that a training step reuses the pages of the one before. The resident set then
     stays at its high-water mark, plus what alignment slack leaves unused between large blocks
-    (13.2 against 12.2-12.4 GiB at 25,000-token batches). Returns whether it was set: not where
+    (14.9 against 14.5 GiB at 25,000-token batches). Returns whether it was set: not where
     the C library is not glibc, nor where the user tuned malloc (MALLOC_*_ or GLIBC_TUNABLES)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

@@ -12,6 +12,10 @@ With --compile the warm-up steps compile the step (TrainConfig.compile), and eac
 generates is its own row (its cpp.enable_kernel_profile), so the table shows which fused kernels
 take the time the matrix products leave.
 
+On a CPU it also prints the process's page faults, its share of CPU time in the kernel and its
+peak resident set, which say what the C heap costs (`GLIBC_TUNABLES=glibc.malloc.check=0` in the
+environment times glibc's own malloc, without aiayn.device.keep_freed_memory).
+
 Prints the operators that take the most self time on the CPU (on a GPU: the kernels that take
 the most GPU time, and the share of the steps' wall time the GPU was busy), with their share of
 the steps' wall time, and writes the table into results/profile-train-KIND-PRECISION.txt (KIND:
@@ -21,6 +25,7 @@ the CPU kind, or cuda-GPU NAME), or --out.
 from __future__ import annotations
 
 import argparse
+import resource
 import tempfile
 from pathlib import Path
 
@@ -29,7 +34,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import systems
-from aiayn.device import cpu_kind
+from aiayn.device import cpu_kind, keep_freed_memory
 from common import RESULTS, Timer, command_line, default_threads, device_or_exit, matmul_precision, require_precision
 
 
@@ -139,6 +144,12 @@ def main() -> None:
              f"({seconds:.2f} s)"]
     if gpu:
         lines += gpu_summary(prof.key_averages(), events, total_us, args.steps, "step")
+    else:  # what the C heap costs: each page the kernel maps afresh is a fault, zeroed in kernel time
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        heap = "kept (aiayn.device.keep_freed_memory)" if keep_freed_memory() else "glibc's as the environment tunes it"
+        lines.append(f"# the whole process (model, warm-up and profiled steps): {usage.ru_minflt / 1e6:.2f} million page "
+                     f"faults, {usage.ru_stime / (usage.ru_stime + usage.ru_utime):.0%} of its CPU time in the kernel, "
+                     f"peak resident {usage.ru_maxrss / 2**20:.1f} GiB; freed memory: {heap}")
     lines.append(f"{'kernel' if gpu else 'operator':<64} {'self ms/step':>12} {'share':>7} {'calls/step':>10}")
     for event in events[:40 if gpu else 25]:
         per_step = own(event) / args.steps / 1e3
