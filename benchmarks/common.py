@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import torch
 
-from aiayn.device import check_precision, cpu_kind, resolve_device  # noqa: F401  (cpu_kind: one definition, for the result names)
+from aiayn.device import check_precision, cpu_kind, fast_bf16, matmul_peak_flops, resolve_device  # noqa: F401  (cpu_kind: one definition, for the result names)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -163,7 +163,11 @@ def _version(package: str) -> Optional[str]:
 
 
 def machine(device: torch.device, threads: int) -> dict:
-    """What the numbers were measured on."""
+    """What the numbers were measured on, with the device's matmul peak in fp32 (and bf16 where
+    it is hardware) measured now, on this process's threads (aiayn.device.matmul_peak_flops, once
+    per process): a CPU of one name can be twice as fast as another, so every result file says
+    how fast its machine was. Call it while nothing else runs (before servers or peers start, or
+    after they stop)."""
     cpu = next(
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
         platform.processor() or "unknown",
@@ -175,6 +179,9 @@ def machine(device: torch.device, threads: int) -> dict:
         "logical_cpus": os.cpu_count(),
         "cpus_available": default_threads(),
         "threads_used": threads,
+        "matmul_peak_tflops": {precision: round(matmul_peak_flops(device, precision) / 1e12, 3)
+                               for precision in ("fp32", "bf16") if precision == "fp32" or fast_bf16(device)},
+        "peak_threads": torch.get_num_threads() if device.type == "cpu" else None,
         "device": device.type,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "python": platform.python_version(),
