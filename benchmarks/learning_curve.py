@@ -55,7 +55,7 @@ from aiayn.evaluate import score_hypotheses
 from aiayn.model import Transformer
 from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
-from aiayn.run import RunDir, average_checkpoints
+from aiayn.run import LOG, RunDir, average_checkpoints, read_log
 from aiayn.translate import Translator
 from common import RESULTS, command_line, machine, require_precision, write_results
 from peers.harness import run_for, thread_env
@@ -276,6 +276,12 @@ def seconds_since_launch(system: str, run: Path, checkpoint: Path) -> float:
     return round(written - launched, 1)
 
 
+def train_perplexities(run: Path) -> dict[int, float]:
+    """An aiayn run's training perplexity at each step its log records (the batches since the
+    record before)."""
+    return {r["step"]: round(r["ppl"], 2) for r in read_log(run / LOG, echo=lambda _: None) if r.get("split") == "train"}
+
+
 def pivot_markdown(rows: dict) -> str:
     """The curves side by side at equal steps: per cell test BLEU, hyp/ref length, repeated 4-grams."""
     systems = [system for system, points in rows.items() if points]
@@ -291,11 +297,12 @@ def pivot_markdown(rows: dict) -> str:
 
 
 def table_markdown(rows: dict) -> str:
-    lines = ["| system | step | minutes | test BLEU | hyp/ref length | repeated 4-grams |", "|---|---|---|---|---|---|"]
+    lines = ["| system | step | minutes | test BLEU | hyp/ref length | repeated 4-grams | training perplexity |",
+             "|---|---|---|---|---|---|---|"]
     for system, points in rows.items():
         for p in points:
             lines.append(f"| {system} | {p['step']:,} | {p['seconds'] / 60:.1f} | {p['bleu']:.2f} | {p['length_ratio']:.2f} | "
-                         f"{p['repetition_4gram']:.1%} |")
+                         f"{p['repetition_4gram']:.1%} | {p.get('train_ppl', '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -385,6 +392,7 @@ def main() -> None:
     found = {system: checkpoints(system, runs / system) for system in systems}
     rows = {}
     for system in systems:
+        perplexities = {} if system in EOLE_VARIANTS else train_perplexities(runs / system)  # (Eole's log is its own)
         for n in sorted({1, args.average}):
             name = system if n == 1 else f"{system}, average of {n}"
             rows[name] = []
@@ -392,7 +400,8 @@ def main() -> None:
                 scores = scores_file(runs, system, step, n)
                 if scores.exists():
                     rows[name].append({"step": step, "seconds": seconds_since_launch(system, runs / system, path),
-                                       **json.loads(scores.read_text())})
+                                       **json.loads(scores.read_text()),
+                                       **({"train_ppl": perplexities[step]} if step in perplexities else {})})
     table, pivot = table_markdown(rows), pivot_markdown(rows)
     print("\n" + table + "\ntest BLEU · hyp/ref length · repeated 4-grams, at equal steps:\n\n" + pivot)
     write_results(args.out or RESULTS / f"learning-curve-{cpu_kind()}.json", {
