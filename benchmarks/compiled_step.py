@@ -10,8 +10,8 @@ warms up and is not kept):
               (aiayn.inference: packed weights), what `aiayn translate` and `aiayn serve` run
     static    the fixed-shape step of aiayn.graphs (GraphedStep without a graph): every row
               attends over all 80 positions, the later ones masked; the plain bf16 model
-    compiled  that static step through torch.compile (dynamic shapes, one compilation for every
-              M; Inductor's freezing lays the weights out for oneDNN)
+    compiled  that static step through torch.compile (dynamic shapes; Inductor's freezing lays
+              the weights out for oneDNN); `compile_s` is its first compilation, for the first M
 
     python benchmarks/compiled_step.py runs/demo --sentences 1 8 --threads 1   # a server's worker
     python benchmarks/compiled_step.py runs/demo --sentences 1 16 --threads 2 --profile 16

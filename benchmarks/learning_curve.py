@@ -401,7 +401,7 @@ def main() -> None:
                 if scores.exists():
                     rows[name].append({"step": step, "seconds": seconds_since_launch(system, runs / system, path),
                                        **json.loads(scores.read_text()),
-                                       **({"train_ppl": perplexities[step]} if step in perplexities else {})})
+                                       **({"train_ppl": perplexities[step]} if n == 1 and step in perplexities else {})})
     table, pivot = table_markdown(rows), pivot_markdown(rows)
     print("\n" + table + "\ntest BLEU · hyp/ref length · repeated 4-grams, at equal steps:\n\n" + pivot)
     write_results(args.out or RESULTS / f"learning-curve-{cpu_kind()}.json", {

@@ -25,6 +25,7 @@ the CPU kind, or cuda-GPU NAME), or --out.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import tempfile
 from pathlib import Path
@@ -146,7 +147,10 @@ def main() -> None:
         lines += gpu_summary(prof.key_averages(), events, total_us, args.steps, "step")
     else:  # what the C heap costs: each page the kernel maps afresh is a fault, zeroed in kernel time
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        heap = "kept (aiayn.device.keep_freed_memory)" if keep_freed_memory() else "glibc's as the environment tunes it"
+        tuned = " ".join(f"{name}={value}" for name, value in os.environ.items()
+                         if name == "GLIBC_TUNABLES" or (name.startswith("MALLOC_") and name.endswith("_")))
+        heap = "kept (aiayn.device.keep_freed_memory)" if keep_freed_memory() else \
+            f"the C library's own{f', tuned by {tuned}' if tuned else ''}"
         lines.append(f"# the whole process (model, warm-up and profiled steps): {usage.ru_minflt / 1e6:.2f} million page "
                      f"faults, {usage.ru_stime / (usage.ru_stime + usage.ru_utime):.0%} of its CPU time in the kernel, "
                      f"peak resident {usage.ru_maxrss / 2**20:.1f} GiB; freed memory: {heap}")
