@@ -188,6 +188,13 @@ def cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> Optional[int]:
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 
 
+def malloc_tuning() -> str:
+    """The user's own tuning of glibc's malloc in the environment (MALLOC_*_ variables, glibc.malloc
+    tunables in GLIBC_TUNABLES) as NAME=VALUE words, or "" where there is none."""
+    return " ".join(f"{name}={value}" for name, value in os.environ.items()
+                    if (name.startswith("MALLOC_") and name.endswith("_")) or (name == "GLIBC_TUNABLES" and "glibc.malloc." in value))
+
+
 def keep_freed_memory() -> bool:
     """Have glibc's malloc take every block from its heap and keep the freed ones there (no mmap,
     no trim), so that a training step reuses the pages of the one before. The resident set then
@@ -196,8 +203,7 @@ def keep_freed_memory() -> bool:
     the C library is not glibc, nor where the user tuned malloc (MALLOC_*_ or GLIBC_TUNABLES)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
-    if any(name.startswith("MALLOC_") and name.endswith("_") for name in os.environ) or \
-            "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+    if malloc_tuning():
         return False
     libc = ctypes.CDLL(None)
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, -1))  # -1: never trim

@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from aiayn.device import matmul_peak_flops
 from aiayn.graphs import GraphedStep
 from aiayn.run import load_for_inference
 from aiayn.translate import ModelStep, decoding_model
@@ -105,13 +104,13 @@ def main() -> None:
                 step_ms(lambda t: compiled(t, state), args.profile)
             table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60)
             print(table)
-    peak = matmul_peak_flops(torch.device("cpu"), "bf16")
+    record = machine(torch.device("cpu"), args.threads)  # with the bf16 matmul peak on these threads
     summary = {m: {way: spread([r[str(m)][way] for r in reps]) for way in ("eager", "static", "compiled")} for m in args.sentences}
-    print(f"compiled in {compile_s:.1f} s; bf16 matmul peak {peak / 1e12:.2f} TFLOP/s")
+    print(f"compiled in {compile_s:.1f} s; bf16 matmul peak {record['matmul_peak_tflops']['bf16']:.2f} TFLOP/s")
     write_results(args.out or RESULTS / f"compiled-step-{cpu_kind()}.json", {
-        "command": command_line(), "cpu_kind": cpu_kind(), "machine": machine(torch.device("cpu"), args.threads),
+        "command": command_line(), "cpu_kind": cpu_kind(), "machine": record,
         "model": str(args.run_dir), "beam": BEAM, "source_width": SOURCE_WIDTH, "positions": POSITIONS,
-        "bf16_matmul_peak_tflops": peak / 1e12, "compile_s": compile_s, "reps": reps, "summary_ms": summary,
+        "compile_s": compile_s, "reps": reps, "summary_ms": summary,
         **({"profile": {"sentences": args.profile, "table": table}} if table else {})})
 
 

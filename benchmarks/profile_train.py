@@ -25,7 +25,6 @@ the CPU kind, or cuda-GPU NAME), or --out.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import tempfile
 from pathlib import Path
@@ -35,7 +34,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import systems
-from aiayn.device import cpu_kind, keep_freed_memory
+from aiayn.device import cpu_kind, keep_freed_memory, malloc_tuning
 from common import RESULTS, Timer, command_line, default_threads, device_or_exit, matmul_precision, require_precision
 
 
@@ -147,10 +146,9 @@ def main() -> None:
         lines += gpu_summary(prof.key_averages(), events, total_us, args.steps, "step")
     else:  # what the C heap costs: each page the kernel maps afresh is a fault, zeroed in kernel time
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        tuned = " ".join(f"{name}={value}" for name, value in os.environ.items()
-                         if name == "GLIBC_TUNABLES" or (name.startswith("MALLOC_") and name.endswith("_")))
+        tuned = malloc_tuning()
         heap = "kept (aiayn.device.keep_freed_memory)" if keep_freed_memory() else \
-            f"the C library's own{f', tuned by {tuned}' if tuned else ''}"
+            f"the C library's own{f', tuned by {tuned}' if tuned else ''}"  # (asked again: what TrainStep set)
         lines.append(f"# the whole process (model, warm-up and profiled steps): {usage.ru_minflt / 1e6:.2f} million page "
                      f"faults, {usage.ru_stime / (usage.ru_stime + usage.ru_utime):.0%} of its CPU time in the kernel, "
                      f"peak resident {usage.ru_maxrss / 2**20:.1f} GiB; freed memory: {heap}")
