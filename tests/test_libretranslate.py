@@ -125,6 +125,8 @@ def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, transl
     ({"q": "the cat", "source": "de", "target": "es"}, "de is not supported as a source"),
     ({"q": "the cat", "source": "en", "target": "es", "format": "pdf"}, "format must be text or html"),
     ({"q": "the cat", "source": "en", "target": "es", "alternatives": 9}, "alternatives must be between 0 and 3"),
+    # Python's JSON reads Infinity (and 1e400) as an infinite float, which int() cannot take.
+    ({"q": "the cat", "source": "en", "target": "es", "alternatives": float("inf")}, "must be a whole number"),
     ({"q": ["the cat", 3], "source": "en", "target": "es"}, "q must be a string or a list of strings"),
     ({"q": ["the cat", "b\ud800c"], "source": "en", "target": "es"}, "lone surrogate"),
 ])
@@ -154,6 +156,10 @@ def test_keys_and_rates_with_the_real_client(model_dir, tmp_path, translator):
         with pytest.raises(urllib.error.HTTPError) as refused:
             slow.translate("the river", "en", "es")
         assert refused.value.code == 429 and 1 <= int(refused.value.headers["Retry-After"]) <= 30
+        for path in ("/translate", "/detect"):  # a key of another JSON type is no key of the file
+            for key in (["secret"], {"secret": 1}, 5):
+                status, answer, _ = request(server.port, "POST", path, {"q": "the river", "target": "es", "api_key": key})
+                assert (status, answer) == (403, {"error": "Invalid API key"})
         status, _, _ = request(server.port, "POST", "/translate", {"text": "the river"})
         assert status == 403  # aiayn's own API needs a key too
         status, answer, _ = request(server.port, "POST", "/translate", {"text": "the river"},
@@ -176,6 +182,18 @@ def test_a_token_bucket_allows_a_minutes_requests_then_one_every_60_over_n_secon
         admission.admit("a", None)
     now[0] = 20.0
     admission.admit("a", None)
+    # Under one request a minute: one at once, then one every 60 / N s (a bucket of a minute's
+    # half request would never hold a whole one).
+    now[0], slow = 0.0, Admission(per_address=0.5, clock=lambda: now[0])
+    slow.admit("a", None)
+    with pytest.raises(Refused) as refused:
+        slow.admit("a", None)
+    assert refused.value.headers["Retry-After"] == "120"
+    now[0] = 119.0
+    with pytest.raises(Refused):
+        slow.admit("a", None)
+    now[0] = 120.0
+    slow.admit("a", None)
 
 
 def test_key_files_are_read_with_one_line_errors(tmp_path):
@@ -187,6 +205,9 @@ def test_key_files_are_read_with_one_line_errors(tmp_path):
         bad.write_text(text)
         with pytest.raises(ValueError, match=says):
             read_keys(bad)
+    bad.write_bytes(b"\xff\xfe key\n")
+    with pytest.raises(ValueError, match="bad is not UTF-8 text"):
+        read_keys(bad)
 
 
 def test_html_pieces_join_back_to_the_page():
@@ -194,6 +215,11 @@ def test_html_pieces_join_back_to_the_page():
     texts, rest = split_html(page)
     assert texts == ["Title été", "x < y"]
     assert join_html(texts, rest) == page.replace("&eacute;t&#233;", "été")  # entities come back as characters
+    # Marked sections stay as written: CDATA with its `]]>`, conditional ones, and a keyword
+    # Python's parser does not know (it raised AssertionError: a 500), read as a browser does.
+    for section in ("<![CDATA[x < y]]>", "<![if !IE]>", "<![endif]>", "<![foo[ bar ]]>"):
+        texts, rest = split_html(f"{section}<p>the cat</p>")
+        assert texts == ["the cat"] and join_html(["X"], rest) == f"{section}<p>X</p>"
 
 
 def _fuzzed_libre_request(rng) -> tuple[str, bytes, dict]:

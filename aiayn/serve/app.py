@@ -278,7 +278,7 @@ def _read_request(body: TranslateRequest, tokenizer, limits: ServeOptions, text_
             raise HTTPException(422, f"text {number} is not valid Unicode (it holds a lone surrogate)") from None
     units, owner, rest = texts, list(range(len(texts))), None
     if body.split_sentences:
-        splits = [split_sentences(text.strip(), lang) for text in texts]
+        splits = [split_sentences(text, lang) for text in texts]
         units = [sentence for sentences, _ in splits for sentence in sentences]
         owner = [i for i, (sentences, _) in enumerate(splits) for _ in sentences]
         rest = [around for _, around in splits]
@@ -319,7 +319,7 @@ def _answer(read: ReadRequest, results: list[dict]) -> dict:
     pieces: list[list[str]] = [[] for _ in read.texts]
     for u, result in enumerate(results):
         pieces[read.owner[u]].append(result["translation"])
-    response = {"translations": [interleave(done, around) if done else "" for done, around in zip(pieces, read.rest)]}
+    response = {"translations": [interleave(done, around) for done, around in zip(pieces, read.rest)]}
     if read.options.attention:
         response["details"] = [{"text": read.owner[u], **results[u]["details"]} for u in read.given]
     return response
@@ -382,7 +382,9 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
         yield
         await asyncio.to_thread(batcher.close)
 
-    app = FastAPI(title="aiayn", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+    # redirect_slashes off: `/translate/` is a JSON 404, not a 307 with an empty body (a Flask
+    # LibreTranslate answers it with a 404 too).
+    app = FastAPI(title="aiayn", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, redirect_slashes=False,
                   description="Translation with the Transformer of 'Attention Is All You Need'. "
                               "Concurrent requests are decoded together: each joins the running search.")
     app.state.batcher = batcher

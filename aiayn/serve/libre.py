@@ -181,7 +181,7 @@ def alternatives_of(fields: dict) -> int:
     value = fields.get("alternatives", 0)
     try:
         count = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e400 is an infinite float
         raise error(400, f"Invalid request: alternatives must be a whole number, got {value!r}") from None
     if not 0 <= count <= MAX_ALTERNATIVES:
         raise error(400, f"Invalid request: alternatives must be between 0 and {MAX_ALTERNATIVES}, got {count}")

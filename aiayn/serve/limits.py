@@ -8,8 +8,8 @@
 - A rate per address (`--req-limit N` requests per minute), and a key's own rate: over either,
   429 with Retry-After, the seconds until one more request is allowed.
 
-Rates are token buckets: a client may send its minute's requests at once, then one every 60 / N
-seconds. Without a key file and a rate, everything is open, as before.
+Rates are token buckets: a client may send its minute's requests (at least one) at once, then one
+every 60 / N seconds. Without a key file and a rate, everything is open, as before.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def read_keys(path: Union[str, Path]) -> dict[str, Optional[float]]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise FileNotFoundError(f"no such key file: {path}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text: a key file holds one key a line") from None
     for number, line in enumerate(lines, start=1):
         words = line.split("#", 1)[0].split()
         if not words:
@@ -56,6 +58,12 @@ def read_keys(path: Union[str, Path]) -> dict[str, Optional[float]]:
     if not keys:
         raise ValueError(f"{path} holds no key")
     return keys
+
+
+def _room(per_minute: float) -> float:
+    """The requests a bucket holds when full: a minute's, and at least one, so that a rate under
+    one request a minute still admits one request every 60 / rate seconds."""
+    return max(per_minute, 1.0)
 
 
 @dataclass
@@ -79,12 +87,14 @@ class Admission:
     def key_required(self) -> bool:
         return self.keys is not None
 
-    def admit(self, address: str, key: Optional[str]) -> None:
+    def admit(self, address: str, key: object) -> None:
         """Take one request from the address's and the key's allowance, or raise `Refused`."""
         limits = []
         if self.keys is not None:
-            if not key or key not in self.keys:
-                raise Refused(403, "Invalid API key" if key else "Please provide an API key (api_key)")
+            if not key:
+                raise Refused(403, "Please provide an API key (api_key)")
+            if not isinstance(key, str) or key not in self.keys:  # a JSON body may send any type
+                raise Refused(403, "Invalid API key")
             if self.keys[key] is not None:
                 limits.append((("key", key), self.keys[key]))
         if self.per_address is not None:
@@ -105,9 +115,9 @@ class Admission:
 
     def _wait(self, name: tuple, per_minute: float, now: float) -> float:
         """Seconds until `name`'s bucket holds a request (0: it holds one now), refilled first."""
-        rate = per_minute / 60.0
-        bucket = self._buckets.setdefault(name, _Bucket(per_minute, now))
-        bucket.tokens = min(per_minute, bucket.tokens + (now - bucket.stamp) * rate)
+        rate, room = per_minute / 60.0, _room(per_minute)
+        bucket = self._buckets.setdefault(name, _Bucket(room, now))
+        bucket.tokens = min(room, bucket.tokens + (now - bucket.stamp) * rate)
         bucket.stamp = now
         return 0.0 if bucket.tokens >= 1 else (1 - bucket.tokens) / rate
 
@@ -116,5 +126,5 @@ class Admission:
         without this, clients from ever new addresses would grow the table without bound."""
         for name, bucket in list(self._buckets.items()):
             per_minute = self.per_address if name[0] == "address" else (self.keys or {}).get(name[1])
-            if per_minute is None or bucket.tokens + (now - bucket.stamp) * per_minute / 60.0 >= per_minute:
+            if per_minute is None or bucket.tokens + (now - bucket.stamp) * per_minute / 60.0 >= _room(per_minute):
                 del self._buckets[name]

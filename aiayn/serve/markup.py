@@ -64,8 +64,21 @@ class _Pieces(HTMLParser):
     def handle_pi(self, data) -> None:
         self._markup(f"<?{data}>")
 
-    def unknown_decl(self, data) -> None:
-        self._markup(f"<![{data}]>")
+    def parse_marked_section(self, i, report=1):
+        """`<![CDATA[...]]>`, `<![if ...]>` and the like, kept as written. Python 3.11's parser
+        raises AssertionError for a keyword it does not know (`<![foo[`): such a section is what
+        a browser reads it as, a bogus comment up to the next `>`."""
+        try:
+            end = super().parse_marked_section(i, report=0)
+        except AssertionError:
+            end = self.rawdata.find(">", i)
+            end = end + 1 if end >= 0 else -1
+        if end >= 0:
+            self._markup(self.rawdata[i:end])
+        return end
+
+    def unknown_decl(self, data) -> None:  # the marked sections of parsers that do not call the above
+        self._markup(f"<![{data}]]>" if data.upper().startswith("CDATA[") else f"<![{data}]>")
 
 
 def split_html(page: str) -> tuple[list[str], list[str]]:
