@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import torch
 
 from aiayn import __version__
-from aiayn.config import DEMO_AVERAGE_LAST, DecodeConfig, DemoOptions, demo_model, demo_training, recipe
+from aiayn.config import DEMO_AVERAGE_LAST, DEMO_RECIPE, DecodeConfig, DemoOptions, demo_model, demo_training, recipe
 from aiayn.device import cpu_kind, matmul_peak_flops, resolve_device, resolve_precision
 from aiayn.evaluate import score
 from aiayn.files import write_json
@@ -37,6 +37,9 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
     precision = resolve_precision(options.precision, resolve_device("auto"))
     if resume:  # the run goes on as it began: its model and recipe, a new budget
         asked, (model_config, training) = (model_config, precision, options.seed), run.configs()
+        if (training.data, training.corpus) != (None, DEMO_RECIPE["corpus"]):  # it would end with no test verses
+            raise ValueError(f"{run.path} is a run on {training.data or training.corpus}, not the demo's "
+                             f"{DEMO_RECIPE['corpus']}; choose another --out (or aiayn train --resume for that run)")
         if asked != (model_config, training.precision, training.seed):
             print(f"aiayn: note: {run.path} goes on with the model, recipe, precision and seed it began with; "
                   f"--preset, --recipe, --precision and --seed apply to a new --out", file=sys.stderr)

@@ -60,17 +60,31 @@ def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> None:
         raise
 
 
+# The writer lock a working folder (a training run, an experiment: aiayn.run) keeps inside it. No
+# output of another command replaces such a folder, --force or not: hours of training are no
+# command's output to overwrite by a mistyped --out.
+WORK_LOCK = ".lock"
+
+
 def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Union[str, Path]] = (),
                       folder: Optional[bool] = None) -> None:
     """The one rule for outputs: writing `path` may replace something (a file, or a folder that
     is not empty) only with `force`, and never what the command reads: an output that is one of
     its `inputs`, holds one or lies inside one is refused, `force` or not, since replacing it
-    would delete the input (symbolic links and `..` resolved). Nor, `force` or not, a file where
+    would delete the input (symbolic links and `..` resolved). Nor, `force` or not, the current
+    folder or one that holds it, a working folder (`WORK_LOCK`), or a file where
     the output is a folder (`folder` True) or a folder where it is a file (`folder` False): a
     mistyped --out would delete a data file. Commands call it before their work, so that the
     refusal comes before minutes of decoding rather than after."""
     path = Path(path)
     out = path.resolve()
+    here = Path.cwd().resolve()
+    if out == here or out in here.parents:  # replaced whole, it would take the shell's folder with it
+        raise ValueError(f"{path} is {'the current folder' if out == here else 'a folder that holds the current one'}; "
+                         "choose another output")
+    if path.is_dir() and (path / WORK_LOCK).exists():
+        raise ValueError(f"{path} is a training run or an experiment (it holds {WORK_LOCK}): --force replaces "
+                         "outputs, never a run; choose another output")
     for source in inputs:
         read = Path(source).resolve()
         if out == read:

@@ -27,7 +27,8 @@ import torch
 from aiayn.checkpoint import CONFIG, WEIGHTS, load_model, read_config, save_model, write_checkpoint
 from aiayn.config import AverageOptions, ModelConfig, TrainConfig
 from aiayn.corpora import UNNAMED
-from aiayn.files import atomic_dir, atomic_text, output_lock, read_json, refuse_to_replace, write_json, writer_lock
+from aiayn.files import (WORK_LOCK, atomic_dir, atomic_text, output_lock, read_json, refuse_to_replace, write_json,
+                         writer_lock)
 from aiayn import model as models
 from aiayn.model import Transformer
 from aiayn.tokenizer import copy_tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
@@ -43,7 +44,7 @@ STEP = "step_{:08d}"
 FINAL = "model"
 AVERAGED = "averaged"
 ATTENTION = "attention"
-LOCK = ".lock"
+LOCK = WORK_LOCK  # no other command's --force replaces a folder that holds it (aiayn.files)
 
 PathLike = Union[str, Path]
 
@@ -151,6 +152,9 @@ class RunDir:
             raise ValueError(f"{self.path} holds a model but no checkpoint to resume (an imported model?); "
                              f"fine-tune it with --init-from {self.path} and another --out")
         if resume:
+            if not self.has_configs():  # a mistyped folder would otherwise start a new run
+                raise ValueError(f"{self.path} holds no run to resume (no {MODEL_CONFIG}); leave out --resume "
+                                 "to start one there")
             return
         held = [path.name for path in (self.checkpoint_root, self.final, self.log) if path.exists()]
         if held:

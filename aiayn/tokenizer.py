@@ -52,8 +52,9 @@ class Tokenizer:
         """
         if vocab_size < MIN_VOCAB_SIZE:
             raise ValueError(
-                f"vocab_size={vocab_size} is too small: it must be at least {MIN_VOCAB_SIZE} "
-                "(256 byte pieces + 4 special tokens + the characters of the text)"
+                f"vocab_size={vocab_size} is too small: it needs 256 byte pieces, 4 special tokens and a piece "
+                f"for every distinct character of the training text, so more than {MIN_VOCAB_SIZE - 1} (a few "
+                "hundred for most texts; from 261 on the error names the exact minimum)"
             )
         proto = io.BytesIO()
         try:

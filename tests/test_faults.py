@@ -119,6 +119,43 @@ def test_train_refuses_an_imported_run_with_or_without_resume(tmp_path, model_di
     assert (run / "model" / "model.safetensors").read_bytes() == weights
 
 
+def test_force_never_replaces_the_current_folder_a_folder_above_it_or_a_run(tmp_path, model_dir, capsys, monkeypatch):
+    """Found in a newcomer's review: `--out . --force` deleted every file of the shell's folder
+    (or failed with a raw EBUSY, leaving a hidden folder), and `attention --out RUN --force`
+    replaced a training run with nine PNGs."""
+    from aiayn.config import PRESETS, TrainConfig
+
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "notes.txt").write_text("mine")
+    monkeypatch.chdir(work / "sub")
+    attention = ["attention", model_dir, "--sentence", "the cat", "--beam", "1", "--force", "--out"]
+    for out, says in ((".", "is the current folder"), ("..", "holds the current one"), (work, "holds the current one")):
+        one_line_error(*cli(capsys, *attention, out)[::2], says, "choose another output")
+    run = tmp_path / "run"
+    RunDir(run).write_configs(PRESETS["tiny"], TrainConfig())
+    with RunDir(run).lock():
+        pass  # a run keeps its lock file
+    one_line_error(*cli(capsys, *attention, run)[::2], "is a training run or an experiment", "never a run")
+    assert (work / "notes.txt").read_text() == "mine" and RunDir(run).has_configs() and not list(work.glob(".*"))
+
+
+def test_resume_and_demo_refuse_a_folder_that_is_not_their_run(tmp_path, corpus_tsv, capsys):
+    """A mistyped --resume folder started a new run from scratch, and `demo --out` on a run of
+    another corpus trained on, then ended in `no sentences to score`."""
+    from aiayn.config import PRESETS, TrainConfig
+
+    typo = tmp_path / "typo"
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, typo, "--max-steps", "1", "--resume"))[::2],
+                   "holds no run to resume", "leave out --resume")
+    assert not typo.exists()
+    other = tmp_path / "other"
+    RunDir(other).write_configs(PRESETS["tiny"], TrainConfig(corpus=str(corpus_tsv)))
+    one_line_error(*cli(capsys, "demo", "--out", other, "--minutes", "0.05")[::2],
+                   f"is a run on {corpus_tsv}, not the demo's bible-en-es")
+    assert not (other / "checkpoints").exists() and not (other / "averaged").exists()
+
+
 def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus_tsv, capsys):
     run = tmp_path / "run"
     assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--save-every", "1"))[0] == 0
