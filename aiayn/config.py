@@ -18,6 +18,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Optional
 
 ACTIVATIONS = ("relu", "gelu", "swish")
@@ -498,6 +499,8 @@ class FileDecodeOptions:
     def __post_init__(self) -> None:
         if self.output == "-":  # as --input - is stdin
             object.__setattr__(self, "output", None)
+        if self.output is not None and (not self.output or self.output.endswith("/") or Path(self.output).name in ("", ".", "..")):
+            raise ValueError(f"--output names a file (or - for stdout), got {self.output!r}")  # "" went to stdout
         if self.resume and self.force:
             raise ValueError("--resume continues an output and --force translates it anew: give one of them")
         if self.resume and self.output is None:  # stdout cannot be continued
@@ -694,7 +697,7 @@ class ScoreOptions:
 
     ref: str = _option(help="reference file: one sentence a line (with --parse, bracketed trees)")
     hyp: Optional[str] = _option(None, "hypothesis file, as --ref (default: stdin)")
-    lang: str = _option("en", "target language for the paper protocol's Moses tokenizer")
+    lang: str = _option("en", "target language: the paper protocol's Moses tokenizer, and sacreBLEU's for zh, ja, ko")
     parse: bool = _option(False, "score bracketed trees (F1, EVALB conventions)")
 
 

@@ -31,7 +31,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from aiayn.config import CT2_QUANTIZATIONS, ModelConfig
+from aiayn.config import CT2_QUANTIZATIONS, MAX_INPUT_TOKENS, MAX_OUTPUT_LEN, ModelConfig
 from aiayn.corpora import language_name
 from aiayn.files import atomic_dir, atomic_write, refuse_to_replace, write_json
 from aiayn.marian import BARRED_LOGIT
@@ -79,7 +79,10 @@ def transformer_spec(model: Transformer, pieces: list[str]):
     if config.positional == "learned":
         positions = state["encoder.positions.table.weight"], state["decoder.positions.table.weight"]
     else:
-        table = sinusoidal_positions(config.max_len, config.d_model, config.positional == "sinusoidal_concat")
+        # The sinusoids of every position aiayn decodes (its longest input and output), not only
+        # max_len's: a 750-token line translated in aiayn but failed in CTranslate2.
+        rows = max(config.max_len, MAX_INPUT_TOKENS + MAX_OUTPUT_LEN)
+        table = sinusoidal_positions(rows, config.d_model, config.positional == "sinusoidal_concat")
         positions = table.float(), table.float()
 
     def linear(target, name: str, *fused: str) -> None:  # W (out, in) and b, several fused along out

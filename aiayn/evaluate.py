@@ -9,21 +9,39 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 
-def _corpus_score(metric_name: str, hypotheses: Sequence[str], references: Sequence[str]):
+# Target languages whose words sacreBLEU splits with a tokenizer of their own (tok:zh, ja-mecab,
+# ko-mecab): 13a's rules split none of their words, so BLEU on them would count whole sentences.
+SACREBLEU_OWN_TOKENIZERS = ("zh", "ja", "ko")
+
+
+def bleu_metric(lang: Optional[str] = None):
+    """sacreBLEU's BLEU for target language `lang`, as its command line's `-l xx-LANG` makes it:
+    13a tokenization but for zh, ja and ko (None: 13a)."""
+    from sacrebleu.metrics import BLEU
+
+    try:
+        return BLEU(trg_lang=(lang or "").lower())
+    except RuntimeError:  # ja and ko tokenize with MeCab, an extra of sacreBLEU's
+        raise ValueError(f"sacreBLEU tokenizes {lang} with MeCab, which is not installed: "
+                         f"pip install 'sacrebleu[{lang.lower()}]'") from None
+
+
+def _corpus_score(metric_name: str, hypotheses: Sequence[str], references: Sequence[str], lang: Optional[str] = None):
     """sacreBLEU's corpus score by its metric `metric_name` ("BLEU", "CHRF") with the metric's
-    defaults, and the metric (for its signature)."""
+    defaults (BLEU's for target language `lang`), and the metric (for its signature)."""
     import sacrebleu.metrics
 
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    metric = getattr(sacrebleu.metrics, metric_name)()
+    metric = bleu_metric(lang) if metric_name == "BLEU" else getattr(sacrebleu.metrics, metric_name)()
     return metric.corpus_score(list(hypotheses), [list(references)]), metric
 
 
-def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
-    """Corpus BLEU of detokenized text with sacreBLEU's defaults (13a tokenization, exp
-    smoothing). Returns (score, signature); the signature says exactly how it was computed."""
-    score, metric = _corpus_score("BLEU", hypotheses, references)
+def bleu(hypotheses: Sequence[str], references: Sequence[str], lang: Optional[str] = None) -> tuple[float, str]:
+    """Corpus BLEU of detokenized text with sacreBLEU's defaults (13a tokenization, or the target
+    language's own for zh, ja and ko; exp smoothing). Returns (score, signature); the signature
+    says exactly how it was computed."""
+    score, metric = _corpus_score("BLEU", hypotheses, references, lang)
     return score.score, str(metric.get_signature())
 
 
@@ -135,7 +153,7 @@ def score_hypotheses(hypotheses: Sequence[str], references: Sequence[str], secon
     """`score`'s measures of outputs made elsewhere (a peer system's, in the benchmarks)."""
     if not references:
         raise ValueError("no sentences to score")
-    corpus, metric = _corpus_score("BLEU", hypotheses, references)  # once: the score and the lengths
+    corpus, metric = _corpus_score("BLEU", hypotheses, references, lang)  # once: the score and the lengths
     return Score(corpus.score, str(metric.get_signature()), _ratio(corpus), repetition_rate(hypotheses), seconds,
                  paper_bleu(hypotheses, references, lang) if lang else None, list(hypotheses),
                  chrf(hypotheses, references)[0])
@@ -178,18 +196,25 @@ def score_files(options, echo=print) -> None:
              f"F1 {result['f1']:.2f}  complete match {result['complete_match']:.2f}  "
              f"({len(gold)} sentence{'s' if len(gold) != 1 else ''}; EVALB with COLLINS.prm conventions)")
         return
+    moses = True
     try:  # before reading and scoring, not after
         check_moses_language(options.lang)
     except ValueError as error:
-        raise ValueError(f"--lang {options.lang}: {error}") from None
+        if options.lang.lower() not in SACREBLEU_OWN_TOKENIZERS:
+            raise ValueError(f"--lang {options.lang}: {error}") from None
+        moses = False  # sacreBLEU scores it; Table 2's protocol has no tokenizer for it
+    bleu_metric(options.lang)  # MeCab missing is said before the files are read
     references = _read_lines(options.ref)
     hypotheses = _read_lines(options.hyp)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypothesis lines but {len(references)} reference lines")
     if not references:
         raise ValueError(f"{options.ref} is empty: no sentences to score")
-    value, signature = bleu(hypotheses, references)
+    value, signature = bleu(hypotheses, references, options.lang)
     echo(f"sacreBLEU       {value:.2f}  {signature}")
     echo("chrF            {:.2f}  {}".format(*chrf(hypotheses, references)))
+    if not moses:
+        echo(f"paper protocol  -      (the Moses tokenizer has no rules for {options.lang})")
+        return
     echo(f"paper protocol  {paper_bleu(hypotheses, references, options.lang):.2f}  "
          f"(Moses tokenizer -l {options.lang}, compounds split, multi-bleu: as Table 2; not comparable with sacreBLEU)")

@@ -244,11 +244,14 @@ def languages_of(path: PathLike) -> tuple[Optional[str], Optional[str]]:
     checkpoint inside one), as its run's data recorded them; (None, None) where nothing says."""
     path = Path(path).resolve()
     for folder in (path, path.parent, path.parent.parent):
-        for source in (folder / DATA / "manifest.json", folder / TRAIN_CONFIG):
+        sources = [folder / DATA / "manifest.json", folder / TRAIN_CONFIG]
+        for source in sources:
             try:
                 values = read_json(source)
             except (OSError, ValueError):
                 continue
+            if source.name == TRAIN_CONFIG and isinstance(values, dict) and isinstance(values.get("data"), str):
+                sources.append(Path(values["data"]) / "manifest.json")  # trained with --data DIR (as given to it)
             if isinstance(values, dict) and values.get("src_lang") and values.get("tgt_lang"):
                 named = [str(values[key]) for key in ("src_lang", "tgt_lang")]
                 # A TSV's column names, where its languages were not given, are not languages.

@@ -279,7 +279,7 @@ def translate_stream(
         for offset, line in enumerate(chunk):
             if not line.strip():
                 continue
-            pieces, rest = split(line.strip()) if split else ([line.strip()], ["", ""])
+            pieces, rest = split(line) if split else ([line.strip()], ["", ""])  # around: the line's own spaces
             for ids in tokenizer.encode_batch(pieces):
                 if len(ids) > limit:
                     note(f"line {first_line + count + offset} has {len(ids)} tokens; using its first {limit}")

@@ -128,6 +128,9 @@ def test_info_takes_config_overrides(capsys):
         (["info", "--d-model", "100", "--n-heads", "3"], "not divisible by n_heads"),
         (["info", "--length", "0"], "--length must be at least 1"),
         (["translate", "/nonexistent/run", "--output", "out.txt", "--resume", "--force"], "give one of them"),
+        # An empty --output wrote to stdout; "." and "/" named no file (a raw PosixPath repr); "x/" wrote x.
+        *[(["translate", "/nonexistent/run", "--output", out], f"--output names a file (or - for stdout), got {out!r}")
+          for out in ("", ".", "/", "new.hyp/")],
         (["demo", "--minutes", "0", "--out", "/nonexistent/demo"], "--minutes must be above 0, got 0.0"),  # before any folder
     ],
 )

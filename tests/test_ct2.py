@@ -95,7 +95,7 @@ def test_ctranslate2_computes_what_aiayn_computes(case, tmp_path):
 
 
 def test_export_ct2_writes_a_folder_ctranslate2_loads_and_keeps_what_is_there(tmp_path, capsys):
-    folder = make_model(tmp_path / "model")  # pre-norm: the Marian route refuses it
+    folder = make_model(tmp_path / "model", max_len=64)  # pre-norm: the Marian route refuses it
     out = tmp_path / "ct2"
     code, stdout, err = cli(capsys, "export-ct2", folder, out, "--quantization", "int8")
     assert code in (0, None), err
@@ -104,6 +104,8 @@ def test_export_ct2_writes_a_folder_ctranslate2_loads_and_keeps_what_is_there(tm
     assert config["add_source_eos"] is True and config["decoder_start_token"] == "<s>"
     translator = ctranslate2.Translator(str(out), device="cpu", compute_type="int8")
     assert translator.translate_batch([["▁the", "▁cat"]], max_decoding_length=4)[0].hypotheses
+    # Past the model's max_len (a source aiayn translates): the sinusoids cover every position it decodes.
+    assert translator.translate_batch([["▁the"] * 80], max_decoding_length=4)[0].hypotheses  # max_len 64
     one_line_error(*cli(capsys, "export-ct2", folder, out)[::2], "exists")
     code, _, err = cli(capsys, "export-ct2", folder, tmp_path / "other", "--quantization", "int3")
     assert code == 2 and "invalid choice: 'int3'" in err

@@ -780,6 +780,11 @@ def test_exports_refuse_what_their_format_cannot_hold_and_unnamed_languages_sayi
     one_line_error(*cli(capsys, *argos[:3])[::2], "does not record its languages; give --source-lang and --target-lang")
     (model / "train_config.json").write_text(json.dumps({"src_lang": "en", "tgt_lang": "es"}))
     assert languages_of(model) == ("en", "es")
+    # Trained with --data DIR: the languages are in that folder's manifest (were not looked for).
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "manifest.json").write_text(json.dumps({"src_lang": "fr", "tgt_lang": "it"}))
+    (model / "train_config.json").write_text(json.dumps({"data": str(tmp_path / "shared")}))
+    assert languages_of(model) == ("fr", "it")
 
 
 def test_a_config_field_of_the_wrong_type(tmp_path, model_dir, capsys):

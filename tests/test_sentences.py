@@ -33,7 +33,7 @@ def test_spans_of_a_splitter_that_changes_the_text_keep_what_is_left():
 
 def test_translate_split_sentences_puts_each_paragraph_on_one_line(tmp_path):
     model = make_model(tmp_path / "model")
-    paragraphs = ["the small cat. a red bird eats the fish!", "", "the river"]
+    paragraphs = ["the small cat. a red bird eats the fish!", "", "  the river\t"]  # a line's own spaces stay (were stripped)
     (tmp_path / "in.txt").write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", "aiayn", "translate", str(model), "--input", str(tmp_path / "in.txt"),
                            "--split-sentences", "--lang", "en", "--beam", "2"], capture_output=True, text=True, timeout=300)
@@ -44,7 +44,7 @@ def test_translate_split_sentences_puts_each_paragraph_on_one_line(tmp_path):
         sentences, rest = split_sentences(paragraph, "en")
         out = interleave(translator.translate(sentences, beam=2), rest) if sentences else ""
         expected.append(" ".join(out.splitlines()))
-    assert done.stdout.split("\n")[:-1] == expected
+    assert done.stdout.split("\n")[:-1] == expected and expected[2].startswith("  ") and expected[2].endswith("\t")
     named = subprocess.run([sys.executable, "-m", "aiayn", "translate", str(model), "--input", str(tmp_path / "in.txt"),
                             "--split-sentences", "--lang", "english"], capture_output=True, text=True, timeout=300)
     assert named.returncode == 2 and named.stderr == "aiayn: error: --lang takes a language code (en, de, pt-BR), got 'english'\n"

@@ -108,6 +108,23 @@ HYP = ["Das Haus ist wunderbar-schön.", "Er sagt: \"Ja, das ist gut\" - und geh
 REF = ["Das Haus ist wunderbar-schön.", "Er sagte: \"Ja, das ist gut\" und ging.", "Ein Baumhaus im großen Wald."]
 
 
+def test_score_tokenizes_chinese_as_sacrebleu_does_and_says_what_japanese_needs(tmp_path):
+    """13a splits no Chinese words: `--lang zh` scored whole sentences (0.00, found in review)
+    where sacreBLEU's `-l en-zh` gives tok:zh; ja and ko need MeCab, sacreBLEU's extra."""
+    (tmp_path / "ref").write_text("我喜欢猫。\n今天天气很好。\n", encoding="utf-8")
+    (tmp_path / "hyp").write_text("我喜欢猫。\n今天天气好。\n", encoding="utf-8")
+    done = aiayn("score", "--ref", tmp_path / "ref", "--hyp", tmp_path / "hyp", "--lang", "zh")
+    cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp_path / "ref"), "-i", str(tmp_path / "hyp"), "-l", "en-zh",
+                          "-b", "-w", "2"], capture_output=True, text=True)
+    assert done.returncode == 0 and f"sacreBLEU       {float(cli.stdout):.2f}  nrefs:1|case:mixed|eff:no|tok:zh|" in done.stdout
+    assert float(cli.stdout) > 20  # not the 0 of whole sentences
+    import importlib.util
+
+    if importlib.util.find_spec("MeCab") is None:
+        done = aiayn("score", "--ref", tmp_path / "ref", "--hyp", tmp_path / "hyp", "--lang", "ja")
+        assert done.returncode == 2 and "pip install 'sacrebleu[ja]'" in done.stderr and done.stderr.count("\n") == 1
+
+
 def test_score_agrees_with_sacrebleu_and_the_compound_split_script(tmp_path):
     (tmp_path / "hyp").write_text("\n".join(HYP) + "\n", encoding="utf-8")
     (tmp_path / "ref").write_text("\n".join(REF) + "\n", encoding="utf-8")
