@@ -257,6 +257,8 @@ def check_tokens(name: str, tokens: Tensor, vocab_size: int, check_range: bool =
         raise ValueError(f"{name} must be a LongTensor of shape (batch, length), got {dtype} {shape}")
     if tokens.size(1) == 0:
         raise ValueError(f"{name} is empty: every sequence needs at least one token")
+    if tokens.size(0) == 0:  # (an attention over no rows divided by zero)
+        raise ValueError(f"{name} is a batch of no sequences: give at least one")
     check_range = check_range and not torch.compiler.is_compiling()  # a compiled step: our own batches
     if check_range and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size})")

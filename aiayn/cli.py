@@ -227,7 +227,7 @@ def cmd_corpus_export(args: argparse.Namespace) -> None:
     export = options(args, CorpusExportOptions)
     read = [export.name] if Path(export.name).exists() else []
     corpus = load_corpus(export.name, export.src_lang, export.tgt_lang)
-    for path in export_split(corpus, export.split, export.out, export.force, read):
+    for path in export_split(corpus, export.split, export.out, export.force, read, lambda text: print(f"aiayn: note: {text}", file=sys.stderr)):
         print(path)
 
 

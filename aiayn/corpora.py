@@ -455,13 +455,17 @@ def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional
 
 
 def export_split(
-    corpus: ParallelCorpus, split: str, out_dir: Union[str, Path], force: bool = False, inputs: Sequence = ()
+    corpus: ParallelCorpus, split: str, out_dir: Union[str, Path], force: bool = False, inputs: Sequence = (),
+    note: Callable[[str], None] = lambda _: None,
 ) -> tuple[Path, Path]:
     """Write `{split}.{src_lang}` and `{split}.{tgt_lang}`, one sentence per line, into `out_dir`,
     so that any tool can score against the references. Existing files are replaced only with
-    `force`, and never the corpus's own `inputs` (see `refuse_to_replace`)."""
+    `force`, and never the corpus's own `inputs` (see `refuse_to_replace`). Pairs with an empty
+    side are not written (as nothing trains or scores them): `note` says how many."""
     if split not in corpus.splits:
         raise ValueError(f"corpus {corpus.name} has no {split!r} split (it has {', '.join(corpus.splits)})")
+    if corpus.dropped.get(split):  # the files are shorter than the corpus's own: say so
+        note(f"left out {corpus.dropped[split]:,} {split} pairs with an empty side")
     paths = [Path(out_dir) / f"{split}.{lang}" for lang in (corpus.src_lang, corpus.tgt_lang)]
     for path in paths:
         refuse_to_replace(path, force, inputs)

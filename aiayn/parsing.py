@@ -221,7 +221,8 @@ def delinearize(target_tokens: Union[str, Sequence[str]], words: Sequence[str]) 
     comes back exactly: delinearize(*reversed(linearize(t))) is `t` with every POS tag "XX".
     Anything else is repaired, reading left to right with a stack of open constituents:
 
-    1. "(L" opens a constituent labelled L.
+    1. "(L" opens a constituent labelled L, where L holds no bracket ("(S(NP" or "(NP)" is junk,
+       rule 4: as a label it would write a tree no reader reads back).
     2. ")L" (or a bare ")") closes the innermost open constituent, whatever L is (a wrong label
        does not reach further out); a closing bracket with no constituent open is dropped.
     3. "XX" takes the next word, inside the innermost open constituent (at the top level if none
@@ -252,7 +253,7 @@ def delinearize(target_tokens: Union[str, Sequence[str]], words: Sequence[str]) 
         if token == WORD_PLACEHOLDER:
             if remaining:
                 (stack[-1][1] if stack else top).append(Leaf(WORD_PLACEHOLDER, remaining.pop()))
-        elif token.startswith("(") and len(token) > 1:
+        elif token.startswith("(") and len(token) > 1 and "(" not in token[1:] and ")" not in token[1:]:
             stack.append((token[1:], []))
         elif token.startswith(")"):
             if stack:
@@ -373,7 +374,7 @@ def load_treebank_pairs(path: Union[str, Path]) -> list[tuple[str, str]]:
     if not path.is_file():
         raise FileNotFoundError(f"no such treebank file: {path}")
     try:
-        trees = read_trees(path.read_text(encoding="utf-8"))
+        trees = read_trees(path.read_text(encoding="utf-8-sig"))  # -sig: a BOM, as every other reader takes it
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from None
     pairs = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 import sys
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Optional, Sequence
@@ -40,6 +41,8 @@ class ModelStep:
     feeds one token per row."""
 
     def __init__(self, model: Transformer, src: Tensor, max_len: int, beam: int = 1) -> None:
+        if model.training:  # dropout would make every search's outputs differ
+            raise ValueError("decoding needs the model in eval mode: call model.eval() first")
         self.model = model
         memory, mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
         self.cache = model.init_cache(memory, mask, max_len, beam)
@@ -81,6 +84,8 @@ def translate_ids(
     Sentences are sorted by length and packed up to `batch_tokens` source tokens per batch
     (times the beam), so little compute goes to padding.
     """
+    if "n_best" in changes:  # it would be passed on, and all but the best output dropped
+        raise TypeError("translate_ids returns one output per source: call translate_nbest for n_best")
     return [outputs[0] for outputs in translate_nbest(model, sources, decode, progress, **changes)]
 
 
@@ -94,7 +99,11 @@ def translate_nbest(
 ) -> list[list[list[int]]]:
     """`translate_ids` with the `n_best` best outputs of each source, best first (fewer where the
     search finished fewer; beam search only, n_best ≤ beam)."""
+    if not isinstance(decode, DecodeConfig):  # a dict of settings failed later on `.beam`
+        raise TypeError(f"decode must be a DecodeConfig, got {type(decode).__name__}; give single settings as "
+                        "keywords (beam=2)")
     decode = dataclasses.replace(decode, **changes) if changes else decode
+    check_sources(sources)
     config = model.config
     check_beam(config, decode.beam)
     device = next(model.parameters()).device
@@ -151,7 +160,11 @@ def scored(hypothesis: Hypothesis, decode: DecodeConfig) -> bool:
 
 
 def not_numbers(precision: str) -> ValueError:
-    """The error of a search whose scores are not numbers: its precision's range overflowed."""
+    """The error of a search whose scores are not numbers: its precision's range overflowed, or
+    (in fp32, whose range bf16's matches) the model's weights are not numbers themselves."""
+    if precision in ("fp32", "bf16", "int8"):  # fp32's range: the overflow advice would send it in circles
+        return ValueError(f"decoding in {precision} gave scores that are not numbers (NaN or -inf): the model's "
+                          "weights or activations are not finite; check the weights (a diverged run?)")
     return ValueError(f"decoding in {precision} gave scores that are not numbers (NaN or -inf): the model's "
                       "activations overflow it; decode in bf16 or fp32")
 
@@ -171,6 +184,20 @@ def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig,
     if config.positional == "learned":  # the search may feed one position past the limit
         max_len = max_len.clamp(max=config.max_len - 1)
     return src, max_len
+
+
+def check_sources(sources: Sequence[Sequence[int]]) -> None:
+    """Token ids, a list of ints per sentence: a string, a flat list of ids or float ids are
+    refused in one line (they failed deep in PyTorch, or floats were cut to ids)."""
+    if isinstance(sources, (str, bytes, Tensor)) and not (isinstance(sources, Tensor) and sources.dim() == 2):
+        raise TypeError("sources must be a list of token-id lists, one per sentence: encode text with the tokenizer, "
+                        "or call Translator.translate")
+    for number, source in enumerate(sources):
+        ids = source.tolist() if hasattr(source, "tolist") else source  # a tensor's or an array's ids
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or \
+                not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in ids):
+            raise TypeError(f"sources[{number}] must be a list of token ids (ints), got {type(source).__name__} "
+                            f"{str(source)[:40]!r}: encode text with the tokenizer, or call Translator.translate")
 
 
 def check_beam(config, beam: int) -> None:

@@ -10,7 +10,7 @@ from aiayn.evaluate import score
 from aiayn.experiment import SCALES, miniature, select_rows
 from aiayn.model import DecoderModel, Transformer
 from aiayn.search import BeamSearch, greedy
-from aiayn.translate import Translator
+from aiayn.translate import ModelStep, Translator, translate_ids
 from test_faults import make_model
 
 
@@ -60,6 +60,28 @@ def test_decoding_with_a_cache_checks_the_tokens_given():
         decoder_only(torch.tensor([[1], [1]]), cache=cache)
     with pytest.raises(ValueError, match="tokens"):
         decoder_only(torch.tensor([[90]]), cache=cache)  # was IndexError from inside the embedding
+
+
+def test_translate_ids_checks_its_sources_settings_and_mode():
+    """Found in review: text, a flat list of ids, float ids, a dict of settings and n_best failed
+    deep in PyTorch or were taken silently (floats cut to ids, n_best dropped); a model in train
+    mode decoded with dropout; an empty batch divided by zero in the attention."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1)).eval()
+    expected = translate_ids(model, [[5, 6, 7]], beam=1)
+    assert translate_ids(model, [(5, 6, 7)], beam=1) == translate_ids(model, torch.tensor([[5, 6, 7]]), beam=1) == expected
+    for sources, says in ((["the cat"], r"sources\[0\] must be a list of token ids"), ([5, 6, 7], r"sources\[0\]"),
+                          ([[5.5, 6.2]], r"sources\[0\] .* '\[5.5, 6.2\]'"), ("the cat", "encode text with the tokenizer")):
+        with pytest.raises(TypeError, match=says):
+            translate_ids(model, sources)
+    with pytest.raises(TypeError, match=r"decode must be a DecodeConfig, got dict; .* keywords \(beam=2\)"):
+        translate_ids(model, [[5]], {"beam": 2})
+    with pytest.raises(TypeError, match="call translate_nbest for n_best"):
+        translate_ids(model, [[5]], n_best=2)
+    with pytest.raises(ValueError, match="a batch of no sequences"):
+        model(torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"eval mode: call model.eval\(\) first"):
+        ModelStep(model.train(), torch.tensor([[5, 2]]), 5)
 
 
 def test_the_search_takes_its_limits_as_a_tensor():

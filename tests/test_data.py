@@ -82,6 +82,18 @@ def test_text_folder_with_dev_and_test(tmp_path):
     assert load_corpus(str(tmp_path), "en", "de").splits["test"] == [("No", "Nein")]
 
 
+def test_export_notes_the_test_pairs_left_out_for_an_empty_side(tmp_path):
+    folder = tmp_path / "c.en-es"
+    write(folder / "train.en", "Hello\n")
+    write(folder / "train.es", "Hola\n")
+    write(folder / "test.en", "one\n\nthree\n")
+    write(folder / "test.es", "uno\ndos\ntres\n")
+    said = []
+    src, tgt = export_split(load_corpus(str(folder)), "test", tmp_path / "out", note=said.append)
+    assert src.read_text() == "one\nthree\n" and tgt.read_text() == "uno\ntres\n"
+    assert said == ["left out 1 test pairs with an empty side"]  # was silent: 2 lines for the corpus's 3
+
+
 def test_text_folder_infers_the_languages(tmp_path):
     folder = tmp_path / "iwslt14.de-en"
     write(folder / "train.de", "Hallo\n")

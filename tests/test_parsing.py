@@ -276,6 +276,8 @@ GOOD = "(S (NP (XX a) (XX b)) (VP (XX c)))"
         pytest.param("", "(S (XX a) (XX b) (XX c))", id="empty output"),
         pytest.param(")S )S (NP )NP", "(S (XX a) (XX b) (XX c))", id="nothing usable"),
         pytest.param("(NP XX )NP XX", "(S (NP (XX a)) (XX b) (XX c))", id="missing XX after a stray word"),
+        # A label holding a bracket wrote a line read_trees refused ("never closed", "empty bracket").
+        pytest.param("(S(NP XX XX (S (NP) XX )S", "(S (XX a) (XX b) (S (XX c)))", id="brackets inside a label"),
     ],
 )
 def test_delinearize_repairs_malformed_output(output, expected):
@@ -289,7 +291,7 @@ def test_delinearize_of_nothing_is_an_empty_root():
 
 def test_delinearize_keeps_the_words_whatever_the_output():
     rng = random.Random(0)
-    vocabulary = ["(S", ")S", "(NP", ")NP", "(VP", ")VP", "XX", "XX", "XX", "junk", "(", ")"]
+    vocabulary = ["(S", ")S", "(NP", ")NP", "(VP", ")VP", "XX", "XX", "XX", "junk", "(", ")", "(S(NP", "(NP)"]
     for _ in range(300):
         words = [f"w{i}" for i in range(rng.randrange(1, 8))]
         output = [rng.choice(vocabulary) for _ in range(rng.randrange(0, 20))]
@@ -297,6 +299,7 @@ def test_delinearize_keeps_the_words_whatever_the_output():
         assert tree.words() == words
         rebuilt_words, target = linearize(tree)
         assert delinearize(target, rebuilt_words) == tree  # a repaired tree is well-formed
+        assert read_trees(tree_to_string(tree)) == [tree]  # and its line reads back (`aiayn score --parse`)
 
 
 # --------------------------------------------------------------------------------------------
@@ -405,6 +408,8 @@ def test_load_treebank_pairs_feeds_a_parallel_corpus(tmp_path):
     (tmp_path / "bad.mrg").write_text("(S (NN a)\n")
     with pytest.raises(ValueError, match=r"bad\.mrg: unbalanced brackets: '\(' at line 1, column 1"):
         load_treebank_pairs(tmp_path / "bad.mrg")
+    (tmp_path / "bom.mrg").write_bytes(b"\xef\xbb\xbf" + TOY.read_bytes())  # was "text outside brackets: '\ufeff'"
+    assert load_treebank_pairs(tmp_path / "bom.mrg") == pairs
 
 
 def test_decoding_settings_of_section_6_3():

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from aiayn.config import DECODE_PRESETS, ModelConfig
+from aiayn.config import DECODE_PRESETS, PRESETS, ModelConfig
 from aiayn.model import Transformer
 from aiayn.search import beam_search, greedy, length_penalty
-from aiayn.translate import ContinuousDecoding, ModelStep
+from aiayn.translate import ContinuousDecoding, ModelStep, translate_nbest
 
 BOS, EOS, VOCAB = 1, 2, 6
 
@@ -302,3 +302,13 @@ def test_repetition_penalty_scales_the_log_probability_of_tokens_already_output(
     best = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=1, alpha=0.0, repetition_penalty=2.0)[0]
     assert best.tokens == [3, 5]
     assert best.log_prob == pytest.approx(math.log(0.5 * 0.3 * 1.0), abs=1e-6)
+
+
+def test_a_beam_as_wide_as_the_vocabulary_never_puts_eos_inside_an_output():
+    """With k ≥ V - 1 a step can have fewer than k candidates without EOS; one picked to fill the
+    beam went on decoding, and an output held EOS inside (found in review: [2, 4, 4, 4])."""
+    for seed in range(4):
+        torch.manual_seed(seed)
+        model = Transformer(dataclasses.replace(PRESETS["tiny"], vocab_size=10)).eval()
+        outputs = translate_nbest(model, [[5, 6, 7]], n_best=10, beam=10, max_output_len=4)[0]
+        assert outputs and all(model.config.eos_id not in output for output in outputs), outputs
