@@ -143,6 +143,8 @@ def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = No
     The one "translate a split and score it" of the package: training's dev BLEU, the demo,
     Table 3 and the benchmarks all call it."""
     pairs = list(pairs)  # a zip or a generator is read twice below
+    if any(isinstance(pair, str) or len(pair) != 2 for pair in pairs):  # "ab" was read as ("a", "b")
+        raise ValueError("score takes (source, reference) pairs: zip(sources, references)")
     start = time.perf_counter()
     hypotheses = translator.translate([s for s, _ in pairs], **changes)
     return score_hypotheses(hypotheses, [r for _, r in pairs], time.perf_counter() - start, lang)

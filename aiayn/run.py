@@ -301,6 +301,8 @@ def average_checkpoints(directories: list[Path], out: PathLike, force: bool = Fa
     as a model folder with the tokenizer of the newest checkpoint (atomically; an existing `out`
     only with `force`). One checkpoint is in memory at a time, so averaging the 20 of a big model
     needs no more than two copies of it."""
+    if not directories:  # was an IndexError
+        raise ValueError("average_checkpoints needs at least one checkpoint folder")
     architecture, config = read_config(directories[-1])
     cls = getattr(models, architecture)
     total: dict[str, torch.Tensor] = {}

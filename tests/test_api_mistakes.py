@@ -9,6 +9,7 @@ from aiayn.config import ModelConfig
 from aiayn.evaluate import score
 from aiayn.experiment import SCALES, miniature, select_rows
 from aiayn.model import DecoderModel, Transformer
+from aiayn.run import average_checkpoints
 from aiayn.search import BeamSearch, greedy
 from aiayn.translate import ModelStep, Translator, translate_ids
 from test_faults import make_model
@@ -29,6 +30,10 @@ def test_a_translator_takes_a_list_and_needs_a_tokenizer(tmp_path):
         Translator(translator.model, decode={"beam": 1})
     with pytest.raises(ValueError, match="no sentences to score"):  # was sacreBLEU's IndexError
         score(translator, [])
+    with pytest.raises(ValueError, match=r"\(source, reference\) pairs: zip\(sources, references\)"):
+        score(translator, ["ab"])  # was scored as source "a", reference "b"
+    with pytest.raises(ValueError, match="at least one checkpoint folder"):  # was an IndexError
+        average_checkpoints([], tmp_path / "avg")
 
 
 def test_pairs_count_from_the_end_as_a_list_does():
