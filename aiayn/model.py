@@ -457,16 +457,14 @@ class Transformer(_Model):
 
         Returns {"encoder": [(B, h, S, S)] * N, "decoder": [(B, h, T, T)] * N, "cross": [(B, h, T, S)] * N}.
         """
+        if self.training:  # dropout would make every call's maps differ (found in review)
+            raise ValueError("attention_maps needs the model in eval mode: call model.eval() first")
         check_tokens("src", src, self.config.vocab_size)
         check_tokens("tgt", tgt, self.config.vocab_size)
         mask = self.source_mask(src)
         memory, encoder_weights = self.encoder(src, mask, need_weights=True)
         _, decoder_weights = self.decoder(tgt, memory, mask, need_weights=True)
-        return {
-            "encoder": encoder_weights,
-            "decoder": [w[0] for w in decoder_weights],
-            "cross": [w[1] for w in decoder_weights],
-        }
+        return {"encoder": encoder_weights, "decoder": [w[0] for w in decoder_weights], "cross": [w[1] for w in decoder_weights]}
 
 
 class EncoderModel(_Model):

@@ -87,6 +87,8 @@ def test_translate_ids_checks_its_sources_settings_and_mode():
         model(torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long))
     with pytest.raises(ValueError, match=r"eval mode: call model.eval\(\) first"):
         ModelStep(model.train(), torch.tensor([[5, 2]]), 5)
+    with pytest.raises(ValueError, match=r"attention_maps needs the model in eval mode"):
+        model.attention_maps(torch.tensor([[5, 2]]), torch.tensor([[1, 5]]))
 
 
 def test_the_search_takes_its_limits_as_a_tensor():
