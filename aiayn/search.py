@@ -307,8 +307,9 @@ class BeamSearch:
 
 def check_limits(max_len) -> None:
     """A search's output limits are a tensor, one per sentence: an int would fail inside it."""
-    if not isinstance(max_len, Tensor):
-        raise TypeError(f"max_len is each sentence's limit, a tensor (B,) such as torch.full((B,), 60); got {max_len!r}")
+    if not isinstance(max_len, Tensor) or max_len.dim() != 1 or max_len.dtype.is_floating_point or max_len.dtype == torch.bool:
+        got = f"a {max_len.dtype} tensor of shape {tuple(max_len.shape)}" if isinstance(max_len, Tensor) else repr(max_len)
+        raise TypeError(f"max_len is each sentence's limit, an integer tensor (B,) such as torch.full((B,), 60); got {got}")
 
 
 def beam_search(

@@ -92,8 +92,11 @@ def test_translate_ids_checks_its_sources_settings_and_mode():
 
 
 def test_the_search_takes_its_limits_as_a_tensor():
-    with pytest.raises(TypeError, match=r"a tensor \(B,\) such as torch.full\(\(B,\), 60\); got 60"):
+    with pytest.raises(TypeError, match=r"an integer tensor \(B,\) such as torch.full\(\(B,\), 60\); got 60"):
         greedy(lambda tokens: None, lambda rows: None, 1, 2, max_len=60)  # was "'int' object has no attribute 'device'"
+    for limits in (torch.full((1,), 6.0), torch.full((1, 1), 6)):  # were a pad() TypeError, a list compared with an int
+        with pytest.raises(TypeError, match=r"an integer tensor \(B,\) .*; got a torch\.\w+ tensor of shape"):
+            greedy(lambda tokens: None, lambda rows: None, 1, 2, max_len=limits)
     with pytest.raises(TypeError, match="max_len is each sentence's limit"):  # the server's way in: was 'numel'
         BeamSearch(lambda tokens: None, lambda *rows: None, 1, 2, torch.device("cpu")).join(60, ["a"])
 
