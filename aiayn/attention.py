@@ -118,6 +118,8 @@ class MultiHeadAttention(nn.Module):
         self_attention: bool = True,
     ) -> None:
         super().__init__()
+        if n_heads < 1 or d_model < 1:  # (n_heads 0 was a ZeroDivisionError)
+            raise ValueError(f"MultiHeadAttention needs d_model and n_heads of at least 1, got {d_model} and {n_heads}")
         if (d_k is None or d_v is None) and d_model % n_heads:
             raise ValueError(
                 f"d_model={d_model} is not divisible by n_heads={n_heads}; pass d_k and d_v explicitly"

@@ -4,6 +4,7 @@ silent wrong result (a string translated character by character, a pair from the
 import pytest
 import torch
 
+from aiayn.attention import MultiHeadAttention
 from aiayn.batching import EncodedPairs
 from aiayn.config import ModelConfig
 from aiayn.evaluate import score
@@ -87,6 +88,8 @@ def test_translate_ids_checks_its_sources_settings_and_mode():
         model(torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long))
     with pytest.raises(ValueError, match=r"eval mode: call model.eval\(\) first"):
         ModelStep(model.train(), torch.tensor([[5, 2]]), 5)
+    with pytest.raises(ValueError, match="n_heads of at least 1, got 16 and 0"):
+        MultiHeadAttention(16, 0)
     with pytest.raises(ValueError, match=r"attention_maps needs the model in eval mode"):
         model.attention_maps(torch.tensor([[5, 2]]), torch.tensor([[1, 5]]))
 
