@@ -372,6 +372,8 @@ class Trainer:
         self.run.path.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             self.run.write_configs(self.config, recipe)
+            if not self.data.dev:  # --eval-every would otherwise pass without a word
+                self.echo("note: this corpus has no dev split: training runs without validation (dev loss, BLEU)")
         peak = matmul_peak_flops(self.device, recipe.precision)
         budget = recipe.minutes * 60 if recipe.minutes else math.inf
         self.model.train()
