@@ -252,9 +252,11 @@ class BeamSearch:
         # The k best candidates that do not end in EOS continue (a stable sort keeps the ranking).
         pick = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :beam]  # (B, k)
         scores, parent, token = top_scores.gather(1, pick), candidate_parent.gather(1, pick), token.gather(1, pick)  # (B, k)
-        # Fewer than k candidates without EOS (a beam near the vocabulary's size): an EOS picked
-        # to fill the beam must not go on as text, so it goes on as a hypothesis that never wins.
-        scores = scores.masked_fill(token == self.eos_id, float("-inf"))
+        # Of the min(2k, w·V) candidates at most w end in EOS (one a row), so fewer than k do not
+        # only where w·(V - 1) < k (a beam near the vocabulary's size): an EOS picked to fill the
+        # beam must not go on as text, so it goes on as a hypothesis that never wins.
+        if width * (vocab - 1) < beam:
+            scores = scores.masked_fill(token == self.eos_id, float("-inf"))
         history = torch.cat([self.history.gather(1, parent.unsqueeze(-1).expand(-1, -1, self.history.size(2))),
                              token.unsqueeze(-1)], -1)  # (B, k, W + 1)
         # Each sentence's finished count once this step's ends are added (as _Finished.add counts

@@ -160,13 +160,11 @@ def scored(hypothesis: Hypothesis, decode: DecodeConfig) -> bool:
 
 
 def not_numbers(precision: str) -> ValueError:
-    """The error of a search whose scores are not numbers: its precision's range overflowed, or
-    (in fp32, whose range bf16's matches) the model's weights are not numbers themselves."""
-    if precision in ("fp32", "bf16", "int8"):  # fp32's range: the overflow advice would send it in circles
-        return ValueError(f"decoding in {precision} gave scores that are not numbers (NaN or -inf): the model's "
-                          "weights or activations are not finite; check the weights (a diverged run?)")
-    return ValueError(f"decoding in {precision} gave scores that are not numbers (NaN or -inf): the model's "
-                      "activations overflow it; decode in bf16 or fp32")
+    """The error of a search whose scores are not numbers: fp16's range overflowed, or in any
+    other precision (fp32's range) the model's weights or activations are not finite."""
+    why = ("activations overflow it; decode in bf16 or fp32" if precision == "fp16" else
+           "weights or activations are not finite; check the weights (a diverged run?)")
+    return ValueError(f"decoding in {precision} gave scores that are not numbers (NaN or -inf): the model's {why}")
 
 
 def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig,
@@ -189,7 +187,7 @@ def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig,
 def check_sources(sources: Sequence[Sequence[int]]) -> None:
     """Token ids, a list of ints per sentence: a string, a flat list of ids or float ids are
     refused in one line (they failed deep in PyTorch, or floats were cut to ids)."""
-    if isinstance(sources, (str, bytes, Tensor)) and not (isinstance(sources, Tensor) and sources.dim() == 2):
+    if isinstance(sources, (str, bytes)) or (isinstance(sources, Tensor) and sources.dim() != 2):
         raise TypeError("sources must be a list of token-id lists, one per sentence: encode text with the tokenizer, "
                         "or call Translator.translate")
     for number, source in enumerate(sources):
