@@ -37,6 +37,19 @@ def forward_flops(config: ModelConfig, src_len: int, tgt_len: int) -> int:
     return config.n_layers * (encoder_layer + decoder_layer) + logits
 
 
+def decoder_step_flops(config: ModelConfig, length: int, src_len: int) -> int:
+    """FLOPs of one step of incremental decoding (§3.1: auto-regressive) for one row: its newest
+    position through every decoder layer, attending over the `length` positions decoded so far (its
+    own included) and `src_len` source positions whose keys and values a KV cache holds (computed
+    once per sentence, not counted here), and its logits."""
+    d, h = config.d_model, config.n_heads
+    d_k, d_v = config.head_dims
+    self_attention = 2 * d * h * (2 * d_k + d_v) + 2 * h * d_v * d + 2 * length * h * (d_k + d_v)
+    cross_attention = 2 * d * h * d_k + 2 * h * d_v * d + 2 * src_len * h * (d_k + d_v)
+    ffn = 4 * d * config.d_ff
+    return config.n_layers * (self_attention + cross_attention + ffn) + 2 * d * config.vocab_size
+
+
 def training_flops(config: ModelConfig, src_len: int, tgt_len: int) -> int:
     """Forward + backward FLOPs of one sentence pair (backward ≈ 2 × forward)."""
     return 3 * forward_flops(config, src_len, tgt_len)

@@ -19,44 +19,61 @@ joins per step × join) beside them.
     python benchmarks/decode_steps.py runs/demo --precision int8   # where bf16 is refused (an AVX2-only CPU)
     python benchmarks/decode_steps.py runs/demo --precision bf16 --live 8 --threads 1   # one of 2 workers
     python benchmarks/decode_steps.py runs/demo --precision bf16 --live 8 --threads 1 --beside 1
+    python benchmarks/decode_steps.py runs/demo --precision bf16 --profile   # and where a step's time goes
+
+It also reports what the arithmetic allows: a step of N sentences does at least the matrix products
+of the (N - 1) × beam rows it adds to a step of one, and they take at least their FLOPs
+(aiayn.flops.decoder_step_flops, the linear maps alone) over the matmul peak. So no search whose step
+of one sentence is as fast as this one's gets past N × step(1) / (step(1) + that time), joins free;
+a faster step of one lowers that bound, it never raises it. --profile adds torch.profiler's
+account of a step and of a join, one sentence and N decoding, by operator (own CPU time), and the
+Python between operators.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import random
 import statistics
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from aiayn.config import DECODE_PRESETS
 from aiayn.corpora import load_corpus
 from aiayn.device import matmul_peak_flops
+from aiayn.flops import decoder_step_flops
 from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
 from aiayn.translate import ContinuousDecoding, Translator
 from common import RESULTS, command_line, cpu_kind, default_threads, machine, spread, write_results
 from serve_load import peak_precision
 
 
-def decode(translator: Translator, sources: list[list[int]], live: int) -> dict:
+def decode(translator: Translator, sources: list[list[int]], live: int, marked: bool = False) -> dict:
     """Decode `sources` keeping `live` sentences in the search (a finished one is replaced by the
-    next at once, as N clients would); per-step and per-join seconds."""
+    next at once, as N clients would); per-step and per-join seconds. `marked`: each join and step
+    is a profiler region of that name."""
     decoding = ContinuousDecoding(translator.model, translator.decode)
     steps, joins, waiting = [], [], list(enumerate(sources))
+    region = record_function if marked else lambda name: nullcontext()
     while waiting or decoding.live:
         room = min(live - decoding.live, len(waiting))
         if room:
             began = time.perf_counter()
-            decoding.join([ids for _, ids in waiting[:room]], [key for key, _ in waiting[:room]], translator.decode.alpha)
+            with region("join"):
+                decoding.join([ids for _, ids in waiting[:room]], [key for key, _ in waiting[:room]], translator.decode.alpha)
             joins.append((time.perf_counter() - began, room))
             waiting = waiting[room:]
         began = time.perf_counter()
-        decoding.step()
+        with region("step"):
+            decoding.step()
         steps.append(time.perf_counter() - began)
     return {"step_ms": statistics.median(steps) * 1000, "steps": len(steps), "joins": len(joins),
             "join_ms": statistics.median(seconds for seconds, _ in joins) * 1000}
@@ -65,6 +82,33 @@ def decode(translator: Translator, sources: list[list[int]], live: int) -> dict:
 def ceiling(alone: dict, many: dict, live: int) -> float:
     """live × step(1) / (step(live) + joins per step × join): one search's rate over one sentence's."""
     return live * alone["step_ms"] / (many["step_ms"] + many["joins"] / many["steps"] * many["join_ms"])
+
+
+def arithmetic_bound(alone: dict, live: int, beam: int, row_flops: int, peak: float) -> float:
+    """live × step(1) / (step(1) + the products of the (live - 1) × beam rows added, at the peak)."""
+    return live * alone["step_ms"] / (alone["step_ms"] + (live - 1) * beam * row_flops / peak * 1000)
+
+
+def profiled(translator: Translator, sources: list[list[int]], live: int) -> list[str]:
+    """torch.profiler over one decode of `sources` with `live` sentences at once: a step's and a
+    join's operators by their own CPU time, and the Python between them (the region's own time,
+    which holds the profiler's own cost per operator: the profiled step is slower than the timed one)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        counts = decode(translator, sources, live, marked=True)
+    own = {"step": collections.Counter(), "join": collections.Counter()}
+    for event in prof.events():
+        region = event
+        while region is not None and region.name not in own:
+            region = region.cpu_parent
+        if region is not None:
+            own[region.name]["(Python between operators)" if region is event else event.name] += event.self_cpu_time_total
+    lines = []
+    for name, count in (("step", counts["steps"]), ("join", counts["joins"])):
+        total = sum(own[name].values())
+        lines.append(f"{name}, {live} sentence{'s' * (live > 1)} decoding: {count} of them, "
+                     f"{total / count / 1e3:.2f} ms each under the profiler")
+        lines += [f"  {op[:60]:<60} {us / count / 1e3:>7.3f} ms {us / total:>6.1%}" for op, us in own[name].most_common(14)]
+    return lines
 
 
 def start_beside(count: int) -> list[subprocess.Popen]:
@@ -95,6 +139,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--beside", type=int, default=0, metavar="K",
                         help="also time each case with K other processes decoding `live` sentences beside")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one decode with 1 and with `live` sentences (where a step's time goes)")
     parser.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)  # one of those K: decode until killed
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -131,13 +177,22 @@ def main() -> None:
                   f"process, {(args.beside + 1) * reps[-1]['ceiling_beside']:.2f}× all", flush=True)
     products = peak_precision(args.precision)  # the precision of the matrix products (int8: fp32 activations)
     peak = matmul_peak_flops(torch.device("cpu"), products)
+    row_flops = decoder_step_flops(translator.model.config, 0, 0)  # the linear maps alone: a lower bound
+    for rep in reps:
+        rep["arithmetic_bound"] = arithmetic_bound(rep["one"], args.live, translator.decode.beam, row_flops, peak)
+    profile_lines = ([line for live in (1, args.live) for line in profiled(translator, sources[: 5 * live], live)]
+                     if args.profile else [])
     results = {"command": command_line(), "cpu_kind": cpu_kind(), "machine": machine(torch.device("cpu"), args.threads),
                "model": str(args.run_dir), "precision": args.precision, "live": args.live, "reps": reps,
                f"{products}_matmul_peak_tflops": peak / 1e12,
                "summary": {"step_ms_1": spread([r["one"]["step_ms"] for r in reps]),
                            f"step_ms_{args.live}": spread([r["live"]["step_ms"] for r in reps]),
                            "join_ms": spread([r["live"]["join_ms"] for r in reps]),
-                           "ceiling": spread([r["ceiling"] for r in reps])}}
+                           "ceiling": spread([r["ceiling"] for r in reps]),
+                           "arithmetic_bound": spread([r["arithmetic_bound"] for r in reps])},
+               "row_flops": row_flops}
+    if profile_lines:
+        results["profile"] = profile_lines
     if args.beside:
         results["beside"] = args.beside
         results["summary"].update(
@@ -146,7 +201,9 @@ def main() -> None:
             join_ms_beside=spread([r["live_beside"]["join_ms"] for r in reps]),
             ceiling_beside=spread([r["ceiling_beside"] for r in reps]),
             ceiling_all=spread([(args.beside + 1) * r["ceiling_beside"] for r in reps]))
-    print(f"{products} matmul peak {peak / 1e12:.2f} TFLOP/s")
+    print(f"{products} matmul peak {peak / 1e12:.2f} TFLOP/s; at that peak the products of the rows that "
+          f"{args.live} sentences add to one ({row_flops / 1e6:.1f} MFLOP a row) bound the ceiling at "
+          f"{results['summary']['arithmetic_bound']['median']:.2f}×", *profile_lines, sep="\n")
     write_results(args.out or RESULTS / f"decode-steps-{cpu_kind()}-{args.precision}.json", results)
 
 

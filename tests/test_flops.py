@@ -10,9 +10,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import aiayn.attention
 from aiayn.attention import scaled_dot_product_attention
-from aiayn.kernels import attention_mask
+from aiayn.kernels import attention_mask, reference_math
 from aiayn.config import PRESETS, ModelConfig, TrainConfig
-from aiayn.flops import forward_flops, memory_warning, training_flops, training_peak_bytes
+from aiayn.flops import decoder_step_flops, forward_flops, memory_warning, training_flops, training_peak_bytes
 from aiayn.model import Transformer
 
 
@@ -40,6 +40,21 @@ def test_forward_flops_equal_torch_flop_counter(monkeypatch):
     ):
         assert forward_flops(config, s, t) == measured_forward_flops(config, s, t)
         assert training_flops(config, s, t) == 3 * forward_flops(config, s, t)
+
+
+def test_a_decoding_step_costs_what_decoder_step_flops_counts():
+    """One step of incremental decoding on a KV cache holding 2 positions (the step writes the
+    third) of a 6-position source, counted by PyTorch over the reference math's products."""
+    config = ModelConfig(vocab_size=61, d_model=24, n_heads=3, d_k=5, d_v=7, d_ff=40, n_layers=2, dropout=0.0)
+    model, rows, src_len = Transformer(config).eval(), 3, 6
+    with torch.no_grad(), reference_math():
+        memory, mask = model.encode(torch.randint(4, config.vocab_size, (rows, src_len)))
+        cache = model.init_cache(memory, mask, max_len=8)
+        for _ in range(2):
+            model.next_log_probs(torch.full((rows,), config.bos_id), cache)
+        with FlopCounterMode(display=False) as counter:
+            model.next_log_probs(torch.full((rows,), config.bos_id), cache)
+    assert counter.get_total_flops() == rows * decoder_step_flops(config, 3, src_len)
 
 
 def test_the_training_peak_estimate_meets_the_measured_peaks():
