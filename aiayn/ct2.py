@@ -191,6 +191,9 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     source, target = source_lang or source, target_lang or target
     if not source or not target:
         raise ValueError(f"{model_path} does not record its languages; give --source-lang and --target-lang")
+    if source == target:  # LibreTranslate lists a pair by its two codes: one code is no pair
+        raise ValueError(f"the package's source and target language are both {source!r}; give the model's two "
+                         "languages with --source-lang and --target-lang")
     folder, tokenizer = native_tokenizer(model_dir, model_path)
     name = f"{source}_{target}"
     with tempfile.TemporaryDirectory(prefix=".argos.", dir=out_file.parent if out_file.parent.exists() else None) as tmp:

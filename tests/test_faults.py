@@ -203,6 +203,13 @@ def test_force_never_puts_a_folder_where_a_file_is_nor_a_file_where_a_folder_is(
     assert data.read_text() == "mine\n" and (folder / "inside").is_dir()
 
 
+def test_an_argos_package_of_one_language_is_refused(tmp_path, model_dir, capsys):
+    """LibreTranslate lists a package by its two codes: en → en is no pair (a slip of a flag)."""
+    one_line_error(*cli(capsys, "export-argos", model_dir, tmp_path / "en_en.argosmodel", "--source-lang", "en",
+                        "--target-lang", "en")[::2], "source and target language are both 'en'")
+    assert not (tmp_path / "en_en.argosmodel").exists()
+
+
 def test_force_never_replaces_an_input(tmp_path, model_dir, corpus_tsv, capsys):
     """An output that is an input, holds one or lies inside one is refused in one line, with
     --force as without, and every input is left as it was."""
