@@ -264,4 +264,17 @@ def check_tokens(name: str, tokens: Tensor, vocab_size: int, check_range: bool =
         raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size})")
 
 
-__all__ = ["EncodedPairs", "as_encoded", "within_length", "Batch", "make_batches", "collate", "BatchStream", "check_tokens"]
+
+def check_positions(positions: Tensor, count: int, check_range: bool = True) -> None:
+    """A one-line error for target `positions` that are no (N,) LongTensor of indices into the
+    `count` = B·T positions of a batch, row by row (`Transformer.decode`); `check_range` as in
+    `check_tokens`."""
+    if not isinstance(positions, Tensor) or positions.dtype != torch.long or positions.dim() != 1:
+        got = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, Tensor) else type(positions).__name__
+        raise ValueError(f"positions must be a LongTensor (N,) of flat indices into the batch × length targets, got {got}")
+    check_range = check_range and not torch.compiler.is_compiling()
+    if check_range and positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= count):
+        raise ValueError(f"positions holds indices outside the {count} target positions (batch × length)")
+
+
+__all__ = ["EncodedPairs", "as_encoded", "within_length", "Batch", "make_batches", "collate", "BatchStream", "check_tokens", "check_positions"]

@@ -52,6 +52,8 @@ class KVCache:
         cross: Optional[list[tuple[Tensor, Tensor]]] = None,
         memory_mask: Optional[Tensor] = None,
     ) -> None:
+        if not isinstance(max_len, int) or isinstance(max_len, bool):  # a float failed inside torch.zeros
+            raise TypeError(f"max_len is a number of positions, an int; got {max_len!r}")
         if max_len < 1:
             raise ValueError(f"a KV cache needs room for at least one position: max_len {max_len}")
         self.max_len = max_len

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import MultiHeadAttention
-from aiayn.batching import check_tokens
+from aiayn.batching import check_positions, check_tokens
 from aiayn.cache import KVCache
 from aiayn.checkpoint import load_model, save_model
 from aiayn.config import ModelConfig
@@ -417,6 +417,7 @@ class Transformer(_Model):
             raise ValueError(f"src and tgt batch sizes differ: {memory.size(0)} vs {tgt.size(0)}")
         hidden, _ = self.decoder(tgt, memory, memory_mask, cache)  # (B, T, d_model)
         if positions is not None:
+            check_positions(positions, hidden.size(0) * hidden.size(1), check_range)
             hidden = hidden.flatten(0, 1).index_select(0, positions)  # (N, d_model)
         return self._logits(hidden, self.decoder.embed)
 

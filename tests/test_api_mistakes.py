@@ -60,12 +60,30 @@ def test_decoding_with_a_cache_checks_the_tokens_given():
         model.decode(torch.tensor([[1], [1]]), cache=cache)  # was an expand error from inside PyTorch
     with pytest.raises(ValueError, match="at least one position: max_len 0"):
         model.init_cache(memory, mask, max_len=0)  # was "cannot reshape tensor of 0 elements"
+    with pytest.raises(TypeError, match="max_len is a number of positions, an int; got 4.0"):
+        model.init_cache(memory, mask, max_len=4.0)  # was torch.zeros' "must be tuple of ints, not float"
     decoder_only = DecoderModel(model.config).eval()
     cache = decoder_only.init_cache(batch=1, max_len=4)
     with pytest.raises(ValueError, match="the KV cache was made for 1"):
         decoder_only(torch.tensor([[1], [1]]), cache=cache)
     with pytest.raises(ValueError, match="tokens"):
         decoder_only(torch.tensor([[90]]), cache=cache)  # was IndexError from inside the embedding
+
+
+def test_the_target_positions_to_score_are_checked():
+    """`positions` of Transformer.forward (the training step's targets that hold a token): a 2-D
+    tensor was index_select's "Index is supposed to be a vector", one out of range its IndexError."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1)).eval()
+    src, tgt = torch.randint(4, 50, (2, 5)), torch.randint(4, 50, (2, 4))
+    whole = model(src, tgt).flatten(0, 1)  # (8, V)
+    assert torch.allclose(model(src, tgt, positions=torch.tensor([0, 7])), whole[[0, 7]], atol=1e-6)
+    for positions in (torch.tensor([[0, 1]]), torch.tensor([0.0, 1.0])):
+        with pytest.raises(ValueError, match=r"positions must be a LongTensor \(N,\) of flat indices"):
+            model(src, tgt, positions=positions)
+    for outside in (8, -1):
+        with pytest.raises(ValueError, match="outside the 8 target positions"):
+            model(src, tgt, positions=torch.tensor([0, outside]))
 
 
 def test_translate_ids_checks_its_sources_settings_and_mode():
