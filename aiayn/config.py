@@ -540,10 +540,12 @@ class PreprocessOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class AverageOptions:
-    """`aiayn average`: §6.1's mean of a run's last checkpoints."""
+    """`aiayn average`: §6.1's mean of a run's last checkpoints, or of those of given steps."""
 
     run_dir: str = _option(help="the run folder", positional=True)
-    last: int = _option(5, "how many (5 for base, 20 for big)", least=1)
+    last: Optional[int] = _option(None, "how many of the last (default 5: 5 for base, 20 for big)", least=1)
+    steps: Optional[list[int]] = _option(None, "the checkpoints of these steps instead, e.g. 98000 99000 100000",
+                                         nargs="+", metavar="STEP")
     out: str = _option(help="the model folder to write")
     force: bool = _option(False, "replace an existing --out")
 

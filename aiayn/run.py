@@ -322,18 +322,26 @@ def average_checkpoints(directories: list[Path], out: PathLike, force: bool = Fa
 
 
 def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -> None:
-    """`aiayn average`: the mean of a run's last `options.last` checkpoints into `options.out`,
-    under the output's lock, never over one of the checkpoints it reads."""
-    found = RunDir(options.run_dir).checkpoints()
+    """`aiayn average`: the mean of a run's last `options.last` checkpoints (5 if not given), or
+    of those of `options.steps`, into `options.out`, under the output's lock, never over one of
+    the checkpoints it reads."""
+    run = RunDir(options.run_dir)
+    found = run.checkpoints()
     if not found:
         given = Path(options.run_dir)
         inside = given.name == CHECKPOINTS and RunDir(given.parent).checkpoints()  # the run's checkpoints/ given
         raise ValueError(f"no such run folder: {given}" if not given.is_dir() else
                          f"{given} is a run's checkpoints folder: give the run folder, {given.parent}" if inside else
                          f"no checkpoints in {given}")
-    chosen = found[-options.last:]
+    if options.steps is not None and options.last is not None:
+        raise ValueError("give --last (the last checkpoints) or --steps (those of given steps), not both")
+    last = options.last or 5
+    chosen = found[-last:] if options.steps is None else [run.checkpoint(step) for step in sorted(set(options.steps))]
+    if missing := [path.name for path in chosen if path not in found]:
+        kept = ", ".join(path.name.split("_")[-1].lstrip("0") or "0" for path in found)
+        raise ValueError(f"{options.run_dir} has no checkpoint {', '.join(missing)}; it keeps those of steps {kept}")
     refuse_to_replace(options.out, options.force, inputs=chosen + run_files(options.run_dir), folder=True)
-    if len(chosen) < options.last:
+    if options.steps is None and len(chosen) < last:
         kept = f"{len(found)} checkpoints; averaging those" if len(found) > 1 else "1 checkpoint; averaging it alone"
         echo(f"note: {options.run_dir} keeps {kept}")
     with output_lock(options.out):

@@ -165,6 +165,15 @@ def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus
     one_line_error(*cli(capsys, "average", run, "--last", "2", "--out", tmp_path / "avg")[::2], "already exists")
     assert cli(capsys, "average", run, "--last", "2", "--out", tmp_path / "avg", "--force")[0] == 0
     assert sorted(p.name for p in (tmp_path / "avg").iterdir()) == ["config.json", "model.safetensors", "tokenizer.model"]
+    # --steps: the checkpoints of given steps (fairseq's --inputs), each once, oldest first
+    code, out, _ = cli(capsys, "average", run, "--steps", "2", "1", "2", "--out", tmp_path / "by-steps")
+    assert code == 0 and "averaged step_00000001, step_00000002 into" in out
+    assert (tmp_path / "by-steps" / "model.safetensors").read_bytes() == (tmp_path / "avg" / "model.safetensors").read_bytes()
+    one_line_error(*cli(capsys, "average", run, "--steps", "1", "7", "--out", tmp_path / "avg7")[::2],
+                   "has no checkpoint step_00000007; it keeps those of steps 1, 2")
+    one_line_error(*cli(capsys, "average", run, "--steps", "1", "--last", "2", "--out", tmp_path / "avg7")[::2],
+                   "give --last (the last checkpoints) or --steps (those of given steps), not both")
+    assert not (tmp_path / "avg7").exists()
 
 
 def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_path, model_dir, capsys):
