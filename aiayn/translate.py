@@ -262,8 +262,11 @@ def input_token_limit(config, max_input_tokens: int) -> int:
 
 
 # Lines read, decoded and written together: enough to fill length-sorted batches, few enough that
-# memory does not grow with the file and an interruption loses little.
+# memory does not grow with the file and an interruption loses little. The first chunk is smaller
+# and each next one twice the last, up to CHUNK_LINES: a short file interrupted keeps most of what
+# was decoded (a file under 1,000 lines kept nothing), and a long one is decoded in full chunks.
 CHUNK_LINES = 1000
+FIRST_CHUNK_LINES = 100
 
 
 def translate_stream(
@@ -282,8 +285,9 @@ def translate_stream(
     split: Optional[Callable[[str], tuple[list[str], list[str]]]] = None,
     **changes,
 ) -> int:
-    """Decode one sentence a line, `chunk_lines` lines at a time, handing each chunk's outputs to
-    `write` in input order as soon as the chunk is done; returns the number of lines. With
+    """Decode one sentence a line, in chunks of at most `chunk_lines` lines (`FIRST_CHUNK_LINES`
+    first, doubling), handing each chunk's outputs to `write` in input order as soon as the chunk
+    is done; returns the number of lines. With
     `split` (aiayn.sentences.split_sentences for a language), a line is a paragraph: its
     sentences are decoded with the chunk's and put back between the line's own spaces.
 
@@ -320,12 +324,13 @@ def translate_stream(
             decoded[offset] = " ".join(text.splitlines())
         write([finish(line, out) if line.strip() else "" for line, out in zip(chunk, decoded)])
 
+    size = min(FIRST_CHUNK_LINES, chunk_lines)
     for line in lines:
         chunk.append(line)
-        if len(chunk) == chunk_lines:
+        if len(chunk) == size:
             flush()
             count += len(chunk)
-            chunk = []
+            chunk, size = [], min(2 * size, chunk_lines)
     if chunk:
         flush()
         count += len(chunk)

@@ -549,6 +549,15 @@ def test_translate_writes_each_chunk_when_done(model_dir):
     assert count == 7 and [len(chunk) for chunk in written] == [3, 3, 1]
 
 
+def test_translate_chunks_grow_from_a_small_first_one(model_dir, monkeypatch):
+    """So that a short file interrupted keeps most of what was decoded, not nothing."""
+    model, tokenizer = Transformer.load(model_dir).eval(), Tokenizer.load(model_dir)
+    monkeypatch.setattr(translate_module, "FIRST_CHUNK_LINES", 2)
+    written = []
+    count = translate_module.translate_stream(model, tokenizer, iter(SENTENCES[:14]), written.append, chunk_lines=5, beam=1)
+    assert count == 14 and [len(chunk) for chunk in written] == [2, 4, 5, 3]
+
+
 def test_cuda_graphs_that_cannot_be_used_are_said_in_a_note(tmp_path, capsys, monkeypatch):
     """On a GPU, a model with restricted self-attention decodes without graphs: said, as on a CPU
     (the GPU faked: the note reads only the model's device, and the step checks the tensors')."""
