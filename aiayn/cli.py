@@ -169,8 +169,8 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     """Train a model with the recipe of §5; see `aiayn train --help`."""
-    from aiayn.run import RunDir
-    from aiayn.train import run_configs, train_run
+    from aiayn.prepare import RunDir, run_configs
+    from aiayn.train import train_run
 
     train = options(args, TrainOptions)
     chosen = recipe(train.recipe)
@@ -375,7 +375,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:  # stdout's reader has gone (`aiayn translate ... | head`): nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or Python's last flush fails again
         return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended
-    except (UserError, ValueError, ImportError, OSError) as error:  # OSError: files, network
+    except (UserError, ValueError, FloatingPointError, ImportError, OSError) as error:  # OSError: files, network
         parser.exit(2, f"aiayn: error: {command_line_message(error)}\n")
     except KeyboardInterrupt:
         parser.exit(130, "aiayn: interrupted\n")

@@ -183,8 +183,8 @@ class TrainConfig:
             raise ValueError(f"invalid TrainConfig: {_flag('label_smoothing')} must be in [0, 1), got {self.label_smoothing}")
         for name in ("minutes", "save_minutes", "lr_scale", "adam_eps"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"invalid TrainConfig: {_flag(name)} must be positive, got {value}")
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"invalid TrainConfig: {_flag(name)} must be positive and finite, got {value}")
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"invalid TrainConfig: precision must be fp32, bf16 or fp16, got {self.precision!r}")
         if self.bf16_weights and self.precision != "bf16":

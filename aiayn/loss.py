@@ -9,11 +9,18 @@ KL divergence, so a perfect prediction of q' scores 0 and the value is comparabl
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 from torch import Tensor
 
 from aiayn.kernels import log_softmax_stats, use_reference
+
+
+def perplexity(nll: float) -> float:
+    """exp(the mean negative log-likelihood per token); inf where that overflows a float (a
+    diverging run's), not an OverflowError."""
+    return math.exp(nll) if nll < math.log(sys.float_info.max) else math.inf
 
 
 def smoothed_target(target: Tensor, vocab_size: int, epsilon: float) -> Tensor:

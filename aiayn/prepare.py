@@ -1,19 +1,22 @@
-"""The data a run trains on: `--data DATA_DIR` as it is, or `--corpus` preprocessed once into
-RUN_DIR/data (aiayn.store), so that both train from memory-mapped ids the same way; and the run's
-tokenizer, which must be the data's."""
+"""What a run trains on and with: the configs of a new, fine-tuning or resumed run (`run_configs`);
+the data, `--data DATA_DIR` as it is, or `--corpus` preprocessed once into RUN_DIR/data
+(aiayn.store), so that both train from memory-mapped ids the same way; and the run's tokenizer,
+which must be the data's."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch.distributed as dist
 
 from aiayn.batching import EncodedPairs, as_encoded, within_length
-from aiayn.config import ModelConfig, TrainConfig
+from aiayn.checkpoint import read_config
+from aiayn.config import ModelConfig, TrainConfig, check_resumed
 from aiayn.corpora import stream_corpus
-from aiayn.device import init_distributed
+from aiayn.device import check_precision, init_distributed, resolve_device
 from aiayn.run import RunDir, resolve_model_dir
 from aiayn.store import Store, load_store, preprocess, text_digest, tokenizer_digest
 from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer, has_tokenizer, load_tokenizer
@@ -137,3 +140,44 @@ def _check_data_settings(store: Store, model_config: ModelConfig, recipe: TrainC
     for given, kept, side in ((recipe.src_lang, store.src_lang, "source"), (recipe.tgt_lang, store.tgt_lang, "target")):
         if recipe.data and given is not None and given != kept:
             raise ValueError(f"{store.folder} has {kept} as its {side} language, not {given}")
+
+
+def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
+    """Mistakes that would otherwise surface only after the corpus is read and a tokenizer
+    trained: a device that is not here, fp16 on a CPU, sentences longer than learned positions."""
+    check_precision(resolve_device(recipe.device), recipe.precision, recipe.tf32)
+    if model_config.positional == "learned" and recipe.max_sentence_tokens + 1 > model_config.max_len:
+        raise ValueError(f"max_sentence_tokens={recipe.max_sentence_tokens} needs {recipe.max_sentence_tokens + 1} "
+                         f"learned positions (with BOS/EOS) but max_len is {model_config.max_len}; "
+                         f"lower --max-sentence-tokens or raise --max-len")
+
+
+def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_model: dict, recipe_train: dict,
+                model_overrides: dict, train_overrides: dict, given_preset: Optional[str] = None) -> tuple[ModelConfig, TrainConfig]:
+    """The configs of a new run (a preset, the recipe's changes, then the options given), of a
+    fine-tuning run (the model it starts from), or of the run being resumed (its own, with
+    training options changed where given; `given_preset`, the --preset named: config.check_resumed)."""
+    train_overrides = dict(train_overrides)
+    manifest = None
+    if "data" in train_overrides:
+        if "corpus" in train_overrides:
+            raise ValueError("give --corpus or --data, not both")
+        manifest = load_store(train_overrides["data"]).manifest
+        train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
+    if resume and run.has_configs():
+        model_config, training = run.configs()
+        if train_overrides.get("precision", "bf16") != "bf16" and "bf16_weights" not in train_overrides:
+            train_overrides["bf16_weights"] = False  # a run moved off bf16 trains its fp32 weights
+        if training.data and "corpus" in train_overrides and "data" not in train_overrides:
+            raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
+        training = dataclasses.replace(training, **train_overrides)
+        check_resumed(given_preset, model_config, model_overrides, training, train_overrides, run.model_config)
+        return model_config, training
+    training = {**recipe_train, **train_overrides}
+    if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
+        _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))
+        return dataclasses.replace(model_config, **model_overrides), TrainConfig(**training)
+    model_overrides = {**recipe_model, **model_overrides}
+    if manifest is not None and "vocab_size" not in model_overrides:
+        model_overrides["vocab_size"] = manifest["vocab_size"]  # a new model takes the data's vocabulary
+    return dataclasses.replace(preset_config, **model_overrides), TrainConfig(**training)

@@ -34,20 +34,20 @@ import torch.fx.experimental._config
 from torch import Tensor
 
 from aiayn.batching import Batch, BatchStream, check_tokens, collate, make_batches, to_device
-from aiayn.checkpoint import load_checkpoint, read_config
-from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig, check_resumed
-from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, check_precision, deterministic_from_environment,
+from aiayn.checkpoint import load_checkpoint
+from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
+from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, deterministic_from_environment,
                           init_distributed, keep_freed_memory, matmul_peak_flops, process_group_joined, rank_gpu,
                           resident_mib, resolve_device, sum_over_ranks)
 from aiayn.evaluate import score
 from aiayn.flops import memory_warning, training_flops
 from aiayn.train_kernels import Bf16Twin, fp32_linears
-from aiayn.loss import label_smoothed_nll
+from aiayn.loss import label_smoothed_nll, perplexity
 from aiayn.model import Transformer
 from aiayn.optim import make_optimizer, noam_lr, set_lr
-from aiayn.prepare import TrainData, prepare_data
+from aiayn.prepare import TrainData, check_settings, prepare_data
 from aiayn.run import RunDir, resolve_model_dir
-from aiayn.store import Store, load_store
+from aiayn.store import Store
 from aiayn.translate import Translator
 
 
@@ -311,7 +311,22 @@ class Trainer:
         self.model.load_state_dict(trained.state_dict())
         self.echo(f"starting from the weights of {model_dir}")
 
+    def _diverged(self, what: str, by_loss: bool = False) -> FloatingPointError:
+        """The error that ends a run whose loss (`by_loss`) or weights are no longer finite, raised
+        before anything of it is saved: a diverged checkpoint would rotate the good ones out (found
+        in review). A checkpoint whose weights gave that loss is moved out of --resume's way."""
+        gave_it = self.run.checkpoint(self.step - 1)
+        if by_loss and self.rank == 0 and gave_it.is_dir():
+            gave_it.rename(gave_it.with_name(f"diverged-{gave_it.name}"))
+            what += f" (from the weights of {gave_it.name}, now diverged-{gave_it.name})"
+        kept = self.run.checkpoints()
+        before = f"the newest checkpoint is {kept[-1].name}" if kept else "no checkpoint was saved before it"
+        return FloatingPointError(f"training diverged at step {self.step}: {what}; nothing of it was saved ({before}): "
+                                  "--resume with a smaller --lr-scale or a longer --warmup-steps")
+
     def _save(self) -> None:
+        if not torch.stack([p.isfinite().all() for p in self.model.parameters()]).all():  # the same on every rank
+            raise self._diverged("its weights are no longer finite")
         if self.rank == 0:
             state = {"elapsed": self.elapsed, "data": self.stream.state_dict()}
             self.run.save_checkpoint(self.step, self.model, self.optimizer, state, self.recipe.keep_last)
@@ -335,8 +350,10 @@ class Trainer:
         flops = sum(b.src.size(0) * training_flops(self.config, b.n_src_tokens / b.src.size(0), b.n_tgt_tokens / b.src.size(0))
                     for b in batches)
         self.step += 1
-        totals = sum_over_ranks(totals, self.device)
-        return totals[0].item(), totals[1].item(), int(n_tokens), flops * self.world
+        loss, nll = sum_over_ranks(totals, self.device).tolist()
+        if not math.isfinite(loss):  # the same sum on every rank: every rank stops here
+            raise self._diverged(f"its loss is {loss}", by_loss=True)
+        return loss, nll, int(n_tokens), flops * self.world
 
     # -- validation ------------------------------------------------------------------------
 
@@ -353,7 +370,7 @@ class Trainer:
                 logits = self.model(batch.src.to(self.device), batch.tgt_in.to(self.device))
             loss, nll = label_smoothed_nll(logits, batch.tgt_out.to(self.device), self.recipe.label_smoothing, c.pad_id)
             loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tgt_tokens
-        record = {"step": self.step, "split": "dev", "loss": loss_sum / tokens, "ppl": math.exp(nll_sum / tokens)}
+        record = {"step": self.step, "split": "dev", "loss": loss_sum / tokens, "ppl": perplexity(nll_sum / tokens)}
         count = min(self.recipe.eval_bleu_sentences, len(self.data.dev_text))
         if self.tokenizer is not None and count:
             decode = dataclasses.replace(DECODE_PRESETS["validate"], precision=self.recipe.precision)
@@ -423,7 +440,7 @@ class Trainer:
         if self.step % recipe.log_every == 0 or last:
             record = {
                 "step": self.step, "split": "train",
-                "loss": window["loss"] / window["tokens"], "ppl": math.exp(window["nll"] / window["tokens"]),
+                "loss": window["loss"] / window["tokens"], "ppl": perplexity(window["nll"] / window["tokens"]),
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "tokens_per_s": window["tokens"] / window["seconds"],
                 "mfu": window["flops"] / window["seconds"] / (peak * self.world),
@@ -451,47 +468,6 @@ class Trainer:
         """RUN_DIR/loss.png: training and dev loss against the step."""
         if self.rank == 0:
             self.run.plot_losses()
-
-
-def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
-    """Mistakes that would otherwise surface only after the corpus is read and a tokenizer
-    trained: a device that is not here, fp16 on a CPU, sentences longer than learned positions."""
-    check_precision(resolve_device(recipe.device), recipe.precision, recipe.tf32)
-    if model_config.positional == "learned" and recipe.max_sentence_tokens + 1 > model_config.max_len:
-        raise ValueError(f"max_sentence_tokens={recipe.max_sentence_tokens} needs {recipe.max_sentence_tokens + 1} "
-                         f"learned positions (with BOS/EOS) but max_len is {model_config.max_len}; "
-                         f"lower --max-sentence-tokens or raise --max-len")
-
-
-def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_model: dict, recipe_train: dict,
-                model_overrides: dict, train_overrides: dict, given_preset: Optional[str] = None) -> tuple[ModelConfig, TrainConfig]:
-    """The configs of a new run (a preset, the recipe's changes, then the options given), of a
-    fine-tuning run (the model it starts from), or of the run being resumed (its own, with
-    training options changed where given; `given_preset`, the --preset named: config.check_resumed)."""
-    train_overrides = dict(train_overrides)
-    manifest = None
-    if "data" in train_overrides:
-        if "corpus" in train_overrides:
-            raise ValueError("give --corpus or --data, not both")
-        manifest = load_store(train_overrides["data"]).manifest
-        train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
-    if resume and run.has_configs():
-        model_config, training = run.configs()
-        if train_overrides.get("precision", "bf16") != "bf16" and "bf16_weights" not in train_overrides:
-            train_overrides["bf16_weights"] = False  # a run moved off bf16 trains its fp32 weights
-        if training.data and "corpus" in train_overrides and "data" not in train_overrides:
-            raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
-        training = dataclasses.replace(training, **train_overrides)
-        check_resumed(given_preset, model_config, model_overrides, training, train_overrides, run.model_config)
-        return model_config, training
-    training = {**recipe_train, **train_overrides}
-    if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
-        _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))
-        return dataclasses.replace(model_config, **model_overrides), TrainConfig(**training)
-    model_overrides = {**recipe_model, **model_overrides}
-    if manifest is not None and "vocab_size" not in model_overrides:
-        model_overrides["vocab_size"] = manifest["vocab_size"]  # a new model takes the data's vocabulary
-    return dataclasses.replace(preset_config, **model_overrides), TrainConfig(**training)
 
 
 def train_run(

@@ -285,13 +285,12 @@ def translate_stream(
     split: Optional[Callable[[str], tuple[list[str], list[str]]]] = None,
     **changes,
 ) -> int:
-    """Decode one sentence a line, in chunks of at most `chunk_lines` lines (`FIRST_CHUNK_LINES`
-    first, doubling), handing each chunk's outputs to `write` in input order as soon as the chunk
-    is done; returns the number of lines. With
-    `split` (aiayn.sentences.split_sentences for a language), a line is a paragraph: its
-    sentences are decoded with the chunk's and put back between the line's own spaces.
+    """Decode one sentence a line, in chunks of `FIRST_CHUNK_LINES` lines doubling up to
+    `chunk_lines`, each chunk's outputs handed to `write` in input order once it is done; returns
+    the number of lines. With `split` (aiayn.sentences.split_sentences for a language), a line is
+    a paragraph: its sentences are decoded with the chunk's and put back between its own spaces.
 
-    An empty line gives an empty line. A line longer than `max_input_tokens` tokens (or than a
+    An empty line gives an empty line; one longer than `max_input_tokens` tokens (or than a
     learned-position model's `max_len` allows) is cut to fit, with a `note`. `finish(line,
     output)` turns a decoded output into the line written (the parser builds a tree there); a
     line break the model spells becomes a space, so the output keeps one line per input line.

@@ -5,6 +5,7 @@ Each test holds one row of the table in docs/robustness.md.
 
 import io
 import json
+import math
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from aiayn.run import RunDir, languages_of
 from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.device import check_precision, fast_bf16
+from aiayn.loss import perplexity
 from aiayn.marian import export_marian
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
@@ -174,6 +176,33 @@ def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus
     one_line_error(*cli(capsys, "average", run, "--steps", "1", "--last", "2", "--out", tmp_path / "avg7")[::2],
                    "give --last (the last checkpoints) or --steps (those of given steps), not both")
     assert not (tmp_path / "avg7").exists()
+
+
+def test_a_run_that_diverges_stops_before_saving_anything_of_it(tmp_path, corpus_tsv, capsys):
+    """At --lr-scale 1e30 Adam moves a weight by about the rate times m̂/√v̂ (of order 1), over
+    1e26 at step 4 here, so step 5's forward overflows fp32 (a product of two such weights is
+    past 3.4e38): its loss is no longer finite. The run stops in one line; the checkpoint whose
+    weights gave that loss is moved aside, and the model and checkpoints of before are as they
+    were (a NaN checkpoint rotated them out, and the run ended "done", exit 0)."""
+    run = tmp_path / "run"
+    assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "3", "--save-every", "1", "--keep-last", "2"))[0] == 0
+    before = tree_of(run)
+    code, _, err = cli(capsys, *train_argv(corpus_tsv, run, "--resume", "--max-steps", "9", "--save-every", "1",
+                                           "--lr-scale", "1e30"))
+    one_line_error(code, err, "training diverged at step 5: its loss is", "(from the weights of step_00000004, now "
+                   "diverged-step_00000004); nothing of it was saved (the newest checkpoint is step_00000003): --resume "
+                   "with a smaller --lr-scale")
+    after = tree_of(run)
+    for kept in ("model/", "checkpoints/step_00000003/"):  # the first session's model and its newest checkpoint
+        assert {p: b for p, b in after.items() if p.startswith(kept)} == {p: b for p, b in before.items() if p.startswith(kept)}
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["diverged-step_00000004", "step_00000003"]
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, tmp_path / "inf", "--lr-scale", "inf"))[::2],
+                   "lr_scale (--lr-scale) must be positive and finite, got inf")
+
+
+def test_perplexity_is_inf_past_what_a_float_holds():
+    assert perplexity(0.0) == 1.0 and perplexity(math.log(20.0)) == pytest.approx(20.0)
+    assert perplexity(710.0) == perplexity(1e300) == math.inf  # math.exp(710.0) is an OverflowError
 
 
 def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_path, model_dir, capsys):
