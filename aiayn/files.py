@@ -17,10 +17,11 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
@@ -134,11 +135,17 @@ def writer_lock(lock_file: Union[str, Path], what: Union[str, Path], remove: boo
         yield
         return
     while True:
-        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock_file.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # a file where a folder of the path is needed
+            file = next(path for path in lock_file.parents if path.exists() and not path.is_dir())
+            raise ValueError(f"{file} is a file, not a folder") from None
         try:
             handle = open(lock_file, "a+", encoding="utf-8")
         except FileNotFoundError:  # a start that failed has just removed the folder it made (RunDir.lock)
             continue
+        except OSError as error:  # a folder that cannot be written: said as `refuse_to_replace` says it
+            raise OSError(f"cannot write in {lock_file.parent}: {error.strerror}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -174,30 +181,44 @@ def output_lock(out: Union[str, Path]) -> AbstractContextManager:
     return writer_lock(out.parent / f".{out.name}.lock", out, remove=True)
 
 
+def remove_unfinished(out: Path) -> None:
+    """Delete the hidden folders `atomic_dir` builds `out` in (`.NAME.XXXXXXXX.tmp`, and the old
+    `out` moved aside, `.NAME.XXXXXXXX.old.tmp`) that a writer killed mid-way left: they never
+    load, but they take disk. Only under `out`'s writer lock, so none is another writer's."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}(\.old)?\.tmp")  # mkdtemp's 8 random characters
+    if out.parent.is_dir():
+        for path in out.parent.iterdir():
+            if pattern.fullmatch(path.name) and path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+
+
 def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: bool = False) -> None:
     """Call `build(tmp_dir)` on a new hidden folder beside `path`, then rename it to `path`, so a
     crash never leaves half a folder (weights without their tokenizer). An existing `path` (but
     an empty folder) is an error unless `force`, and then it is replaced whole: no file of the
-    old one stays."""
+    old one stays. All under `path`'s writer lock (`output_lock`): a second writer is refused,
+    not left to replace the first's output (found in review), and what a killed one left goes."""
     path = Path(path)
     refuse_to_replace(path, force, folder=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        usual_mode(tmp, directory=True)
-        build(tmp)
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old.tmp", dir=path.parent))
-            os.replace(path, old / path.name)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    except BaseException as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(error, OSError):  # name the folder being written, not its hidden stand-in
-            raise OSError(str(error).replace(str(tmp), str(path))) from None
-        raise
+    with output_lock(path):
+        remove_unfinished(path)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        try:
+            usual_mode(tmp, directory=True)
+            build(tmp)
+            refuse_to_replace(path, force, folder=True)  # made meanwhile by a writer that takes no lock
+            if path.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old.tmp", dir=path.parent))
+                os.replace(path, old / path.name)
+                os.replace(tmp, path)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, path)
+        except BaseException as error:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(error, OSError):  # name the folder being written, not its hidden stand-in
+                raise OSError(str(error).replace(str(tmp), str(path))) from None
+            raise
 
 
 def read_json(path: Union[str, Path]):
@@ -268,12 +289,23 @@ class PartialOutput:
         self.record = self.final.with_name(self.final.name + ".partial.json")
         if self.final.is_dir():
             raise ValueError(f"{output} is a folder; --output names a file")
+        self._made = [folder for folder in self.final.parents if not folder.exists()]  # nearest first
+        # One writer at a time, from the first check to the rename: two mixed their lines in one
+        # file (a second run told to --resume the first's live partial; found in review).
+        self._lock = ExitStack()
+        try:
+            self._lock.enter_context(output_lock(self.final))
+            self._open(input, resume, force, model, settings or {})
+        except BaseException:
+            self._release()
+            raise
+
+    def _open(self, input: Optional[str], resume: bool, force: bool, model: Sequence[Path], settings: dict) -> None:
         inputs = ([] if input in (None, "-") else [input]) + list(model)
         refuse_to_replace(self.final, force or resume, inputs)  # before anything is read or written
         for written in (self.partial, self.record):  # written before the output is: never an input either
             refuse_to_replace(written, True, inputs)
         digest = None if input in (None, "-") else _digest(input)
-        settings = settings or {}
         self.skip = 0
         if resume and self.partial.exists():
             kept = read_json(self.record) if self.record.exists() else {}
@@ -293,7 +325,6 @@ class PartialOutput:
         elif not force and self.partial.exists():
             raise ValueError(f"{self.partial} holds an interrupted translation; pass --resume to continue it "
                              "or --force to start over")
-        self._made = [folder for folder in self.final.parents if not folder.exists()]  # nearest first
         try:  # as every folder output makes the folders above it
             self.final.parent.mkdir(parents=True, exist_ok=True)
         except FileExistsError as error:  # a file where a folder of the path is needed
@@ -354,17 +385,23 @@ class PartialOutput:
         if not self.written:
             self.partial.unlink(missing_ok=True)
             self.record.unlink(missing_ok=True)
-            for folder in self._made:
-                try:
-                    folder.rmdir()
-                except OSError:  # something else is in it now
-                    break
         elif self.written > self.skip or interrupted:
             print(f"aiayn: note: {self.written} finished lines are in {self.partial}; rerun with --resume to continue",
                   file=sys.stderr)
+        self._release()
+
+    def _release(self) -> None:
+        """Let the lock go, then remove the folders made for an output that has no line in them."""
+        self._lock.close()
+        for folder in self._made if not self.final.exists() and not self.partial.exists() else ():
+            try:
+                folder.rmdir()
+            except OSError:  # something else is in it now
+                break
 
     def finish(self) -> None:
         os.fsync(self.handle.fileno())
         self.handle.close()
         os.replace(self.partial, self.final)
         self.record.unlink(missing_ok=True)
+        self._release()

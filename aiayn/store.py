@@ -30,7 +30,6 @@ import hashlib
 import itertools
 import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -253,7 +252,6 @@ def preprocess(
 
     stream = corpus.stream() if isinstance(corpus, ParallelCorpus) else corpus
     out = Path(out)
-    _remove_unfinished(out)
     started = time.monotonic()
 
     def build(tmp: Path) -> None:
@@ -424,14 +422,6 @@ def preprocess_command(options: PreprocessOptions, echo: Callable[[str], None] =
     preprocess(corpus, options.out, vocab_size, spec=options.corpus, tokenizer_from=options.tokenizer,
                max_sentence_tokens=options.max_sentence_tokens, sample_sentences=options.sample_sentences,
                workers=options.workers or -1, force=options.force)
-
-
-def _remove_unfinished(out: Path) -> None:
-    """Delete what a preprocess killed mid-way left beside `out`: atomic_dir's hidden temporary
-    folders `.NAME.*.tmp`. They never load (no manifest at the final name), but they take disk."""
-    if out.parent.is_dir():
-        for path in out.parent.glob(f".{out.name}.*.tmp"):
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 __all__ = ["Store", "load_store", "preprocess",
