@@ -173,14 +173,14 @@ def cmd_train(args: argparse.Namespace) -> None:
     from aiayn.train import train_run
 
     train = options(args, TrainOptions)
-    chosen = recipe(train.recipe)
+    chosen = recipe(train.recipe or "paper")
     given = given_fields(args, TrainConfig)
     preset_train = TRAIN_OVERRIDES.get(train.preset or "base", {})
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     model_config, training = run_configs(
         RunDir(train.out), train.resume, preset(train.preset or "base"), chosen.model,
         {**preset_train, **chosen.train_changes(preset_train, given, processes)}, given_fields(args, ModelConfig), given,
-        given_preset=train.preset)
+        given_preset=train.preset, given_recipe=train.recipe if train.resume else None)
     train_run(model_config, training, Path(train.out), train.resume)
 
 

@@ -640,8 +640,9 @@ class TrainOptions:
                                           "parse; a resumed run keeps its own (another is refused)")
     out: str = _option(help="the run folder: checkpoints, log.jsonl, loss.png, model/")
     resume: bool = _option(False, "continue the run in --out from its last checkpoint")
-    recipe: str = _option("paper", "paper: §3.1 and §5 as written; fast: pre-norm (and in bf16 a bf16 copy of the model), learns more per step "
-                          "(a deviation; see the README)", choices=lambda: sorted(RECIPES))
+    recipe: Optional[str] = _option(None, "a new run's recipe (default paper): paper, §3.1 and §5 as written; fast: pre-norm (and in bf16 "
+                                    "a bf16 copy of the model), learns more per step (a deviation; see the README)",
+                                    choices=lambda: sorted(RECIPES))
 
 
 @dataclass(frozen=True, kw_only=True)

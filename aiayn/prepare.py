@@ -119,7 +119,8 @@ def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run: RunDir, echo
     """Copy the data's tokenizer into the run folder (it goes with every model saved), unless
     the run has one already: then it must be the same, or the ids would mean other words."""
     run_dir = run.path
-    if recipe.init_from and tokenizer_digest(resolve_model_dir(recipe.init_from)) != store.manifest["tokenizer_sha256"]:
+    started_from = recipe.init_from and not run.checkpoints()  # a trained run needs it no more: it may have moved
+    if started_from and tokenizer_digest(resolve_model_dir(recipe.init_from)) != store.manifest["tokenizer_sha256"]:
         raise ValueError(f"{store.folder} was not encoded with the tokenizer of {recipe.init_from}; "
                          f"make it with: aiayn preprocess --tokenizer {recipe.init_from} ...")
     if has_tokenizer(run_dir) and tokenizer_digest(run_dir) != store.manifest["tokenizer_sha256"]:
@@ -153,11 +154,15 @@ def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
 
 
 def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_model: dict, recipe_train: dict,
-                model_overrides: dict, train_overrides: dict, given_preset: Optional[str] = None) -> tuple[ModelConfig, TrainConfig]:
+                model_overrides: dict, train_overrides: dict, given_preset: Optional[str] = None,
+                given_recipe: Optional[str] = None, echo: Callable[[str], None] = print) -> tuple[ModelConfig, TrainConfig]:
     """The configs of a new run (a preset, the recipe's changes, then the options given), of a
     fine-tuning run (the model it starts from), or of the run being resumed (its own, with
-    training options changed where given; `given_preset`, the --preset named: config.check_resumed)."""
-    train_overrides = dict(train_overrides)
+    training options changed where given, each change said; `given_preset`, the --preset named:
+    config.check_resumed). Paths to data and models are recorded absolute, for a resume from
+    another folder."""
+    train_overrides = {name: str(Path(value).absolute()) if name in ("data", "init_from") and value else value
+                       for name, value in train_overrides.items()}
     manifest = None
     if "data" in train_overrides:
         if "corpus" in train_overrides:
@@ -170,6 +175,19 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
             train_overrides["bf16_weights"] = False  # a run moved off bf16 trains its fp32 weights
         if training.data and "corpus" in train_overrides and "data" not in train_overrides:
             raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
+        if run.checkpoints():  # trained: it goes on from its own weights, on its own data (found in review)
+            kept = ["init_from"] + ([] if training.data else ["corpus", "src_lang", "tgt_lang"])
+            for name in [name for name in kept if name in train_overrides]:
+                if train_overrides.pop(name) != getattr(training, name):
+                    echo(f"note: --{name.replace('_', '-')} is not applied: {run.path} goes on from its checkpoints, "
+                         f"with the {'data' if name != 'init_from' else 'weights'} it began with")
+        if given_recipe:
+            echo(f"note: --recipe sets up a new run; {run.path} goes on with its own settings (train_config.json), "
+                 "which training flags change")
+        changed = [f"--{name.replace('_', '-')} {getattr(training, name)} → {value}"
+                   for name, value in train_overrides.items() if getattr(training, name) != value]
+        if changed:
+            echo(f"note: {run.path} goes on with {', '.join(changed)}")
         training = dataclasses.replace(training, **train_overrides)
         check_resumed(given_preset, model_config, model_overrides, training, train_overrides, run.model_config)
         return model_config, training

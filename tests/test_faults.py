@@ -200,6 +200,32 @@ def test_a_run_that_diverges_stops_before_saving_anything_of_it(tmp_path, corpus
                    "lr_scale (--lr-scale) must be positive and finite, got inf")
 
 
+def test_a_resumed_run_says_what_it_changes_and_keeps_what_it_began_with(tmp_path, model_dir, corpus_tsv, capsys,
+                                                                         monkeypatch):
+    """Found in review: a fine-tuned run could not resume once the model it began from had moved,
+    nor from another folder (its paths were recorded as given, relative); a resume with another
+    --corpus or --init-from recorded what it did not use; changed settings applied without a word."""
+    shutil.copytree(model_dir, tmp_path / "start")
+    monkeypatch.chdir(tmp_path)
+    assert cli(capsys, "train", "--init-from", "start", "--corpus", corpus_tsv, "--out", "run", "--max-steps", "1",
+               "--max-tokens", "300", "--device", "cpu", "--log-every", "1", "--eval-every", "1000")[0] == 0
+    recorded = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert recorded["init_from"] == str(tmp_path / "start")
+    (tmp_path / "start").rename(tmp_path / "moved")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    shutil.copy(corpus_tsv, tmp_path / "other.tsv")
+    code, out, err = cli(capsys, "train", "--out", tmp_path / "run", "--resume", "--max-steps", "2", "--lr-scale", "0.5",
+                         "--corpus", tmp_path / "other.tsv", "--init-from", tmp_path / "moved", "--recipe", "fast")
+    assert code == 0, err
+    for note in ("note: --init-from is not applied", "note: --corpus is not applied", "note: --recipe sets up a new run",
+                 "goes on with --lr-scale 1.0 → 0.5, --max-steps 1 → 2"):
+        assert note in out, out
+    after = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert (after["init_from"], after["corpus"], after["lr_scale"]) == (recorded["init_from"], recorded["corpus"], 0.5)
+    assert log_steps(tmp_path / "run")[-1] == 2
+
+
 def test_perplexity_is_inf_past_what_a_float_holds():
     assert perplexity(0.0) == 1.0 and perplexity(math.log(20.0)) == pytest.approx(20.0)
     assert perplexity(710.0) == perplexity(1e300) == math.inf  # math.exp(710.0) is an OverflowError
@@ -452,7 +478,7 @@ def test_a_tokenizer_from_other_data_is_not_reused(tmp_path, corpus_tsv, capsys)
     assert len(tokenizer.encode("猫在河边")) < 4  # learnt pieces, not 12 UTF-8 byte pieces
     # A resumed run keeps the tokenizer its checkpoints were trained with, and says so.
     code, out, _ = cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--resume"))
-    assert code == 0 and "the resumed run keeps it" in out
+    assert code == 0 and "note: --corpus is not applied" in out and "with the data it began with" in out
     assert Tokenizer.load(run).model_proto == tokenizer.model_proto
 
 
