@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import itertools
 import lzma
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence, Union
 
-from aiayn.files import atomic_write, refuse_to_replace
+from aiayn.files import atomic_write, output_lock, refuse_to_replace
 
 CORPORA_DIR = Path(__file__).parent / "corpora"
 BIBLE_FILE = "bible-en-es.tsv.xz"
@@ -469,7 +470,19 @@ def export_split(
     paths = [Path(out_dir) / f"{split}.{lang}" for lang in (corpus.src_lang, corpus.tgt_lang)]
     for path in paths:
         refuse_to_replace(path, force, inputs)
-    for side, path in enumerate(paths):
-        text = "".join(pair[side] + "\n" for pair in corpus.splits[split])
-        atomic_write(path, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
+    # Both sides written in full before either is renamed into place, under both outputs' locks:
+    # one written and the other not was half a pair, or a new source beside an old reference
+    # (an interrupted --force; found in review).
+    staged = [path.with_name(f".{path.name}.{os.getpid()}.pair.tmp") for path in paths]
+    with output_lock(paths[0]), output_lock(paths[1]):
+        try:
+            for side, (path, stage) in enumerate(zip(paths, staged)):
+                refuse_to_replace(path, force, inputs)  # made meanwhile by a writer that takes no lock
+                text = "".join(pair[side] + "\n" for pair in corpus.splits[split])
+                atomic_write(stage, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
+            for stage, path in zip(staged, paths):
+                os.replace(stage, path)
+        finally:
+            for stage in staged:
+                stage.unlink(missing_ok=True)
     return paths[0], paths[1]

@@ -231,6 +231,36 @@ def test_perplexity_is_inf_past_what_a_float_holds():
     assert perplexity(710.0) == perplexity(1e300) == math.inf  # math.exp(710.0) is an OverflowError
 
 
+def test_an_interrupted_corpus_export_leaves_the_old_pair_or_none(tmp_path, capsys, monkeypatch):
+    """Stopped while writing the reference side: with --force the old pair stays whole (a new
+    source beside an old reference was a silently mismatched pair), without it nothing is left."""
+    import aiayn.corpora
+
+    real, writes = aiayn.corpora.atomic_write, []
+
+    def stopped_on_the_second(path, write):
+        writes.append(path)
+        if len(writes) == 2:
+            raise KeyboardInterrupt
+        real(path, write)
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "test.en").write_text("old en\n")
+    (out / "test.es").write_text("old es\n")
+    monkeypatch.setattr(aiayn.corpora, "atomic_write", stopped_on_the_second)
+    argv = ["corpus", "export", "bible-en-es", "--split", "test", "--out"]
+    assert cli(capsys, *argv, out, "--force")[0] == 130
+    assert sorted(p.name for p in out.iterdir()) == ["test.en", "test.es"]
+    assert ((out / "test.en").read_text(), (out / "test.es").read_text()) == ("old en\n", "old es\n")
+    writes.clear()
+    assert cli(capsys, *argv, tmp_path / "new")[0] == 130
+    assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
+    monkeypatch.setattr(aiayn.corpora, "atomic_write", real)
+    assert cli(capsys, *argv, tmp_path / "new")[0] == 0  # no half pair to refuse
+    assert len((tmp_path / "new" / "test.en").read_text().splitlines()) == len((tmp_path / "new" / "test.es").read_text().splitlines())
+
+
 def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_path, model_dir, capsys):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "test.en").write_text("mine\n")
