@@ -33,7 +33,7 @@ import torch
 
 from aiayn.config import CT2_QUANTIZATIONS, MAX_INPUT_TOKENS, MAX_OUTPUT_LEN, ModelConfig
 from aiayn.corpora import language_name
-from aiayn.files import atomic_dir, atomic_write, refuse_to_replace, write_json
+from aiayn.files import atomic_dir, atomic_write, output_lock, refuse_to_replace, write_json
 from aiayn.marian import BARRED_LOGIT
 from aiayn.model import Transformer, sinusoidal_positions
 from aiayn.run import languages_of, model_inputs, resolve_model_dir, tokenizer_folder
@@ -187,6 +187,18 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     the package's spacy/ folder (benchmarks/libretranslate_load.py adds one)."""
     model_dir, out_file = resolve_model_dir(model_path), Path(out_file)
     refuse_to_replace(out_file, force, inputs=model_inputs(model_path), folder=False)
+    with output_lock(out_file):  # one writer: two packages into one file both said "wrote" (found in review)
+        source, target = _write_argos(model_path, model_dir, out_file, source_lang, target_lang, force)
+    # argospm installs only by name from the online index; a file goes through the package API.
+    path = json.dumps(str(out_file), ensure_ascii=False)  # a Python string, inside the shell's quotes
+    install = f"import argostranslate.package; argostranslate.package.install_from_path({path})"
+    echo(f"wrote {out_file} (Argos Translate package {source} → {target}); install it with: python -c {shlex.quote(install)}")
+    return out_file
+
+
+def _write_argos(model_path: Union[str, Path], model_dir: Path, out_file: Path, source_lang: Optional[str],
+                 target_lang: Optional[str], force: bool) -> tuple[str, str]:
+    """`export_argos`'s work, under the output's lock; returns the package's two languages."""
     source, target = languages_of(model_path)
     source, target = source_lang or source, target_lang or target
     if not source or not target:
@@ -210,9 +222,6 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
                 for path in sorted(package.rglob("*")):
                     archive.write(path, path.relative_to(package.parent))
 
+        refuse_to_replace(out_file, force, folder=False)  # made meanwhile by a writer that takes no lock
         atomic_write(out_file, write)
-    # argospm installs only by name from the online index; a file goes through the package API.
-    path = json.dumps(str(out_file), ensure_ascii=False)  # a Python string, inside the shell's quotes
-    install = f"import argostranslate.package; argostranslate.package.install_from_path({path})"
-    echo(f"wrote {out_file} (Argos Translate package {source} → {target}); install it with: python -c {shlex.quote(install)}")
-    return out_file
+    return source, target

@@ -385,26 +385,29 @@ def test_one_writer_per_run_folder_and_output(tmp_path, corpus_tsv, capsys):
 
 
 def test_one_writer_per_output_file_and_folder(tmp_path, model_dir, capsys):
-    """translate --output (--resume too) and every folder output (export-ct2 here; attention,
+    """translate --output (--resume too), export-argos and every folder output (export-ct2 here; attention,
     preprocess, export-hf and average build theirs the same way, through atomic_dir) refuse an
     output another process writes: two translations mixed their lines in one file, and two
     exports replaced each other without a word (found in review). What a killed writer left
     beside a folder output goes with the next build of it, and only that."""
     (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
     out, exported = tmp_path / "out.txt", tmp_path / "ct2"
-    holders = [hold_lock(out, "output_lock"), hold_lock(exported, "output_lock")]
+    package = tmp_path / "en_es.argosmodel"
+    holders = [hold_lock(out, "output_lock"), hold_lock(exported, "output_lock"), hold_lock(package, "output_lock")]
     try:
         for argv, holder in ((["translate", model_dir, "--input", tmp_path / "in.txt", "--output", out], holders[0]),
                              (["translate", model_dir, "--input", tmp_path / "in.txt", "--output", out, "--resume"],
                               holders[0]),
-                             (["export-ct2", model_dir, exported], holders[1])):
+                             (["export-ct2", model_dir, exported], holders[1]),
+                             (["export-argos", model_dir, package, "--source-lang", "en", "--target-lang", "es"],
+                              holders[2])):
             one_line_error(*cli(capsys, *argv)[::2], "is being written by another process", f"PID {holder.pid}")
     finally:
         for holder in holders:
             holder.kill()
             holder.wait()
     # nothing written; the holders' lock files stay (a kill -9 removes nothing) until the next writer's release
-    assert sorted(path.name for path in tmp_path.iterdir()) == [".ct2.lock", ".out.txt.lock", "in.txt"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".ct2.lock", ".en_es.argosmodel.lock", ".out.txt.lock", "in.txt"]
     litter = [tmp_path / ".ct2.k1ll3d_x.tmp", tmp_path / ".ct2.k1ll3d_x.old.tmp", tmp_path / ".ct2.b.k1ll3d_x.tmp"]
     for folder in litter:
         (folder / "model.bin").parent.mkdir()
