@@ -203,6 +203,7 @@ def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: boo
     with output_lock(path):
         remove_unfinished(path)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        old = None
         try:
             usual_mode(tmp, directory=True)
             build(tmp)
@@ -215,6 +216,9 @@ def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: boo
             else:
                 os.replace(tmp, path)
         except BaseException as error:
+            if old is not None and (old / path.name).exists() and not path.exists():  # stopped between the renames
+                os.replace(old / path.name, path)  # the old output back, rather than none (found in review)
+                shutil.rmtree(old, ignore_errors=True)
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(error, OSError):  # name the folder being written, not its hidden stand-in
                 raise OSError(str(error).replace(str(tmp), str(path))) from None

@@ -194,6 +194,10 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
     training = {**recipe_train, **train_overrides}
     if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
         _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))
+        if changed := [name for name, value in model_overrides.items()  # refused before any folder is made
+                       if name not in ("dropout", "attention_dropout") and getattr(model_config, name) != value]:
+            raise ValueError(f"{train_overrides['init_from']} holds another model shape than --{changed[0].replace('_', '-')} "
+                             "asks for; fine-tuning keeps the model's shape, and only dropout may change")
         return dataclasses.replace(model_config, **model_overrides), TrainConfig(**training)
     model_overrides = {**recipe_model, **model_overrides}
     if manifest is not None and "vocab_size" not in model_overrides:

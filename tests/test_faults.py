@@ -221,6 +221,9 @@ def test_a_resumed_run_says_what_it_changes_and_keeps_what_it_began_with(tmp_pat
     for note in ("note: --init-from is not applied", "note: --corpus is not applied", "note: --recipe sets up a new run",
                  "goes on with --lr-scale 1.0 → 0.5, --max-steps 1 → 2"):
         assert note in out, out
+    one_line_error(*cli(capsys, "train", "--init-from", tmp_path / "moved", "--corpus", corpus_tsv, "--out", "new",
+                        "--d-model", "128")[::2], "holds another model shape than --d-model asks for")
+    assert not (tmp_path / "elsewhere" / "new").exists()  # it left a folder with a lock and a tokenizer
     after = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert (after["init_from"], after["corpus"], after["lr_scale"]) == (recorded["init_from"], recorded["corpus"], 0.5)
     assert log_steps(tmp_path / "run")[-1] == 2
@@ -229,6 +232,30 @@ def test_a_resumed_run_says_what_it_changes_and_keeps_what_it_began_with(tmp_pat
 def test_perplexity_is_inf_past_what_a_float_holds():
     assert perplexity(0.0) == 1.0 and perplexity(math.log(20.0)) == pytest.approx(20.0)
     assert perplexity(710.0) == perplexity(1e300) == math.inf  # math.exp(710.0) is an OverflowError
+
+
+def test_a_folder_output_stopped_between_its_renames_keeps_the_old_one(tmp_path, monkeypatch):
+    """--force moves the old output aside, then renames the new one in: stopped between the two,
+    the old one comes back (it was left hidden, and OUT gone; found in review)."""
+    import aiayn.files
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    real, renames = os.replace, []
+
+    def stopped_on_the_second(source, target):
+        renames.append(target)
+        if len(renames) == 2:
+            raise KeyboardInterrupt
+        real(source, target)
+
+    monkeypatch.setattr(aiayn.files.os, "replace", stopped_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        aiayn.files.atomic_dir(out, lambda tmp: (tmp / "new.txt").write_text("new"), force=True)
+    monkeypatch.setattr(aiayn.files.os, "replace", real)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+    assert [path.name for path in out.iterdir()] == ["old.txt"]
 
 
 def test_an_interrupted_corpus_export_leaves_the_old_pair_or_none(tmp_path, capsys, monkeypatch):
