@@ -729,7 +729,7 @@ def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys,
     one_line_error(*cli(capsys, "score", "--ref", tmp_path / "in.txt", "--hyp", tmp_path / "none.txt")[::2],
                    f"no such file: {tmp_path / 'none.txt'}")
     code, _, err = cli(capsys, "corpus", "export", "bible-en-es", "--out", tmp_path / "in.txt")
-    one_line_error(code, err, f"{tmp_path / 'in.txt'} already exists, as a file")
+    one_line_error(code, err, f"{tmp_path / 'in.txt'} is a file, not a folder")
     code, _, err = cli(capsys, "experiment", "table3", "--out", tmp_path / "in.txt" / "table3")
     one_line_error(code, err, f"{tmp_path / 'in.txt'} is a file, not a folder")
     one_line_error(*cli(capsys, "translate", tmp_path / "nope")[::2], f"no such model or run folder: {tmp_path / 'nope'}")
