@@ -345,5 +345,11 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
         kept = f"{len(found)} checkpoints; averaging those" if len(found) > 1 else "1 checkpoint; averaging it alone"
         echo(f"note: {options.run_dir} keeps {kept}")
     with output_lock(options.out):
-        average_checkpoints(chosen, options.out, force=options.force)
+        try:
+            average_checkpoints(chosen, options.out, force=options.force)
+        except (ValueError, OSError):
+            if gone := [path.name for path in chosen if not path.exists()]:  # found in review, beside a live run
+                raise ValueError(f"{', '.join(gone)} went away while being read: a run training in {options.run_dir} keeps "
+                                 "only its last --keep-last checkpoints; average again, or once it stops") from None
+            raise
     echo(f"averaged {', '.join(p.name for p in chosen)} into {options.out}")

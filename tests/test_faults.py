@@ -158,7 +158,7 @@ def test_resume_and_demo_refuse_a_folder_that_is_not_their_run(tmp_path, corpus_
     assert not (other / "checkpoints").exists() and not (other / "averaged").exists()
 
 
-def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus_tsv, capsys):
+def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus_tsv, capsys, monkeypatch):
     run = tmp_path / "run"
     code, out, _ = cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--save-every", "1"))
     assert code == 0 and "note: this corpus has no dev split: training runs without validation" in out  # a TSV: train only
@@ -176,6 +176,13 @@ def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus
     one_line_error(*cli(capsys, "average", run, "--steps", "1", "--last", "2", "--out", tmp_path / "avg7")[::2],
                    "give --last (the last checkpoints) or --steps (those of given steps), not both")
     assert not (tmp_path / "avg7").exists()
+    import aiayn.run  # a run training beside deletes a checkpoint as it is read
+
+    real = aiayn.run.average_checkpoints
+    monkeypatch.setattr(aiayn.run, "average_checkpoints",
+                        lambda chosen, *rest, **options: (shutil.rmtree(chosen[0]), real(chosen, *rest, **options)))
+    one_line_error(*cli(capsys, "average", run, "--out", tmp_path / "avg8")[::2],
+                   "step_00000001 went away while being read: a run training in", "average again, or once it stops")
 
 
 def test_a_run_that_diverges_stops_before_saving_anything_of_it(tmp_path, corpus_tsv, capsys):
