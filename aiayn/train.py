@@ -320,7 +320,7 @@ class Trainer:
             gave_it.rename(gave_it.with_name(f"diverged-{gave_it.name}"))
             what += f" (from the weights of {gave_it.name}, now diverged-{gave_it.name})"
         kept = self.run.checkpoints()
-        before = f"the newest checkpoint is {kept[-1].name}" if kept else "no checkpoint was saved before it"
+        before = f"the newest checkpoint is {kept[-1].name}" if kept else "no checkpoint is left to resume from"
         return FloatingPointError(f"training diverged at step {self.step}: {what}; nothing of it was saved ({before}): "
                                   "--resume with a smaller --lr-scale or a longer --warmup-steps")
 
