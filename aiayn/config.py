@@ -732,6 +732,8 @@ def check_options(options) -> None:
     for codes, so a name ("english") would otherwise be taken for a code without a word."""
     for f in dataclasses.fields(options):
         value, meta = getattr(options, f.name), f.metadata
+        if f.name == "out" and value == "":  # would be the current folder (found in review)
+            raise ValueError("--out is empty: name the folder or file to write")
         if meta.get("language") and value is not None and not _LANGUAGE_CODE.fullmatch(value):
             raise ValueError(f"--{f.name.replace('_', '-')} takes a language code (en, de, pt-BR), got {value!r}")
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):

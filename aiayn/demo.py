@@ -47,7 +47,7 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
     else:
         training = demo_training(options.recipe, minutes=options.minutes, precision=precision, seed=options.seed)
         print(f"recipe {options.recipe}: {recipe(options.recipe).about}")
-    trainer, store = train_run(model_config, training, run, resume=resume)
+    trainer, store = train_run(model_config, training, run, resume=resume, resume_hint="rerun the same command to continue")
     model, tokenizer = trainer.model.eval(), trainer.tokenizer
     if DEMO_AVERAGE_LAST:  # §6.1: the mean of the last checkpoints translates
         chosen = run.checkpoints()[-DEMO_AVERAGE_LAST:]

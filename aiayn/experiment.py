@@ -24,9 +24,8 @@ from typing import Callable, Optional, Sequence, Union
 
 from aiayn.config import BASE, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig
 from aiayn.files import atomic_write, read_json, write_json
-from aiayn.run import LOCK, RunDir
+from aiayn.run import EXPERIMENT, LOCK, RunDir
 
-EXPERIMENT = "experiment.json"
 RESULT = "result.json"
 DATA = "data"
 TABLE_MD, TABLE_JSON, TABLE_PNG = "table3.md", "table3.json", "table3.png"
@@ -199,7 +198,8 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
         seed=seed + 1 if row == REPEAT else seed, precision=precision, **overrides,
     )
     start = time.perf_counter()
-    trainer, _ = train_run(config, recipe, run, resume=run.has_configs(), echo=echo)
+    trainer, _ = train_run(config, recipe, run, resume=run.has_configs(), echo=echo,
+                           resume_hint="rerun the same command to continue")
     # fit() validates its last step when eval_every divides the steps; a row resumed after its
     # training ended has no such record yet.
     logged = [r for r in run.read_log(echo) if r["split"] == "dev" and r["step"] == trainer.step]

@@ -36,6 +36,7 @@ from aiayn.visualize import plot_losses
 
 MODEL_CONFIG = "model_config.json"
 TRAIN_CONFIG = "train_config.json"
+EXPERIMENT = "experiment.json"  # what marks a folder of aiayn.experiment's, whose runs are its rows'
 LOG = "log.jsonl"
 PLOT = "loss.png"
 DATA = "data"
@@ -159,6 +160,12 @@ class RunDir:
         held = [path.name for path in (self.checkpoint_root, self.final, self.log) if path.exists()]
         if held:
             raise ValueError(f"{self.path} already holds a run ({held[0]}); pass --resume or choose another --out")
+        # A new run makes DATA anew: never over an experiment's shared data or a user's files (found in review)
+        if (self.path / EXPERIMENT).exists():
+            raise ValueError(f"{self.path} holds a Table 3 experiment ({EXPERIMENT}); choose another --out")
+        if self.data.is_dir() and any(self.data.iterdir()) and not (self.data / "manifest.json").exists():
+            raise ValueError(f"{self.data} holds files aiayn did not make (no manifest.json), which a new run's "
+                             "preprocessing would replace; choose another --out")
 
     def remove_litter(self) -> list[Path]:
         """Delete what an interrupted write left: the hidden temporary files and folders of

@@ -255,6 +255,7 @@ class Trainer:
         )
         self.step, self.elapsed, self.stopping = 0, 0.0, False
         self.compiles_told = 0  # graphs of the compiled step reported so far
+        self.resume_hint = "continue with --resume"  # what a stopped run says (demo, experiment: rerun the command)
         self.run.check_start(resume)
         if self.rank == 0:
             for path in self.run.remove_litter():
@@ -416,7 +417,7 @@ class Trainer:
                 dist.barrier()
         if self.stopping:
             self.echo(f"stopped by {signals.name} at step {self.step}; checkpoint saved in "
-                      f"{self.run.checkpoint_root}; continue with --resume")
+                      f"{self.run.checkpoint_root}; {self.resume_hint}")
             raise KeyboardInterrupt
         return record
 
@@ -472,7 +473,7 @@ class Trainer:
 
 def train_run(
     model_config: ModelConfig, recipe: TrainConfig, run_dir: Union[RunDir, str, Path], resume: bool = False,
-    echo: Callable[[str], None] = print,
+    echo: Callable[[str], None] = print, resume_hint: str = "continue with --resume",
 ) -> tuple[Trainer, Store]:
     """Everything `aiayn train` does: preprocess the corpus (or open --data), train. Returns
     the trainer (its model holds the last weights) and the data store."""
@@ -485,6 +486,7 @@ def train_run(
         run.check_start(resume)
         tokenizer, data, store = prepare_data(model_config, recipe, run, echo)
         trainer = Trainer(model_config, recipe, run, data, tokenizer, resume=resume, echo=echo)
+        trainer.resume_hint = resume_hint
         echo(f"model: {model_config.n_layers}+{model_config.n_layers} layers, d_model {model_config.d_model}, "
              f"{trainer.model.num_parameters():,} parameters, on {trainer.device} in {recipe.precision}{' with TF32 products' if recipe.tf32 else ''}")
         if (warning := memory_warning(model_config, recipe, trainer.device)) is not None:

@@ -482,6 +482,8 @@ def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=prin
     source = options.sentence.strip()
     if not source:
         raise ValueError("--sentence is empty")
+    if any("\udc80" <= c <= "\udcff" for c in source):  # bytes Python could not decode: sentencepiece's traceback
+        raise ValueError("--sentence is not valid UTF-8 (what encoding does the terminal use?)")
     ids = translator.tokenizer.encode(source)
 
     def check_length(tokens: int, side: str) -> None:

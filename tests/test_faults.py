@@ -236,6 +236,27 @@ def test_a_resumed_run_says_what_it_changes_and_keeps_what_it_began_with(tmp_pat
     assert log_steps(tmp_path / "run")[-1] == 2
 
 
+def test_a_new_run_never_replaces_data_it_did_not_make(tmp_path, model_dir, corpus_tsv, capsys):
+    """Found in review: a new run's preprocessing rebuilt OUT/data with force, deleting a user's
+    files there (the corpus itself, given as --corpus OUT/data), and `demo --out` an experiment's
+    shared data; `--out ""` was the current folder; a --sentence of undecodable bytes a traceback."""
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "mine.txt").write_text("mine")
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, project, "--max-steps", "1"))[::2],
+                   "project/data holds files aiayn did not make (no manifest.json)", "choose another --out")
+    (tmp_path / "t3" / "data").mkdir(parents=True)
+    (tmp_path / "t3" / "experiment.json").write_text("{}")
+    one_line_error(*cli(capsys, "demo", "--out", tmp_path / "t3", "--minutes", "0.05")[::2],
+                   "holds a Table 3 experiment (experiment.json); choose another --out")
+    assert sorted(p.name for p in (project / "data").iterdir()) == ["mine.txt"]
+    assert sorted(p.name for p in (tmp_path / "t3").iterdir()) == [".lock", "data", "experiment.json"]  # its own lock, as ever
+    for argv in (["demo", "--out", ""], ["experiment", "table3", "--out", ""], train_argv(corpus_tsv, "")):
+        one_line_error(*cli(capsys, *argv)[::2], "--out is empty")
+    one_line_error(*cli(capsys, "attention", model_dir, "--sentence", "caf\udce9 latte", "--out", tmp_path / "maps")[::2],
+                   "--sentence is not valid UTF-8")
+
+
 def test_perplexity_is_inf_past_what_a_float_holds():
     assert perplexity(0.0) == 1.0 and perplexity(math.log(20.0)) == pytest.approx(20.0)
     assert perplexity(710.0) == perplexity(1e300) == math.inf  # math.exp(710.0) is an OverflowError
