@@ -200,6 +200,11 @@ def test_demo_trains_translates_and_scores(tmp_path):
     again = subprocess.run([*argv, "--recipe", "paper"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "resumed from" in again.stdout
     assert "goes on with the model, recipe, precision and seed it began with" in again.stderr  # not silently ignored
+    kept = (tmp_path / "demo" / "demo.json").read_text()
+    again = subprocess.run([*argv[:-3], "1", *argv[-2:]], capture_output=True, text=True, timeout=300)  # 1 test verse
+    assert again.returncode == 0 and "(demo.json keeps the score on 2 verses)" in again.stdout, again.stderr[-2000:]
+    assert (tmp_path / "demo" / "demo.json").read_text() == kept  # a score on fewer verses never replaces it
+    assert json.loads((tmp_path / "demo" / "demo-1-verses.json").read_text())["test_sentences"] == 1
 
 
 def test_corpus_export_writes_two_aligned_files(tmp_path, capsys):
