@@ -130,6 +130,10 @@ def test_table3_trains_scores_and_continues_where_it_stopped(tmp_path):
     assert results["base"]["dev_sentences"] == SCALES["tiny"].dev_bleu_sentences
     assert results["base"]["machine"]["cpu_kind"]
     assert (out / "table3.png").stat().st_size > 10_000
+    assert f"plot {out / 'table3.png'}" in third.stdout
+    alone = _table3(tmp_path / "alone", "--rows", "C1")  # no base row: no plot, and it says so (found in review)
+    assert alone.returncode == 0 and not (tmp_path / "alone" / "table3.png").exists(), alone.stderr[-2000:]
+    assert "no plot: it draws each row against the base row (add base to --rows)" in alone.stdout
 
 
 def test_table3_refuses_to_mix_settings_and_bad_rows(tmp_path):
