@@ -259,9 +259,15 @@ def check_tokens(name: str, tokens: Tensor, vocab_size: int, check_range: bool =
         raise ValueError(f"{name} is empty: every sequence needs at least one token")
     if tokens.size(0) == 0:  # (an attention over no rows divided by zero)
         raise ValueError(f"{name} is a batch of no sequences: give at least one")
-    check_range = check_range and not torch.compiler.is_compiling()  # a compiled step: our own batches
-    if check_range and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+    if _outside(tokens, vocab_size, check_range):
         raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size})")
+
+
+def _outside(indices: Tensor, count: int, check_range: bool) -> bool:
+    """Whether `indices` hold one outside [0, count): read back, so only where `check_range` and
+    not in a compiled step (whose batches are our own)."""
+    check_range = check_range and not torch.compiler.is_compiling()
+    return check_range and bool(indices.numel()) and (int(indices.min()) < 0 or int(indices.max()) >= count)
 
 
 
@@ -272,8 +278,7 @@ def check_positions(positions: Tensor, count: int, check_range: bool = True) -> 
     if not isinstance(positions, Tensor) or positions.dtype != torch.long or positions.dim() != 1:
         got = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, Tensor) else type(positions).__name__
         raise ValueError(f"positions must be a LongTensor (N,) of flat indices into the batch × length targets, got {got}")
-    check_range = check_range and not torch.compiler.is_compiling()
-    if check_range and positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= count):
+    if _outside(positions, count, check_range):
         raise ValueError(f"positions holds indices outside the {count} target positions (batch × length)")
 
 

@@ -8,6 +8,7 @@ twice the forward, so one training step costs 3x the forward FLOPs.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -26,9 +27,14 @@ def _attention_flops(config: ModelConfig, queries: int, keys: int) -> int:
     return projections + scores_and_sum
 
 
+def _ffn_flops(config: ModelConfig, length: int) -> int:
+    """The feed-forward network's two linear maps over `length` positions (§3.3)."""
+    return 4 * length * config.d_model * config.d_ff
+
+
 def forward_flops(config: ModelConfig, src_len: int, tgt_len: int) -> int:
     """FLOPs of one forward pass over a sentence pair of the given lengths, logits included."""
-    ffn = lambda length: 4 * length * config.d_model * config.d_ff  # noqa: E731  two linear maps
+    ffn = functools.partial(_ffn_flops, config)
     encoder_layer = _attention_flops(config, src_len, src_len) + ffn(src_len)
     decoder_layer = (
         _attention_flops(config, tgt_len, tgt_len) + _attention_flops(config, tgt_len, src_len) + ffn(tgt_len)
@@ -42,12 +48,11 @@ def decoder_step_flops(config: ModelConfig, length: int, src_len: int) -> int:
     position through every decoder layer, attending over the `length` positions decoded so far (its
     own included) and `src_len` source positions whose keys and values a KV cache holds (computed
     once per sentence, not counted here), and its logits."""
-    d, h = config.d_model, config.n_heads
     d_k, d_v = config.head_dims
-    self_attention = 2 * d * h * (2 * d_k + d_v) + 2 * h * d_v * d + 2 * length * h * (d_k + d_v)
-    cross_attention = 2 * d * h * d_k + 2 * h * d_v * d + 2 * src_len * h * (d_k + d_v)
-    ffn = 4 * d * config.d_ff
-    return config.n_layers * (self_attention + cross_attention + ffn) + 2 * d * config.vocab_size
+    cached = lambda keys: 2 * keys * config.d_model * config.n_heads * (d_k + d_v)  # noqa: E731  projections spared
+    self_attention = _attention_flops(config, 1, length) - cached(length - 1)  # only the newest key is projected
+    cross_attention = _attention_flops(config, 1, src_len) - cached(src_len)
+    return config.n_layers * (self_attention + cross_attention + _ffn_flops(config, 1)) + 2 * config.d_model * config.vocab_size
 
 
 def training_flops(config: ModelConfig, src_len: int, tgt_len: int) -> int:

@@ -18,7 +18,7 @@ from aiayn.config import ModelConfig, TrainConfig, check_resumed
 from aiayn.corpora import stream_corpus
 from aiayn.device import check_precision, init_distributed, resolve_device
 from aiayn.run import RunDir, resolve_model_dir
-from aiayn.store import Store, load_store, preprocess, text_digest, tokenizer_digest
+from aiayn.store import MANIFEST, Store, load_store, preprocess, text_digest, tokenizer_digest
 from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer, has_tokenizer, load_tokenizer
 
 
@@ -92,6 +92,9 @@ def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run: Run
         manifest = load_store(data_dir).manifest
     except (ValueError, OSError):
         manifest = None
+        if data_dir.is_dir() and any(data_dir.iterdir()) and not (data_dir / MANIFEST).exists():  # found in review
+            raise ValueError(f"{data_dir} holds files aiayn did not make (no {MANIFEST}), which preprocessing the "
+                             "corpus there would replace; choose another --out")
     trained = bool(run.checkpoints())
     if manifest is not None and trained:
         if (manifest["corpus"], manifest["vocab_size"]) != (recipe.corpus, model_config.vocab_size):

@@ -160,12 +160,8 @@ class RunDir:
         held = [path.name for path in (self.checkpoint_root, self.final, self.log) if path.exists()]
         if held:
             raise ValueError(f"{self.path} already holds a run ({held[0]}); pass --resume or choose another --out")
-        # A new run makes DATA anew: never over an experiment's shared data or a user's files (found in review)
-        if (self.path / EXPERIMENT).exists():
+        if (self.path / EXPERIMENT).exists():  # its rows share its DATA, which a run would make anew (found in review)
             raise ValueError(f"{self.path} holds a Table 3 experiment ({EXPERIMENT}); choose another --out")
-        if self.data.is_dir() and any(self.data.iterdir()) and not (self.data / "manifest.json").exists():
-            raise ValueError(f"{self.data} holds files aiayn did not make (no manifest.json), which a new run's "
-                             "preprocessing would replace; choose another --out")
 
     def remove_litter(self) -> list[Path]:
         """Delete what an interrupted write left: the hidden temporary files and folders of

@@ -51,6 +51,9 @@ from aiayn.store import Store
 from aiayn.translate import Translator
 
 
+RESUME_HINT = "continue with --resume"  # what a run stopped by a signal says
+
+
 class TrainStep:
     """One optimiser update (§5.3, §5.4) of `model` on a list of batches, whatever the loop
     around it: each batch's forward (under bf16/fp16 autocast, or on a bf16 copy of the weights
@@ -255,7 +258,7 @@ class Trainer:
         )
         self.step, self.elapsed, self.stopping = 0, 0.0, False
         self.compiles_told = 0  # graphs of the compiled step reported so far
-        self.resume_hint = "continue with --resume"  # what a stopped run says (demo, experiment: rerun the command)
+        self.resume_hint = RESUME_HINT  # what a stopped run says (demo, experiment: rerun the command)
         self.run.check_start(resume)
         if self.rank == 0:
             for path in self.run.remove_litter():
@@ -473,7 +476,7 @@ class Trainer:
 
 def train_run(
     model_config: ModelConfig, recipe: TrainConfig, run_dir: Union[RunDir, str, Path], resume: bool = False,
-    echo: Callable[[str], None] = print, resume_hint: str = "continue with --resume",
+    echo: Callable[[str], None] = print, resume_hint: str = RESUME_HINT,
 ) -> tuple[Trainer, Store]:
     """Everything `aiayn train` does: preprocess the corpus (or open --data), train. Returns
     the trainer (its model holds the last weights) and the data store."""
