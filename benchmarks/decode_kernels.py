@@ -16,6 +16,12 @@ beam 4), 64 rows (greedy) and 4 rows (one sentence, beam 4: a server answering o
                self-attention (1 query per row against 17 cached positions) and the beams of a
                sentence against its memory (4 queries against 32 source positions); and a whole
                sequence (32 and 128 queries), where the fused kernel should win
+    cache      the beams' reorder of one layer's cached keys (16 sentences × beam 4, 43 columns
+               written): every row gathered into the other buffer, as aiayn.cache does, against
+               only the quarter of the rows whose parent is another beam's, gathered and written
+               back in place (`index_copy_`); and a step's keys product over those 43 columns
+               when they are the whole buffer, against the same columns of a buffer with room for
+               100 (what an in-place cache would attend to)
 
 bf16 cases only where the CPU computes bf16 in hardware (aiayn.device.fast_bf16).
 
@@ -33,6 +39,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -141,6 +148,27 @@ def attention_cases(bf16: bool) -> dict[str, Callable[[], torch.Tensor]]:
     return cases
 
 
+def cache_cases(bf16: bool) -> dict[str, Callable[[], torch.Tensor]]:
+    cases = {}
+    rows, written, room = 64, 43, 100
+    parents = torch.arange(rows).view(-1, 4)[:, [0, 0, 1, 2]].flatten()  # each sentence's first beam had two children
+    moved = torch.arange(1, rows, 4)  # the rows whose parent is another row: a quarter
+    for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))[: 2 if bf16 else 1]:
+        keys = torch.randn(rows, HEADS, room, D_HEAD).to(dtype)
+        spare = torch.empty(rows, HEADS, written + 1, D_HEAD, dtype=dtype)  # room for the next column
+        taken = torch.empty(moved.numel(), HEADS, written, D_HEAD, dtype=dtype)
+        cases[f"cache reorder {label}, every row into the other buffer"] = (
+            lambda k=keys, s=spare: torch.index_select(k[:, :, :written], 0, parents, out=s[:, :, :written]))
+        cases[f"cache reorder {label}, the moved quarter in place"] = (
+            lambda k=keys[:, :, :written], t=taken: k.index_copy_(0, moved, torch.index_select(k, 0, parents[moved], out=t)))
+        q = torch.randn(rows * HEADS, 1, D_HEAD).to(dtype)
+        whole = torch.randn(rows * HEADS, written, D_HEAD).to(dtype)
+        cases[f"cache keys product {label}, the whole buffer"] = lambda q=q, k=whole: q @ k.transpose(1, 2)
+        cases[f"cache keys product {label}, in a buffer with room"] = (
+            lambda q=q, k=keys.view(rows * HEADS, room, D_HEAD)[:, :written]: q @ k.transpose(1, 2))
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=5)
@@ -148,13 +176,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--kept-rows", type=int, default=200, help="row counts of the memory case (default 200)")
     parser.add_argument("--kept-child", choices=KEPT_WAYS, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help="the results file (default results/decode-kernels-KIND.json)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.kept_child:
         print(json.dumps(kept_mib(args.kept_child, args.kept_rows)))
         return
     bf16 = fast_bf16(torch.device("cpu"))
-    cases = {**linear_cases(256, bf16), **linear_cases(64, bf16), **linear_cases(4, bf16), **attention_cases(bf16)}
+    cases = {**linear_cases(256, bf16), **linear_cases(64, bf16), **linear_cases(4, bf16), **attention_cases(bf16),
+             **cache_cases(bf16)}
     times: dict[str, list[float]] = {name: [] for name in cases}
     with torch.inference_mode():
         for call in cases.values():  # warm-up: packing, first-touch, oneDNN primitives
@@ -171,7 +201,7 @@ def main() -> None:
     kept = kept_cases(args.kept_rows, args.threads, bf16)
     for row in kept:
         print(f"kept after {row['row_counts']} row counts, {row['way']:13s}: {row['kept_mib_after_each_pass']} MiB")
-    write_results(RESULTS / f"decode-kernels-{cpu_kind()}.json", {
+    write_results(args.out or RESULTS / f"decode-kernels-{cpu_kind()}.json", {
         "benchmark": "decode-kernels", "command": command_line(),
         "machine": machine(torch.device("cpu"), args.threads), "reps": args.reps, "calls": args.calls, "rows": rows,
         "kept": kept,

@@ -79,6 +79,40 @@ def decode(translator: Translator, sources: list[list[int]], live: int, marked: 
             "join_ms": statistics.median(seconds for seconds, _ in joins) * 1000}
 
 
+def occupancy(translator: Translator, sources: list[list[int]], live: int) -> dict:
+    """What the steps of `live` sentences read against what they need, from one untimed decode.
+    Every row writes its next keys at the same column, so a sentence that joined later is padded
+    on the left (aiayn.cache): the self-attention buffers are as wide as the oldest sentence has
+    decoded, while the mean row has written fewer columns; the memories are as wide as the longest
+    source. And the beams' reorder: a step's k new beams of a sentence come from some distinct
+    parents; were each parent's first child written in its parent's row, only the others would
+    be copied ("rows kept in place")."""
+    decoding = ContinuousDecoding(translator.model, translator.decode)
+    reorder, parents = decoding.search.reorder, collections.Counter()
+
+    def counting(rows: torch.Tensor, sentences: torch.Tensor, beam: int) -> None:
+        parents.update(len(set(beams)) for beams in rows.view(-1, beam).tolist())
+        reorder(rows, sentences, beam)
+
+    decoding.search.reorder = counting
+    widths, waiting = [], list(enumerate(sources))
+    while waiting or decoding.live:
+        if room := min(live - decoding.live, len(waiting)):
+            decoding.join([ids for _, ids in waiting[:room]], [key for key, _ in waiting[:room]], translator.decode.alpha)
+            waiting = waiting[room:]
+        cache = decoding.state.cache
+        if decoding.live == live and cache.length:
+            memory = cache.cross[0][0].size(2)
+            written = cache.length - cache.start if cache.start is not None else torch.tensor(cache.length)  # (B,)
+            source = cache.memory_mask.sum(-1).float().mean() if cache.memory_mask is not None else memory
+            widths.append((cache.length, float(written.float().mean()), memory, float(source)))
+        decoding.step()
+    beam, choices = translator.decode.beam, sum(parents.values())
+    self_width, written, memory_width, source = (statistics.mean(column) for column in zip(*widths))
+    return {"self_width": self_width, "columns_written": written, "memory_width": memory_width,
+            "source_length": source, "rows_kept_in_place": sum(n * c for n, c in parents.items()) / (beam * choices)}
+
+
 def ceiling(alone: dict, many: dict, live: int) -> float:
     """live × step(1) / (step(live) + joins per step × join): one search's rate over one sentence's."""
     return live * alone["step_ms"] / (many["step_ms"] + many["joins"] / many["steps"] * many["join_ms"])
@@ -180,6 +214,7 @@ def main() -> None:
     row_flops = decoder_step_flops(translator.model.config, 0, 0)  # the linear maps alone: a lower bound
     for rep in reps:
         rep["arithmetic_bound"] = arithmetic_bound(rep["one"], args.live, translator.decode.beam, row_flops, peak)
+    occupied = occupancy(translator, sources, args.live)
     profile_lines = ([line for live in (1, args.live) for line in profiled(translator, sources[: 5 * live], live)]
                      if args.profile else [])
     results = {"command": command_line(), "cpu_kind": cpu_kind(), "machine": machine(torch.device("cpu"), args.threads),
@@ -190,7 +225,7 @@ def main() -> None:
                            "join_ms": spread([r["live"]["join_ms"] for r in reps]),
                            "ceiling": spread([r["ceiling"] for r in reps]),
                            "arithmetic_bound": spread([r["arithmetic_bound"] for r in reps])},
-               "row_flops": row_flops}
+               "row_flops": row_flops, "occupancy": occupied}
     if profile_lines:
         results["profile"] = profile_lines
     if args.beside:
@@ -203,7 +238,12 @@ def main() -> None:
             ceiling_all=spread([(args.beside + 1) * r["ceiling_beside"] for r in reps]))
     print(f"{products} matmul peak {peak / 1e12:.2f} TFLOP/s; at that peak the products of the rows that "
           f"{args.live} sentences add to one ({row_flops / 1e6:.1f} MFLOP a row) bound the ceiling at "
-          f"{results['summary']['arithmetic_bound']['median']:.2f}×", *profile_lines, sep="\n")
+          f"{results['summary']['arithmetic_bound']['median']:.2f}×",
+          f"with {args.live} sentences a step reads self-attention buffers {occupied['self_width']:.1f} columns wide, "
+          f"where a row has written {occupied['columns_written']:.1f} on average, and memories "
+          f"{occupied['memory_width']:.1f} positions wide for sources of {occupied['source_length']:.1f}; "
+          f"{occupied['rows_kept_in_place']:.0%} of the beams' rows could stay in place at a reorder",
+          *profile_lines, sep="\n")
     write_results(args.out or RESULTS / f"decode-steps-{cpu_kind()}-{args.precision}.json", results)
 
 
