@@ -27,7 +27,7 @@ from aiayn.config import (
     check_options, decode_field_problem, preset, recipe,
 )
 from aiayn import __version__
-from aiayn.errors import ask_for_less, command_line_message, out_of_memory
+from aiayn.errors import Terminated, ask_for_less, command_line_message, out_of_memory
 
 
 class UserError(Exception):
@@ -378,8 +378,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended
     except (UserError, ValueError, FloatingPointError, ImportError, OSError) as error:  # OSError: files, network
         parser.exit(2, f"aiayn: error: {command_line_message(error)}\n")
-    except KeyboardInterrupt:
-        parser.exit(130, "aiayn: interrupted\n")
+    except KeyboardInterrupt as stop:  # 128 + the signal, as a process that the signal ended
+        parser.exit(128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT), "aiayn: interrupted\n")
     except (MemoryError, RuntimeError) as error:
         if not out_of_memory(error):
             raise
@@ -392,7 +392,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _interrupt(signum: int, frame) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 if __name__ == "__main__":

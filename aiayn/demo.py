@@ -61,7 +61,7 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
     print(f"translating {len(test):,} test verses (beam {decode.beam}, α {decode.alpha}, "
           f"max length = source + {decode.extra_len})...")
     translator = Translator(model, tokenizer, decode)
-    result = score(translator, test, lang=store.tgt_lang)
+    result = score(translator, test, lang=store.tgt_lang, progress=True)
     print(f"test BLEU {result.bleu:.1f} ({result.signature}); chrF {result.chrf:.1f}; "
           f"paper protocol {result.paper_bleu:.1f}; {len(test) / result.seconds:.1f} sentences/s")
     # What the figure depends on: the steps the budget bought on this machine (the peak was

@@ -13,6 +13,12 @@ import re
 from pathlib import Path
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's notice, `kill`), unwinding as Ctrl-C does so that what was done is
+    kept and said; the command line then exits 143 (128 + SIGTERM), as a process that SIGTERM ended,
+    where Ctrl-C gives 130."""
+
+
 def os_error_message(error: OSError) -> str:
     """An error from the system about a path, said of the path the user gave: "F is a folder, not
     a file" rather than "[Errno 21] Is a directory: 'F'". Where the error does not tell which was

@@ -4,9 +4,12 @@ paper's own protocol (tokenized BLEU with compound splitting), to compare with T
 from __future__ import annotations
 
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
+
+from tqdm import tqdm
 
 
 # Target languages whose words sacreBLEU splits with a tokenizer of their own (tok:zh, ja-mecab,
@@ -135,18 +138,21 @@ class Score:
                 **({"paper_bleu": round(self.paper_bleu, 2)} if self.paper_bleu is not None else {})}
 
 
-def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = None, **changes) -> Score:
+def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = None, progress: bool = False,
+          **changes) -> Score:
     """Translate the sources of `pairs` ((source, reference) strings) with `translator`
     (aiayn.translate.Translator; `changes` replace its decoding settings for this call) and score
     the outputs against the references: sacreBLEU's BLEU and chrF, the length ratio, the
     repetition rate and the decoding time, and with the target language `lang` the paper's BLEU.
     The one "translate a split and score it" of the package: training's dev BLEU, the demo,
-    Table 3 and the benchmarks all call it."""
+    Table 3 and the benchmarks all call it. `progress`: a progress bar of the sentences translated,
+    on a terminal."""
     pairs = list(pairs)  # a zip or a generator is read twice below
     if any(isinstance(pair, str) or len(pair) != 2 for pair in pairs):  # "ab" was read as ("a", "b")
         raise ValueError("score takes (source, reference) pairs: zip(sources, references)")
     start = time.perf_counter()
-    hypotheses = translator.translate([s for s, _ in pairs], **changes)
+    with tqdm(total=len(pairs), desc="translate", unit="sentence", disable=not (progress and sys.stderr.isatty())) as bar:
+        hypotheses = translator.translate([s for s, _ in pairs], bar, **changes)
     return score_hypotheses(hypotheses, [r for _, r in pairs], time.perf_counter() - start, lang)
 
 

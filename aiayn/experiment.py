@@ -208,7 +208,7 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
     pairs = trainer.data.dev_text[:count]
     echo(f"translating {len(pairs)} dev sentences (beam 4, α 0.6)...")
     decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision)  # §6.1: beam 4, α = 0.6
-    dev_bleu = score(Translator(trainer.model, trainer.tokenizer, decode), pairs)
+    dev_bleu = score(Translator(trainer.model, trainer.tokenizer, decode), pairs, progress=True)
     result = {
         "row": row, "config": config.to_dict(), "label_smoothing": recipe.label_smoothing, "steps": trainer.step,
         "dev_ppl": dev["ppl"], "dev_bleu": dev_bleu.bleu, "bleu_signature": dev_bleu.signature, "dev_sentences": len(pairs),

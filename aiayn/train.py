@@ -39,6 +39,7 @@ from aiayn.config import DECODE_PRESETS, ModelConfig, TrainConfig
 from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, deterministic_from_environment,
                           init_distributed, keep_freed_memory, matmul_peak_flops, process_group_joined, rank_gpu,
                           resident_mib, resolve_device, sum_over_ranks)
+from aiayn.errors import Terminated
 from aiayn.evaluate import score
 from aiayn.flops import memory_warning, training_flops
 from aiayn.train_kernels import Bf16Twin, fp32_linears
@@ -421,7 +422,7 @@ class Trainer:
         if self.stopping:
             self.echo(f"stopped by {signals.name} at step {self.step}; checkpoint saved in "
                       f"{self.run.checkpoint_root}; {self.resume_hint}")
-            raise KeyboardInterrupt
+            raise Terminated if signals.name == "SIGTERM" else KeyboardInterrupt
         return record
 
     def _step_and_report(self, signals: "StopSignals", window: dict, peak: float, budget: float, bar) -> Optional[dict]:

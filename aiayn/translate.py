@@ -376,13 +376,14 @@ class Translator:
         """The `n_best` best outputs of each source, best first (aiayn.translate.translate_nbest)."""
         return translate_nbest(self.model, sources, self.decode, None, n_best, **changes)
 
-    def translate(self, sentences: Sequence[str], **changes) -> list[str]:
-        """Detokenized translations of `sentences` (a list of strings), in order."""
+    def translate(self, sentences: Sequence[str], progress: Optional[object] = None, **changes) -> list[str]:
+        """Detokenized translations of `sentences` (a list of strings), in order; `progress` (a
+        tqdm bar) is advanced by each batch's sentences as it is done."""
         if isinstance(sentences, str):  # else each character would be a sentence
             raise ValueError("translate takes a list of sentences, not a string: translate([text])[0] for one")
         if self.tokenizer is None:
             raise ValueError("this Translator has no tokenizer: give one, or call translate_ids with token ids")
-        outputs = self.translate_ids(self.tokenizer.encode_batch(list(sentences)), **changes)
+        outputs = self.translate_ids(self.tokenizer.encode_batch(list(sentences)), progress, **changes)
         return [self.tokenizer.decode(ids) for ids in outputs]
 
     def stream(self, lines: Iterable[str], write: Callable[[list[str]], None], **options) -> int:

@@ -1,16 +1,18 @@
 """`aiayn translate`, `aiayn score` and `aiayn attention` on a small model made here."""
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from aiayn.config import ModelConfig
+from aiayn import evaluate
+from aiayn.config import DECODE_PRESETS, ModelConfig
 from aiayn.evaluate import bleu, paper_bleu, split_compounds
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import translate_ids
+from aiayn.translate import Translator, translate_ids
 
 SENTENCES = [
     "the small cat sees a big dog near the river",
@@ -79,6 +81,36 @@ def test_translate_guards_from_the_cli_equal_the_apis(model_dir):
         assert len(bigrams) == len(set(bigrams))
     bad = aiayn("translate", model_dir, "--repetition-penalty", "0.5", stdin="x\n")
     assert bad.returncode == 2 and "--repetition-penalty must be at least 1" in bad.stderr
+
+
+def test_a_progress_bar_counts_every_sentence_once_as_its_batch_is_done(model_dir, monkeypatch):
+    """Translator.translate and score advance a bar by each batch's sentences (the demo's and Table
+    3's bars on a terminal): several batches here, and the count ends at the number of sentences."""
+
+    class Bar:
+        def __init__(self, *args, total=None, disable=False, **kwargs):
+            self.total, self.updates, self.disable = total, [], disable
+
+        def update(self, n):
+            self.updates.append(n)
+
+        def __enter__(self):
+            bars.append(self)
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    bars: list = []
+    translator = Translator.load(model_dir, decode=dataclasses.replace(DECODE_PRESETS["translate"], beam=1, batch_tokens=40))
+    sentences = SENTENCES[:9]
+    bar = Bar()
+    outputs = translator.translate(sentences, progress=bar)
+    assert len(outputs) == 9 and sum(bar.updates) == 9 and len(bar.updates) > 1
+    monkeypatch.setattr(evaluate, "tqdm", Bar)
+    result = evaluate.score(translator, list(zip(sentences, sentences)), progress=True)
+    assert result.hypotheses == outputs and bars[-1].total == 9 and sum(bars[-1].updates) == 9
+    assert bars[-1].disable  # not a terminal: the bar is off, and still counted
 
 
 def test_length_ratio_and_repetition_rate():
