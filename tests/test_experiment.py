@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES
-from aiayn.experiment import PAPER, REPEAT, ROWS, SCALES, _check_out, _settings, findings, miniature, noise_floor, select_rows, table_markdown
+from aiayn.experiment import (PAPER, REPEAT, ROWS, SCALES, _check_out, _settings, findings, miniature, noise_floor,
+                              select_rows, table_figure, table_markdown)
 from aiayn.device import resolve_precision
 
 PAPER_ROWS = [row for row in ROWS if row != REPEAT]
@@ -169,3 +170,25 @@ def test_a_start_that_failed_before_any_work_does_not_bind_its_settings(tmp_path
     (out / "base").mkdir()  # once a row has begun, they bind
     with pytest.raises(ValueError, match="holds an experiment with corpus='bible-en-es', not 'nope'"):
         _check_out(out, {**settings, "corpus": "nope"})
+
+
+@pytest.mark.parametrize("rows", [("base", "A1"), ROWS])
+def test_the_table3_figure_labels_its_ratios_apart_and_keeps_its_title_inside(rows):
+    """With two rows the perplexity ratios spanned a few hundredths of a decade, where the log
+    axis labelled its ticks 1, 1, 1, 1.1, 1.1 (found in review), and the one-line title ran past
+    both edges of the narrow figure."""
+    import matplotlib.pyplot as plt
+
+    results = {row: {"dev_ppl": 20.0 + 0.6 * i, "dev_bleu": 10.0 - 0.1 * i, "steps": 300} for i, row in enumerate(rows)}
+    fig = table_figure(results)
+    try:
+        fig.canvas.draw()
+        top = fig.axes[0]
+        low, high = top.get_ylim()
+        labels = [tick.get_text() for tick, value in zip(top.get_yticklabels(), top.get_yticks()) if low <= value <= high]
+        assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+        title = top.title.get_window_extent()
+        assert title.x0 >= 0 and title.x1 <= fig.bbox.x1 and title.y1 <= fig.bbox.y1
+    finally:
+        plt.close(fig)
+    assert table_figure({"A1": results["A1"]}) is None  # no base row, no figure
