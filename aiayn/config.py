@@ -716,6 +716,8 @@ class Table3Options:
         "auto", "training precision; auto: bf16 where the device computes it in hardware, else fp32")
     seed: int = _option(1, "random seed")
     corpus: str = _option("bible-en-es", "corpus")
+    vocab_size: Optional[int] = _option(None, "shared BPE vocabulary of every row (default: the scale's; a small "
+                                        "--corpus allows fewer)", least=1)
 
 
 SERVE = ServeOptions(run_dir="")  # the server's defaults, for code that runs it without the CLI

@@ -17,6 +17,7 @@ resumes from its last checkpoint).
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,10 @@ def _prepare_data(out: Path, corpus: str, scale: Scale, echo: Callable[[str], No
         load_store(folder)
     except (ValueError, OSError):
         preprocess(stream_corpus(corpus), folder, scale.vocab_size, spec=corpus, force=True, echo=echo)
+        if "dev" not in load_store(folder).splits:  # found in review: the first row's scoring divided by zero
+            shutil.rmtree(folder)  # data that no row can use: the experiment has not started
+            raise ValueError(f"Table 3 scores every row on its corpus's dev split, and {corpus} has none: give a "
+                             "folder with train.SRC, train.TGT, dev.SRC and dev.TGT (or train.tsv and dev.tsv)")
 
 
 def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus: str,
@@ -226,10 +231,11 @@ def read_results(out: Path) -> dict[str, dict]:
 
 
 def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str]] = None, steps: Optional[int] = None,
-               precision: str = "auto", seed: int = 1, corpus: str = "bible-en-es",
+               precision: str = "auto", seed: int = 1, corpus: str = "bible-en-es", vocab_size: Optional[int] = None,
                echo: Callable[[str], None] = print) -> dict[str, dict]:
     """Train and score the chosen rows (default: all) in OUT, skipping the ones already done,
-    and write the table, its JSON and its plot after each row. Returns every finished row."""
+    and write the table, its JSON and its plot after each row. Returns every finished row.
+    `steps` and `vocab_size` replace the scale's."""
     from aiayn.device import check_precision, resolve_device, resolve_precision
 
     if scale_name not in SCALES:
@@ -239,6 +245,10 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
         if steps < 1:
             raise ValueError(f"--steps (in Python: steps=) must be at least 1, got {steps}")
         scale = dataclasses.replace(scale, steps=steps)
+    if vocab_size is not None:
+        if vocab_size < 1:
+            raise ValueError(f"--vocab-size (in Python: vocab_size=) must be at least 1, got {vocab_size}")
+        scale = dataclasses.replace(scale, vocab_size=vocab_size)
     chosen = select_rows(rows)
     device = resolve_device("auto")
     precision = resolve_precision(precision, device)

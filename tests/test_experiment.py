@@ -154,6 +154,27 @@ def test_table3_refuses_to_mix_settings_and_bad_rows(tmp_path):
     assert bad.returncode == 2 and "unknown Table 3 row 'Z9'" in bad.stderr
 
 
+def test_table3_on_a_small_corpus_of_ones_own_takes_a_vocabulary_that_fits_and_needs_a_dev_split(tmp_path):
+    """Found in review: the tokenizer's advice named --vocab-size, which table3 did not have, and a
+    corpus without a dev split trained the first row and then died dividing by zero."""
+    words = "the a cat dog sees big small river near eats fish bird red blue under bridge house".split()
+    pairs = [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(8)) for i in range(300)]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.tsv").write_text("".join(f"{p}\t{p[::-1]}\n" for p in pairs[:250]))
+    too_big = _table3(tmp_path / "big", "--rows", "base", "--corpus", corpus)
+    assert too_big.returncode == 2 and "no dev split" not in too_big.stderr
+    assert "use a smaller --vocab-size (at most" in too_big.stderr and "Traceback" not in too_big.stderr
+    no_dev = _table3(tmp_path / "no-dev", "--rows", "base", "--corpus", corpus, "--vocab-size", "300")
+    assert no_dev.returncode == 2 and "Traceback" not in no_dev.stderr, no_dev.stderr[-2000:]
+    assert f"{corpus} has none" in no_dev.stderr and not (tmp_path / "no-dev").exists()
+    (corpus / "dev.tsv").write_text("".join(f"{p}\t{p[::-1]}\n" for p in pairs[250:]))
+    done = _table3(tmp_path / "ok", "--rows", "base", "--corpus", corpus, "--vocab-size", "300")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "ok" / "experiment.json").read_text())["vocab_size"] == 300
+    assert json.loads((tmp_path / "ok" / "table3.json").read_text())["rows"]["base"]["config"]["vocab_size"] == 300
+
+
 def test_a_start_that_failed_before_any_work_does_not_bind_its_settings(tmp_path):
     """`--corpus nope` fails after writing the experiment's settings: the folder it made goes
     whole, and settings no row or data was ever made with (left by an older aiayn, say) do not
