@@ -423,6 +423,12 @@ def demo_model(preset_name: str = "small", recipe_name: str = DEMO_RECIPE_NAME) 
     return dataclasses.replace(preset(preset_name), **DEMO_MODEL_CHANGES, **recipe(recipe_name).model)
 
 
+def preset_training(name: str) -> dict:
+    """A Table 3 row's changes to training other than how long it runs (D3's and D4's ε_ls): what
+    a run on a time budget (the demo) takes from `--preset NAME`."""
+    return {field: value for field, value in TRAIN_OVERRIDES.get(name, {}).items() if field not in _RUN_LENGTH}
+
+
 def demo_training(recipe_name: str = DEMO_RECIPE_NAME, **changes) -> TrainConfig:
     """The training config `aiayn demo` uses: DEMO_RECIPE with the recipe's changes, then `changes`."""
     return TrainConfig(**{**DEMO_RECIPE, **recipe(recipe_name).train_changes(DEMO_RECIPE, changes), **changes})
@@ -756,4 +762,4 @@ def check_options(options) -> None:
                          else f"{flag} must be at most {most:,}, got {value}")
 
 
-__all__ = ["ModelConfig", "TrainConfig", "DecodeConfig", "DECODE_PRESETS", "DEMO_AVERAGE_LAST", "DEMO_MODEL_CHANGES", "DEMO_RECIPE", "DEMO_RECIPE_NAME", "demo_model", "demo_training", "Recipe", "RECIPES", "recipe", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]
+__all__ = ["ModelConfig", "TrainConfig", "DecodeConfig", "DECODE_PRESETS", "DEMO_AVERAGE_LAST", "DEMO_MODEL_CHANGES", "DEMO_RECIPE", "DEMO_RECIPE_NAME", "demo_model", "demo_training", "preset_training", "Recipe", "RECIPES", "recipe", "PRESETS", "PAPER_PARAMS_M", "TRAIN_OVERRIDES", "preset"]

@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 import torch
 
 from aiayn import __version__
-from aiayn.config import DEMO_AVERAGE_LAST, DEMO_RECIPE, DecodeConfig, DemoOptions, demo_model, demo_training, recipe
+from aiayn.config import (DEMO_AVERAGE_LAST, DEMO_RECIPE, DecodeConfig, DemoOptions, demo_model, demo_training,
+                          preset_training, recipe)
 from aiayn.device import cpu_kind, matmul_peak_flops, resolve_device, resolve_precision
 from aiayn.evaluate import score
 from aiayn.files import read_json, write_json
@@ -35,17 +36,20 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
     resume = run.has_configs()
     model_config = demo_model(options.preset, options.recipe)
     precision = resolve_precision(options.precision, resolve_device("auto"))
+    changes = preset_training(options.preset)  # D3's and D4's ε_ls, which no model config holds
     if resume:  # the run goes on as it began: its model and recipe, a new budget
-        asked, (model_config, training) = (model_config, precision, options.seed), run.configs()
+        smoothing = demo_training(options.recipe, **changes).label_smoothing
+        asked, (model_config, training) = (model_config, precision, options.seed, smoothing), run.configs()
         if (training.data, training.corpus) != (None, DEMO_RECIPE["corpus"]):  # it would end with no test verses
             raise ValueError(f"{run.path} is a run on {training.data or training.corpus}, not the demo's "
                              f"{DEMO_RECIPE['corpus']}; choose another --out (or aiayn train --resume for that run)")
-        if asked != (model_config, training.precision, training.seed):
+        if asked != (model_config, training.precision, training.seed, training.label_smoothing):
             print(f"aiayn: note: {run.path} goes on with the model, recipe, precision and seed it began with; "
                   f"--preset, --recipe, --precision and --seed apply to a new --out", file=sys.stderr)
         training = dataclasses.replace(training, minutes=options.minutes)
     else:
-        training = demo_training(options.recipe, minutes=options.minutes, precision=precision, seed=options.seed)
+        training = demo_training(options.recipe, minutes=options.minutes, precision=precision, seed=options.seed,
+                                 **changes)
         print(f"recipe {options.recipe}: {recipe(options.recipe).about}")
     trainer, store = train_run(model_config, training, run, resume=resume, resume_hint="rerun the same command to continue")
     model, tokenizer = trainer.model.eval(), trainer.tokenizer

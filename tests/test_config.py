@@ -101,6 +101,20 @@ def test_unknown_preset_lists_the_names():
         preset("huge")
 
 
+@pytest.mark.parametrize("recipe_name", ["fast", "paper"])
+def test_the_demo_of_a_label_smoothing_row_trains_with_its_label_smoothing(recipe_name):
+    """D3 and D4 differ from base only in ε_ls, which no model config holds: `aiayn demo --preset D3`
+    trained base's (found in review). A time-budgeted run takes a row's training but not big's
+    300K steps and 20 checkpoints."""
+    from aiayn.config import demo_training, preset_training
+
+    base = demo_training(recipe_name).label_smoothing
+    assert base == 0.1
+    assert demo_training(recipe_name, **preset_training("D3")).label_smoothing == 0.0
+    assert demo_training(recipe_name, **preset_training("D4")).label_smoothing == 0.2
+    assert preset_training("big") == {} and preset_training("base") == {}
+
+
 def test_the_fast_recipe_trains_a_bf16_copy_only_when_the_run_trains_in_bf16():
     """The fast recipe's `bf16` changes apply in bf16 alone: bf16_weights needs bf16, and an fp32
     run or the paper's recipe keeps autocast's fp32 weights."""
