@@ -549,9 +549,10 @@ class AverageOptions:
     """`aiayn average`: §6.1's mean of a run's last checkpoints, or of those of given steps."""
 
     run_dir: str = _option(help="the run folder", positional=True)
-    last: Optional[int] = _option(None, "how many of the last (default 5: 5 for base, 20 for big)", least=1)
+    last: Optional[int] = _option(None, "how many of the last (default 5; §6.1 averages 5 for base, 20 for big)",
+                                  least=1)
     steps: Optional[list[int]] = _option(None, "the checkpoints of these steps instead, e.g. 98000 99000 100000",
-                                         nargs="+", metavar="STEP")
+                                         nargs="+", metavar="STEP", least=0)
     out: str = _option(help="the model folder to write")
     force: bool = _option(False, "replace an existing --out")
 
@@ -733,6 +734,14 @@ SERVE = ServeOptions(run_dir="")  # the server's defaults, for code that runs it
 _LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*")
 
 
+def _in_bounds(value, meta) -> bool:
+    """Whether `value` is within a field's `least`, `above` and `most` (true for what is no number)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+    least, above, most = meta.get("least"), meta.get("above"), meta.get("most")
+    return (least is None or value >= least) and (above is None or value > above) and (most is None or value <= most)
+
+
 def check_options(options) -> None:
     """A one-line ValueError naming the first field out of its bounds (`least`, `above`,
     `most` metadata; nan and inf fail too), or not a language code (`language`): sentencex
@@ -744,12 +753,11 @@ def check_options(options) -> None:
             raise ValueError("--out is empty: name the folder or file to write")
         if meta.get("language") and value is not None and not _LANGUAGE_CODE.fullmatch(value):
             raise ValueError(f"--{f.name.replace('_', '-')} takes a language code (en, de, pt-BR), got {value!r}")
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, list):  # each number of a list (average --steps): the first out of bounds
+            value = next((v for v in value if not _in_bounds(v, meta)), None)
+        if _in_bounds(value, meta):
             continue
         least, above, most = meta.get("least"), meta.get("above"), meta.get("most")
-        low_ok = (least is None or value >= least) and (above is None or value > above)
-        if low_ok and (most is None or value <= most):
-            continue
         flag = f"--{f.name.replace('_', '-')}"
         most = int(most) if isinstance(most, float) and most.is_integer() else most  # 1e9 as 1,000,000,000
         if least is not None and most is not None:

@@ -36,7 +36,7 @@ from aiayn.corpora import language_name
 from aiayn.files import atomic_dir, atomic_write, output_lock, refuse_to_replace, write_json
 from aiayn.marian import BARRED_LOGIT
 from aiayn.model import Transformer, sinusoidal_positions
-from aiayn.run import languages_of, model_inputs, resolve_model_dir, tokenizer_folder
+from aiayn.run import check_vocabulary, languages_of, model_inputs, resolve_model_dir, tokenizer_folder
 from aiayn.tokenizer import MODEL_FILE, Tokenizer, load_tokenizer
 
 ARGOS_VERSION = "1.9"  # the package format of argostranslate 1.9 and later
@@ -136,6 +136,7 @@ def _write_ct2(model_dir: Path, tokenizer: Tokenizer, out_dir: Path, quantizatio
     """The CTranslate2 model of the model in `model_dir` into the new folder `out_dir`."""
     ctranslate2 = _ctranslate2()
     model = Transformer.load(model_dir).eval()
+    check_vocabulary(tokenizer, model.config)  # found in review: an IndexError, or a model the tokenizer outruns
     spec = transformer_spec(model, [tokenizer.id_to_piece(i) for i in range(model.config.vocab_size)])
 
     class AiaynConverter(ctranslate2.converters.Converter):

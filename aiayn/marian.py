@@ -27,7 +27,7 @@ from aiayn.checkpoint import build_model
 from aiayn.files import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
 from aiayn.config import DECODE_PRESETS, ModelConfig
 from aiayn.model import Transformer
-from aiayn.run import RunDir, model_inputs, resolve_model_dir, tokenizer_folder
+from aiayn.run import RunDir, check_vocabulary, model_inputs, resolve_model_dir, tokenizer_folder
 from aiayn.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
@@ -158,8 +158,8 @@ def import_marian(
                          "models of one shared vocabulary")
     tokenizer = MarianTokenizer.load(hf_dir)
     config = config_from_marian(hf, tokenizer.unk_id)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(f"vocab.json has {tokenizer.vocab_size} tokens, the model {config.vocab_size}")
+    if tokenizer.vocab_size != config.vocab_size:  # found in review: the import then failed to translate
+        raise ValueError(f"vocab.json has {tokenizer.vocab_size} tokens, the model {config.vocab_size} rows; one a token")
 
     weights = _read_weights(hf_dir)
 
@@ -313,6 +313,7 @@ def export_marian(
     config = model.config
     hf = marian_config(config)
     tokenizer = load_tokenizer(tokenizer_dir)
+    check_vocabulary(tokenizer, config)  # found in review: <pad> went to a real row of a larger model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if config.positional == "sinusoidal":
         state = _permute_residual_stream(state, _concat_order(config.d_model))

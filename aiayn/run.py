@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +43,7 @@ PLOT = "loss.png"
 DATA = "data"
 CHECKPOINTS = "checkpoints"
 STEP = "step_{:08d}"
+_STEP_NAME = re.compile(r"step_(\d{8,})")
 FINAL = "model"
 AVERAGED = "averaged"
 ATTENTION = "attention"
@@ -94,11 +96,13 @@ class RunDir:
     # -- checkpoints ------------------------------------------------------------------------
 
     def checkpoints(self) -> list[Path]:
-        """The finished checkpoints, oldest first (unfinished ones are hidden temporary folders)."""
+        """The finished checkpoints, oldest first (unfinished ones are hidden temporary folders).
+        Only names that are a step (step_N), by step: a user's copy beside them (step_N.best,
+        found in review) is no checkpoint, so neither averaged, nor resumed from, nor pruned."""
         if not self.checkpoint_root.is_dir():
             return []
-        prefix = STEP.split("{")[0]
-        return sorted(p for p in self.checkpoint_root.iterdir() if p.is_dir() and p.name.startswith(prefix))
+        steps = {p: int(match[1]) for p in self.checkpoint_root.iterdir() if (match := _STEP_NAME.fullmatch(p.name))}
+        return sorted((p for p in steps if p.is_dir()), key=steps.get)
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoint_root / STEP.format(step)
@@ -294,9 +298,15 @@ def load_for_inference(path: PathLike, device: Union[str, torch.device] = "cpu")
     model_dir = resolve_model_dir(path)
     model = Transformer.load(model_dir, device).eval()
     tokenizer = load_tokenizer(tokenizer_folder(model_dir, path))
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.config.vocab_size}")
+    check_vocabulary(tokenizer, model.config)
     return model, tokenizer
+
+
+def check_vocabulary(tokenizer, config: ModelConfig) -> None:
+    """A model has one embedding row per token of its tokenizer: a model of more rows would pad with
+    a real token in an export, one of fewer would be handed ids it has no row for."""
+    if tokenizer.vocab_size != config.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {config.vocab_size}")
 
 
 def average_checkpoints(directories: list[Path], out: PathLike, force: bool = False) -> None:
@@ -307,7 +317,9 @@ def average_checkpoints(directories: list[Path], out: PathLike, force: bool = Fa
     if not directories:  # was an IndexError
         raise ValueError("average_checkpoints needs at least one checkpoint folder")
     architecture, config = read_config(directories[-1])
-    cls = getattr(models, architecture)
+    cls = {c.__name__: c for c in (models.Transformer, models.EncoderModel, models.DecoderModel)}.get(architecture)
+    if cls is None:  # found in review: any name in aiayn.model was looked up (an AttributeError)
+        raise ValueError(f"{directories[-1]} holds a {architecture!r}, not a Transformer, EncoderModel or DecoderModel")
     total: dict[str, torch.Tensor] = {}
     for directory in directories:
         if read_config(directory) != (architecture, config):

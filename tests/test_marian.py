@@ -7,6 +7,7 @@ length normalisation (aiayn α = 0, HF length_penalty = 0), since aiayn divides 
 """
 
 import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -350,3 +351,27 @@ def test_fine_tune_an_imported_model(imported, tmp_path):
     before, after = model.state_dict(), tuned.state_dict()
     change = max((after[k] - before[k]).abs().max().item() for k in before)
     assert 0 < change < 0.05  # two small steps away from the imported weights, not a fresh model
+
+
+def test_a_model_and_tokenizer_of_other_sizes_are_refused_by_every_export_and_by_import(hf_dir, tmp_path):
+    """Found in review: export-ct2 raised an IndexError for a model of more rows than its tokenizer
+    has pieces and wrote one of fewer; export-hf padded with a real token; import-hf took a
+    vocab.json smaller than the model, which `aiayn translate` then refused."""
+    from aiayn.ct2 import export_ct2
+
+    for rows in (304, 296):
+        folder = tmp_path / f"rows-{rows}"
+        folder.mkdir()
+        Tokenizer.train(TEXT, 300, folder)
+        Transformer(ModelConfig(vocab_size=rows, d_model=16, n_heads=4, d_ff=32, n_layers=1)).save(folder)
+        with pytest.raises(ValueError, match=f"the tokenizer has 300 tokens, the model {rows}"):
+            export_marian(folder, tmp_path / f"hf-{rows}", echo=lambda _: None)
+        if importlib.util.find_spec("ctranslate2") is not None:  # the `marian` extra
+            with pytest.raises(ValueError, match=f"the tokenizer has 300 tokens, the model {rows}"):
+                export_ct2(folder, tmp_path / f"ct2-{rows}", echo=lambda _: None)
+        assert not (tmp_path / f"hf-{rows}").exists() and not (tmp_path / f"ct2-{rows}").exists()
+    rows = json.loads((hf_dir / "config.json").read_text())["vocab_size"] + 4
+    larger = copy_with_config(hf_dir, tmp_path / "larger", vocab_size=rows, decoder_vocab_size=rows)
+    with pytest.raises(ValueError, match=f"the model {rows} rows; one a token"):
+        import_marian(larger, tmp_path / "out", echo=lambda _: None)
+    assert not (tmp_path / "out").exists()

@@ -488,6 +488,24 @@ def test_average_is_the_mean_of_the_last_checkpoints(tmp_path, corpus_tsv):
         torch.testing.assert_close(value, (last_two[0][name] + last_two[1][name]) / 2)
     assert (tmp_path / "avg" / "tokenizer.model").exists()
 
+    def average(*argv):
+        return subprocess.run([sys.executable, "-m", "aiayn", "average", str(tmp_path / "run"), *argv],
+                              capture_output=True, text=True, timeout=120)
+
+    # Found in review: a user's copy named step_N.best was the newest checkpoint (and pruned as one).
+    kept = RunDir(tmp_path / "run").checkpoints()
+    shutil.copytree(kept[-1], kept[-1].with_name(kept[-1].name + ".best"))
+    assert RunDir(tmp_path / "run").checkpoints() == kept
+    again = average("--last", "2", "--out", str(tmp_path / "avg2"))
+    assert again.returncode == 0 and ".best" not in again.stdout, again.stderr
+    assert load_file(str(tmp_path / "avg2" / "model.safetensors")).keys() == mean.keys()
+    negative = average("--steps", "-2", "--out", str(tmp_path / "avg3"))
+    assert (negative.returncode, negative.stderr) == (2, "aiayn: error: --steps must be at least 0, got -2\n")
+    config = kept[-1] / "config.json"  # found in review: an unknown architecture was an AttributeError
+    config.write_text(json.dumps({**json.loads(config.read_text()), "architecture": "Encoder"}))
+    foreign = average("--last", "1", "--out", str(tmp_path / "avg4"))
+    assert foreign.returncode == 2 and "holds a 'Encoder', not a Transformer" in foreign.stderr, foreign.stderr
+
 
 @pytest.mark.bf16
 def test_a_recipe_changes_what_no_option_sets_and_a_resumed_run_keeps_its_own(tmp_path, corpus_tsv):
