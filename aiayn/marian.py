@@ -291,7 +291,7 @@ def _with_pad_row(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     rows = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
             "lm_head.weight", "final_logits_bias")
     out = dict(weights)
-    for name in rows:
+    for name in (name for name in rows if name in weights):
         tensor = weights[name]
         if name == "final_logits_bias":  # (1, V)
             out[name] = torch.cat([tensor, tensor.new_zeros(1, 1)], dim=1)
@@ -319,7 +319,8 @@ def export_marian(
         state = _permute_residual_stream(state, _concat_order(config.d_model))
     embed = state["encoder.embed.lookup.weight"]
     weights = {theirs: state[ours].contiguous() for ours, theirs in _pairs(config)}
-    weights["model.shared.weight"] = embed.clone()
+    if config.share_embeddings:  # an unshared Marian has no shared table (found in review: transformers' UNEXPECTED)
+        weights["model.shared.weight"] = embed.clone()
     weights["model.encoder.embed_tokens.weight"] = embed.clone()
     weights["model.decoder.embed_tokens.weight"] = state["decoder.embed.lookup.weight"].clone()
     weights["lm_head.weight"] = (
@@ -359,9 +360,11 @@ def export_marian(
     if config.layer_norm_eps != HF_LAYER_NORM_EPS:
         echo(f"note: Marian's LayerNorm eps is {HF_LAYER_NORM_EPS:g}, this model's {config.layer_norm_eps:g}: "
              "outputs differ in the last digits")
-    if not zero_start:
+    if not zero_start:  # with BOS = pad, a pad row that training moved (found in review: the advice was to do so)
         echo("note: CTranslate2 starts a Marian decoder from a zero vector; this model starts from BOS's "
              "learned embedding, so CTranslate2's output will differ from aiayn's and HF's "
-             "(train with --bos-id equal to --pad-id, as Marian does, to deploy there)")
+             + ("(its BOS is the pad token, but that row is not zero: retrain with today's aiayn, which keeps it "
+                "zero)" if config.bos_id == config.pad_id else
+                "(train with --bos-id equal to --pad-id, as Marian does, to deploy there)"))
     echo(f"exported {model_dir} -> {out_dir} (HF MarianMTModel folder)")
     return out_dir

@@ -160,11 +160,14 @@ def test_export_of_an_import_gives_hf_the_same_logits(hf_dir, imported, tmp_path
     torch.testing.assert_close(exported, original, atol=1e-4, rtol=1e-4)
 
 
-def test_export_of_a_native_model_is_exact(tmp_path):
+@pytest.mark.parametrize("share", [True, False])
+def test_export_of_a_native_model_is_exact(tmp_path, share):
     """A model trained with aiayn (interleaved sinusoids, its own tokenizer) exports exactly: the
-    residual stream is re-indexed so that Marian's [sin | cos] positions fit (aiayn.marian)."""
+    residual stream is re-indexed so that Marian's [sin | cos] positions fit (aiayn.marian). Unshared
+    embeddings export without Marian's shared table, which transformers would call unexpected."""
     tokenizer = Tokenizer.train(TEXT, 300, tmp_path / "model")
-    config = ModelConfig(vocab_size=300, d_model=16, n_heads=4, d_ff=32, n_layers=2, layer_norm_eps=1e-5, dropout=0.0)
+    config = ModelConfig(vocab_size=300, d_model=16, n_heads=4, d_ff=32, n_layers=2, layer_norm_eps=1e-5, dropout=0.0,
+                         share_embeddings=share, tie_output=share)
     torch.manual_seed(0)
     model = Transformer(config).eval()
     model.save(tmp_path / "model")
@@ -175,7 +178,9 @@ def test_export_of_a_native_model_is_exact(tmp_path):
     tgt = torch.tensor([[1] + tokenizer.encode("a dog")])
     with torch.no_grad():
         expected = model(src, tgt)
-        got = hf_model(tmp_path / "hf")(input_ids=src, decoder_input_ids=tgt).logits
+        theirs, loading = transformers.MarianMTModel.from_pretrained(tmp_path / "hf", output_loading_info=True)
+        got = theirs.eval()(input_ids=src, decoder_input_ids=tgt).logits
+    assert not loading["unexpected_keys"] and not loading["missing_keys"], loading
     # The export's one extra row is Marian's <pad>, which CTranslate2 drops (aiayn.marian); aiayn's
     # own pad, which CTranslate2 keeps, is barred by the logits bias as aiayn's search bars it.
     assert got.size(-1) == config.vocab_size + 1
