@@ -357,14 +357,22 @@ def export_marian(
         write_json(folder / "tokenizer_config.json", {"tokenizer_class": "MarianTokenizer", "model_max_length": config.max_len})
 
     atomic_dir(out_dir, build, force)
-    if config.layer_norm_eps != HF_LAYER_NORM_EPS:
-        echo(f"note: Marian's LayerNorm eps is {HF_LAYER_NORM_EPS:g}, this model's {config.layer_norm_eps:g}: "
-             "outputs differ in the last digits")
-    if not zero_start:  # with BOS = pad, a pad row that training moved (found in review: the advice was to do so)
-        echo("note: CTranslate2 starts a Marian decoder from a zero vector; this model starts from BOS's "
-             "learned embedding, so CTranslate2's output will differ from aiayn's and HF's "
-             + ("(its BOS is the pad token, but that row is not zero: retrain with today's aiayn, which keeps it "
-                "zero)" if config.bos_id == config.pad_id else
-                "(train with --bos-id equal to --pad-id, as Marian does, to deploy there)"))
+    for note in _export_notes(config, zero_start):
+        echo(note)
     echo(f"exported {model_dir} -> {out_dir} (HF MarianMTModel folder)")
     return out_dir
+
+
+def _export_notes(config: ModelConfig, zero_start: bool) -> list[str]:
+    """What an exported model computes otherwise in Marian's runtimes than in aiayn."""
+    notes = []
+    if config.layer_norm_eps != HF_LAYER_NORM_EPS:
+        notes.append(f"note: Marian's LayerNorm eps is {HF_LAYER_NORM_EPS:g}, this model's {config.layer_norm_eps:g}: "
+                     "outputs differ in the last digits")
+    if not zero_start:  # with BOS = pad, a pad row that training moved (found in review: the advice was to do so)
+        notes.append("note: CTranslate2 starts a Marian decoder from a zero vector; this model starts from BOS's "
+                     "learned embedding, so CTranslate2's output will differ from aiayn's and HF's " +
+                     ("(its BOS is the pad token, but that row is not zero: retrain with today's aiayn, which keeps "
+                      "it zero)" if config.bos_id == config.pad_id else
+                      "(train with --bos-id equal to --pad-id, as Marian does, to deploy there)"))
+    return notes
