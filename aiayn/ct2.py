@@ -189,17 +189,22 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     model_dir, out_file = resolve_model_dir(model_path), Path(out_file)
     refuse_to_replace(out_file, force, inputs=model_inputs(model_path), folder=False)
     with output_lock(out_file):  # one writer: two packages into one file both said "wrote" (found in review)
-        source, target = _write_argos(model_path, model_dir, out_file, source_lang, target_lang, force)
+        source, target, byte_pieces = _write_argos(model_path, model_dir, out_file, source_lang, target_lang, force)
     # argospm installs only by name from the online index; a file goes through the package API.
     path = json.dumps(str(out_file), ensure_ascii=False)  # a Python string, inside the shell's quotes
     install = f"import argostranslate.package; argostranslate.package.install_from_path({path})"
     echo(f"wrote {out_file} (Argos Translate package {source} → {target}); install it with: python -c {shlex.quote(install)}")
+    if byte_pieces:  # argostranslate joins the output pieces as text (found in review)
+        echo("note: Argos Translate writes the output's pieces out as they are named, so a character this "
+             "vocabulary spells in bytes (SentencePiece's byte fallback, for characters its training text "
+             "lacked) comes out of LibreTranslate as <0xNN>; aiayn serve decodes them")
     return out_file
 
 
 def _write_argos(model_path: Union[str, Path], model_dir: Path, out_file: Path, source_lang: Optional[str],
-                 target_lang: Optional[str], force: bool) -> tuple[str, str]:
-    """`export_argos`'s work, under the output's lock; returns the package's two languages."""
+                 target_lang: Optional[str], force: bool) -> tuple[str, str, bool]:
+    """`export_argos`'s work, under the output's lock; returns the package's two languages, and
+    whether its vocabulary has byte pieces."""
     source, target = languages_of(model_path)
     source, target = source_lang or source, target_lang or target
     if not source or not target:
@@ -225,4 +230,4 @@ def _write_argos(model_path: Union[str, Path], model_dir: Path, out_file: Path, 
 
         refuse_to_replace(out_file, force, folder=False)  # made meanwhile by a writer that takes no lock
         atomic_write(out_file, write)
-    return source, target
+    return source, target, tokenizer.piece_to_id("<0xFF>") != tokenizer.unk_id
