@@ -7,7 +7,8 @@ of the training split together; the model is one file, `tokenizer.model`, saved 
 Special ids match `ModelConfig`'s defaults: pad 0, bos 1, eos 2, unk 3. Byte fallback is on, so a
 character never seen in training (Chinese, an emoji) is spelt as its UTF-8 bytes instead of
 becoming <unk>. Text is not Unicode-normalised, so every string without leading, trailing or
-repeated spaces survives encode -> decode unchanged.
+repeated spaces survives encode -> decode unchanged, but for SentencePiece's own space mark, U+2581
+(▁), which decodes as a space (found in review).
 """
 
 from __future__ import annotations
