@@ -28,16 +28,25 @@ _WMT14 = {f"wmt14-{a}-{b}": (a, b) for a, b in [("de", "en"), ("en", "de"), ("fr
 _SPLIT_ALIASES = {"train": ("train",), "dev": ("dev", "valid", "validation"), "test": ("test",)}
 
 # ISO 639-1 names of the languages a model here is likely to translate (LibreTranslate's names).
-LANGUAGE_NAMES = {
-    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English", "es": "Spanish",
-    "fi": "Finnish", "fr": "French", "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian", "it": "Italian",
-    "ja": "Japanese", "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
-    "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+LANGUAGE_NAMES = {  # the languages LibreTranslate's Argos packages cover, and a few more
+    "ar": "Arabic", "az": "Azerbaijani", "bg": "Bulgarian", "bn": "Bengali", "ca": "Catalan", "cs": "Czech",
+    "da": "Danish", "de": "German", "el": "Greek", "en": "English", "eo": "Esperanto", "es": "Spanish",
+    "et": "Estonian", "eu": "Basque", "fa": "Persian", "fi": "Finnish", "fr": "French", "ga": "Irish",
+    "gl": "Galician", "he": "Hebrew", "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian", "it": "Italian",
+    "ja": "Japanese", "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "ms": "Malay", "nb": "Norwegian Bokmål",
+    "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak",
+    "sl": "Slovenian", "sq": "Albanian", "sv": "Swedish", "th": "Thai", "tl": "Tagalog", "tr": "Turkish",
+    "uk": "Ukrainian", "ur": "Urdu", "vi": "Vietnamese", "zh": "Chinese",
 }
 
 
 def language_name(code: str) -> str:
-    return LANGUAGE_NAMES.get(code, code)
+    """A language's English name; with a script or region (pt-BR, zh_Hant), its language's name
+    and the code; a code the table lacks, as it is."""
+    if code in LANGUAGE_NAMES:
+        return LANGUAGE_NAMES[code]
+    language = code.replace("_", "-").split("-")[0]
+    return f"{LANGUAGE_NAMES[language]} ({code})" if language in LANGUAGE_NAMES else code
 
 
 Pair = tuple[str, str]

@@ -437,3 +437,12 @@ def test_shards_partition_the_epoch(world_size):
     assert interleaved[len(whole):] == whole[: len(interleaved) - len(whole)]
     with pytest.raises(ValueError, match="0 <= rank < world_size"):
         make_stream(pairs, shard=(2, 2))
+
+
+def test_language_names_cover_libretranslates_languages_and_say_a_region():
+    """What /languages and an Argos package's metadata call a language (found in review: eu and
+    pt-BR were named by their codes)."""
+    from aiayn.corpora import language_name
+
+    assert [language_name(code) for code in ("en", "eu", "pt-BR", "zh_Hant", "xx")] == [
+        "English", "Basque", "Portuguese (pt-BR)", "Chinese (zh_Hant)", "xx"]
