@@ -1099,10 +1099,12 @@ def test_import_hf_of_a_bad_folder(tmp_path, model_dir, capsys):
     config = (hf / "config.json").read_text()
     (hf / "config.json").write_text('{"model_type": "marian"}')
     one_line_error(*cli(capsys, "import-hf", hf, tmp_path / "a")[::2], "config.json lacks d_model")
-    for absurd in ({"d_model": 10**6, "encoder_ffn_dim": 10**6, "decoder_ffn_dim": 10**6}, {"vocab_size": 10**12}):
+    for absurd, said in (({"d_model": 10**6, "encoder_ffn_dim": 10**6, "decoder_ffn_dim": 10**6},
+                          ("GiB for its weights alone", "available")),
+                         ({"vocab_size": 10**12}, ("vocab.json has 301 tokens, the model 1000000000000 rows",))):
         (hf / "config.json").write_text(json.dumps({**json.loads(config), **absurd}))
         start = time.monotonic()
-        one_line_error(*cli(capsys, "import-hf", hf, tmp_path / "a")[::2], "GiB for its weights alone", "available")
+        one_line_error(*cli(capsys, "import-hf", hf, tmp_path / "a")[::2], *said)
         assert time.monotonic() - start < 60 and not (tmp_path / "a").exists()  # refused, not allocated
     (hf / "config.json").write_text(config)
 
