@@ -57,10 +57,16 @@ class Tokenizer:
                 f"for every distinct character of the training text, so more than {MIN_VOCAB_SIZE - 1} (a few "
                 "hundred for most texts; from 261 on the error names the exact minimum)"
             )
+        texts = list(texts)
+        # SentencePiece leaves out, without a word, every sentence longer than max_sentence_length
+        # bytes (4,192 by default; found in review: a corpus of paragraphs got a vocabulary that
+        # never saw them): the longest here sets it.
+        longest = max((len(text.encode("utf-8")) for text in texts), default=0)
         proto = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
                 sentence_iterator=iter(texts),
+                max_sentence_length=max(longest + 1, 4192),
                 model_writer=proto,
                 model_type="bpe",
                 vocab_size=vocab_size,

@@ -113,3 +113,13 @@ def test_impossible_vocabulary_sizes_are_clear_errors(tmp_path, texts, vocab_siz
     with pytest.raises(ValueError, match=message):
         Tokenizer.train(texts, vocab_size, tmp_path)
     assert not (tmp_path / MODEL_FILE).exists()
+
+
+def test_sentences_longer_than_sentencepieces_default_limit_are_learned(tmp_path):
+    """SentencePiece leaves out sentences over 4,192 bytes unless told otherwise (found in review:
+    a corpus of long paragraphs got a vocabulary that spelled them in bytes)."""
+    short = [f"the small cat sees a big dog near the river {i}" for i in range(200)]
+    paragraph = " ".join(["жук щит мир дом кот"] * 400)  # 14,000 bytes
+    assert len(paragraph.encode("utf-8")) > 4192
+    tokenizer = Tokenizer.train(short + [paragraph] * 20, 400, tmp_path)
+    assert [tokenizer.id_to_piece(i) for i in tokenizer.encode("жук щит")] == ["▁жук", "▁щит"]
