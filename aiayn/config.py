@@ -751,6 +751,8 @@ def check_options(options) -> None:
         value, meta = getattr(options, f.name), f.metadata
         if f.name == "out" and value == "":  # would be the current folder (found in review)
             raise ValueError("--out is empty: name the folder or file to write")
+        if f.name == "corpus" and value == "":  # was read as the current folder (found in review)
+            raise ValueError("--corpus is empty: name a corpus, or its file or folder")
         if meta.get("language") and value is not None and not _LANGUAGE_CODE.fullmatch(value):
             raise ValueError(f"--{f.name.replace('_', '-')} takes a language code (en, de, pt-BR), got {value!r}")
         if isinstance(value, list):  # each number of a list (average --steps): the first out of bounds

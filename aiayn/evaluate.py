@@ -191,6 +191,8 @@ def _read_trees(path: Optional[str]) -> list:
 def score_files(options, echo=print) -> None:
     """`aiayn score`: sacreBLEU's BLEU and chrF with their signatures, and the paper's BLEU, of a
     hypothesis file against a reference file; with `parse`, EVALB's bracket scores of trees."""
+    if options.ref in (None, "-") and options.hyp in (None, "-"):  # the second read found stdin closed (found in review)
+        raise ValueError("--ref and --hyp are both stdin: give at least one of them as a file")
     if options.parse:
         from aiayn.parsing import evalb
 

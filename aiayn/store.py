@@ -283,6 +283,10 @@ def preprocess(
             if info["dropped_empty"] or info["dropped_long"]:
                 echo(f"{name}: left out {info['dropped_empty']:,} pairs with an empty side and {info['dropped_long']:,} "
                      f"longer than max_sentence_tokens={max_sentence_tokens}")
+        if "train" in splits and not splits["train"]["pairs"]:  # found in review: a folder no run could train on
+            raise ValueError(f"no training pair is left: {splits['train']['dropped_long']:,} were longer than "
+                             f"--max-sentence-tokens {max_sentence_tokens} and {splits['train']['dropped_empty']:,} "
+                             "had an empty side; raise --max-sentence-tokens")
         manifest = {
             "format": FORMAT,
             "corpus": spec or stream.name,

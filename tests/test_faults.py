@@ -1013,6 +1013,8 @@ def test_score_of_empty_files_and_an_unknown_language(tmp_path, capsys):
                    "holds no trees")
     one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "tree", "--hyp", tmp_path / "open")[::2],
                    f"{tmp_path / 'open'}: ")
+    for parse in ((), ("--parse",)):  # found in review: "I/O operation on closed file"
+        one_line_error(*cli(capsys, "score", *parse, "--ref", "-")[::2], "--ref and --hyp are both stdin")
 
 
 def test_score_parse_reads_the_hypothesis_trees_from_stdin(tmp_path, capsys, monkeypatch):

@@ -307,3 +307,22 @@ def test_fine_tuning_from_data_needs_the_data_encoded_with_the_models_tokenizer(
     code, out, err = cli(capsys, "train", "--data", tmp_path / "data", "--out", tmp_path / "run", *common)
     assert code == 0, err
     assert (tmp_path / "run" / "model" / "tokenizer.model").read_bytes() == (model / "tokenizer.model").read_bytes()
+
+
+def test_preprocess_refuses_inputs_that_would_leave_an_unusable_folder(tmp_path, corpus_dir, capsys):
+    """Found in review: a --max-sentence-tokens that left no training pair wrote a folder and exited
+    0; --src-lang bin wrote the dev text over dev.bin; --corpus "" was read as the current folder.
+    Each is one line, and nothing is written."""
+    out = tmp_path / "data"
+    base = ["preprocess", "--corpus", corpus_dir, "--out", out, "--vocab-size", "300"]
+    one_line_error(*cli(capsys, *base, "--max-sentence-tokens", "1")[::2], "no training pair is left",
+                   "raise --max-sentence-tokens")
+    tsv = tmp_path / "tsv"  # a TSV folder's languages are only labels: they name the text files written
+    tsv.mkdir()
+    for split, pairs in (("train", toy_pairs(50)), ("dev", toy_pairs(5, 1))):
+        (tsv / f"{split}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    labelled = ["preprocess", "--corpus", tsv, "--out", out, "--vocab-size", "300", "--tgt-lang", "de"]
+    one_line_error(*cli(capsys, *labelled, "--src-lang", "bin")[::2], "'bin' cannot name a language's files")
+    one_line_error(*cli(capsys, *labelled, "--src-lang", "../x")[::2], "'../x' cannot name a language's files")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", "", "--out", out)[::2], "--corpus is empty")
+    assert not out.exists()
