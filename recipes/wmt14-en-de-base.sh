@@ -31,14 +31,23 @@ if (( 8 % GPUS != 0 )); then
 fi
 ACCUMULATE=$(( 8 / GPUS ))
 
-aiayn preprocess --corpus "$CORPUS" --src-lang en --tgt-lang de --out "$WORK/data" --vocab-size "$VOCAB_SIZE"
+# Rerun the same command after an interruption (or with a larger STEPS): the data made once is
+# kept, training resumes from its last checkpoint, and the average and the test translation, which
+# follow from the run, are made anew.
+if [[ -f "$WORK/data/manifest.json" ]]; then
+    echo "data: $WORK/data, made before"
+else
+    aiayn preprocess --corpus "$CORPUS" --src-lang en --tgt-lang de --out "$WORK/data" --vocab-size "$VOCAB_SIZE"
+fi
 
+RESUME=()
+if [[ -f "$WORK/run/train_config.json" ]]; then RESUME=(--resume); fi
 # shellcheck disable=SC2086  # MODEL and TORCHRUN are lists of arguments
 $TORCHRUN --nproc-per-node "$GPUS" -m aiayn train --data "$WORK/data" --out "$WORK/run" $MODEL \
     --max-tokens "$MAX_TOKENS" --accumulate "$ACCUMULATE" --max-steps "$STEPS" \
-    --save-every "$SAVE_EVERY" --keep-last 5 --precision "$PRECISION"
+    --save-every "$SAVE_EVERY" --keep-last 5 --precision "$PRECISION" ${RESUME[@]+"${RESUME[@]}"}
 
-aiayn average "$WORK/run" --last 5 --out "$WORK/averaged"
+aiayn average "$WORK/run" --last 5 --out "$WORK/averaged" --force
 aiayn translate "$WORK/averaged" --input "$WORK/data/test.en" --output "$WORK/test.hyp.de" \
-    --beam 4 --alpha 0.6 --precision "$PRECISION"
+    --beam 4 --alpha 0.6 --precision "$PRECISION" --force
 aiayn score --ref "$WORK/data/test.de" --hyp "$WORK/test.hyp.de" --lang de

@@ -183,6 +183,17 @@ def test_the_wmt14_recipe_runs_end_to_end(tmp_path, device):
     last = ", ".join(f"step_{step:08d}" for step in range(steps - 4 * every, steps + 1, every))
     assert f"averaged {last} into {work / 'averaged'}" in done.stdout, done.stdout
     assert (work / "test.hyp.de").read_text(encoding="utf-8").count("\n") == 20
+    # The same command again, 2 steps longer (found in review: a rerun stopped at the data it had
+    # made, and train without --resume refused the run): the data is kept, the run resumes.
+    more = {**env, "STEPS": str(steps + 2 * every)}
+    again = subprocess.run(["bash", str(REPO / "recipes" / "wmt14-en-de-base.sh")], capture_output=True, text=True,
+                           timeout=400, env=more)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert f"data: {work / 'data'}, made before" in again.stdout and "resumed from" in again.stdout, again.stdout
+    records = [json.loads(line) for line in (work / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r for r in records if r["split"] == "train"][-1]["step"] == steps + 2 * every
+    assert f"step_{steps + 2 * every:08d} into {work / 'averaged'}" in again.stdout
+    assert (work / "test.hyp.de").read_text(encoding="utf-8").count("\n") == 20
     assert "sacreBLEU" in done.stdout and "paper protocol" in done.stdout.lower()
 
 
