@@ -52,7 +52,10 @@ def prepare_data(
         try:  # a rank-0 error must reach the others, or they wait at the barrier forever
             if not recipe.data:
                 _preprocess_for_run(model_config, recipe, run, echo)
-            _give_run_the_tokenizer(load_store(data_dir), recipe, run, echo)
+            store = load_store(data_dir)
+            if not has_tokenizer(run.path):  # a new run is refused before it gets one (found in review: the
+                _check_data_settings(store, model_config, recipe)  # tokenizer left made it look like a run)
+            _give_run_the_tokenizer(store, recipe, run, echo)
         except (ValueError, OSError, ImportError) as error:
             failure = error
     if world > 1:

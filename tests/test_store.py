@@ -143,8 +143,10 @@ def test_bad_data_folders_get_one_line_errors(tmp_path, data_dir, capsys):
     one_line_error(*cli(capsys, *argv)[::2], "--corpus or --data")
     argv = ["train", "--data", data_dir, "--vocab-size", "500", "--out", tmp_path / "run", "--preset", "tiny"]
     one_line_error(*cli(capsys, *argv)[::2], "has 300 tokens", "--vocab-size 300")
+    assert not (tmp_path / "run").exists()  # found in review: left with the data's tokenizer, taken for a run
     argv = ["train", "--data", data_dir, "--tgt-lang", "fr", "--out", tmp_path / "run", "--preset", "tiny"]
     one_line_error(*cli(capsys, *argv)[::2], "de as its target language, not fr")
+    assert not (tmp_path / "run").exists()
     one_line_error(*cli(capsys, "preprocess", "--corpus", "no/such/corpus", "--out", tmp_path / "d")[::2],
                    "no such corpus file or folder: no/such/corpus")
     one_line_error(*cli(capsys, "preprocess", "--corpus", "bible-en-es", "--out", data_dir)[::2], "already exists", "--force")
