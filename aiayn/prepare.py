@@ -67,6 +67,10 @@ def prepare_data(
         raise failure
     store = load_store(data_dir)
     _check_data_settings(store, model_config, recipe)
+    # Said, not silent (found in review): the run records the larger limit it was given.
+    if recipe.max_sentence_tokens > (made := store.manifest.get("max_sentence_tokens") or recipe.max_sentence_tokens):
+        echo(f"note: {store.folder} was made with --max-sentence-tokens {made}: the longer pairs are not in it, so "
+             f"{recipe.max_sentence_tokens} keeps no more of them")
     tokenizer = load_tokenizer(run.path)
     kept, dev_text = {}, []
     for name in ("train", "dev"):

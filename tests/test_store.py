@@ -213,6 +213,7 @@ def test_a_resumed_run_refuses_data_of_another_tokenizer(tmp_path, data_dir, cor
     dev = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r.get("split") == "dev"]
     assert len(dev) == 1 and 0 <= dev[0]["bleu"] <= 100 and 0 <= dev[0]["chrf"] <= 100  # greedy outputs of 20 dev pairs
     assert f"chrf {dev[0]['chrf']:.3f}" in out  # the validation line says what the log holds
+    assert f"{data_dir} was made with --max-sentence-tokens 64: the longer pairs are not in it, so 256" in out
     code, out, _ = cli(capsys, "train", "--data", data_dir, "--max-steps", "2", "--resume", *common)
     assert code == 0 and "done at step 2" in out and "(no step taken: --max-steps or --minutes" in out
     other = tmp_path / "other"
