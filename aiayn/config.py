@@ -304,8 +304,10 @@ def _variation(**changes) -> ModelConfig:
 BASE = ModelConfig()
 
 # name -> (config, the paper's parameter count in millions where Table 3 prints one).
-# Rows A and D to E change nothing that holds parameters; Table 3 leaves their cell empty
-# (the base model's 65M applies).
+# Rows A and D change nothing that holds parameters; Table 3 leaves their cells empty (the base
+# model's 65M applies), and row E's too, though its learned positions add a max_len × d_model
+# table to the encoder and one to the decoder (1.05M at 1,024 × 512: `aiayn info --preset E`;
+# found in review).
 _TABLE3: dict[str, tuple[ModelConfig, Optional[float]]] = {
     "base": (BASE, 65),
     "big": (_variation(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3), 213),
