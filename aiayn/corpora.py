@@ -400,8 +400,10 @@ def stream_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_l
         split = "train" if path.is_file() else next((s for s, names in _SPLIT_ALIASES.items() if prefix in names), None)
         if split is not None:
             files.setdefault(split, []).append(file)
-    if "train" not in files:
-        raise FileNotFoundError(f"{path} holds no train*.parquet file")
+    if "train" not in files:  # named by the word before the first - . or _ (found in review: training-0.parquet)
+        found = ", ".join(file.name for file in sorted(path.glob("*.parquet"))[:3]) if path.is_dir() else ""
+        raise FileNotFoundError(f"{path} holds no train.parquet or train-*.parquet file (the splits' files begin with "
+                                f"train, validation or dev, and test){f'; it has {found}' if found else ''}")
 
     def opened(file: Path):
         try:
@@ -436,9 +438,11 @@ def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional
     """A corpus from Arrow arrays of the `translation` struct: `arrays[split]()` yields them,
     `types[split]` is their struct type. Every split must have the same languages; a missing
     direction is completed when the data has just two."""
+    import pyarrow  # (present: the caller read Arrow data)
+
     languages = {}
     for split, kind in types.items():
-        if not hasattr(kind, "num_fields"):
+        if not pyarrow.types.is_struct(kind):  # a list has fields too (found in review)
             raise ValueError(f"the translation column of the {split} split is not a struct of languages")
         languages[split] = sorted(kind.field(i).name for i in range(kind.num_fields))
     train_languages = languages.get("train", [])

@@ -279,6 +279,16 @@ def test_wmt14_parquet_files_load_in_either_direction_and_disagreeing_splits_are
     pq.write_table(pa.Table.from_pylist(rows), folder / "test-00000-of-00001.parquet")
     one_line_error(*cli(capsys, "preprocess", "--corpus", folder, "--src-lang", "en", "--out", tmp_path / "d")[::2],
                    "'de' values of the test split", "int64, not text")
+    # Found in review: a list column was read as a struct of languages named "element", and a
+    # folder of training-*.parquet said it held no train*.parquet file.
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    pq.write_table(pa.Table.from_pylist([{"translation": ["seven", "sieben"]}]), listed / "train.parquet")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", listed, "--out", tmp_path / "d")[::2],
+                   "the translation column of the train split is not a struct of languages")
+    (listed / "train.parquet").rename(listed / "training-00000.parquet")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", listed, "--out", tmp_path / "d")[::2],
+                   "holds no train.parquet or train-*.parquet file", "it has training-00000.parquet")
 
 
 def test_a_run_from_before_run_dir_data_resumes_with_its_own_tokenizer(tmp_path, corpus_dir, capsys):
