@@ -425,6 +425,9 @@ def demo_model(preset_name: str = "small", recipe_name: str = DEMO_RECIPE_NAME) 
     return dataclasses.replace(preset(preset_name), **DEMO_MODEL_CHANGES, **recipe(recipe_name).model)
 
 
+_RUN_LENGTH = ("max_steps", "keep_last")  # how long a run trains and what it keeps: each run's own
+
+
 def preset_training(name: str) -> dict:
     """A Table 3 row's changes to training other than how long it runs (D3's and D4's ε_ls): what
     a run on a time budget (the demo) takes from `--preset NAME`."""
@@ -455,9 +458,6 @@ def preset(name: str) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
 
 
-_RUN_LENGTH = ("max_steps", "keep_last")
-
-
 def check_resumed(given_preset: Optional[str], model_config: ModelConfig, model_overrides: dict,
                   training: TrainConfig, train_overrides: dict, where: object) -> None:
     """A resumed run keeps its model and its training. Refused: model options that change it; a
@@ -471,9 +471,7 @@ def check_resumed(given_preset: Optional[str], model_config: ModelConfig, model_
     if dataclasses.replace(model_config, **model_overrides) != model_config or (
             given_preset and dataclasses.replace(preset(given_preset), **{**model_overrides, **own}) != model_config):
         raise ValueError(f"a resumed run keeps its model; drop the model options and any --preset of another (see {where})")
-    for name, value in TRAIN_OVERRIDES.get(given_preset or "", {}).items():
-        if name in _RUN_LENGTH:  # how long a run trains and what it keeps: the run's own, which options change
-            continue
+    for name, value in preset_training(given_preset or "").items():  # not how long: the run's own, options change it
         if name not in train_overrides and getattr(training, name) != value:
             raise ValueError(f"--preset {given_preset} trains with {_flag(name)} {value}, this run with "
                              f"{getattr(training, name)}; a resumed run keeps its training: give "

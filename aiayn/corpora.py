@@ -118,13 +118,12 @@ def _chunked(pairs: Iterable[Pair]) -> Iterator[list[Pair]]:
 
 
 def _check_languages(src_lang: str, tgt_lang: str) -> None:
-    """Two languages that can name files: a preprocessed folder writes its dev and test text as
-    SPLIT.LANG beside SPLIT.bin, SPLIT.idx.npy and SPLIT.len.npy (found in review: --src-lang bin
-    overwrote dev.bin with text, and ../x named a path outside the folder)."""
+    """Two languages that can name files (SPLIT.LANG: found in review, ../x named a path outside
+    the folder; aiayn.store refuses the suffixes of its own files)."""
     if src_lang == tgt_lang:
         raise ValueError(f"source and target language are both {src_lang!r}; give two different languages")
     for lang in (src_lang, tgt_lang):
-        if not lang or "/" in lang or "\\" in lang or lang.startswith(".") or lang in ("bin", "idx.npy", "len.npy"):
+        if not lang or "/" in lang or "\\" in lang or lang.startswith("."):
             raise ValueError(f"{lang!r} cannot name a language's files: give a code such as en or de")
 
 

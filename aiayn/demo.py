@@ -19,7 +19,7 @@ from aiayn.evaluate import score
 from aiayn.files import read_json, write_json
 from aiayn.model import Transformer
 from aiayn.run import RunDir, average_checkpoints
-from aiayn.train import train_run
+from aiayn.train import RERUN_HINT, train_run
 from aiayn.translate import Translator
 from aiayn.visualize import attention_figures
 
@@ -51,7 +51,7 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
         training = demo_training(options.recipe, minutes=options.minutes, precision=precision, seed=options.seed,
                                  **changes)
         print(f"recipe {options.recipe}: {recipe(options.recipe).about}")
-    trainer, store = train_run(model_config, training, run, resume=resume, resume_hint="rerun the same command to continue")
+    trainer, store = train_run(model_config, training, run, resume=resume, resume_hint=RERUN_HINT)
     model, tokenizer = trainer.model.eval(), trainer.tokenizer
     if DEMO_AVERAGE_LAST:  # §6.1: the mean of the last checkpoints translates
         chosen = run.checkpoints()[-DEMO_AVERAGE_LAST:]

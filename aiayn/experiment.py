@@ -176,8 +176,8 @@ def _prepare_data(out: Path, corpus: str, scale: Scale, echo: Callable[[str], No
     try:
         load_store(folder)
     except (ValueError, OSError):
-        preprocess(stream_corpus(corpus), folder, scale.vocab_size, spec=corpus, force=True, echo=echo)
-        if "dev" not in load_store(folder).splits:  # found in review: the first row's scoring divided by zero
+        store = preprocess(stream_corpus(corpus), folder, scale.vocab_size, spec=corpus, force=True, echo=echo)
+        if "dev" not in store.splits:  # found in review: the first row's scoring divided by zero
             shutil.rmtree(folder)  # data that no row can use: the experiment has not started
             raise ValueError(f"Table 3 scores every row on its corpus's dev split, and {corpus} has none: give a "
                              "folder with train.SRC, train.TGT, dev.SRC and dev.TGT (or train.tsv and dev.tsv)")
@@ -191,7 +191,7 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
 
     from aiayn.device import cpu_kind
     from aiayn.evaluate import score
-    from aiayn.train import train_run
+    from aiayn.train import RERUN_HINT, train_run
     from aiayn.translate import Translator
 
     config, overrides = miniature(row, scale)
@@ -203,8 +203,7 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
         seed=seed + 1 if row == REPEAT else seed, precision=precision, **overrides,
     )
     start = time.perf_counter()
-    trainer, _ = train_run(config, recipe, run, resume=run.has_configs(), echo=echo,
-                           resume_hint="rerun the same command to continue")
+    trainer, _ = train_run(config, recipe, run, resume=run.has_configs(), echo=echo, resume_hint=RERUN_HINT)
     # fit() validates its last step when eval_every divides the steps; a row resumed after its
     # training ended has no such record yet.
     logged = [r for r in run.read_log(echo) if r["split"] == "dev" and r["step"] == trainer.step]

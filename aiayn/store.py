@@ -45,6 +45,7 @@ from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer
 FORMAT = 1  # bumped whenever the layout changes; a folder of another format is refused
 MANIFEST = "manifest.json"
 TEXT_SPLITS = ("dev", "test")  # their text is kept too: dev BLEU during training, test for scoring
+SPLIT_SUFFIXES = ("bin", "idx.npy", "len.npy")  # SPLIT.bin, SPLIT.idx.npy, SPLIT.len.npy (the text: SPLIT.LANG)
 SAMPLE_SENTENCES = PreprocessOptions.sample_sentences  # the tokenizer's sample (see PreprocessOptions)
 
 
@@ -251,6 +252,9 @@ def preprocess(
     from aiayn.tokenizer import Tokenizer, load_tokenizer
 
     stream = corpus.stream() if isinstance(corpus, ParallelCorpus) else corpus
+    for lang in (stream.src_lang, stream.tgt_lang):  # SPLIT.LANG beside SPLIT.bin (found in review: bin overwrote it)
+        if lang in SPLIT_SUFFIXES:
+            raise ValueError(f"{lang!r} cannot name a language's files: give a code such as en or de")
     out = Path(out)
     started = time.monotonic()
 
@@ -389,7 +393,7 @@ def _encode_split(tokenizer, chunks, folder: Path, name: str, dtype: np.dtype, l
     np.cumsum(table.sum(axis=1), out=offsets[1:])
     np.save(folder / f"{name}.idx.npy", offsets)
     np.save(folder / f"{name}.len.npy", table)
-    written = [f"{name}{suffix}" for suffix in (".bin", ".idx.npy", ".len.npy")] + [f"{name}.{lang}" for lang in text_langs]
+    written = [f"{name}.{suffix}" for suffix in SPLIT_SUFFIXES] + [f"{name}.{lang}" for lang in text_langs]
     return {"pairs": len(table), "tokens": int(offsets[-1]), "src_tokens": int(table[:, 0].sum()),
             "tgt_tokens": int(table[:, 1].sum()), "dropped_long": dropped_long, "dropped_empty": dropped_empty,
             "text_sha256": digest.hexdigest(), "files": {file: (folder / file).stat().st_size for file in written}}

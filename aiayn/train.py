@@ -53,6 +53,7 @@ from aiayn.translate import Translator
 
 
 RESUME_HINT = "continue with --resume"  # what a run stopped by a signal says
+RERUN_HINT = "rerun the same command to continue"  # ... in a command that takes no --resume (demo, table3)
 
 
 class TrainStep:

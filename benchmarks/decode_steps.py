@@ -42,6 +42,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -56,11 +57,13 @@ from common import RESULTS, command_line, cpu_kind, default_threads, machine, sp
 from serve_load import peak_precision
 
 
-def decode(translator: Translator, sources: list[list[int]], live: int, marked: bool = False) -> dict:
+def decode(translator: Translator, sources: list[list[int]], live: int, marked: bool = False,
+           decoding: Optional[ContinuousDecoding] = None, watch: Callable[[], None] = lambda: None) -> dict:
     """Decode `sources` keeping `live` sentences in the search (a finished one is replaced by the
     next at once, as N clients would); per-step and per-join seconds. `marked`: each join and step
-    is a profiler region of that name."""
-    decoding = ContinuousDecoding(translator.model, translator.decode)
+    is a profiler region of that name. `decoding`: the search to use (a fresh one by default);
+    `watch` is called before each step, outside its time."""
+    decoding = decoding or ContinuousDecoding(translator.model, translator.decode)
     steps, joins, waiting = [], [], list(enumerate(sources))
     region = record_function if marked else lambda name: nullcontext()
     while waiting or decoding.live:
@@ -71,6 +74,7 @@ def decode(translator: Translator, sources: list[list[int]], live: int, marked: 
                 decoding.join([ids for _, ids in waiting[:room]], [key for key, _ in waiting[:room]], translator.decode.alpha)
             joins.append((time.perf_counter() - began, room))
             waiting = waiting[room:]
+        watch()
         began = time.perf_counter()
         with region("step"):
             decoding.step()
@@ -95,18 +99,17 @@ def occupancy(translator: Translator, sources: list[list[int]], live: int) -> di
         reorder(rows, sentences, beam)
 
     decoding.search.reorder = counting
-    widths, waiting = [], list(enumerate(sources))
-    while waiting or decoding.live:
-        if room := min(live - decoding.live, len(waiting)):
-            decoding.join([ids for _, ids in waiting[:room]], [key for key, _ in waiting[:room]], translator.decode.alpha)
-            waiting = waiting[room:]
+    widths = []
+
+    def measure() -> None:
         cache = decoding.state.cache
         if decoding.live == live and cache.length:
             memory = cache.cross[0][0].size(2)
             written = cache.length - cache.start if cache.start is not None else torch.tensor(cache.length)  # (B,)
             source = cache.memory_mask.sum(-1).float().mean() if cache.memory_mask is not None else memory
             widths.append((cache.length, float(written.float().mean()), memory, float(source)))
-        decoding.step()
+
+    decode(translator, sources, live, decoding=decoding, watch=measure)
     beam, choices = translator.decode.beam, sum(parents.values())
     self_width, written, memory_width, source = (statistics.mean(column) for column in zip(*widths))
     return {"self_width": self_width, "columns_written": written, "memory_width": memory_width,
