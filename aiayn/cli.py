@@ -23,8 +23,7 @@ from typing import Optional, Sequence
 from aiayn.config import (
     DECODE_PRECISIONS, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, AttentionOptions,
     ArgosOptions, AverageOptions, ConvertOptions, CorpusExportOptions, Ct2Options, DecodeConfig, DemoOptions, FileDecodeOptions, InfoOptions,
-    ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions, TranslateFileOptions,
-    check_options, decode_field_problem, preset, recipe,
+    ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions, TranslateFileOptions, check_options, decode_field_problem, preset, recipe,
 )
 from aiayn import __version__
 from aiayn.errors import Terminated, ask_for_less, command_line_message, out_of_memory
@@ -161,8 +160,9 @@ def cmd_info(args: argparse.Namespace) -> None:
         print(f"  {part:16} {count:,}")
     if info.preset in PAPER_PARAMS_M and config == PRESETS[info.preset]:
         print(f"  paper (Table 3)  {PAPER_PARAMS_M[info.preset]:.0f}M")
-    length = info.length
-    print(f"FLOPs per target token (sentence pairs of {length} + {length} tokens)")
+    length = info.length  # past max_len said (found in review: counted without a word)
+    past = f"; past max_len, {config.max_len}, the longest the model takes" if length > config.max_len else ""
+    print(f"FLOPs per target token (sentence pairs of {length} + {length} tokens{past})")
     print(f"  forward          {forward_flops(config, length, length) / length / 1e6:,.1f} MFLOP")
     print(f"  training         {training_flops(config, length, length) / length / 1e6:,.1f} MFLOP")
 

@@ -314,8 +314,10 @@ def _text_folder_stream(folder: Path, src_lang: Optional[str], tgt_lang: Optiona
     files; none given, the folder name says the direction (`.../de-en` means de to en).
     """
     found = sorted(p.name[len("train."):] for p in folder.glob("train.*") if p.suffix != ".tsv")
-    if len(found) < 2:
-        raise FileNotFoundError(f"{folder} holds no train.SRC and train.TGT pair of files (nor a train.tsv)")
+    if len(found) < 2:  # a dataset from the HF hub keeps its Parquet files a folder down (data/, de-en/)
+        nested = ", ".join(sorted({str(p.parent) for p in folder.glob("*/train*.parquet")}))
+        raise FileNotFoundError(f"{folder} holds no train.SRC and train.TGT pair of files (nor a train.tsv)"
+                                + (f"; Parquet splits are in {nested}: give that folder" if nested else ""))
     if src_lang is None or tgt_lang is None:
         src_lang, tgt_lang = _infer_languages(folder, found, src_lang, tgt_lang)
     splits = {}
@@ -375,6 +377,12 @@ def stream_hf_translation(
         ) from None
     loaded = datasets.load_dataset(path_or_name, config, data_files=data_files, cache_dir=cache_dir)
     found = {split: next((a for a in _SPLIT_ALIASES[split] if a in loaded), None) for split in _SPLIT_ALIASES}
+    if not found["train"]:
+        raise ValueError(f"{path_or_name} has no train split (its splits: {', '.join(loaded)})")
+    for hf_split in filter(None, found.values()):  # rows of another shape (found in review: a KeyError)
+        if "translation" not in loaded[hf_split].column_names:
+            raise ValueError(f"the {hf_split} split of {path_or_name} has no 'translation' column (its columns: "
+                             f"{', '.join(loaded[hf_split].column_names)})")
     columns = {split: loaded[hf_split].data.column("translation") for split, hf_split in found.items() if hf_split}
     arrays = {split: (lambda column=column: iter(column.chunks)) for split, column in columns.items()}
     types = {split: column.type for split, column in columns.items()}

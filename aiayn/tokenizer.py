@@ -295,8 +295,8 @@ def _explain_training_error(message: str, vocab_size: int) -> str:
             f"vocab_size={vocab_size} is too small for this training text: it needs at least "
             f"{too_small.group(1)} (256 byte pieces, 4 special tokens and every distinct character)"
         )
-    if "sentences_.empty()" in message:
-        return "cannot train a tokenizer on no text: every training sentence is empty"
+    if "sentences_.empty()" in message or "all_chars_count" in message:  # no sentence, or only spaces
+        return "cannot train a tokenizer on no text: every training sentence is empty or whitespace"
     return f"SentencePiece training failed: {message.strip() or 'unknown error'}"
 
 

@@ -29,6 +29,9 @@ def test_info_prints_config_parameters_and_flops(capsys):
     assert "label_smoothing    0.0 (training" in out
     _, out, _ = run(capsys, "info", "--preset", "big")
     assert "max_steps          300000 (training" in out and "keep_last          20 (training" in out
+    _, out, _ = run(capsys, "info", "--preset", "base", "--length", "2000")
+    assert "(sentence pairs of 2000 + 2000 tokens; past max_len, 1024, the longest the model takes)" in out
+    assert "past max_len" not in run(capsys, "info", "--preset", "base", "--length", "1024")[1]
 
 
 def test_train_preset_big_trains_300k_steps_and_keeps_the_20_checkpoints_it_averages(tmp_path, monkeypatch, capsys):

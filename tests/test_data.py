@@ -221,6 +221,11 @@ def test_hf_translation_rows_from_local_parquet_and_json(hf_offline, tmp_path):
     assert corpus.splits["test"] == [(f"Satz {i}", f"Sentence {i}") for i in range(3)]
     with pytest.raises(ValueError, match="no 'fr' side; its languages are de, en"):
         data.stream_hf_translation("json", None, "fr", "en", data_files=files, cache_dir=cache)
+    (tmp_path / "flat.jsonl").write_text(json.dumps({"de": "Satz", "en": "Sentence"}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="the train split of json has no 'translation' column \\(its columns: de, en\\)"):
+        data.stream_hf_translation("json", None, "de", "en", data_files={"train": str(tmp_path / "flat.jsonl")}, cache_dir=cache)
+    with pytest.raises(ValueError, match="json has no train split \\(its splits: test\\)"):
+        data.stream_hf_translation("json", None, "de", "en", data_files={"test": str(tmp_path / "test.jsonl")}, cache_dir=cache)
 
 
 def test_wmt14_names_load_the_hub_dataset_in_the_named_direction(monkeypatch):

@@ -289,6 +289,10 @@ def test_wmt14_parquet_files_load_in_either_direction_and_disagreeing_splits_are
     (listed / "train.parquet").rename(listed / "training-00000.parquet")
     one_line_error(*cli(capsys, "preprocess", "--corpus", listed, "--out", tmp_path / "d")[::2],
                    "holds no train.parquet or train-*.parquet file", "it has training-00000.parquet")
+    # The HF hub's layout: the Parquet files a folder down (found in review: told only of text files).
+    hub = write_wmt_parquet(tmp_path / "hub" / "data", {"train": toy_pairs(3)}).parent
+    one_line_error(*cli(capsys, "preprocess", "--corpus", hub, "--src-lang", "en", "--out", tmp_path / "d")[::2],
+                   f"Parquet splits are in {hub / 'data'}: give that folder")
 
 
 def test_a_run_from_before_run_dir_data_resumes_with_its_own_tokenizer(tmp_path, corpus_dir, capsys):

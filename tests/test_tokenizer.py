@@ -107,6 +107,7 @@ def test_load_errors(tmp_path):
         (TEXTS, 270, r"vocab_size=270 is too small for this training text: it needs at least \d+"),
         (TEXTS, 50000, r"use a smaller --vocab-size \(at most \d+\)"),
         (["", ""], 300, "every training sentence is empty"),
+        (["   ", " "], 300, "every training sentence is empty or whitespace"),  # was SentencePiece's C++ check
     ],
 )
 def test_impossible_vocabulary_sizes_are_clear_errors(tmp_path, texts, vocab_size, message):
