@@ -85,6 +85,8 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
     vocab = hf["vocab_size"]
     require(share or hf.get("decoder_vocab_size", vocab) == vocab, "source and target vocabularies differ in size")
     pad = hf["pad_token_id"]
+    require(hf["d_model"] % hf["encoder_attention_heads"] == 0, f"d_model {hf['d_model']} is not a multiple of "
+            f"its {hf['encoder_attention_heads']} heads")  # (ModelConfig's message names options to set)
     return ModelConfig(
         vocab_size=vocab,
         d_model=hf["d_model"],

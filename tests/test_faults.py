@@ -1103,7 +1103,9 @@ def test_import_hf_of_a_bad_folder(tmp_path, model_dir, capsys):
     one_line_error(*cli(capsys, "import-hf", hf, tmp_path / "a")[::2], "config.json lacks d_model")
     for absurd, said in (({"d_model": 10**6, "encoder_ffn_dim": 10**6, "decoder_ffn_dim": 10**6},
                           ("GiB for its weights alone", "available")),
-                         ({"vocab_size": 10**12}, ("vocab.json has 301 tokens, the model 1000000000000 rows",))):
+                         ({"vocab_size": 10**12}, ("vocab.json has 301 tokens, the model 1000000000000 rows",)),
+                         ({"d_model": 30, "encoder_attention_heads": 7, "decoder_attention_heads": 7},
+                          ("not supported: d_model 30 is not a multiple of its 7 heads",))):
         (hf / "config.json").write_text(json.dumps({**json.loads(config), **absurd}))
         start = time.monotonic()
         one_line_error(*cli(capsys, "import-hf", hf, tmp_path / "a")[::2], *said)
