@@ -171,8 +171,10 @@ def load_store(folder: Union[str, Path], verify: bool = False) -> Store:
     if not path.is_file():
         raise ValueError(f"{folder} is not a preprocessed corpus (no {MANIFEST}); make one with aiayn preprocess")
     manifest = read_json(path)
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict) or "format" not in manifest:  # (found in review: "of format None")
+        raise ValueError(f"{path} is not a manifest of aiayn preprocess (it names no format); run aiayn preprocess again")
+    if manifest["format"] != FORMAT:
+        found = manifest["format"]
         raise ValueError(f"{folder} holds a preprocessed corpus of format {found!r}, but this aiayn reads format "
                          f"{FORMAT}; run aiayn preprocess again")
     try:

@@ -133,6 +133,7 @@ def test_bad_data_folders_get_one_line_errors(tmp_path, data_dir, capsys):
         (broken("tokenizer", lambda f: Tokenizer.train(["ein zwei drei"] * 50 + WORDS, 300, f)), "not the one its ids"),
         (broken("no-manifest", lambda f: (f / "manifest.json").unlink()), "not a preprocessed corpus"),
         (broken("json", lambda f: (f / "manifest.json").write_text("{")), "not valid JSON"),
+        (broken("list", lambda f: (f / "manifest.json").write_text("[1]")), "not a manifest of aiayn preprocess"),
         (tmp_path / "absent", "no data folder"),
     ]
     for folder, *fragments in cases:
