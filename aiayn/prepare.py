@@ -196,8 +196,11 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
                  "which training flags change")
         changed = [f"--{name.replace('_', '-')} {getattr(training, name)} → {value}"
                    for name, value in train_overrides.items() if getattr(training, name) != value]
-        if changed:
-            echo(f"note: {run.path} goes on with {', '.join(changed)}")
+        if changed:  # another batching: the place in the epoch counts batches of the old one (found in review)
+            remade = any(getattr(training, name) != train_overrides.get(name, getattr(training, name))
+                         for name in ("max_tokens", "seed", "max_sentence_tokens"))
+            echo(f"note: {run.path} goes on with {', '.join(changed)}" + ("; the rest of this epoch is batched anew, so "
+                 "some of its pairs may be seen twice and others not at all" if remade else ""))
         training = dataclasses.replace(training, **train_overrides)
         check_resumed(given_preset, model_config, model_overrides, training, train_overrides, run.model_config)
         return model_config, training

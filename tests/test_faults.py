@@ -228,12 +228,15 @@ def test_a_resumed_run_says_what_it_changes_and_keeps_what_it_began_with(tmp_pat
     for note in ("note: --init-from is not applied", "note: --corpus is not applied", "note: --recipe sets up a new run",
                  "goes on with --lr-scale 1.0 → 0.5, --max-steps 1 → 2"):
         assert note in out, out
+    assert "batched anew" not in out
+    code, out, err = cli(capsys, "train", "--out", tmp_path / "run", "--resume", "--max-steps", "3", "--max-tokens", "200")
+    assert code == 0 and "--max-tokens 300 → 200" in out and "the rest of this epoch is batched anew" in out, err
     one_line_error(*cli(capsys, "train", "--init-from", tmp_path / "moved", "--corpus", corpus_tsv, "--out", "new",
                         "--d-model", "128")[::2], "holds another model shape than --d-model asks for")
     assert not (tmp_path / "elsewhere" / "new").exists()  # it left a folder with a lock and a tokenizer
     after = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert (after["init_from"], after["corpus"], after["lr_scale"]) == (recorded["init_from"], recorded["corpus"], 0.5)
-    assert log_steps(tmp_path / "run")[-1] == 2
+    assert log_steps(tmp_path / "run")[-1] == 3
 
 
 def test_a_new_run_never_replaces_data_it_did_not_make(tmp_path, model_dir, corpus_tsv, capsys):
