@@ -207,11 +207,18 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
     training = {**recipe_train, **train_overrides}
     if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
         _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))
-        if changed := [name for name, value in model_overrides.items()  # refused before any folder is made
+        # A named preset and the recipe are held to the model too (found in review: ignored without
+        # a word); the preset's vocabulary and special ids are the data's, not a shape.
+        named = {f.name: getattr(preset_config, f.name) for f in dataclasses.fields(preset_config) if f.name not in
+                 ("vocab_size", "pad_id", "bos_id", "eos_id", "unk_id")} if given_preset else {}
+        asked = {name: (f"--preset {given_preset}", value) for name, value in named.items()}
+        asked |= {name: ("the recipe", value) for name, value in recipe_model.items()}
+        asked |= {name: (f"--{name.replace('_', '-')}", value) for name, value in model_overrides.items()}
+        if changed := [flag for name, (flag, value) in asked.items()  # refused before any folder is made
                        if name not in ("dropout", "attention_dropout") and getattr(model_config, name) != value]:
-            raise ValueError(f"{train_overrides['init_from']} holds another model shape than --{changed[0].replace('_', '-')} "
-                             "asks for; fine-tuning keeps the model's shape, and only dropout may change")
-        return dataclasses.replace(model_config, **model_overrides), TrainConfig(**training)
+            raise ValueError(f"{train_overrides['init_from']} holds another model shape than {changed[0]} asks for; "
+                             "fine-tuning keeps the model's shape, and only dropout may change")
+        return dataclasses.replace(model_config, **{name: value for name, (_, value) in asked.items()}), TrainConfig(**training)
     model_overrides = {**recipe_model, **model_overrides}
     if manifest is not None and "vocab_size" not in model_overrides:
         model_overrides["vocab_size"] = manifest["vocab_size"]  # a new model takes the data's vocabulary

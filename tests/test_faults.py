@@ -233,6 +233,9 @@ def test_a_resumed_run_says_what_it_changes_and_keeps_what_it_began_with(tmp_pat
     assert code == 0 and "--max-tokens 300 → 200" in out and "the rest of this epoch is batched anew" in out, err
     one_line_error(*cli(capsys, "train", "--init-from", tmp_path / "moved", "--corpus", corpus_tsv, "--out", "new",
                         "--d-model", "128")[::2], "holds another model shape than --d-model asks for")
+    for asked, said in ((("--preset", "tiny"), "than --preset tiny asks for"), (("--recipe", "fast"), "than the recipe asks for")):
+        one_line_error(*cli(capsys, "train", "--init-from", tmp_path / "moved", "--corpus", corpus_tsv, "--out", "new",
+                            *asked)[::2], said)  # found in review: trained the starting model without a word
     assert not (tmp_path / "elsewhere" / "new").exists()  # it left a folder with a lock and a tokenizer
     after = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert (after["init_from"], after["corpus"], after["lr_scale"]) == (recorded["init_from"], recorded["corpus"], 0.5)
