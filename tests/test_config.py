@@ -115,6 +115,16 @@ def test_the_demo_of_a_label_smoothing_row_trains_with_its_label_smoothing(recip
     assert preset_training("big") == {} and preset_training("base") == {}
 
 
+def test_the_demo_of_a_dropout_row_keeps_its_dropout():
+    """The demo trains without dropout (ten minutes are a few epochs), but D1 and D2 vary P_drop
+    (Table 3) and big's is 0.3: those keep theirs (found in review: D1, D2 and base made one model)."""
+    from aiayn.config import demo_model
+
+    assert demo_model("small").dropout == demo_model("base").dropout == 0.0
+    assert (demo_model("D1").dropout, demo_model("D2").dropout, demo_model("big").dropout) == (0.0, 0.2, 0.3)
+    assert demo_model("D2").vocab_size == demo_model("base").vocab_size == 4000
+
+
 def test_the_fast_recipe_trains_a_bf16_copy_only_when_the_run_trains_in_bf16():
     """The fast recipe's `bf16` changes apply in bf16 alone: bf16_weights needs bf16, and an fp32
     run or the paper's recipe keeps autocast's fp32 weights."""
