@@ -17,9 +17,9 @@ from aiayn.checkpoint import read_config
 from aiayn.config import ModelConfig, TrainConfig, check_resumed
 from aiayn.corpora import stream_corpus
 from aiayn.device import check_precision, init_distributed, resolve_device
-from aiayn.run import RunDir, resolve_model_dir
+from aiayn.run import SPECIAL_IDS, RunDir, check_special_ids, resolve_model_dir
 from aiayn.store import MANIFEST, Store, load_store, preprocess, text_digest, tokenizer_digest
-from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer, has_tokenizer, load_tokenizer
+from aiayn.tokenizer import EOS_ID, PAD_ID, TOKENIZER_FILES, UNK_ID, copy_tokenizer, has_tokenizer, load_tokenizer
 
 
 @dataclass
@@ -151,12 +151,19 @@ def _check_data_settings(store: Store, model_config: ModelConfig, recipe: TrainC
     for given, kept, side in ((recipe.src_lang, store.src_lang, "source"), (recipe.tgt_lang, store.tgt_lang, "target")):
         if recipe.data and given is not None and given != kept:
             raise ValueError(f"{store.folder} has {kept} as its {side} language, not {given}")
+    check_special_ids(load_tokenizer(store.folder), model_config)
 
 
 def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
     """Mistakes that would otherwise surface only after the corpus is read and a tokenizer
-    trained: a device that is not here, fp16 on a CPU, sentences longer than learned positions."""
+    trained: a device that is not here, fp16 on a CPU, sentences longer than learned positions,
+    special ids the tokenizer it will train cannot have."""
     check_precision(resolve_device(recipe.device), recipe.precision, recipe.tf32)
+    trained = dict(zip(SPECIAL_IDS, (PAD_ID, EOS_ID, UNK_ID)))  # a new run's tokenizer (Tokenizer.train)
+    changed = [name for name in SPECIAL_IDS if getattr(model_config, name) != trained[name]]
+    if changed and not (recipe.data or recipe.init_from):
+        raise ValueError(f"--{changed[0].replace('_', '-')} {getattr(model_config, changed[0])}: the tokenizer a run "
+                         "trains has pad 0, EOS 2 and unknown 3, and a model takes its special ids from its tokenizer")
     if model_config.positional == "learned" and recipe.max_sentence_tokens + 1 > model_config.max_len:
         raise ValueError(f"max_sentence_tokens={recipe.max_sentence_tokens} needs {recipe.max_sentence_tokens + 1} "
                          f"learned positions (with BOS/EOS) but max_len is {model_config.max_len}; "

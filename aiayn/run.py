@@ -307,6 +307,21 @@ def check_vocabulary(tokenizer, config: ModelConfig) -> None:
     a real token in an export, one of fewer would be handed ids it has no row for."""
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {config.vocab_size}")
+    check_special_ids(tokenizer, config)
+
+
+# The ids a model shares with its tokenizer; not bos_id, which only starts the decoder (BOS = pad
+# is Marian's zero start, aiayn.marian).
+SPECIAL_IDS = ("pad_id", "eos_id", "unk_id")
+
+
+def check_special_ids(tokenizer, config: ModelConfig) -> None:
+    """The model's padding, EOS and unknown ids are its tokenizer's: another pad_id would mask real
+    pieces out of attention and the loss (found in review: --pad-id 3 trained so)."""
+    for name in SPECIAL_IDS:
+        if getattr(tokenizer, name) != getattr(config, name):
+            raise ValueError(f"the model's {name} is {getattr(config, name)} but its tokenizer's is "
+                             f"{getattr(tokenizer, name)}; a model takes its special ids from its tokenizer")
 
 
 def average_checkpoints(directories: list[Path], out: PathLike, force: bool = False) -> None:

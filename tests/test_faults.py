@@ -1129,6 +1129,19 @@ def test_import_hf_of_a_bad_folder(tmp_path, model_dir, capsys):
     assert "weights_only=False" not in err and not (tmp_path / "b").exists()
 
 
+def test_a_models_special_ids_are_its_tokenizers(tmp_path, model_dir, corpus_tsv, capsys):
+    """Found in review: --pad-id 3 trained, and the tokenizer's unknown pieces (3) were masked as padding."""
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", "--pad-id", "3", "--unk-id", "0"))[::2],
+                   "--pad-id 3: the tokenizer a run trains has pad 0")
+    assert not (tmp_path / "run").exists()
+    edited = tmp_path / "edited"
+    shutil.copytree(model_dir, edited)
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config, "eos_id": 7}))
+    code, _, err = cli(capsys, "translate", edited, "--input", corpus_tsv)
+    one_line_error(code, err, "the model's eos_id is 7 but its tokenizer's is 2")
+
+
 def test_learned_positions_must_hold_the_longest_sentence(tmp_path, corpus_tsv, capsys):
     code, _, err = cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", "--positional", "learned", "--max-len", "64"))
     one_line_error(code, err, "max_sentence_tokens=256", "max_len is 64")
