@@ -212,7 +212,10 @@ class DecodeConfig:
     beam: int = field(default=4, metadata={"least": 1, "help": "beam size; 1 is greedy"})
     alpha: float = field(default=0.6, metadata={"least": 0, "help": "length penalty α of lp(Y) = ((5 + |Y|) / 6)^α"})
     extra_len: int = field(default=50, metadata={"least": 0, "help": "output tokens at most: source tokens + this"})
-    min_len: int = field(default=0, metadata={"least": 0, "help": "output tokens at least (EOS barred before)"})
+    # 1, as fairseq's default (§6.1 says nothing): a weak model's EOS at once outscores, with α's
+    # length penalty, the whole translation of a one-word source (found in review: "God" -> "").
+    min_len: int = field(default=1, metadata={"least": 0, "help": "output tokens at least (EOS barred before); "
+                                                                  "1: no empty translation of a non-empty source"})
     max_output_len: Optional[int] = field(default=None, metadata={"least": 1, "help": "output tokens at most, whatever the source"})
     # Guards against outputs that loop, as fairseq, HF and CTranslate2 offer; off is §6.1's search.
     no_repeat_ngram_size: int = field(default=0, metadata={
@@ -232,6 +235,9 @@ class DecodeConfig:
             problem = decode_field_problem(f.name, getattr(self, f.name))
             if problem:
                 raise ValueError(f"invalid DecodeConfig: {f.name} {problem}")
+        if self.max_output_len is not None and self.min_len > self.max_output_len:  # (found in review: max won, unsaid)
+            raise ValueError(f"min_len (--min-len) {self.min_len} is more than max_output_len (--max-output-len) "
+                             f"{self.max_output_len}")
 
 
 def decode_field_problem(name: str, value) -> Optional[str]:

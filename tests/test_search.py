@@ -229,7 +229,7 @@ def test_sentences_that_join_a_running_search_get_what_they_get_alone(beam, guar
     for i, outputs in got.items():
         one = ModelStep(model, torch.tensor([ids[i] + [2]]), len(ids[i]) + 9)
         alone = beam_search(one.step, one.reorder, 1, 2, torch.tensor([len(ids[i]) + 8]), beam=beam, n_best=beam,
-                            no_repeat_ngram=decode.no_repeat_ngram_size,
+                            min_len=decode.min_len, no_repeat_ngram=decode.no_repeat_ngram_size,
                             repetition_penalty=decode.repetition_penalty)[0]
         assert outputs == [alone.tokens] + [h.tokens for h in alone.alternatives]
     assert any(len(outputs[0]) < len(ids[i]) + 8 for i, outputs in got.items())  # some end by EOS

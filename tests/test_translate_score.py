@@ -301,6 +301,19 @@ def test_scores_that_are_not_numbers_are_an_error_not_empty_lines(beam, monkeypa
     assert model.training
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_non_empty_source_gets_a_non_empty_translation_by_default(beam):
+    """Found in review: with α = 0.6 a weak model's EOS at once outscored a one-word source's whole
+    translation ("God" -> ""). By default, as fairseq's min_len, EOS is barred at the first step;
+    min_len 0 is the search of §6.1 as written. Here EOS takes nearly all the probability."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=12, d_model=16, n_heads=2, d_ff=32, n_layers=1, final_logits_bias=True))
+    model.logits_bias[model.config.eos_id] = 30.0
+    model.eval()
+    assert translate_ids(model, [[5]], beam=beam, min_len=0) == [[]]
+    assert len(translate_ids(model, [[5]], beam=beam)[0]) >= 1
+
+
 @pytest.mark.parametrize("beam", [1, 3])
 def test_guards_that_ban_every_token_give_an_output_not_an_error(beam):
     """No hypothesis finishing is no overflow where the guards ban every token: a no-repeat
