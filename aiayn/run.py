@@ -281,14 +281,16 @@ def model_inputs(path: PathLike) -> list[Path]:
 
 def run_files(path: PathLike) -> list[Path]:
     """The files of the run folder that `path` is or lies in (a model or checkpoint of it): its
-    configs, log, data, checkpoints, final model and tokenizer, which hours of training made and
-    no command's --force may replace. None where `path` belongs to no run."""
+    configs and the other records at its top (the demo's and a Table 3 row's figures), log, data,
+    checkpoints, final and averaged models and tokenizer, which hours of training made and no
+    command's --force may replace (`aiayn average` may replace the averaged model). None where
+    `path` belongs to no run."""
     path = Path(path).resolve()
     for folder in (path, path.parent, path.parent.parent):
         run = RunDir(folder)
-        if run.has_configs():
-            return [run.model_config, run.train_config, run.log, run.plot, run.data, run.checkpoint_root, run.final,
-                    *tokenizer_files(folder)]
+        if run.has_configs():  # found in review: translate --output RUN/averaged/model.safetensors --force wrote it
+            return [*sorted(folder.glob("*.json")), run.log, run.plot, run.data, run.checkpoint_root, run.final,
+                    run.averaged, *tokenizer_files(folder)]
     return []
 
 
@@ -370,7 +372,8 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
     if missing := [path.name for path in chosen if path not in found]:
         kept = ", ".join(path.name.split("_")[-1].lstrip("0") or "0" for path in found)
         raise ValueError(f"{options.run_dir} has no checkpoint {', '.join(missing)}; it keeps those of steps {kept}")
-    refuse_to_replace(options.out, options.force, inputs=chosen + run_files(options.run_dir), folder=True)
+    guarded = [path for path in run_files(options.run_dir) if path != run.averaged.resolve()]  # averaged anew
+    refuse_to_replace(options.out, options.force, inputs=chosen + guarded, folder=True)
     if options.steps is None and len(chosen) < last:
         kept = f"{len(found)} checkpoints; averaging those" if len(found) > 1 else "1 checkpoint; averaging it alone"
         echo(f"note: {options.run_dir} keeps {kept}")

@@ -911,9 +911,10 @@ def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_pa
 
 
 def test_no_output_replaces_a_file_of_the_run_it_reads(tmp_path, straight_run, capsys):
-    """Not with --force either: a run's checkpoints, data, log, configs, final model and tokenizer
-    took its training to make. Commands given the run, or a model or checkpoint inside it, refuse
-    them as outputs; a new name inside the run folder (RUN/averaged) stays allowed."""
+    """Not with --force either: a run's checkpoints, data, log, configs and records, final and
+    averaged models and tokenizer took its training to make. Commands given the run, or a model or
+    checkpoint inside it, refuse them as outputs; a new name inside the run folder stays allowed,
+    and `average` may make RUN/averaged anew."""
     run = Path(shutil.copytree(straight_run, tmp_path / "run"))
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     newest = RunDir(run).checkpoints()[-1]
@@ -929,6 +930,16 @@ def test_no_output_replaces_a_file_of_the_run_it_reads(tmp_path, straight_run, c
         one_line_error(*cli(capsys, *argv)[::2], "an input of this command")
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert cli(capsys, "average", run, "--last", "2", "--out", run / "averaged")[0] == 0
+    # Found in review: the averaged model and the demo's figures were open to --force.
+    (run / "demo.json").write_text("{}")
+    averaged = {p: p.read_bytes() for p in (run / "averaged").iterdir()}
+    for argv in (["translate", run, *translate[1:], run / "averaged" / "model.safetensors"],
+                 ["translate", run, *translate[1:], run / "demo.json"],
+                 ["attention", run, "--sentence", "the cat", "--force", "--out", run / "averaged"]):
+        one_line_error(*cli(capsys, *argv)[::2], "an input of this command")
+    assert {p: p.read_bytes() for p in (run / "averaged").iterdir()} == averaged
+    assert (run / "demo.json").read_text() == "{}"
+    assert cli(capsys, "average", run, "--last", "1", "--out", run / "averaged", "--force")[0] == 0  # averaged anew
 
 
 def test_written_files_have_the_usual_modes(tmp_path, corpus_tsv, capsys):
