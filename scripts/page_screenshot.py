@@ -26,11 +26,12 @@ def find_chromium() -> str | None:
     return None
 
 
-def drive_page(url: str, sentence: str, screenshot: Path, chromium: str) -> dict:
-    """Open `url`, translate `sentence` through the page, and return what a user would see:
-    {"translations", "sentences" (the attention's sentence picker), "caption", "colors" (distinct
-    colours on the heatmap), "drawn" (the heatmaps drawn, as kind:layer:head), "requests" (every URL
-    the page loaded)}. Saves a screenshot."""
+def drive_page(url: str, sentence: str, screenshot: Path, chromium: str, api_key: str | None = None) -> dict:
+    """Open `url`, translate `sentence` through the page (typing `api_key` where the page asks for
+    one), and return what a user would see: {"translations", "status", "key_field" (whether the page
+    asked for a key), "sentences" (the attention's sentence picker), "caption", "colors" (distinct
+    colours on the heatmap), "drawn" (the heatmaps drawn, as kind:layer:head; none where the answer
+    has no attention), "requests" (every URL the page loaded)}. Saves a screenshot."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -40,25 +41,32 @@ def drive_page(url: str, sentence: str, screenshot: Path, chromium: str) -> dict
             requests: list[str] = []
             page.on("request", lambda request: requests.append(request.url))
             page.goto(url)
+            page.wait_for_load_state("networkidle")  # /info and /frontend/settings answered
+            key_field = page.is_visible("#api-key")
+            if api_key is not None:
+                page.fill("#api-key", api_key)
             page.fill("#source", sentence)
-            page.click("#translate")
-            page.wait_for_selector("#translations li", timeout=60_000)
-            page.wait_for_function("document.getElementById('heatmap').dataset.drawn", timeout=60_000)
-            drawn = [page.eval_on_selector("#heatmap", "c => c.dataset.drawn")]
-            page.select_option("#head", "0")  # one head, then the encoder's self-attention
-            page.select_option("#kind", "encoder")
-            drawn.append(page.eval_on_selector("#heatmap", "c => c.dataset.drawn"))
-            page.select_option("#kind", "cross")
-            page.select_option("#head", "mean")
-            drawn.append(page.eval_on_selector("#heatmap", "c => c.dataset.drawn"))
-            colors = page.eval_on_selector("#heatmap", """c => {
-                const data = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
-                const seen = new Set();
-                for (let i = 0; i < data.length; i += 4) seen.add(data[i] << 16 | data[i + 1] << 8 | data[i + 2]);
-                return seen.size;
-            }""")
+            page.click("#translate")  # disables the button until the answer is shown
+            page.wait_for_function("!document.getElementById('translate').disabled", timeout=60_000)
+            drawn, colors = [], 0
+            if page.is_visible("#attention-section"):
+                drawn.append(page.eval_on_selector("#heatmap", "c => c.dataset.drawn"))
+                page.select_option("#head", "0")  # one head, then the encoder's self-attention
+                page.select_option("#kind", "encoder")
+                drawn.append(page.eval_on_selector("#heatmap", "c => c.dataset.drawn"))
+                page.select_option("#kind", "cross")
+                page.select_option("#head", "mean")
+                drawn.append(page.eval_on_selector("#heatmap", "c => c.dataset.drawn"))
+                colors = page.eval_on_selector("#heatmap", """c => {
+                    const data = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+                    const seen = new Set();
+                    for (let i = 0; i < data.length; i += 4) seen.add(data[i] << 16 | data[i + 1] << 8 | data[i + 2]);
+                    return seen.size;
+                }""")
             result = {
                 "translations": page.locator("#translations li").all_inner_texts(),
+                "status": page.inner_text("#status"),
+                "key_field": key_field,
                 "sentences": page.locator("#sentence option").all_inner_texts(),
                 "caption": page.inner_text("#caption"),
                 "colors": colors,

@@ -974,6 +974,30 @@ def test_the_page_translates_and_draws_the_attention_in_chromium(server, tmp_pat
     assert seen["sentences"] == ["1.1", "1.2", "2"] and seen["colors"] > 8
 
 
+def test_the_page_translates_without_maps_past_the_limit_and_asks_for_a_key_where_one_is_needed(model_dir, tmp_path):
+    """Found in review: the page asked for attention maps always, so a text whose maps passed
+    --max-attention-mib got only the error; and a server with --api-keys refused the page, which
+    had no way to send a key."""
+    tools = _page_tools()
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip("Playwright is not installed (pip install playwright)")
+    chromium = tools.find_chromium()
+    if chromium is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it)")
+    (tmp_path / "keys.txt").write_text("s3cret\n")
+    text = "the small cat. the big dog!\nthe bird"
+    with ServerProcess(model_dir, "--max-attention-mib", "0.0001", "--api-keys", str(tmp_path / "keys.txt")) as process:
+        _, expected, _ = request(process.port, "POST", "/translate?api_key=s3cret", {"text": text.split("\n"),
+                                                                                     "split_sentences": True})
+        seen = tools.drive_page(process.url, text, tmp_path / "page.png", chromium)
+        assert seen["key_field"] and seen["translations"] == [] and "provide an API key" in seen["status"]
+        seen = tools.drive_page(process.url, text, tmp_path / "page.png", chromium, api_key="s3cret")
+        assert seen["translations"] == [" ".join(t.split()) for t in expected["translations"]]
+        assert seen["status"].startswith("No attention maps: the attention maps of these texts take") and not seen["drawn"]
+    with ServerProcess(model_dir) as process:  # no key file: no key field
+        assert not tools.drive_page(process.url, "the bird", tmp_path / "page.png", chromium)["key_field"]
+
+
 def test_a_server_widens_onednns_kernel_cache_before_it_loads_a_model(monkeypatch, model_dir):
     """aiayn.device: a server's decoding steps come in more shapes than training's, so `serve`
     sizes oneDNN's cache of compiled kernels for them before the process's first product (the

@@ -96,7 +96,25 @@ function showAttention() {
   draw();
 }
 
+let busy = false;
+
+// One POST /translate of `texts`, with the API key when the page was given one (`aiayn serve
+// --api-keys`); the answer's body, or {} where it is no JSON (a proxy's error page).
+async function post(texts, attention) {
+  const headers = { "Content-Type": "application/json" };
+  const key = $("api-key").value.trim();
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const response = await fetch("/translate", {
+    method: "POST", headers,
+    body: JSON.stringify({ text: texts, beam: Number($("beam").value), alpha: Number($("alpha").value),
+                           attention, split_sentences: true }),
+  });
+  const body = await response.json().catch(() => ({}));
+  return [response, body];
+}
+
 async function translate() {
+  if (busy) return;  // Ctrl+Enter while a translation runs: the older answer would land last
   // Each line is a sentence or a paragraph. Only empty lines are dropped here: whether a line is
   // blank is the server's call, so that the page and the API agree on lines of invisible
   // characters (JS trim and Python strip do not).
@@ -105,28 +123,36 @@ async function translate() {
     setStatus("Type a sentence first.", true);
     return;
   }
+  busy = true;
   setStatus("Translating…");
   $("translate").disabled = true;
   try {
-    const response = await fetch("/translate", {
-      method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ text: texts, beam: Number($("beam").value), alpha: Number($("alpha").value),
-                             attention: true, split_sentences: true }),
-    });
-    const body = await response.json();
-    if (!response.ok) throw new Error(body.error || response.statusText);
+    let [response, body] = await post(texts, true);
+    let note = "";
+    // The maps of many sentences pass the server's --max-attention-mib: the translations come
+    // without them (found in review: 20 verses got only the error).
+    if (response.status === 413 && /attention maps/.test(body.error || "")) {
+      note = `No attention maps: ${body.error}`;
+      [response, body] = await post(texts, false);
+    }
+    if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
     $("translations").replaceChildren(...body.translations.map((t) => {
       const item = document.createElement("li");
       item.textContent = t;
       return item;
     }));
-    details = body.details;
+    details = body.details || [];
     showAttention();
-    setStatus("");
+    setStatus(note);
   } catch (error) {
-    setStatus(`Error: ${error.message}`, true);
+    // Nothing of the last answer stays under the error, as if it answered this text.
+    $("translations").replaceChildren();
+    details = [];
+    showAttention();
+    const unreachable = error instanceof TypeError;  // fetch's own failure: no answer at all
+    setStatus(unreachable ? "Error: the server did not answer (is aiayn serve running?)" : `Error: ${error.message}`, true);
   } finally {
+    busy = false;
     $("translate").disabled = false;
   }
 }
@@ -137,6 +163,10 @@ function setStatus(text, isError = false) {
 }
 
 async function showInfo() {
+  try {  // a server with --api-keys asks for one: the page then has a field for it
+    const settings = await (await fetch("/frontend/settings")).json();
+    $("key-label").hidden = !settings.keyRequired;
+  } catch (error) { /* the page works without it */ }
   try {
     const info = await (await fetch("/info")).json();
     const m = info.model;
