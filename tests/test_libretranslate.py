@@ -113,6 +113,13 @@ def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, transl
     # Text without a letter is no sentence: the "." after a tag, a number, a separator stay as they are.
     texts, rest = split_html("<b>the cat</b>. <p>42</p> &raquo; <i>the dog</i>")
     assert texts == ["the cat", "the dog"] and join_html(["X", "Y"], rest) == "<b>X</b>. <p>42</p> &raquo; <i>Y</i>"
+    # A paragraph between tags is translated sentence by sentence, as format=text is (found in
+    # review: a <p> of 12 verses was refused as one piece over the token limit).
+    page = "<p>" + " ".join(["the small cat eats the fish."] * 45) + "</p> <p>the river &amp; the bridge</p>"
+    texts, rest = split_html(page, "en")
+    assert len(texts) == 46 and sum(map(len, translator.tokenizer.encode_batch(texts))) > 256
+    status, answer, _ = request(server.port, "POST", "/translate", {"q": page, "source": "en", "target": "es", "format": "html"})
+    assert status == 200 and answer["translatedText"] == join_html(translator.translate(texts), rest)
     for malformed in ("<p>the river <b>the fish</p>", "<div <p>the cat", "text & more <"):
         status, answer, _ = request(server.port, "POST", "/translate",
                                     {"q": malformed, "source": "en", "target": "es", "format": "html"})

@@ -215,7 +215,7 @@ def page_translator(tokenizer, batcher, limits, text_bytes, lang: str):
     async def translate(texts: list[str], html: bool, alternatives: int) -> list[tuple[str, list[str]]]:
         """LibreTranslate's texts (pages with format=html): every piece to translate in one
         submission, each piece's translation and alternatives back in its place."""
-        pages = [split_html(text) if html else split_sentences(text, lang) for text in texts]
+        pages = [split_html(text, lang) if html else split_sentences(text, lang) for text in texts]
         pieces = [piece for page, _ in pages for piece in page]
         if len(pieces) > limits.max_queue:
             raise HTTPException(400, f"Invalid request: {len(pieces)} texts (or pieces of text between HTML tags) in one "

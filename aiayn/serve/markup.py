@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import html
 from html.parser import HTMLParser
+from typing import Optional
 
-from aiayn.sentences import has_words, interleave
+from aiayn.sentences import has_words, interleave, split_sentences
 
 UNTRANSLATED = frozenset({"script", "style", "code", "kbd", "samp", "var"})  # content is code, not prose
 
@@ -81,10 +82,12 @@ class _Pieces(HTMLParser):
         self._markup(f"<![{data}]]>" if data.upper().startswith("CDATA[") else f"<![{data}]>")
 
 
-def split_html(page: str) -> tuple[list[str], list[str]]:
+def split_html(page: str, lang: Optional[str] = None) -> tuple[list[str], list[str]]:
     """(the texts to translate, the page's other pieces around them): the page is
     `rest[0] + texts[0] + rest[1] + ... + texts[-1] + rest[-1]` once the texts are encoded again,
-    and `join_html(translations, rest)` builds the translated page."""
+    and `join_html(translations, rest)` builds the translated page. With `lang`, a text between
+    tags is split into its sentences too (aiayn.sentences, rules for `lang`), as format=text is:
+    a paragraph is no one sequence (found in review: a <p> of 12 verses passed the token limit)."""
     parser = _Pieces()
     parser.feed(page)
     parser.close()
@@ -94,9 +97,12 @@ def split_html(page: str) -> tuple[list[str], list[str]]:
             kept += raw
             continue
         lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
-        rest.append(kept + lead)
-        texts.append(html.unescape(raw.strip()))
-        kept = trail
+        text = html.unescape(raw.strip())
+        sentences, between = split_sentences(text, lang) if lang else ([text], ["", ""])
+        between = [html.escape(part, quote=False) for part in between]  # the page's text: encoded again
+        rest += [kept + lead + between[0], *between[1:-1]]
+        texts += sentences
+        kept = between[-1] + trail
     rest.append(kept)
     return texts, rest
 
