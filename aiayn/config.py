@@ -87,8 +87,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 fail(f"{name} must be in [0, 1), got {value!r}")
-        if not self.layer_norm_eps > 0:
-            fail(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        if not 0 < self.layer_norm_eps < math.inf:  # inf passed: every LayerNorm then output its bias (found in review)
+            fail(f"layer_norm_eps must be positive and finite, got {self.layer_norm_eps!r}")
         if self.activation not in ACTIVATIONS:
             fail(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.positional not in POSITIONALS:
@@ -116,6 +116,9 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
         return _from_dict(cls, values)
+
+
+SEED_LIMIT = 1 << 63  # a seed is below this: torch's generators take 64 bits, signed where they read a Python int
 
 
 def _flag(name: str) -> str:
@@ -177,6 +180,11 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"invalid TrainConfig: {_flag(name)} must be a positive integer, got {value!r}")
+        if not 0 <= self.seed < SEED_LIMIT:  # torch's generators take 64 bits (found in review: an overflow's message)
+            raise ValueError(f"invalid TrainConfig: {_flag('seed')} must be in [0, 2^63), got {self.seed}")
+        for name in ("corpus", "data", "init_from", "src_lang", "tgt_lang"):  # "" would name the current folder
+            if getattr(self, name) is not None and not getattr(self, name).strip():
+                raise ValueError(f"invalid TrainConfig: {_flag(name)} is empty")
         if self.eval_bleu_sentences < 0:
             raise ValueError(f"invalid TrainConfig: {_flag('eval_bleu_sentences')} must be 0 or more, got {self.eval_bleu_sentences!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -595,7 +603,7 @@ class DemoOptions:
                 "AVX-512 or AMX, a GPU), else fp32")
     recipe: str = _option("fast", "a new run's recipe: fast (pre-norm; in bf16 a bf16 copy of the model) or paper (§3.1's post-norm)",
                           choices=lambda: sorted(RECIPES))
-    seed: int = _option(1, "random seed")
+    seed: int = _option(1, "random seed", least=0, most=SEED_LIMIT - 1)
     test_sentences: Optional[int] = _option(None, "translate only the first N test verses", least=1)
 
 
@@ -733,7 +741,7 @@ class Table3Options:
     rows: Optional[list[str]] = _option(None, "rows or groups to run (default all), e.g. base A1 C", nargs="+")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _option(
         "auto", "training precision; auto: bf16 where the device computes it in hardware, else fp32")
-    seed: int = _option(1, "random seed")
+    seed: int = _option(1, "random seed", least=0, most=SEED_LIMIT - 1)
     corpus: str = _option("bible-en-es", "corpus")
     vocab_size: Optional[int] = _option(None, "shared BPE vocabulary of every row (default: the scale's; a small "
                                         "--corpus allows fewer)", least=1)
@@ -775,7 +783,7 @@ def check_options(options) -> None:
         flag = f"--{f.name.replace('_', '-')}"
         most = int(most) if isinstance(most, float) and most.is_integer() else most  # 1e9 as 1,000,000,000
         if least is not None and most is not None:
-            raise ValueError(f"{flag} must be between {least:g} and {most:g}, got {value}")
+            raise ValueError(f"{flag} must be between {least:g} and {most:,}, got {value}")  # most: 2^63 - 1 whole
         if above is not None and most is not None:
             raise ValueError(f"{flag} must be above {above:g} and at most {most:,}, got {value}")
         if least is not None:

@@ -84,11 +84,28 @@ def test_from_dict_round_trip():
         ({"bos_id": 2}, "must differ"),  # BOS = EOS; BOS = pad is allowed (Marian)
         ({"unk_id": 0}, "must differ"),
         ({"d_k": -1}, "d_k must be a positive integer"),
+        ({"layer_norm_eps": float("inf")}, "layer_norm_eps must be positive and finite"),  # found in review: trained
     ],
 )
 def test_invalid_configs_are_rejected(changes, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(PRESETS["base"], **changes)
+
+
+@pytest.mark.parametrize("changes, message", [
+    # Found in review: -1 failed after the data loaded, 10^23 as torch's overflow; "" named the current folder.
+    ({"seed": -1}, r"seed \(--seed\) must be in \[0, 2\^63\), got -1"),
+    ({"seed": 10**23}, r"must be in \[0, 2\^63\)"),
+    ({"init_from": ""}, r"init_from \(--init-from\) is empty"),
+    ({"corpus": " "}, r"corpus \(--corpus\) is empty"),
+    ({"data": ""}, r"data \(--data\) is empty"),
+])
+def test_invalid_training_configs_are_rejected(changes, message):
+    from aiayn.config import SEED_LIMIT, TrainConfig
+
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**changes)
+    assert TrainConfig(seed=SEED_LIMIT - 1).seed == SEED_LIMIT - 1 and TrainConfig(seed=0).seed == 0
 
 
 def test_heads_need_not_divide_d_model_when_sizes_are_given():

@@ -917,7 +917,7 @@ def test_serve_refuses_a_port_in_use_and_bad_settings_in_one_line(model_dir):
     assert done.returncode == 2 and done.stderr.startswith(f"aiayn: error: cannot listen on 127.0.0.1:{port}")
     assert done.stderr.count("\n") == 1
     bad = (("--max-queue", "0", "--max-queue must be at least 1"),
-           ("--max-wait-ms", "inf", "--max-wait-ms must be between 0 and 10000, got inf"),
+           ("--max-wait-ms", "inf", "--max-wait-ms must be between 0 and 10,000, got inf"),
            ("--max-wait-ms", "nan", "got nan"),
            ("--drain-seconds", "nan", "--drain-seconds must be above 0 and at most 3,600, got nan"),
            ("--read-timeout", "0", "--read-timeout must be above 0"),
