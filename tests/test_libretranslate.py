@@ -134,6 +134,8 @@ def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, transl
     ({"q": "the cat", "source": "en", "target": "es", "alternatives": 9}, "alternatives must be between 0 and 3"),
     # Python's JSON reads Infinity (and 1e400) as an infinite float, which int() cannot take.
     ({"q": "the cat", "source": "en", "target": "es", "alternatives": float("inf")}, "must be a whole number"),
+    ({"q": "the cat", "source": "en", "target": "es", "alternatives": 1.7}, "must be a whole number, got 1.7"),
+    ({"q": "the cat", "source": "en", "target": "es", "alternatives": True}, "must be a whole number, got True"),
     ({"q": ["the cat", 3], "source": "en", "target": "es"}, "q must be a string or a list of strings"),
     ({"q": ["the cat", "b\ud800c"], "source": "en", "target": "es"}, "lone surrogate"),
 ])

@@ -179,8 +179,10 @@ def check_languages(fields: dict, languages: Languages) -> bool:
 
 def alternatives_of(fields: dict) -> int:
     value = fields.get("alternatives", 0)
-    try:
-        count = int(value)
+    try:  # a form's "2", JSON's 2 or 2.0; not 1.7 or true, which int() would take for 1 (found in review)
+        count = int(value) if not isinstance(value, (bool, float)) or float(value).is_integer() else None
+        if isinstance(value, bool) or count is None:
+            raise ValueError
     except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e400 is an infinite float
         raise error(400, f"Invalid request: alternatives must be a whole number, got {value!r}") from None
     if not 0 <= count <= MAX_ALTERNATIVES:
