@@ -81,6 +81,10 @@ def prepare_data(
                  f"max_sentence_tokens={recipe.max_sentence_tokens}")
             pairs = pairs.subset(rows)
         kept[name] = pairs
+        over = int((pairs.lengths.max(axis=1, initial=0) + 1 > recipe.max_tokens).sum())  # +1: BOS or EOS
+        if name == "train" and over * 2 > len(pairs) > 0:  # (found in review: --max-tokens 1 trained without a word)
+            echo(f"note: {over:,} of the {len(pairs):,} training pairs are longer than --max-tokens {recipe.max_tokens}: "
+                 "each is a batch of its own, over that budget")
         if name == "dev" and len(rows):
             texts = store.texts("dev")
             dev_text = [texts[i] for i in rows.tolist()]

@@ -1153,6 +1153,15 @@ def test_a_models_special_ids_are_its_tokenizers(tmp_path, model_dir, corpus_tsv
     one_line_error(code, err, "the model's eos_id is 7 but its tokenizer's is 2")
 
 
+def test_a_token_budget_below_most_pairs_is_said(tmp_path, corpus_tsv, capsys):
+    """Found in review: --max-tokens 1 trained, each pair a batch over the budget, without a word."""
+    code, out, err = cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", "--max-tokens", "2", "--max-steps", "1"))
+    assert code == 0, err
+    assert "note: 300 of the 300 training pairs are longer than --max-tokens 2: each is a batch of its own" in out
+    code, out, err = cli(capsys, *train_argv(corpus_tsv, tmp_path / "other", "--max-steps", "1"))
+    assert code == 0 and "training pairs are longer than --max-tokens" not in out
+
+
 def test_learned_positions_must_hold_the_longest_sentence(tmp_path, corpus_tsv, capsys):
     code, _, err = cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", "--positional", "learned", "--max-len", "64"))
     one_line_error(code, err, "max_sentence_tokens=256", "max_len is 64")
