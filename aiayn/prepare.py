@@ -182,6 +182,9 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
     training options changed where given, each change said; `given_preset`, the --preset named:
     config.check_resumed). Paths to data and models are recorded absolute, for a resume from
     another folder."""
+    for name in ("corpus", "data", "init_from", "src_lang", "tgt_lang"):  # "" would name the current folder
+        if name in train_overrides and not str(train_overrides[name]).strip():  # (found in review; not a saved run's)
+            raise ValueError(f"--{name.replace('_', '-')} is empty")
     train_overrides = {name: str(Path(value).absolute()) if name in ("data", "init_from") and value else value
                        for name, value in train_overrides.items()}
     manifest = None

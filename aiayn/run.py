@@ -289,8 +289,9 @@ def run_files(path: PathLike) -> list[Path]:
     for folder in (path, path.parent, path.parent.parent):
         run = RunDir(folder)
         if run.has_configs():  # found in review: translate --output RUN/averaged/model.safetensors --force wrote it
-            return [*sorted(folder.glob("*.json")), run.log, run.plot, run.data, run.checkpoint_root, run.final,
-                    run.averaged, *tokenizer_files(folder)]
+            records = [run.model_config, run.train_config, *sorted(folder.glob("demo*.json")), folder / "result.json"]
+            return [*records, run.log, run.plot, run.data, run.checkpoint_root, run.final, run.averaged,
+                    *tokenizer_files(folder)]  # not an OUTPUT.partial.json: a stopped translate resumes
     return []
 
 

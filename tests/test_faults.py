@@ -1153,6 +1153,22 @@ def test_a_models_special_ids_are_its_tokenizers(tmp_path, model_dir, corpus_tsv
     one_line_error(code, err, "the model's eos_id is 7 but its tokenizer's is 2")
 
 
+def test_empty_paths_are_refused_and_a_stopped_translate_into_a_run_folder_resumes(tmp_path, straight_run, corpus_tsv,
+                                                                                   capsys):
+    """Found in review: --corpus "" named the current folder and --init-from "" trained from
+    scratch; and once a run's top-level records were guarded, OUTPUT.partial.json inside a run
+    folder was taken for one, so a stopped translate there could not resume."""
+    for flag in ("--corpus", "--init-from"):
+        one_line_error(*cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", flag, ""))[::2], f"{flag} is empty")
+    run = Path(shutil.copytree(straight_run, tmp_path / "copy"))
+    (tmp_path / "in.txt").write_text("the cat\nthe dog\n", encoding="utf-8")
+    (run / "out.txt.partial").write_text("", encoding="utf-8")
+    (run / "out.txt.partial.json").write_text("{}", encoding="utf-8")
+    code, _, err = cli(capsys, "translate", run, "--input", tmp_path / "in.txt", "--output", run / "out.txt", "--force")
+    assert code == 0 and "an input of this command" not in err, err
+    assert len((run / "out.txt").read_text(encoding="utf-8").splitlines()) == 2
+
+
 def test_a_token_budget_below_most_pairs_is_said(tmp_path, corpus_tsv, capsys):
     """Found in review: --max-tokens 1 trained, each pair a batch over the budget, without a word."""
     code, out, err = cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", "--max-tokens", "2", "--max-steps", "1"))
