@@ -318,8 +318,9 @@ class PartialOutput:
                                  "--resume needs the same input, --force starts over")
             # A record from before settings were kept says nothing of them.
             changed = [name for name, value in settings.items() if kept.get(name, value) != value]
-            if changed:
-                raise ValueError(f"{self.partial} was translated with another {' and '.join(changed)}; "
+            if changed:  # each named with what the partial was made with: an older default reads so (--min-len 0)
+                was = " and ".join(f"{name} ({kept[name]})" if name.startswith("--") else name for name in changed)
+                raise ValueError(f"{self.partial} was translated with another {was}; "
                                  "--resume needs the same model and settings, --force starts over")
             # (a partial without a record, from before records were kept, gets one from now on)
             self._record = {"input": input or "-", "input_sha256": digest, **kept, **settings}

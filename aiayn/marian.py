@@ -350,6 +350,7 @@ def export_marian(
             "pad_token_id": pad,
             "bad_words_ids": sorted({(config.pad_id,), (pad,)}),
             "num_beams": DECODE_PRESETS["translate"].beam,  # §6.1
+            "min_new_tokens": DECODE_PRESETS["translate"].min_len,  # aiayn's: no EOS at the first step
             "max_length": config.max_len,
         })
         if isinstance(tokenizer, MarianTokenizer):

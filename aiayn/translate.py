@@ -109,8 +109,11 @@ def translate_nbest(
     device = next(model.parameters()).device
     was_training = model.training
     beam = decode.beam
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    results: list[list[list[int]]] = [[] for _ in sources]
+    # An empty source has an empty translation, undecoded: min_len would make it invent one (found in review).
+    order = sorted((i for i in range(len(sources)) if len(sources[i])), key=lambda i: len(sources[i]))
+    results: list[list[list[int]]] = [[] if len(source) else [[]] for source in sources]
+    if progress is not None:
+        progress.update(len(sources) - len(order))
     start = 0
     try:
         model.eval()

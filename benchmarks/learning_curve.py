@@ -62,7 +62,7 @@ from peers.harness import run_for, thread_env
 from quality_per_hour import peer, write_pieces
 
 PRESET, PRECISION, SEED = "small", "bf16", 1
-DECODE = DecodeConfig(precision=PRECISION)  # §6.1: beam 4, α 0.6, source length + 50
+DECODE = DecodeConfig(precision=PRECISION, min_len=0)  # §6.1: beam 4, α 0.6, source length + 50; no minimum, as the peers
 DEMO_TRAINING = TrainConfig(**DEMO_RECIPE)  # the recipe every system trains with
 
 # name -> (ModelConfig changes, TrainConfig changes) from the demo's model and recipe. "paper"

@@ -54,7 +54,7 @@ from peers.harness import run_for, thread_env
 # The precisions each peer trains in on a CPU (see its harness's docstring): Eole in bf16 or fp32, OpenNMT-py in fp32 only.
 PEER_PRECISIONS = {"eole": ("bf16", "fp32"), "onmt": ("fp32",)}
 SYSTEMS = ("aiayn", *PEER_ENVS)
-DECODE = DecodeConfig()  # §6.1: beam 4, α 0.6, source length + 50
+DECODE = DecodeConfig(min_len=0)  # §6.1: beam 4, α 0.6, source length + 50; no minimum, as the peers and earlier results
 NO_VALIDATION = 10**9  # eval_every: no system validates inside the budget
 SAVE_EVERY, KEEP_LAST = DEMO_RECIPE["save_every"], DEMO_RECIPE["keep_last"]  # every system's checkpoints, as the demo's
 

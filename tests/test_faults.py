@@ -679,7 +679,7 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
     assert cli(capsys, *argv, stdin=lines, monkeypatch=monkeypatch)[0] == 130
     monkeypatch.setattr(translate_module, "translate_ids", real)
     one_line_error(*cli(capsys, *argv, "--resume", "--alpha", "1", stdin=lines, monkeypatch=monkeypatch)[::2],
-                   "was translated with another --alpha;", "same model and settings")
+                   "was translated with another --alpha (0.6);", "same model and settings")
     other = make_model(tmp_path / "other", positional="learned")
     one_line_error(*cli(capsys, "translate", other, *argv[2:], "--resume", stdin=lines, monkeypatch=monkeypatch)[::2],
                    "another model")

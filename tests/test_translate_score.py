@@ -312,6 +312,7 @@ def test_a_non_empty_source_gets_a_non_empty_translation_by_default(beam):
     model.eval()
     assert translate_ids(model, [[5]], beam=beam, min_len=0) == [[]]
     assert len(translate_ids(model, [[5]], beam=beam)[0]) >= 1
+    assert translate_ids(model, [[], [5], []], beam=beam)[::2] == [[], []]  # an empty source invents nothing
 
 
 @pytest.mark.parametrize("beam", [1, 3])
