@@ -51,12 +51,13 @@ def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
     return spans_from_strings(text, segment(lang, text))
 
 
-def split_sentences(text: str, lang: str) -> tuple[list[str], list[str]]:
+def split_sentences(text: str, lang: str, lines: bool = True) -> tuple[list[str], list[str]]:
     """(the sentences of `text`, the text around them): `text` is rest[0] + sentences[0] +
     rest[1] + ... + sentences[-1] + rest[-1]. Lines are split first, so a line break always ends
-    a sentence and stays where it was. A "sentence" without a letter stays in the text around."""
+    a sentence and stays where it was; not with `lines` false (HTML's text, where a line break
+    is a space). A "sentence" without a letter stays in the text around."""
     sentences, rest, kept = [], [], ""
-    for line in text.splitlines(keepends=True):
+    for line in text.splitlines(keepends=True) if lines else [text]:
         at = 0
         for start, end in sentence_spans(line, lang):
             if not has_words(line[start:end]):

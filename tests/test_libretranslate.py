@@ -120,6 +120,9 @@ def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, transl
     assert len(texts) == 46 and sum(map(len, translator.tokenizer.encode_batch(texts))) > 256
     status, answer, _ = request(server.port, "POST", "/translate", {"q": page, "source": "en", "target": "es", "format": "html"})
     assert status == 200 and answer["translatedText"] == join_html(translator.translate(texts), rest)
+    # A line break in a page's text is a space, not the end of a sentence (found in review).
+    texts, rest = split_html("<p>the small cat\n   eats the fish. the bird</p>", "en")
+    assert texts == ["the small cat eats the fish.", "the bird"] and rest == ["<p>", " ", "</p>"]
     for malformed in ("<p>the river <b>the fish</p>", "<div <p>the cat", "text & more <"):
         status, answer, _ = request(server.port, "POST", "/translate",
                                     {"q": malformed, "source": "en", "target": "es", "format": "html"})

@@ -220,16 +220,16 @@ def page_translator(tokenizer, batcher, limits, text_bytes, lang: str):
         pages = [split_html(text, lang) if html else split_sentences(text, lang) for text in texts]
         pieces = [piece for page, _ in pages for piece in page]
         if len(pieces) > limits.max_queue:
-            raise HTTPException(400, f"Invalid request: {len(pieces)} texts (or pieces of text between HTML tags) in one "
+            raise HTTPException(400, f"Invalid request: {len(pieces)} sentences in one "
                                      f"request; this server takes at most {limits.max_queue} (max_queue)")
         sources = tokenizer.encode_batch([piece.strip() for piece in pieces])
         options = Options(max(SECTION_6_1.beam, alternatives + 1), SECTION_6_1.alpha, alternatives=alternatives)
         for number, ids in enumerate(sources, start=1):
             if len(ids) > limits.max_input_tokens:
-                raise HTTPException(400, f"Invalid request: text piece {number} has {len(ids)} tokens; the limit is "
+                raise HTTPException(400, f"Invalid request: sentence {number} has {len(ids)} tokens; the limit is "
                                          f"{limits.max_input_tokens} (send shorter texts)")
             if text_bytes(ids, options) > limits.max_batch_mib * MIB:
-                raise HTTPException(400, f"Invalid request: text piece {number} needs more decoding memory than "
+                raise HTTPException(400, f"Invalid request: sentence {number} needs more decoding memory than "
                                          f"max_batch_mib ({limits.max_batch_mib:g} MiB)")
         results = await batcher.submit(sources, options) if sources else []
         answers, at = [], 0

@@ -98,10 +98,11 @@ def split_html(page: str, lang: Optional[str] = None) -> tuple[list[str], list[s
             continue
         lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
         text = html.unescape(raw.strip())
-        sentences, between = split_sentences(text, lang) if lang else ([text], ["", ""])
+        # A line break in a page's text is a space (found in review: hard-wrapped paragraphs were cut)
+        sentences, between = split_sentences(text, lang, lines=False) if lang else ([text], ["", ""])
         between = [html.escape(part, quote=False) for part in between]  # the page's text: encoded again
         rest += [kept + lead + between[0], *between[1:-1]]
-        texts += sentences
+        texts += [" ".join(sentence.split()) for sentence in sentences]  # HTML's runs of whitespace are one space
         kept = between[-1] + trail
     rest.append(kept)
     return texts, rest
