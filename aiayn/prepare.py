@@ -228,10 +228,12 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
         asked = {name: (f"--preset {given_preset}", value) for name, value in named.items()}
         asked |= {name: ("the recipe", value) for name, value in recipe_model.items()}
         asked |= {name: (f"--{name.replace('_', '-')}", value) for name, value in model_overrides.items()}
-        if changed := [flag for name, (flag, value) in asked.items()  # refused before any folder is made
+        if changed := [(name, flag, value) for name, (flag, value) in asked.items()  # refused before any folder is made
                        if name not in ("dropout", "attention_dropout") and getattr(model_config, name) != value]:
-            raise ValueError(f"{train_overrides['init_from']} holds another model shape than {changed[0]} asks for; "
-                             "fine-tuning keeps the model's shape, and only dropout may change")
+            name, flag, value = changed[0]  # named, with both values (found in review: a recipe's norm_first unsaid)
+            raise ValueError(f"{train_overrides['init_from']} holds another model shape than {flag} asks for ({name} "
+                             f"{getattr(model_config, name)}, not {value}); fine-tuning keeps the model's shape, and "
+                             "only dropout may change")
         return dataclasses.replace(model_config, **{name: value for name, (_, value) in asked.items()}), TrainConfig(**training)
     model_overrides = {**recipe_model, **model_overrides}
     if manifest is not None and "vocab_size" not in model_overrides:
