@@ -104,11 +104,17 @@ async function post(texts, attention) {
   const headers = { "Content-Type": "application/json" };
   const key = $("api-key").value.trim();
   if (key) headers.Authorization = `Bearer ${key}`;
-  const response = await fetch("/translate", {
-    method: "POST", headers,
-    body: JSON.stringify({ text: texts, beam: Number($("beam").value), alpha: Number($("alpha").value),
-                           attention, split_sentences: true }),
-  });
+  let response;
+  try {
+    response = await fetch("/translate", {
+      method: "POST", headers,
+      body: JSON.stringify({ text: texts, beam: Number($("beam").value), alpha: Number($("alpha").value),
+                             attention, split_sentences: true }),
+    });
+  } catch (error) {  // no answer at all; not the page's own TypeErrors below (found in review)
+    throw new Error(key && /[^\x00-\xff]/.test(key) ? "the API key holds characters a header cannot carry"
+                                                    : "the server did not answer (is aiayn serve running?)");
+  }
   const body = await response.json().catch(() => ({}));
   return [response, body];
 }
@@ -149,8 +155,7 @@ async function translate() {
     $("translations").replaceChildren();
     details = [];
     showAttention();
-    const unreachable = error instanceof TypeError;  // fetch's own failure: no answer at all
-    setStatus(unreachable ? "Error: the server did not answer (is aiayn serve running?)" : `Error: ${error.message}`, true);
+    setStatus(`Error: ${error.message}`, true);
   } finally {
     busy = false;
     $("translate").disabled = false;
