@@ -780,7 +780,7 @@ def check_options(options) -> None:
         flag = f"--{f.name.replace('_', '-')}"
         most = int(most) if isinstance(most, float) and most.is_integer() else most  # 1e9 as 1,000,000,000
         if least is not None and most is not None:
-            raise ValueError(f"{flag} must be between {least:g} and {most:,}, got {value}")  # most: 2^63 - 1 whole
+            raise ValueError(f"{flag} must be between {least:g} and {most:,}, got {value}")  # a seed's 2^64 - 2 whole
         if above is not None and most is not None:
             raise ValueError(f"{flag} must be above {above:g} and at most {most:,}, got {value}")
         if least is not None:

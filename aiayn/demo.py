@@ -18,12 +18,10 @@ from aiayn.device import cpu_kind, matmul_peak_flops, resolve_device, resolve_pr
 from aiayn.evaluate import score
 from aiayn.files import read_json, write_json
 from aiayn.model import Transformer
-from aiayn.run import RunDir, average_checkpoints
+from aiayn.run import DEMO_RESULT, RunDir, average_checkpoints
 from aiayn.train import RERUN_HINT, train_run
 from aiayn.translate import Translator
 from aiayn.visualize import attention_figures
-
-RESULT = "demo.json"  # the run's figures: machine, peak, steps, test BLEU
 
 
 def run_demo(options: DemoOptions, decode: DecodeConfig) -> None:
@@ -75,9 +73,9 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
           f"{peak / 1e12:.2f} TFLOP/s; {trainer.step:,} steps")
     # A row of the README's demo table, kept with the run: committed under benchmarks/results, it
     # is that row's source.
-    kept = read_json(run.path / RESULT) if (run.path / RESULT).exists() else {}
+    kept = read_json(run.path / DEMO_RESULT) if (run.path / DEMO_RESULT).exists() else {}
     # A score on fewer verses never replaces one on more (found in review: the README's row source).
-    figures = run.path / (RESULT if kept.get("test_sentences", 0) <= len(test) else f"demo-{len(test)}-verses.json")
+    figures = run.path / (DEMO_RESULT if kept.get("test_sentences", 0) <= len(test) else f"demo-{len(test)}-verses.json")
     write_json(figures, {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "aiayn": __version__,
         "cpu_kind": cpu_kind(), "threads": torch.get_num_threads(), "precision": training.precision,
@@ -87,8 +85,8 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
         "test_bleu": result.bleu, "bleu_signature": result.signature, "test_chrf": result.chrf,
         "paper_protocol_bleu": result.paper_bleu,
         "sentences_per_s": len(test) / result.seconds})
-    print(f"these figures: {figures}" + ("" if figures.name == RESULT else
-                                          f" ({RESULT} keeps the score on {kept['test_sentences']:,} verses)"))
+    print(f"these figures: {figures}" + ("" if figures.name == DEMO_RESULT else
+                                          f" ({DEMO_RESULT} keeps the score on {kept['test_sentences']:,} verses)"))
     samples = list(range(0, len(test), max(1, len(test) // 4)))[:4]
     for i in samples:
         print(f"\n  source     {test[i][0]}\n  reference  {test[i][1]}\n  aiayn      {result.hypotheses[i]}")

@@ -25,9 +25,8 @@ from typing import Callable, Optional, Sequence, Union
 
 from aiayn.config import BASE, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig
 from aiayn.files import atomic_write, read_json, write_json
-from aiayn.run import EXPERIMENT, LOCK, RunDir
+from aiayn.run import EXPERIMENT, LOCK, ROW_RESULT, RunDir
 
-RESULT = "result.json"
 DATA = "data"
 TABLE_MD, TABLE_JSON, TABLE_PNG = "table3.md", "table3.json", "table3.png"
 
@@ -220,13 +219,13 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
         "machine": {"cpu_kind": cpu_kind(), "device": str(trainer.device), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},
     }
-    write_json(run.path / RESULT, result)
+    write_json(run.path / ROW_RESULT, result)
     return result
 
 
 def read_results(out: Path) -> dict[str, dict]:
     """The finished rows of an experiment folder, by row name."""
-    return {row: read_json(out / row / RESULT) for row in ROWS if (out / row / RESULT).exists()}
+    return {row: read_json(out / row / ROW_RESULT) for row in ROWS if (out / row / ROW_RESULT).exists()}
 
 
 def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str]] = None, steps: Optional[int] = None,

@@ -81,8 +81,8 @@ def prepare_data(
                  f"max_sentence_tokens={recipe.max_sentence_tokens}")
             pairs = pairs.subset(rows)
         kept[name] = pairs
-        over = int((pairs.lengths.max(axis=1, initial=0) + 1 > recipe.max_tokens).sum())  # +1: BOS or EOS
-        if name == "train" and over * 2 > len(pairs) > 0:  # (found in review: --max-tokens 1 trained without a word)
+        over = int((pairs.lengths.max(axis=1, initial=0) + 1 > recipe.max_tokens).sum()) if name == "train" else 0  # +1: BOS or EOS
+        if over * 2 > len(pairs):  # (found in review: --max-tokens 1 trained without a word)
             echo(f"note: {over:,} of the {len(pairs):,} training pairs are longer than --max-tokens {recipe.max_tokens}: "
                  "each is a batch of its own, over that budget")
         if name == "dev" and len(rows):
@@ -208,12 +208,11 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
         if given_recipe:
             echo(f"note: --recipe sets up a new run; {run.path} goes on with its own settings (train_config.json), "
                  "which training flags change")
-        changed = [f"--{name.replace('_', '-')} {getattr(training, name)} → {value}"
-                   for name, value in train_overrides.items() if getattr(training, name) != value]
-        if changed:  # another batching: the place in the epoch counts batches of the old one (found in review)
-            remade = any(getattr(training, name) != train_overrides.get(name, getattr(training, name))
-                         for name in ("max_tokens", "seed", "max_sentence_tokens"))
-            echo(f"note: {run.path} goes on with {', '.join(changed)}" + ("; the rest of this epoch is batched anew, so "
+        moved = {name: value for name, value in train_overrides.items() if getattr(training, name) != value}
+        if moved:  # another batching: the place in the epoch counts batches of the old one (found in review)
+            changed = ", ".join(f"--{name.replace('_', '-')} {getattr(training, name)} → {value}" for name, value in moved.items())
+            remade = {"max_tokens", "seed", "max_sentence_tokens"} & moved.keys()
+            echo(f"note: {run.path} goes on with {changed}" + ("; the rest of this epoch is batched anew, so "
                  "some of its pairs may be seen twice and others not at all" if remade else ""))
         training = dataclasses.replace(training, **train_overrides)
         check_resumed(given_preset, model_config, model_overrides, training, train_overrides, run.model_config)

@@ -47,6 +47,8 @@ _STEP_NAME = re.compile(r"step_(\d{8,})")
 FINAL = "model"
 AVERAGED = "averaged"
 ATTENTION = "attention"
+DEMO_RESULT = "demo.json"  # the demo's figures (demo-N-verses.json where fewer verses were scored)
+ROW_RESULT = "result.json"  # a Table 3 row's figures (aiayn.experiment)
 LOCK = WORK_LOCK  # no other command's --force replaces a folder that holds it (aiayn.files)
 
 PathLike = Union[str, Path]
@@ -289,7 +291,7 @@ def run_files(path: PathLike) -> list[Path]:
     for folder in (path, path.parent, path.parent.parent):
         run = RunDir(folder)
         if run.has_configs():  # found in review: translate --output RUN/averaged/model.safetensors --force wrote it
-            records = [run.model_config, run.train_config, *sorted(folder.glob("demo*.json")), folder / "result.json"]
+            records = [run.model_config, run.train_config, *sorted(folder.glob("demo*.json")), folder / ROW_RESULT]
             return [*records, run.log, run.plot, run.data, run.checkpoint_root, run.final, run.averaged,
                     *tokenizer_files(folder)]  # not an OUTPUT.partial.json: a stopped translate resumes
     return []

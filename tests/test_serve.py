@@ -939,19 +939,20 @@ def test_serve_refuses_a_port_in_use_and_bad_settings_in_one_line(model_dir):
 # The page, in a real browser.
 
 def _page_tools():
+    """scripts/page_screenshot.py and a Chromium for it (the test skipped where either is missing)."""
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip("Playwright is not installed (pip install playwright)")
     spec = importlib.util.spec_from_file_location("page_screenshot", ROOT / "scripts" / "page_screenshot.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    chromium = module.find_chromium()
+    if chromium is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it)")
+    return module, chromium
 
 
 def test_the_page_translates_and_draws_the_attention_in_chromium(server, tmp_path):
-    tools = _page_tools()
-    if importlib.util.find_spec("playwright") is None:
-        pytest.skip("Playwright is not installed (pip install playwright)")
-    chromium = tools.find_chromium()
-    if chromium is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it)")
+    tools, chromium = _page_tools()
     shot = tmp_path / "page.png"
     seen = tools.drive_page(f"http://127.0.0.1:{server}/", "the small cat", shot, chromium)
     _, expected, _ = request(server, "POST", "/translate", {"text": ["the small cat"]})
@@ -978,12 +979,7 @@ def test_the_page_translates_without_maps_past_the_limit_and_asks_for_a_key_wher
     """Found in review: the page asked for attention maps always, so a text whose maps passed
     --max-attention-mib got only the error; and a server with --api-keys refused the page, which
     had no way to send a key."""
-    tools = _page_tools()
-    if importlib.util.find_spec("playwright") is None:
-        pytest.skip("Playwright is not installed (pip install playwright)")
-    chromium = tools.find_chromium()
-    if chromium is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it)")
+    tools, chromium = _page_tools()
     (tmp_path / "keys.txt").write_text("s3cret\n")
     text = "the small cat. the big dog!\nthe bird"
     with ServerProcess(model_dir, "--max-attention-mib", "0.0001", "--api-keys", str(tmp_path / "keys.txt")) as process:
