@@ -31,7 +31,8 @@ def heads_figure(weights: Tensor, queries: Sequence[str], keys: Sequence[str], t
     """One heatmap per head of weights (h, L_q, L_k) in a grid, rows = queries, columns = keys.
     Every head shares the same tokens, so only the grid's left column names the queries and its
     lowest head in each column names the keys: matplotlib lays out each label's text, which for a
-    long sentence took seconds a head."""
+    long sentence took seconds a head. One colour bar at the right gives the scale, the same for
+    every head: a weight from 0 to 1 (each row sums to 1, §3.2.1's softmax)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,7 +49,7 @@ def heads_figure(weights: Tensor, queries: Sequence[str], keys: Sequence[str], t
         if head >= heads:
             ax.axis("off")
             continue
-        ax.imshow(weights[head].float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        image = ax.imshow(weights[head].float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_title(f"head {head + 1}", fontsize=9)
         lowest = head + columns >= heads
         if lowest:
@@ -59,18 +60,21 @@ def heads_figure(weights: Tensor, queries: Sequence[str], keys: Sequence[str], t
             ax.set_yticks(range(len(queries)), queries, fontsize=7)
         else:
             ax.set_yticks([])
-    _lay_out(fig, title, rows, columns, keys, queries)
+    bar = _lay_out(fig, title, rows, columns, keys, queries)
+    fig.colorbar(image, cax=fig.add_axes(bar), ticks=[0, 0.5, 1]).set_label("attention weight", fontsize=8)
+    fig.axes[-1].tick_params(labelsize=7)
     return fig
 
 
-def _lay_out(fig, title: str, rows: int, columns: int, keys: Sequence[str], queries: Sequence[str]) -> None:
+def _lay_out(fig, title: str, rows: int, columns: int, keys: Sequence[str], queries: Sequence[str]) -> list[float]:
     """The figure's `title` at its top, and room for the tick labels and titles of
     `heads_figure`'s grid, from the measured extents of its texts: `tight_layout` finds the same
     by drawing the whole figure once more, most of whose time goes to laying out those labels.
     Column 0 holds the queries' labels, the lowest head of each column the keys' (turned
     upright: as tall as they are wide; where the last row is short, over its empty cells), each
     head its title above it. Labels too long for the figure are cut at its edge rather than
-    squeezing the heatmaps away."""
+    squeezing the heatmaps away. Returns the place [left, bottom, width, height] (fractions of the
+    figure) of the colour bar, in the right margin kept for it and its labels."""
     renderer = fig.canvas.get_renderer()
     probe = fig.text(0, 0, "")
 
@@ -83,17 +87,20 @@ def _lay_out(fig, title: str, rows: int, columns: int, keys: Sequence[str], quer
     widest = lambda labels: max((inches(label, 7)[0] for label in set(labels)), default=0.0)  # noqa: E731
     keys_tall, queries_wide = widest(keys), widest(queries)
     head_title, suptitle = inches("head 1", 9)[1], inches(title, 12)[1]
+    bar_labels = inches("0.5", 7)[0] + inches("attention weight", 8)[1]
     probe.remove()
     width, height = fig.get_size_inches()
     pad = 0.12  # inches: ticks and their gap to the labels, and a margin
     fig.suptitle(title, y=1 - pad / height, va="top", fontsize=12)
     left, bottom = min((queries_wide + 2 * pad) / width, 0.4), min((keys_tall + 2 * pad) / height, 0.4)
-    right, top = 1 - pad / width, max(1 - (suptitle + head_title + 2 * pad) / height, bottom + 0.2)
+    bar_width = 0.12  # inches
+    right, top = 1 - (bar_width + bar_labels + 4 * pad) / width, max(1 - (suptitle + head_title + 2 * pad) / height, bottom + 0.2)
     gap_x, gap_y = pad, head_title + pad
     spare_x, spare_y = (right - left) * width, (top - bottom) * height  # inches the axes and gaps share
     fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top,
                         wspace=gap_x * columns / (spare_x - (columns - 1) * gap_x),
                         hspace=gap_y * rows / (spare_y - (rows - 1) * gap_y))
+    return [right + pad / width, bottom, bar_width / width, top - bottom]
 
 
 @torch.no_grad()

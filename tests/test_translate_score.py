@@ -223,7 +223,8 @@ def test_an_attention_figure_has_room_for_every_label_and_title(heads, queries, 
     """aiayn.visualize lays out its grid from the measured sizes of its texts (not tight_layout's
     extra drawing): drawn, every tick label and title lies inside the figure, off every heatmap
     (its own or another head's) and off every other text; six heads leave the last row short,
-    so the keys' labels of the upper row's last heads hang over its empty cells."""
+    so the keys' labels of the upper row's last heads hang over its empty cells. The colour bar at
+    the right, its ticks and its label too, and it spans the weights' whole range, 0 to 1."""
     import matplotlib.pyplot as plt
     import matplotlib.text
 
@@ -237,7 +238,11 @@ def test_an_attention_figure_has_room_for_every_label_and_title(heads, queries, 
         maps = [ax.get_window_extent(renderer) for ax in fig.axes if ax.axison]
         texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text() == "a title"]
         assert len(texts) == 1
+        bar = fig.axes[-1]
+        assert hasattr(bar, "_colorbar") and bar.get_ylim() == (0.0, 1.0)
         texts += [t for ax in fig.axes if ax.axison for t in [ax.title, *ax.get_xticklabels(), *ax.get_yticklabels()]]
+        texts.append(bar.yaxis.label)
+        assert texts[-1].get_text() == "attention weight"
         boxes = [(text.get_text(), text.get_window_extent(renderer)) for text in texts]
         bounds = fig.bbox
         for i, (text, box) in enumerate(boxes):
