@@ -177,13 +177,10 @@ def load_store(folder: Union[str, Path], verify: bool = False) -> Store:
         found = manifest["format"]
         raise ValueError(f"{folder} holds a preprocessed corpus of format {found!r}, but this aiayn reads format "
                          f"{FORMAT}; run aiayn preprocess again")
-    try:
-        expected = _expected_files(manifest)
-        for key in ("src_lang", "tgt_lang", "dtype", "tokenizer_sha256", "vocab_size"):
-            manifest[key]
-    except (KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"{path} is incomplete (no {error}); run aiayn preprocess again") from None
-    for name, size in expected.items():
+    _check_manifest(manifest, path)
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{folder / TOKENIZER_FILES[0]} is missing; the folder is incomplete: run aiayn preprocess again")
+    for name, size in _expected_files(manifest).items():
         file = folder / name
         if not file.is_file():
             raise ValueError(f"{file} is missing; the folder is incomplete: run aiayn preprocess again")
@@ -198,6 +195,34 @@ def load_store(folder: Union[str, Path], verify: bool = False) -> Store:
     for name in store.splits:
         _check_index(store, name)
     return store
+
+
+def _check_manifest(manifest: dict, path: Path) -> None:
+    """Every field a reader uses is there and of the kind `preprocess` writes: an edited manifest
+    is refused here, not met as a TypeError mid-training or as ids read in another dtype (the
+    digests cover the files, not the manifest)."""
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    text = ("src_lang", "tgt_lang", "tokenizer_sha256", "corpus")
+    problems = [f"no {key}" for key in (*text, "dtype", "vocab_size", "splits") if key not in manifest]
+    if not problems:
+        problems += [f"{key} is not a string" for key in text if not isinstance(manifest[key], str)]
+        if manifest["dtype"] not in ("uint16", "uint32"):
+            problems.append(f"dtype {manifest['dtype']!r} is not uint16 or uint32")
+        if not count(manifest["vocab_size"]):
+            problems.append(f"vocab_size {manifest['vocab_size']!r} is not a count")
+        if not isinstance(manifest["splits"], dict) or not manifest["splits"]:
+            problems.append("splits is not a table of splits")
+    for name, split in (manifest["splits"].items() if not problems else ()):
+        split = split if isinstance(split, dict) else {}
+        problems += [f"split {name!r}: {key} is not a count" for key in ("pairs", "tokens") if not count(split.get(key))]
+        files = split.get("files")
+        if not isinstance(files, dict) or not all(Path(file).name == file and count(size) for file, size in files.items()):
+            problems.append(f"split {name!r}: files is not a table of file names and sizes")
+    if problems:
+        raise ValueError(f"{path} is not as aiayn preprocess writes it ({'; '.join(problems)}); "
+                         "run aiayn preprocess again")
 
 
 def _check_index(store: Store, name: str) -> None:

@@ -135,6 +135,13 @@ def test_bad_data_folders_get_one_line_errors(tmp_path, data_dir, capsys):
         (broken("json", lambda f: (f / "manifest.json").write_text("{")), "not valid JSON"),
         (broken("list", lambda f: (f / "manifest.json").write_text("[1]")), "not a manifest of aiayn preprocess"),
         (tmp_path / "absent", "no data folder"),
+        # found in review: a manifest edited by hand was a TypeError, or ids read in another dtype
+        (broken("pairs", lambda f: set_manifest(f, splits={"train": {"pairs": "x"}})), "pairs is not a count"),
+        (broken("dtype", lambda f: set_manifest(f, dtype="float32")), "dtype 'float32' is not uint16 or uint32"),
+        (broken("corpus", lambda f: set_manifest(f, corpus=None)), "corpus is not a string"),
+        (broken("files", lambda f: set_manifest(f, splits={"train": {"pairs": 1, "tokens": 2, "files": {"../x": 1}}})),
+         "files is not a table of file names"),
+        (broken("no-tokenizer", lambda f: (f / "tokenizer.model").unlink()), "tokenizer.model is missing"),
     ]
     for folder, *fragments in cases:
         argv = ["train", "--data", folder, "--out", tmp_path / "run", "--preset", "tiny", "--max-steps", "1"]
