@@ -179,6 +179,10 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
     if (path.is_file() and path.suffix == ".parquet") or (path.is_dir() and any(path.glob("train*.parquet"))):
         return stream_parquet(path, src_lang, tgt_lang)
     if path.is_dir():
+        from aiayn.store import MANIFEST
+
+        if (path / MANIFEST).is_file():  # (found in review: "cannot tell the languages", of train.bin and train.idx.npy)
+            raise ValueError(f"{path} is a corpus aiayn preprocess has encoded already: train on it with --data {path}")
         if (path / "train.tsv").is_file():
             return _tsv_folder_stream(path, src_lang or UNNAMED[0], tgt_lang or UNNAMED[1])
         return _text_folder_stream(path, src_lang, tgt_lang)

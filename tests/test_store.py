@@ -158,6 +158,8 @@ def test_bad_data_folders_get_one_line_errors(tmp_path, data_dir, capsys):
     one_line_error(*cli(capsys, "preprocess", "--corpus", "no/such/corpus", "--out", tmp_path / "d")[::2],
                    "no such corpus file or folder: no/such/corpus")
     one_line_error(*cli(capsys, "preprocess", "--corpus", "bible-en-es", "--out", data_dir)[::2], "already exists", "--force")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", data_dir, "--out", tmp_path / "d")[::2],
+                   "encoded already", f"--data {data_dir}")
 
 
 def test_a_file_changed_in_place_is_noticed(tmp_path, data_dir, capsys, monkeypatch):
