@@ -14,12 +14,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, TypeVar, Union
 
 import torch
 
 from aiayn.device import check_precision, cpu_kind, fast_bf16, matmul_peak_flops, resolve_device  # noqa: F401  (cpu_kind: one definition, for the result names)
 
+T = TypeVar("T")
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ONE_CASE = HERE / "one_case.py"
@@ -213,6 +214,15 @@ def command_line() -> str:
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(HERE.parent) if script.is_relative_to(HERE.parent) else script
     return shlex.join(["python", str(shown), *sys.argv[1:]])  # quoted as a shell takes it back
+
+
+def or_exit(load: Callable[[], T]) -> T:
+    """`load()` of a script's input (a model, a run, a data folder), or the script's one-line exit
+    where aiayn refuses it: a missing folder is the user's mistake, not a traceback."""
+    try:
+        return load()
+    except (OSError, ValueError) as error:
+        sys.exit(f"{Path(sys.argv[0]).stem}: {error}")
 
 
 def default_output(kind: str, device: torch.device, quick: bool) -> Path:

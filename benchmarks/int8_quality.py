@@ -12,7 +12,6 @@ folder trained on bible-en-es, e.g. the one `make demo` leaves in runs/demo.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from aiayn.evaluate import score_hypotheses
 from aiayn.model import Transformer
 from aiayn.tokenizer import has_tokenizer, load_tokenizer
 from aiayn.translate import Translator
-from common import RESULTS, command_line, default_threads, machine, require_precision, write_results
+from common import RESULTS, command_line, default_threads, machine, or_exit, require_precision, write_results
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -47,10 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     require_precision(*PRECISIONS)
-    try:
-        model_dir = resolve_model_dir(args.run_dir)
-    except (OSError, ValueError) as error:
-        sys.exit(f"int8_quality: {error}")
+    model_dir = or_exit(lambda: resolve_model_dir(args.run_dir))
     model = Transformer.load(model_dir).eval()
     tokenizer = load_tokenizer(model_dir if has_tokenizer(model_dir) else Path(args.run_dir))
     test = load_corpus("bible-en-es").splits["test"][: args.sentences]

@@ -31,7 +31,7 @@ from aiayn.device import cpu_kind
 from aiayn.evaluate import score_hypotheses
 from aiayn.sentences import interleave, spans_from_strings
 from aiayn.translate import Translator
-from common import command_line, default_threads, machine, write_results
+from common import command_line, default_threads, machine, or_exit, write_results
 
 HERE = Path(__file__).resolve().parent
 
@@ -94,7 +94,7 @@ def main() -> None:
     groups = paragraphs(corpus.splits["test"], args.paragraphs)
     texts = [" ".join(s for s, _ in group) for group in groups]
     references = [" ".join(t for _, t in group) for group in groups]
-    translator = Translator.load(args.model, "cpu")
+    translator = or_exit(lambda: Translator.load(args.model, "cpu"))
     found = splitters(corpus.src_lang)
     rows = {}
     for name, split in found.items():

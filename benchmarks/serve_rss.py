@@ -31,7 +31,7 @@ from aiayn.model import Transformer
 from aiayn.run import resolve_model_dir
 from aiayn.serve.process import ServerProcess
 from aiayn.tokenizer import copy_tokenizer
-from common import command_line, default_threads, machine, write_results
+from common import command_line, default_threads, machine, or_exit, write_results
 
 HERE = Path(__file__).resolve().parent
 SENTENCE = "In the beginning God created the heavens and the earth."
@@ -87,7 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     import ctranslate2
 
-    model_dir = resolve_model_dir(args.model)
+    model_dir = or_exit(lambda: resolve_model_dir(args.model))
     model = Transformer.load(model_dir)
     work = Path(tempfile.mkdtemp(prefix="serve-rss-"))
     twin = model.config.norm_first  # Marian (and so CTranslate2's converter) has no pre-norm model

@@ -24,7 +24,7 @@ import torch
 
 from aiayn.batching import collate
 from aiayn.store import load_store
-from common import RESULTS, command_line, cpu_kind, machine, spread, write_results
+from common import RESULTS, command_line, cpu_kind, machine, or_exit, spread, write_results
 
 BATCH_PAIRS = 32  # pairs per gathered batch: WMT14 at 25,000 tokens holds ~800; 32 isolates per-pair cost
 BATCHES = 200
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    store = load_store(args.data_dir)
+    store = or_exit(lambda: load_store(args.data_dir))
     pairs = store.manifest["splits"]["train"]["pairs"]
     rng = np.random.default_rng(0)
     batches = rng.integers(0, pairs, (BATCHES, BATCH_PAIRS))
