@@ -22,6 +22,9 @@ CORPORA_DIR = Path(__file__).parent / "corpora"
 BIBLE_FILE = "bible-en-es.tsv.xz"
 _BIBLE = {"bible-en-es": ("en", "es"), "bible-es-en": ("es", "en")}
 # The sides of a TSV corpus whose languages were not given: names of columns, not languages.
+# The file at the top of a DATA_DIR that aiayn.store writes: named here, below the store, so that
+# a corpus given as a folder can be told from one already encoded.
+STORE_MANIFEST = "manifest.json"
 UNNAMED = ("src", "tgt")
 _WMT14 = {f"wmt14-{a}-{b}": (a, b) for a, b in [("de", "en"), ("en", "de"), ("fr", "en"), ("en", "fr")]}
 # Other names the splits go by in downloaded corpora (fairseq's "valid", HF's "validation").
@@ -179,9 +182,7 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
     if (path.is_file() and path.suffix == ".parquet") or (path.is_dir() and any(path.glob("train*.parquet"))):
         return stream_parquet(path, src_lang, tgt_lang)
     if path.is_dir():
-        from aiayn.store import MANIFEST
-
-        if (path / MANIFEST).is_file():  # (found in review: "cannot tell the languages", of train.bin and train.idx.npy)
+        if (path / STORE_MANIFEST).is_file():  # (found in review: "cannot tell the languages", of train.bin and train.idx.npy)
             raise ValueError(f"{path} is a corpus aiayn preprocess has encoded already: train on it with --data {path}")
         if (path / "train.tsv").is_file():
             return _tsv_folder_stream(path, src_lang or UNNAMED[0], tgt_lang or UNNAMED[1])

@@ -39,11 +39,11 @@ import numpy as np
 
 from aiayn.batching import EncodedPairs, within_length
 from aiayn.config import ModelConfig, PreprocessOptions
+from aiayn.corpora import STORE_MANIFEST as MANIFEST  # (named in the layer below, for aiayn.corpora to tell a DATA_DIR)
 from aiayn.files import atomic_dir, file_sha256, read_json, write_json
 from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer
 
 FORMAT = 1  # bumped whenever the layout changes; a folder of another format is refused
-MANIFEST = "manifest.json"
 TEXT_SPLITS = ("dev", "test")  # their text is kept too: dev BLEU during training, test for scoring
 SPLIT_SUFFIXES = ("bin", "idx.npy", "len.npy")  # SPLIT.bin, SPLIT.idx.npy, SPLIT.len.npy (the text: SPLIT.LANG)
 SAMPLE_SENTENCES = PreprocessOptions.sample_sentences  # the tokenizer's sample (see PreprocessOptions)
