@@ -18,13 +18,25 @@ from aiayn.config import ModelConfig, TrainConfig
 from aiayn.device import available_bytes
 
 
-def _attention_flops(config: ModelConfig, queries: int, keys: int) -> int:
-    """One multi-head attention sub-layer: queries attend over keys (§3.2.2)."""
+def _attention_flops(config: ModelConfig, queries: int, keys: int, pairs: Optional[float] = None) -> int:
+    """One multi-head attention sub-layer: queries attend over keys (§3.2.2), `pairs` of them
+    scored (all queries × keys unless restricted)."""
     d, h = config.d_model, config.n_heads
     d_k, d_v = config.head_dims
     projections = 2 * queries * d * h * d_k + 2 * keys * d * h * (d_k + d_v) + 2 * queries * h * d_v * d
-    scores_and_sum = 2 * queries * keys * h * (d_k + d_v)  # QKᵀ, then weights · V
+    pairs = queries * keys if pairs is None else pairs
+    scores_and_sum = 2 * pairs * h * (d_k + d_v)  # QKᵀ, then weights · V
     return projections + scores_and_sum
+
+
+def _self_attention_pairs(config: ModelConfig, length: float) -> float:
+    """(query, key) pairs self-attention scores over `length` positions: all length², or with a
+    neighbourhood r (Table 1's restricted self-attention) those with |i - j| ≤ r // 2, which is
+    O(n·r). As the unrestricted count ignores the decoder's causal mask, so does this one."""
+    if config.neighborhood is None or length <= config.neighborhood // 2 + 1:
+        return length * length
+    half = config.neighborhood // 2
+    return length * (2 * half + 1) - half * (half + 1)  # the band, less the corners cut at both ends
 
 
 def _ffn_flops(config: ModelConfig, length: int) -> int:
@@ -35,10 +47,9 @@ def _ffn_flops(config: ModelConfig, length: int) -> int:
 def forward_flops(config: ModelConfig, src_len: int, tgt_len: int) -> int:
     """FLOPs of one forward pass over a sentence pair of the given lengths, logits included."""
     ffn = functools.partial(_ffn_flops, config)
-    encoder_layer = _attention_flops(config, src_len, src_len) + ffn(src_len)
-    decoder_layer = (
-        _attention_flops(config, tgt_len, tgt_len) + _attention_flops(config, tgt_len, src_len) + ffn(tgt_len)
-    )
+    self_attention = lambda length: _attention_flops(config, length, length, _self_attention_pairs(config, length))  # noqa: E731
+    encoder_layer = self_attention(src_len) + ffn(src_len)
+    decoder_layer = self_attention(tgt_len) + _attention_flops(config, tgt_len, src_len) + ffn(tgt_len)
     logits = 2 * tgt_len * config.d_model * config.vocab_size
     return config.n_layers * (encoder_layer + decoder_layer) + logits
 
@@ -50,7 +61,8 @@ def decoder_step_flops(config: ModelConfig, length: int, src_len: int) -> int:
     once per sentence, not counted here), and its logits."""
     d_k, d_v = config.head_dims
     cached = lambda keys: 2 * keys * config.d_model * config.n_heads * (d_k + d_v)  # noqa: E731  projections spared
-    self_attention = _attention_flops(config, 1, length) - cached(length - 1)  # only the newest key is projected
+    seen = length if config.neighborhood is None else min(length, config.neighborhood // 2 + 1)  # restricted: the last r // 2 + 1
+    self_attention = _attention_flops(config, 1, length, seen) - cached(length - 1)  # only the newest key is projected
     cross_attention = _attention_flops(config, 1, src_len) - cached(src_len)
     return config.n_layers * (self_attention + cross_attention + _ffn_flops(config, 1)) + 2 * config.d_model * config.vocab_size
 

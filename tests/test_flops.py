@@ -57,6 +57,22 @@ def test_a_decoding_step_costs_what_decoder_step_flops_counts():
     assert counter.get_total_flops() == rows * decoder_step_flops(config, 3, src_len)
 
 
+def test_restricted_self_attention_counts_the_pairs_its_mask_allows():
+    """Table 1's restricted self-attention scores O(n·r) pairs, not n²: the count is the pairs
+    `attention_mask` lets through, for a whole sequence (queries × keys, the causal mask ignored
+    as in the unrestricted count) and for a decoding step's one newest query."""
+    base = ModelConfig(vocab_size=61, d_model=24, n_heads=3, d_k=5, d_v=7, d_ff=40, n_layers=2)
+    per_pair = 2 * base.n_layers * base.n_heads * (5 + 7)  # QKᵀ and weights · V in every layer
+    for r in (1, 2, 5, 8, 30):
+        config = dataclasses.replace(base, neighborhood=r)
+        spared = lambda n: n * n - int(attention_mask(None, False, r, n, n, torch.device("cpu")).sum())  # noqa: E731
+        for n in (1, 3, 9, 40):
+            assert forward_flops(base, n, 6) - forward_flops(config, n, 6) == per_pair * (spared(n) + spared(6))
+            assert forward_flops(base, 6, n) - forward_flops(config, 6, n) == per_pair * (spared(6) + spared(n))
+            seen = int(attention_mask(None, True, r, 1, n, torch.device("cpu")).sum())
+            assert decoder_step_flops(base, n, 6) - decoder_step_flops(config, n, 6) == per_pair * (n - seen)
+
+
 def test_the_training_peak_estimate_meets_the_measured_peaks():
     """Every committed measurement of benchmarks/train_peak.py, on any CPU kind, within a fifth of
     the estimate (the run-to-run spread of a peak resident set is about a tenth)."""
