@@ -36,7 +36,7 @@ from aiayn.corpora import language_name
 from aiayn.files import atomic_dir, atomic_write, output_lock, refuse_to_replace, write_json
 from aiayn.marian import BARRED_LOGIT
 from aiayn.model import Transformer, sinusoidal_positions
-from aiayn.run import check_vocabulary, languages_of, model_inputs, resolve_model_dir, tokenizer_folder
+from aiayn.run import check_vocabulary, languages_of, model_inputs, resolve_model_dir, run_files, tokenizer_folder
 from aiayn.tokenizer import MODEL_FILE, Tokenizer, load_tokenizer
 
 ARGOS_VERSION = "1.9"  # the package format of argostranslate 1.9 and later
@@ -165,7 +165,7 @@ def export_ct2(model_path: Union[str, Path], out_dir: Union[str, Path], quantiza
     if quantization is not None and quantization not in CT2_QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}: one of {', '.join(CT2_QUANTIZATIONS)}")
     model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
-    refuse_to_replace(out_dir, force, inputs=model_inputs(model_path), folder=True)
+    refuse_to_replace(out_dir, force, inputs=model_inputs(model_path), folder=True, kept=run_files(out_dir))
     folder, tokenizer = native_tokenizer(model_dir, model_path)
 
     def build(tmp: Path) -> None:
@@ -187,7 +187,7 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     downloads on first use (MiniSBD), or with spaCy (ARGOS_CHUNK_TYPE=SPACY) from a pipeline in
     the package's spacy/ folder (benchmarks/libretranslate_load.py adds one)."""
     model_dir, out_file = resolve_model_dir(model_path), Path(out_file)
-    refuse_to_replace(out_file, force, inputs=model_inputs(model_path), folder=False)
+    refuse_to_replace(out_file, force, inputs=model_inputs(model_path), folder=False, kept=run_files(out_file))
     with output_lock(out_file):  # one writer: two packages into one file both said "wrote" (found in review)
         source, target, byte_pieces = _write_argos(model_path, model_dir, out_file, source_lang, target_lang, force)
     # argospm installs only by name from the online index; a file goes through the package API.

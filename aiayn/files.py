@@ -68,15 +68,17 @@ WORK_LOCK = ".lock"
 
 
 def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Union[str, Path]] = (),
-                      folder: Optional[bool] = None) -> None:
+                      folder: Optional[bool] = None, kept: Iterable[Path] = ()) -> None:
     """The one rule for outputs: writing `path` may replace something (a file, or a folder that
     is not empty) only with `force`, and never what the command reads: an output that is one of
     its `inputs`, holds one or lies inside one is refused, `force` or not, since replacing it
     would delete the input (symbolic links and `..` resolved). Nor, `force` or not, the current
     folder or one that holds it, a working folder (`WORK_LOCK`), or a file where
     the output is a folder (`folder` True) or a folder where it is a file (`folder` False): a
-    mistyped --out would delete a data file. Commands call it before their work, so that the
-    refusal comes before minutes of decoding rather than after."""
+    mistyped --out would delete a data file. Nor what a training run keeps (`kept`: the records,
+    checkpoints and models of the run the output lies in, `run.run_files`), whichever model the
+    command reads. Commands call it before their work, so that the refusal comes before minutes
+    of decoding rather than after."""
     path = Path(path)
     out = path.resolve()
     here = Path.cwd().resolve()
@@ -94,6 +96,12 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
             raise ValueError(f"{path} holds {source}, an input of this command; choose another output")
         if read in out.parents:
             raise ValueError(f"{path} lies inside {source}, an input of this command; choose another output")
+    for record in kept:  # found in review: import-hf --out RUN/averaged --force replaced another run's model
+        where = "is" if out == record else "lies inside" if record in out.parents else "holds" if out in record.parents else None
+        if where:
+            what = "one of the records a training run keeps" if where == "is" else f"{record}, which a training run keeps"
+            raise ValueError(f"{path} {where} {what}: --force replaces outputs, never a run's records, checkpoints or "
+                             "models; choose another output")
     if path.exists() and not (path.is_file() or path.is_dir()):  # a device or a pipe: a rename would replace it
         raise ValueError(f"{path} is not a regular file or folder; choose another output")
     if folder is not None and path.exists() and path.is_dir() != folder:
@@ -287,7 +295,7 @@ class PartialOutput:
     model it reads (`model`: its files, `run.model_inputs`), nor a folder or a device."""
 
     def __init__(self, output: str, input: Optional[str], resume: bool, force: bool,
-                 model: Sequence[Path] = (), settings: Optional[dict] = None) -> None:
+                 model: Sequence[Path] = (), settings: Optional[dict] = None, kept: Sequence[Path] = ()) -> None:
         self.final = Path(output)
         self.partial = self.final.with_name(self.final.name + ".partial")
         self.record = self.final.with_name(self.final.name + ".partial.json")
@@ -299,16 +307,17 @@ class PartialOutput:
         self._lock = ExitStack()
         try:
             self._lock.enter_context(output_lock(self.final))
-            self._open(input, resume, force, model, settings or {})
+            self._open(input, resume, force, model, settings or {}, kept)
         except BaseException:
             self._release()
             raise
 
-    def _open(self, input: Optional[str], resume: bool, force: bool, model: Sequence[Path], settings: dict) -> None:
+    def _open(self, input: Optional[str], resume: bool, force: bool, model: Sequence[Path], settings: dict,
+              kept: Sequence[Path]) -> None:
         inputs = ([] if input in (None, "-") else [input]) + list(model)
-        refuse_to_replace(self.final, force or resume, inputs)  # before anything is read or written
+        refuse_to_replace(self.final, force or resume, inputs, kept=kept)  # before anything is read or written
         for written in (self.partial, self.record):  # written before the output is: never an input either
-            refuse_to_replace(written, True, inputs)
+            refuse_to_replace(written, True, inputs, kept=kept)
         digest = None if input in (None, "-") else _digest(input)
         self.skip = 0
         if resume and self.partial.exists():

@@ -27,7 +27,7 @@ from aiayn.checkpoint import build_model
 from aiayn.files import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
 from aiayn.config import DECODE_PRESETS, ModelConfig
 from aiayn.model import Transformer
-from aiayn.run import RunDir, check_vocabulary, model_inputs, resolve_model_dir, tokenizer_folder
+from aiayn.run import RunDir, check_vocabulary, model_inputs, resolve_model_dir, run_files, tokenizer_folder
 from aiayn.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
@@ -140,7 +140,7 @@ def import_marian(
     written whole and atomically; an existing one only with `force`, and then replaced whole.
     Returns the model folder."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
-    refuse_to_replace(out_dir, force, inputs=[hf_dir], folder=True)
+    refuse_to_replace(out_dir, force, inputs=[hf_dir], folder=True, kept=run_files(out_dir))
     try:
         hf = read_json(hf_dir / "config.json")
     except FileNotFoundError:
@@ -310,7 +310,7 @@ def export_marian(
     Returns `out_dir`."""
     model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
     tokenizer_dir = tokenizer_folder(model_dir, model_path)
-    refuse_to_replace(out_dir, force, inputs=model_inputs(model_path), folder=True)
+    refuse_to_replace(out_dir, force, inputs=model_inputs(model_path), folder=True, kept=run_files(out_dir))
     model = Transformer.load(model_dir)
     config = model.config
     hf = marian_config(config)

@@ -274,11 +274,11 @@ def tokenizer_folder(model_dir: Path, path: PathLike) -> Path:
 
 
 def model_inputs(path: PathLike) -> list[Path]:
-    """What loading the model at `path` reads, its model folder first, then its tokenizer's files,
-    and the files of the run it belongs to (`run_files`): what no output of a command that loads
-    it may replace (`files.refuse_to_replace`)."""
+    """What loading the model at `path` reads, its model folder first, then its tokenizer's files:
+    what no output of a command that loads it may replace (`files.refuse_to_replace`; the rest
+    of a run, `run_files`, is kept from every output)."""
     model_dir = resolve_model_dir(path)
-    return [model_dir, *tokenizer_files(tokenizer_folder(model_dir, path)), *run_files(model_dir)]
+    return [model_dir, *tokenizer_files(tokenizer_folder(model_dir, path))]
 
 
 def run_files(path: PathLike) -> list[Path]:
@@ -375,8 +375,8 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
     if missing := [path.name for path in chosen if path not in found]:
         kept = ", ".join(path.name.split("_")[-1].lstrip("0") or "0" for path in found)
         raise ValueError(f"{options.run_dir} has no checkpoint {', '.join(missing)}; it keeps those of steps {kept}")
-    guarded = [path for path in run_files(options.run_dir) if path != run.averaged.resolve()]  # averaged anew
-    refuse_to_replace(options.out, options.force, inputs=chosen + guarded, folder=True)
+    kept = [path for path in {*run_files(options.run_dir), *run_files(options.out)} if path != run.averaged.resolve()]  # averaged anew
+    refuse_to_replace(options.out, options.force, inputs=chosen, folder=True, kept=kept)
     if options.steps is None and len(chosen) < last:
         kept = f"{len(found)} checkpoints; averaging those" if len(found) > 1 else "1 checkpoint; averaging it alone"
         echo(f"note: {options.run_dir} keeps {kept}")

@@ -430,6 +430,7 @@ def preprocess_command(options: PreprocessOptions, echo: Callable[[str], None] =
     """`aiayn preprocess`: encode --corpus into --out, or with --verify check a DATA_DIR's every byte."""
     from aiayn.corpora import stream_corpus
     from aiayn.files import refuse_to_replace
+    from aiayn.run import run_files
     from aiayn.tokenizer import has_tokenizer, load_tokenizer
 
     if options.verify is not None:
@@ -445,7 +446,7 @@ def preprocess_command(options: PreprocessOptions, echo: Callable[[str], None] =
     if options.vocab_size is not None and options.tokenizer is not None:
         raise ValueError("--tokenizer fixes the vocabulary; drop --vocab-size")
     read = [spec for spec in (options.corpus, options.tokenizer) if spec is not None and Path(spec).exists()]
-    refuse_to_replace(options.out, options.force, inputs=read, folder=True)
+    refuse_to_replace(options.out, options.force, inputs=read, folder=True, kept=run_files(options.out))
     vocab_size = options.vocab_size or ModelConfig.vocab_size
     if options.tokenizer is not None:
         if not has_tokenizer(options.tokenizer):

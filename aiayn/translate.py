@@ -28,7 +28,7 @@ from aiayn.graphs import GraphedStep
 from aiayn.inference import inference_copy
 from aiayn.model import Transformer
 from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
-from aiayn.run import languages_of, load_for_inference, model_inputs
+from aiayn.run import languages_of, load_for_inference, model_inputs, run_files
 from aiayn.search import BeamSearch, Hypothesis, beam_search
 from aiayn.sentences import interleave, split_sentences
 from aiayn.visualize import attention_figures
@@ -435,7 +435,8 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         settings = {"model": file_sha256(reads[0] / WEIGHTS), "command": command,
                     **{f"--{name.replace('_', '-')}": value for name, value in flags.items()
                        if name not in ("batch_tokens", "cuda_graphs")}}
-        out = PartialOutput(options.output, options.input, options.resume, options.force, reads, settings)
+        out = PartialOutput(options.output, options.input, options.resume, options.force, reads, settings,
+                            kept=run_files(options.output))
     skip = out.skip if out else 0
 
     def write(lines: list[str]) -> None:
@@ -482,7 +483,7 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
 def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=print) -> None:
     """`aiayn attention`: translate one sentence, then draw every layer's and head's attention."""
     translator = Translator.load(options.run_dir, options.device, decode)
-    refuse_to_replace(options.out, options.force, inputs=model_inputs(options.run_dir), folder=True)
+    refuse_to_replace(options.out, options.force, inputs=model_inputs(options.run_dir), folder=True, kept=run_files(options.out))
     source = options.sentence.strip()
     if not source:
         raise ValueError("--sentence is empty")

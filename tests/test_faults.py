@@ -910,24 +910,25 @@ def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_pa
     assert losses(run) == {step: loss for step, loss in losses(straight_run).items() if step <= 40}
 
 
-def test_no_output_replaces_a_file_of_the_run_it_reads(tmp_path, straight_run, capsys):
+def test_no_output_replaces_a_file_of_a_training_run(tmp_path, straight_run, capsys):
     """Not with --force either: a run's checkpoints, data, log, configs and records, final and
-    averaged models and tokenizer took its training to make. Commands given the run, or a model or
-    checkpoint inside it, refuse them as outputs; a new name inside the run folder stays allowed,
-    and `average` may make RUN/averaged anew."""
+    averaged models and tokenizer took its training to make. Commands refuse them as outputs,
+    whether they read that run (the run, or a model or checkpoint inside it) or another; a new name
+    inside the run folder stays allowed, and `average` may make RUN/averaged anew."""
     run = Path(shutil.copytree(straight_run, tmp_path / "run"))
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     newest = RunDir(run).checkpoints()[-1]
     (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
     translate = ["translate", "--input", tmp_path / "in.txt", "--force", "--output"]
-    for argv in (["average", run, "--last", "2", "--force", "--out", run / "data"],
-                 ["average", run, "--last", "2", "--force", "--out", run / "tokenizer.model"],
-                 ["export-hf", run, run / "checkpoints", "--force"],
-                 ["attention", run, "--sentence", "the cat", "--force", "--out", run / "checkpoints"],
-                 ["translate", run, *translate[1:], run / "log.jsonl"],
-                 ["translate", run / "model", *translate[1:], run / "train_config.json"],
-                 ["translate", newest, *translate[1:], run / "data" / "new.txt"]):
-        one_line_error(*cli(capsys, *argv)[::2], "an input of this command")
+    kept = "which a training run keeps"
+    for argv, fragment in ((["average", run, "--last", "2", "--force", "--out", run / "data"], "records a training run keeps"),
+                           (["average", run, "--last", "2", "--force", "--out", run / "tokenizer.model"], "records"),
+                           (["export-hf", run, run / "checkpoints", "--force"], "records a training run keeps"),
+                           (["attention", run, "--sentence", "the cat", "--force", "--out", run / "checkpoints"], "records"),
+                           (["translate", run, *translate[1:], run / "log.jsonl"], "records a training run keeps"),
+                           (["translate", run / "model", *translate[1:], run / "train_config.json"], "records"),
+                           (["translate", newest, *translate[1:], run / "data" / "new.txt"], f"lies inside {run / 'data'}, {kept}")):
+        one_line_error(*cli(capsys, *argv)[::2], fragment, "--force replaces outputs, never a run's records")
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert cli(capsys, "average", run, "--last", "2", "--out", run / "averaged")[0] == 0
     # Found in review: the averaged model and the demo's figures were open to --force.
@@ -936,9 +937,19 @@ def test_no_output_replaces_a_file_of_the_run_it_reads(tmp_path, straight_run, c
     for argv in (["translate", run, *translate[1:], run / "averaged" / "model.safetensors"],
                  ["translate", run, *translate[1:], run / "demo.json"],
                  ["attention", run, "--sentence", "the cat", "--force", "--out", run / "averaged"]):
-        one_line_error(*cli(capsys, *argv)[::2], "an input of this command")
-    assert {p: p.read_bytes() for p in (run / "averaged").iterdir()} == averaged
-    assert (run / "demo.json").read_text() == "{}"
+        one_line_error(*cli(capsys, *argv)[::2], "choose another output")  # an input (the averaged model read) or kept
+    # Found in review: the rule covered only the run a command reads; another run's are kept too.
+    other = Path(shutil.copytree(run, tmp_path / "other"))
+    hf = tmp_path / "hf"
+    assert cli(capsys, "export-hf", run, hf)[0] == 0
+    for argv in (["translate", run, *translate[1:], other / "demo.json"],
+                 ["export-hf", run, other / "averaged", "--force"],
+                 ["export-ct2", run, other / "model", "--force"],
+                 ["import-hf", hf, other / "averaged", "--force"],
+                 ["preprocess", "--corpus", tmp_path / "in.txt", "--out", other / "data", "--force"]):
+        one_line_error(*cli(capsys, *argv)[::2], "a training run keeps")
+    assert {p.name: p.read_bytes() for p in (other / "averaged").iterdir()} == {p.name: b for p, b in averaged.items()}
+    assert (run / "demo.json").read_text() == "{}" and (other / "demo.json").read_text() == "{}"
     assert cli(capsys, "average", run, "--last", "1", "--out", run / "averaged", "--force")[0] == 0  # averaged anew
 
 
