@@ -199,8 +199,7 @@ def cmd_average(args: argparse.Namespace) -> None:
 
 
 def cmd_hf(args: argparse.Namespace) -> None:
-    """import-hf: an HF Marian (OPUS-MT) folder -> an aiayn run folder; export-hf: an aiayn run or
-    model folder -> an HF Marian folder (loadable by transformers): aiayn.marian."""
+    """import-hf: an HF Marian (OPUS-MT) folder -> an aiayn run; export-hf: the reverse (aiayn.marian)."""
     from aiayn.marian import export_marian, import_marian
 
     convert = options(args, ConvertOptions)
@@ -223,12 +222,13 @@ def cmd_ct2(args: argparse.Namespace) -> None:
 def cmd_corpus_export(args: argparse.Namespace) -> None:
     """Write one split of a corpus as two plain-text files."""
     from aiayn.corpora import export_split, load_corpus
+    from aiayn.run import run_files
 
     export = options(args, CorpusExportOptions)
     read = [export.name] if Path(export.name).exists() else []
-    corpus = load_corpus(export.name, export.src_lang, export.tgt_lang)
-    for path in export_split(corpus, export.split, export.out, export.force, read, lambda text: print(f"aiayn: note: {text}", file=sys.stderr)):
-        print(path)
+    note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
+    print(*export_split(load_corpus(export.name, export.src_lang, export.tgt_lang), export.split, export.out,
+                        export.force, read, note, kept=run_files(export.out)), sep="\n")
 
 
 def cmd_translate(args: argparse.Namespace) -> None:

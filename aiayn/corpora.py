@@ -488,11 +488,12 @@ def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional
 
 def export_split(
     corpus: ParallelCorpus, split: str, out_dir: Union[str, Path], force: bool = False, inputs: Sequence = (),
-    note: Callable[[str], None] = lambda _: None,
+    note: Callable[[str], None] = lambda _: None, kept: Sequence[Path] = (),
 ) -> tuple[Path, Path]:
     """Write `{split}.{src_lang}` and `{split}.{tgt_lang}`, one sentence per line, into `out_dir`,
     so that any tool can score against the references. Existing files are replaced only with
-    `force`, and never the corpus's own `inputs` (see `refuse_to_replace`). Pairs with an empty
+    `force`, and never the corpus's own `inputs` nor what a training run `kept` (see
+    `refuse_to_replace`). Pairs with an empty
     side are not written (as nothing trains or scores them): `note` says how many."""
     if split not in corpus.splits:
         raise ValueError(f"corpus {corpus.name} has no {split!r} split (it has {', '.join(corpus.splits)})")
@@ -500,7 +501,7 @@ def export_split(
         note(f"left out {corpus.dropped[split]:,} {split} pairs with an empty side")
     paths = [Path(out_dir) / f"{split}.{lang}" for lang in (corpus.src_lang, corpus.tgt_lang)]
     for path in paths:
-        refuse_to_replace(path, force, inputs)
+        refuse_to_replace(path, force, inputs, kept=kept)
     # Both sides written in full before either is renamed into place, under both outputs' locks:
     # one written and the other not was half a pair, or a new source beside an old reference
     # (an interrupted --force; found in review).
@@ -508,7 +509,7 @@ def export_split(
     with output_lock(paths[0]), output_lock(paths[1]):
         try:
             for side, (path, stage) in enumerate(zip(paths, staged)):
-                refuse_to_replace(path, force, inputs)  # made meanwhile by a writer that takes no lock
+                refuse_to_replace(path, force, inputs, kept=kept)  # made meanwhile by a writer that takes no lock
                 text = "".join(pair[side] + "\n" for pair in corpus.splits[split])
                 atomic_write(stage, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
             for stage, path in zip(staged, paths):

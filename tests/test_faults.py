@@ -942,11 +942,13 @@ def test_no_output_replaces_a_file_of_a_training_run(tmp_path, straight_run, cap
     other = Path(shutil.copytree(run, tmp_path / "other"))
     hf = tmp_path / "hf"
     assert cli(capsys, "export-hf", run, hf)[0] == 0
+    (tmp_path / "pairs.tsv").write_text("the cat\tdie Katze\n", encoding="utf-8")
     for argv in (["translate", run, *translate[1:], other / "demo.json"],
                  ["export-hf", run, other / "averaged", "--force"],
                  ["export-ct2", run, other / "model", "--force"],
                  ["import-hf", hf, other / "averaged", "--force"],
-                 ["preprocess", "--corpus", tmp_path / "in.txt", "--out", other / "data", "--force"]):
+                 ["preprocess", "--corpus", tmp_path / "in.txt", "--out", other / "data", "--force"],
+                 ["corpus", "export", tmp_path / "pairs.tsv", "--split", "train", "--out", other / "data", "--force"]):
         one_line_error(*cli(capsys, *argv)[::2], "a training run keeps")
     assert {p.name: p.read_bytes() for p in (other / "averaged").iterdir()} == {p.name: b for p, b in averaged.items()}
     assert (run / "demo.json").read_text() == "{}" and (other / "demo.json").read_text() == "{}"
