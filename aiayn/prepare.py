@@ -17,7 +17,7 @@ from aiayn.checkpoint import read_config
 from aiayn.config import ModelConfig, TrainConfig, check_resumed
 from aiayn.corpora import stream_corpus
 from aiayn.device import check_precision, init_distributed, resolve_device
-from aiayn.run import SPECIAL_IDS, RunDir, check_special_ids, resolve_model_dir
+from aiayn.run import SPECIAL_IDS, RunDir, resolve_model_dir
 from aiayn.store import MANIFEST, Store, load_store, preprocess, text_digest, tokenizer_digest
 from aiayn.tokenizer import EOS_ID, PAD_ID, TOKENIZER_FILES, UNK_ID, copy_tokenizer, has_tokenizer, load_tokenizer
 
@@ -155,7 +155,13 @@ def _check_data_settings(store: Store, model_config: ModelConfig, recipe: TrainC
     for given, kept, side in ((recipe.src_lang, store.src_lang, "source"), (recipe.tgt_lang, store.tgt_lang, "target")):
         if recipe.data and given is not None and given != kept:
             raise ValueError(f"{store.folder} has {kept} as its {side} language, not {given}")
-    check_special_ids(load_tokenizer(store.folder), model_config)
+    tokenizer = load_tokenizer(store.folder)
+    if wrong := [name for name in SPECIAL_IDS if getattr(tokenizer, name) != getattr(model_config, name)]:
+        # (noticed in review: data of a Marian tokenizer was refused without the flags that take it)
+        ids = lambda of: ", ".join(f"{name} {getattr(of, name)}" for name in wrong)  # noqa: E731
+        flags = " ".join(f"--{name.replace('_', '-')} {getattr(tokenizer, name)}" for name in wrong)
+        raise ValueError(f"the tokenizer of {store.folder} has {ids(tokenizer)} but the model {ids(model_config)}, and "
+                         f"a model takes its special ids from its tokenizer; pass {flags}")
 
 
 def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:

@@ -152,6 +152,9 @@ def test_bad_data_folders_get_one_line_errors(tmp_path, data_dir, capsys):
     argv = ["train", "--data", data_dir, "--vocab-size", "500", "--out", tmp_path / "run", "--preset", "tiny"]
     one_line_error(*cli(capsys, *argv)[::2], "has 300 tokens", "--vocab-size 300")
     assert not (tmp_path / "run").exists()  # found in review: left with the data's tokenizer, taken for a run
+    argv = ["train", "--data", data_dir, "--unk-id", "5", "--pad-id", "4", "--out", tmp_path / "run", "--preset", "tiny"]
+    one_line_error(*cli(capsys, *argv)[::2], "has pad_id 0, unk_id 3 but the model pad_id 4, unk_id 5", "pass --pad-id 0 --unk-id 3")
+    assert not (tmp_path / "run").exists()
     argv = ["train", "--data", data_dir, "--tgt-lang", "fr", "--out", tmp_path / "run", "--preset", "tiny"]
     one_line_error(*cli(capsys, *argv)[::2], "de as its target language, not fr")
     assert not (tmp_path / "run").exists()
