@@ -158,7 +158,8 @@ def plot_losses(records: Sequence[dict], png_path: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("label-smoothed loss per target token")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.lines:  # a log with no record yet (stopped before its first) draws empty axes, without matplotlib's warning
+        ax.legend()
     fig.tight_layout()
     tmp = png_path.with_name(f".{png_path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)

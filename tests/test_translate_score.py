@@ -329,3 +329,16 @@ def test_guards_that_ban_every_token_give_an_output_not_an_error(beam):
     model = Transformer(ModelConfig(vocab_size=12, d_model=16, n_heads=2, d_ff=32, n_layers=1)).eval()
     out = translate_ids(model, [[5, 6, 7]], beam=beam, extra_len=30, min_len=20, no_repeat_ngram_size=1)
     assert len(out) == 1 and (len(out[0]) == 33 if beam == 1 else out == [[]])
+
+
+def test_a_loss_plot_of_a_log_with_no_record_yet_is_drawn_without_a_warning(tmp_path):
+    """A run stopped before its first log record still gets its loss.png, and matplotlib's "No
+    artists with labels" warning is not printed among the run's lines."""
+    import warnings
+
+    from aiayn.visualize import plot_losses
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot_losses([], tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").stat().st_size > 1000
