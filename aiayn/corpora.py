@@ -21,10 +21,10 @@ from aiayn.files import atomic_write, output_lock, refuse_to_replace
 CORPORA_DIR = Path(__file__).parent / "corpora"
 BIBLE_FILE = "bible-en-es.tsv.xz"
 _BIBLE = {"bible-en-es": ("en", "es"), "bible-es-en": ("es", "en")}
-# The sides of a TSV corpus whose languages were not given: names of columns, not languages.
 # The file at the top of a DATA_DIR that aiayn.store writes: named here, below the store, so that
 # a corpus given as a folder can be told from one already encoded.
 STORE_MANIFEST = "manifest.json"
+# The sides of a TSV corpus whose languages were not given: names of columns, not languages.
 UNNAMED = ("src", "tgt")
 _WMT14 = {f"wmt14-{a}-{b}": (a, b) for a, b in [("de", "en"), ("en", "de"), ("fr", "en"), ("en", "fr")]}
 # Other names the splits go by in downloaded corpora (fairseq's "valid", HF's "validation").
@@ -493,8 +493,8 @@ def export_split(
     """Write `{split}.{src_lang}` and `{split}.{tgt_lang}`, one sentence per line, into `out_dir`,
     so that any tool can score against the references. Existing files are replaced only with
     `force`, and never the corpus's own `inputs` nor what a training run `kept` (see
-    `refuse_to_replace`). Pairs with an empty
-    side are not written (as nothing trains or scores them): `note` says how many."""
+    `refuse_to_replace`). Pairs with an empty side are not written (as nothing trains or scores
+    them): `note` says how many."""
     if split not in corpus.splits:
         raise ValueError(f"corpus {corpus.name} has no {split!r} split (it has {', '.join(corpus.splits)})")
     if corpus.dropped.get(split):  # the files are shorter than the corpus's own: say so

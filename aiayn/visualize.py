@@ -61,8 +61,9 @@ def heads_figure(weights: Tensor, queries: Sequence[str], keys: Sequence[str], t
         else:
             ax.set_yticks([])
     bar = _lay_out(fig, title, rows, columns, keys, queries)
-    fig.colorbar(image, cax=fig.add_axes(bar), ticks=[0, 0.5, 1]).set_label("attention weight", fontsize=8)
-    fig.axes[-1].tick_params(labelsize=7)
+    colour_bar = fig.colorbar(image, cax=fig.add_axes(bar), ticks=[0, 0.5, 1])
+    colour_bar.set_label("attention weight", fontsize=8)
+    colour_bar.ax.tick_params(labelsize=7)
     return fig
 
 
