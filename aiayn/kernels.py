@@ -21,8 +21,9 @@ reference math:
   projection; keep the decoder's keys and values in the precision they are computed in (bf16
   for an int8 model on a CPU that computes bf16 fast).
 - `log_softmax_stats`: the per-token statistics the loss of §5.4 needs, -log p(y) and Σ_k log p(k),
-  computed over a few rows at a time, so that no (tokens × vocabulary) fp32 tensor is ever built:
-  one such tensor is 32 MB at the demo's shape and 3.7 GB at the paper's (25,000 tokens × 37,000).
+  computed over a few rows at a time, so that no (tokens × vocabulary) tensor wider than the
+  logits' own dtype is built (with bf16 logits, none in fp32): one fp32 such tensor is 32 MB at
+  the demo's shape and 3.7 GB at the paper's (25,000 tokens × 37,000).
 - `source_width`: a server pads the sources that join a running search, and the encoder-decoder
   memory it keeps, to a multiple of 8 positions, so that oneDNN meets a few problem shapes again
   rather than compiling a kernel for every new source length.
@@ -35,7 +36,10 @@ reference math:
 
 One switch turns every trick off: inside `with reference_math():` attention runs the reference
 `softmax(QKᵀ/√d_k)V` of aiayn.attention, dropout is `nn.Dropout`, the loss is autograd through
-`log_softmax` (aiayn.loss), nothing is cast and no weight is laid out.
+`log_softmax` (aiayn.loss), nothing is cast and no weight is laid out. The beams' queries are
+still folded (`fold_queries`: the same products, each query against the same keys). The switch
+holds for the whole process, every thread included: it is for tests and comparisons, not for
+one request among others.
 """
 
 from __future__ import annotations
@@ -130,7 +134,9 @@ def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], ca
         # (see `relu`). A masked key's weight is still exactly 0 (exp underflows), and a query
         # that sees no key gets finite weights, zeroed below, rather than NaNs that would reach
         # the gradients through the addition.
-        lowest = torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype, device=scores.device)
+        # Half the dtype's lowest: a score added to the lowest itself overflowed fp16 (-65504 less a
+        # score of -16 is -inf), and a query whose keys were all masked got NaN gradients (found in review).
+        lowest = torch.tensor(torch.finfo(scores.dtype).min / 2, dtype=scores.dtype, device=scores.device)
         scores = scores + torch.where(mask, 0.0, lowest)  # (B, h, L_q, L_k)
     elif mask is not None:  # no backward (decoding): the fill is the cheaper op at a step's few queries
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -213,7 +219,7 @@ def attention_kernel(q: Tensor, k: Tensor, mask: Optional[Tensor], neighborhood:
         return None
     bf16_training = k.dtype == torch.bfloat16 and torch.is_grad_enabled()
     if neighborhood is not None:
-        key_mask_only = mask is None or (mask.dim() == 4 and mask.size(-2) == 1)
+        key_mask_only = mask is None or (mask.dim() == 4 and mask.size(1) == 1 and mask.size(-2) == 1)  # not per head
         if q.size(-2) != k.size(-2) or not key_mask_only:
             return None
         kernel = lambda q, k, v, mask, causal, dropout_p: local_attention(q, k, v, neighborhood, mask, causal, dropout_p)  # noqa: E731
@@ -268,7 +274,7 @@ class Dropout(nn.Dropout):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:  # the identity, as nn.Dropout's, without its call
             return x
-        if x.device.type != "cpu" or _reference:
+        if x.device.type != "cpu" or _reference or self.p == 1.0:  # p = 1 drops all: no 1 / (1 - p)
             return super().forward(x)
         n = x.numel()
         draws = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)  # 64 random bits each

@@ -4,6 +4,7 @@ and encoder-decoder attention."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Sequence
@@ -53,11 +54,11 @@ def heads_figure(weights: Tensor, queries: Sequence[str], keys: Sequence[str], t
         ax.set_title(f"head {head + 1}", fontsize=9)
         lowest = head + columns >= heads
         if lowest:
-            ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
+            ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7, parse_math=False)  # a piece "$$" is text
         else:
             ax.set_xticks([])
         if head % columns == 0:
-            ax.set_yticks(range(len(queries)), queries, fontsize=7)
+            ax.set_yticks(range(len(queries)), queries, fontsize=7, parse_math=False)
         else:
             ax.set_yticks([])
     bar = _lay_out(fig, title, rows, columns, keys, queries)
@@ -80,6 +81,7 @@ def _lay_out(fig, title: str, rows: int, columns: int, keys: Sequence[str], quer
     probe = fig.text(0, 0, "")
 
     def inches(text: str, size: float) -> tuple[float, float]:  # (width, height) of `text` at `size` points
+        probe.set_parse_math(False)
         probe.set_text(text)
         probe.set_fontsize(size)
         box = probe.get_window_extent(renderer)
@@ -150,12 +152,16 @@ def plot_losses(records: Sequence[dict], png_path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for split, style in (("train", "-"), ("dev", "o-")):
-        points = [(r["step"], r["loss"]) for r in records if r.get("split") == split]
-        if points:
-            ax.plot(*zip(*points), style, label=f"{split} loss")
+        # (found in review: a record without a loss, hand-added, was a KeyError at the end of training)
+        points = [(r["step"], r["loss"]) for r in records if r.get("split") == split
+                  and isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
+        if points:  # one point of a line draws nothing: a short run's first record gets its marker
+            ax.plot(*zip(*points), style if len(points) > 1 else "o", label=f"{split} loss")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     ax.set_xlabel("step")
     ax.set_ylabel("label-smoothed loss per target token")
     ax.grid(alpha=0.3)

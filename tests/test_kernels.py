@@ -79,6 +79,40 @@ def test_local_kernel_gives_a_key_masked_row_zero_output():
     assert torch.equal(got[1], torch.zeros_like(got[1]))
 
 
+@pytest.mark.numeric
+def test_a_query_that_sees_no_key_gets_finite_fp16_gradients():
+    """Found in review: the fp16 scores of a masked key, added to the dtype's lowest (-65504),
+    rounded to -inf below a score of -16, and a query whose every key is masked (padding in a
+    restricted window) got NaN gradients, where the reference's are finite. Scores of -40 here."""
+    q, k, v = (t.half().requires_grad_() for t in qkv(q_len=4, k_len=4, dtype=torch.float64))
+    with torch.no_grad():
+        k.fill_(-1.0)  # every key -1, every query ≥ 14: scores ≤ -14 · 8 / √8 ≈ -40
+        q.copy_(q.abs() + 14)
+    mask = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    mask[:, :, 1] = False  # query 1 sees no key
+    out = matmul_attention(q, k, v, mask, False, 0.0)
+    out.float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert torch.equal(q.grad[:, :, 1], torch.zeros_like(q.grad[:, :, 1]))  # it attends to nothing
+
+
+@pytest.mark.numeric
+def test_restricted_attention_with_a_mask_per_head_is_the_reference_math():
+    """Found in review: a (B, h, 1, L) key mask reached the block-wise kernel, which takes one mask
+    for every head, and failed; such a mask takes the reference math."""
+    from aiayn.attention import MultiHeadAttention
+
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(16, 2, neighborhood=4).eval()
+    x = torch.randn(2, 6, 16)
+    mask = torch.rand(2, 2, 1, 6, generator=torch.Generator().manual_seed(2)) > 0.3
+    mask[..., 0] = True
+    got, _ = attention(x, x, x, mask)
+    with reference_math():
+        expected, _ = attention(x, x, x, mask)
+    torch.testing.assert_close(got, expected)
+
+
 def test_the_kernel_is_chosen_by_device_precision_grad_queries_and_neighbourhood():
     many = kernels.FEW_QUERIES + 1
     q32, k32, _ = qkv(q_len=many, k_len=many)
@@ -151,6 +185,8 @@ def test_cpu_dropout_drops_at_rate_p_and_rescales():
     assert torch.equal(y[kept], (low.detach() * (1 / 0.9))[kept])
     y.float().sum().backward()
     assert torch.equal(low.grad, kept.bfloat16() * torch.tensor(1 / 0.9).bfloat16())
+    everything = kernels.Dropout(1.0).train()  # found in review: 1 / (1 - p) divided by zero
+    assert torch.equal(everything(x), torch.zeros_like(x))
 
 
 def test_a_compiled_training_step_saves_no_bool_mask_of_a_layer():

@@ -342,3 +342,23 @@ def test_a_loss_plot_of_a_log_with_no_record_yet_is_drawn_without_a_warning(tmp_
         warnings.simplefilter("error")
         plot_losses([], tmp_path / "loss.png")
     assert (tmp_path / "loss.png").stat().st_size > 1000
+
+
+def test_figures_draw_pieces_as_text_and_a_loss_plot_skips_records_without_a_loss(tmp_path):
+    """Found in review: a piece holding "$$" was read as matplotlib's maths and failed the command,
+    "$x$" drew an italic x; a log record without a loss (added by hand) failed the end of
+    training, and a run's one record drew no point."""
+    import matplotlib.pyplot as plt
+
+    from aiayn.visualize import heads_figure, plot_losses
+
+    pieces = ["$$", "$x$", r"$\frac$"]
+    fig = heads_figure(torch.full((1, 3, 3), 1 / 3), pieces, pieces, "a title")
+    try:
+        fig.canvas.draw()
+        assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == pieces
+    finally:
+        plt.close(fig)
+    plot_losses([{"step": 3, "split": "train", "loss": 7.5}, {"step": 2, "split": "train", "note": "by hand"},
+                 {"step": 3, "split": "dev", "loss": float("nan")}], tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").stat().st_size > 1000
