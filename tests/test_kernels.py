@@ -80,6 +80,38 @@ def test_local_kernel_gives_a_key_masked_row_zero_output():
 
 
 @pytest.mark.numeric
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_restricted_attention_equals_the_reference_at_every_length_and_radius(causal):
+    """The block-wise kernel of Table 1's restricted self-attention against the dense reference
+    with the same band, in fp64, forward and gradients: lengths shorter than, equal to and longer
+    than the band, radii 0 and 1 (one block per position), odd and even r, r beyond the length;
+    key padding, and a sequence of padding only (found in review: only bf16 gradients were
+    compared, at 5%)."""
+    for n in (1, 2, 3, 5, 8):
+        for r in (0, 1, 2, 3, 4, 7, 16):
+            q, k, v = (t.requires_grad_() for t in qkv(q_len=n, k_len=n, dtype=torch.float64, seed=n * 31 + r))
+            key_mask = torch.ones(2, 1, 1, n, dtype=torch.bool)
+            key_mask[0, ..., n // 2 + 1:] = False
+            key_mask[1] = n > 2  # a sequence of padding only, for short ones
+            got = local_attention(q, k, v, r, key_mask, causal)
+            grads = torch.autograd.grad(got.sum(), (q, k, v))
+            expected, _ = scaled_dot_product_attention(q, k, v, attention_mask(key_mask, causal, r, n, n, q.device))
+            torch.testing.assert_close(got, expected, msg=lambda m: f"n={n} r={r}: {m}")
+            for grad, wanted in zip(grads, torch.autograd.grad(expected.sum(), (q, k, v))):
+                torch.testing.assert_close(grad, wanted, msg=lambda m: f"n={n} r={r} gradient: {m}")
+
+
+def test_the_compiled_steps_relu_has_relus_gradient():
+    """The gradient a compiled step takes from ReLU's output, g · sign(y), is ReLU's own, at 0 too
+    (found in review: compared only through the bool masks a compiled step saves)."""
+    x = torch.tensor([-2.0, -0.0, 0.0, 1e-30, 3.0], requires_grad=True)
+    g = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    (from_output,) = torch.autograd.grad(kernels._ReLUFromOutput.apply(x), x, g)
+    (reference,) = torch.autograd.grad(torch.relu(x), x, g)
+    assert torch.equal(from_output, reference)
+
+
+@pytest.mark.numeric
 def test_a_query_that_sees_no_key_gets_finite_fp16_gradients():
     """Found in review: the fp16 scores of a masked key, added to the dtype's lowest (-65504),
     rounded to -inf below a score of -16, and a query whose every key is masked (padding in a
