@@ -500,6 +500,7 @@ def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=prin
     target = translator.translate_ids([ids])[0]
     check_length(len(target), "translation")
     echo(f"source       {source}\ntranslation  {translator.tokenizer.decode(target)}")
+    cut = len(target) >= int(padded_batch(translator.model.config, [ids], translator.decode)[1][0])  # no EOS scored
     for path in attention_figures(translator.model, translator.tokenizer, source, target, Path(options.out),
-                                  force=options.force):
+                                  force=options.force, cut=cut):
         echo(path)

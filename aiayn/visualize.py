@@ -14,6 +14,8 @@ from torch import Tensor
 
 from aiayn.files import atomic_dir
 
+# The query of a decoder position whose step the search never took (found in review: named </s>).
+CUT = "(cut)"
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
 
 
@@ -121,16 +123,17 @@ def pair_attention(model, source_ids: Sequence[int], target_ids: Sequence[int]):
 
 
 def attention_figures(
-    model, tokenizer, source: str, target_ids: Sequence[int], out_dir: Path, force: bool = False
+    model, tokenizer, source: str, target_ids: Sequence[int], out_dir: Path, force: bool = False, cut: bool = False
 ) -> list[Path]:
     """Write the folder `out_dir` of `{kind}-layer{N}.png`, one for each kind of attention and each
     layer, for the sentence pair (source, target_ids); returns the paths. The folder is written
-    whole and atomically; one that holds files is replaced only with `force`."""
+    whole and atomically; one that holds files is replaced only with `force`. A translation `cut`
+    at the search's length limit ended without EOS: its last decoder row is named CUT."""
     maps, src_ids, tgt_in = pair_attention(model, tokenizer.encode(source), target_ids)
     src_labels = [tokenizer.id_to_piece(i) for i in src_ids]
     # As the server's page names them: a decoder position's query by the token it produced (its
     # cross-attention row then reads as an alignment), its key by the token it was fed.
-    produced = [tokenizer.id_to_piece(i) for i in [*target_ids, model.config.eos_id]]
+    produced = [tokenizer.id_to_piece(i) for i in target_ids] + [CUT if cut else tokenizer.id_to_piece(model.config.eos_id)]
     fed = [tokenizer.id_to_piece(i) for i in tgt_in]
     axes = {"encoder": (src_labels, src_labels), "decoder": (produced, fed), "cross": (produced, src_labels)}
     names = []

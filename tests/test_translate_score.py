@@ -218,6 +218,22 @@ def test_attention_figures_name_each_decoder_position_by_the_token_it_produced(t
     assert seen == {"cross": (produced, source), "decoder": (produced, fed), "encoder": (source, source)}
 
 
+def test_a_translation_cut_at_the_length_limit_names_its_last_row_cut(tmp_path, model_dir, monkeypatch):
+    """Found in review: the search stopped at its limit without scoring EOS, and the figures
+    named the last decoder row </s>. min_len 1 bars EOS at the first step, so a limit of one
+    token always cuts."""
+    from aiayn import visualize
+    from aiayn.config import AttentionOptions, DecodeConfig
+    from aiayn.translate import attention_command
+
+    seen, plot = {}, visualize.plot_heads
+    monkeypatch.setattr(visualize, "plot_heads", lambda weights, queries, keys, title, path: (
+        seen.setdefault(path.stem.split("-")[0], list(queries)), plot(weights, queries, keys, title, path))[1])
+    options = AttentionOptions(run_dir=str(model_dir), sentence="the cat", out=str(tmp_path / "maps"))
+    attention_command(options, DecodeConfig(max_output_len=1), echo=lambda _: None)
+    assert len(seen["cross"]) == 2 and seen["cross"][-1] == visualize.CUT == seen["decoder"][-1]
+
+
 @pytest.mark.parametrize("heads, queries, keys", [(1, 3, 3), (4, 30, 20), (6, 10, 14), (8, 52, 40)])
 def test_an_attention_figure_has_room_for_every_label_and_title(heads, queries, keys):
     """aiayn.visualize lays out its grid from the measured sizes of its texts (not tight_layout's
