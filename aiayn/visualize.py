@@ -80,10 +80,9 @@ def _lay_out(fig, title: str, rows: int, columns: int, keys: Sequence[str], quer
     squeezing the heatmaps away. Returns the place [left, bottom, width, height] (fractions of the
     figure) of the colour bar, in the right margin kept for it and its labels."""
     renderer = fig.canvas.get_renderer()
-    probe = fig.text(0, 0, "")
+    probe = fig.text(0, 0, "", parse_math=False)  # measured as drawn: pieces are text, never maths
 
     def inches(text: str, size: float) -> tuple[float, float]:  # (width, height) of `text` at `size` points
-        probe.set_parse_math(False)
         probe.set_text(text)
         probe.set_fontsize(size)
         box = probe.get_window_extent(renderer)

@@ -49,10 +49,7 @@ def require_precision(*precisions: str, device: torch.device = torch.device("cpu
 
 def device_or_exit(name: str) -> torch.device:
     """The device `name` (aiayn.device.resolve_device), or this script's one-line exit."""
-    try:
-        return resolve_device(name)
-    except ValueError as error:
-        sys.exit(f"{Path(sys.argv[0]).name}: {error}")
+    return or_exit(lambda: resolve_device(name))
 
 
 def decoding_precision(device: torch.device) -> str:
