@@ -192,12 +192,18 @@ def output_lock(out: Union[str, Path]) -> AbstractContextManager:
 def remove_unfinished(out: Path) -> None:
     """Delete the hidden folders `atomic_dir` builds `out` in (`.NAME.XXXXXXXX.tmp`, and the old
     `out` moved aside, `.NAME.XXXXXXXX.old.tmp`) that a writer killed mid-way left: they never
-    load, but they take disk. Only under `out`'s writer lock, so none is another writer's."""
+    load, but they take disk. A writer killed between moving the old `out` aside and renaming
+    the new one in left no `out`: the old one is put back first (found in review: it was
+    deleted). Only under `out`'s writer lock, so none is another writer's."""
     pattern = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}(\.old)?\.tmp")  # mkdtemp's 8 random characters
-    if out.parent.is_dir():
-        for path in out.parent.iterdir():
-            if pattern.fullmatch(path.name) and path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
+    if not out.parent.is_dir():
+        return
+    left = [path for path in out.parent.iterdir() if pattern.fullmatch(path.name) and path.is_dir()]
+    moved_aside = [path / out.name for path in left if path.name.endswith(".old.tmp") and (path / out.name).exists()]
+    if moved_aside and not os.path.lexists(out):
+        os.replace(max(moved_aside, key=lambda path: path.stat().st_mtime_ns), out)
+    for path in left:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: bool = False) -> None:
@@ -210,6 +216,7 @@ def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: boo
     refuse_to_replace(path, force, folder=True)
     with output_lock(path):
         remove_unfinished(path)
+        refuse_to_replace(path, force, folder=True)  # an old `path` put back by remove_unfinished
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
         old = None
         try:
@@ -229,7 +236,9 @@ def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: boo
                 shutil.rmtree(old, ignore_errors=True)
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(error, OSError):  # name the folder being written, not its hidden stand-in
-                raise OSError(str(error).replace(str(tmp), str(path))) from None
+                message = str(error).replace(str(tmp), str(path))
+                # (found in review: a full disk or `ulimit -f` said "File too large" and no more)
+                raise OSError(message if str(path) in message else f"cannot write {path}: {message}") from None
             raise
 
 

@@ -150,8 +150,11 @@ def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run: RunDir, echo
 
 def _check_data_settings(store: Store, model_config: ModelConfig, recipe: TrainConfig) -> None:
     if store.manifest["vocab_size"] != model_config.vocab_size:
+        # A fine-tuned model keeps its vocabulary, so only data of its tokenizer will do (found in review).
+        fix = f"make it with: aiayn preprocess --tokenizer {recipe.init_from} ..." if recipe.init_from else \
+            f"pass --vocab-size {store.manifest['vocab_size']}"
         raise ValueError(f"the tokenizer of {store.folder} has {store.manifest['vocab_size']} tokens but the model's "
-                         f"vocab_size is {model_config.vocab_size}; pass --vocab-size {store.manifest['vocab_size']}")
+                         f"vocab_size is {model_config.vocab_size}; {fix}")
     for given, kept, side in ((recipe.src_lang, store.src_lang, "source"), (recipe.tgt_lang, store.tgt_lang, "target")):
         if recipe.data and given is not None and given != kept:
             raise ValueError(f"{store.folder} has {kept} as its {side} language, not {given}")

@@ -25,6 +25,7 @@ manifest and says what is wrong with a folder it cannot use.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import itertools
@@ -41,7 +42,7 @@ from aiayn.batching import EncodedPairs, within_length
 from aiayn.config import ModelConfig, PreprocessOptions
 from aiayn.corpora import STORE_MANIFEST as MANIFEST  # (named in the layer below, for aiayn.corpora to tell a DATA_DIR)
 from aiayn.files import atomic_dir, file_sha256, read_json, write_json
-from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer
+from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer, load_tokenizer
 
 FORMAT = 1  # bumped whenever the layout changes; a folder of another format is refused
 TEXT_SPLITS = ("dev", "test")  # their text is kept too: dev BLEU during training, test for scoring
@@ -119,6 +120,9 @@ class Store:
         self.folder, self.manifest = folder, manifest
         self.src_lang, self.tgt_lang = manifest["src_lang"], manifest["tgt_lang"]
         self.dtype = np.dtype(manifest["dtype"])
+        # Mapped now, as checked: a `preprocess --force` that replaces the folder later leaves these
+        # files as they were, where opening them by name later would read the new run's (found in review).
+        self._pairs = {name: self._map(name) for name in manifest["splits"]}
 
     def __repr__(self) -> str:
         pairs = ", ".join(f"{name}: {split['pairs']:,} pairs" for name, split in self.manifest["splits"].items())
@@ -132,11 +136,17 @@ class Store:
         """The pairs of one split, memory-mapped (nothing is read until a batch asks for it)."""
         if name not in self.manifest["splits"]:
             raise ValueError(f"{self.folder} has no split {name!r}; it has {', '.join(self.splits)}")
+        return self._pairs[name]
+
+    def _map(self, name: str) -> EncodedPairs:
         count = self.manifest["splits"][name]["tokens"]
         ids = np.memmap(self.folder / f"{name}.bin", dtype=self.dtype, mode="r", shape=(count,)) if count else \
             np.zeros(0, self.dtype)
-        offsets = np.load(self.folder / f"{name}.idx.npy", mmap_mode="r")
-        lengths = np.load(self.folder / f"{name}.len.npy", mmap_mode="r")
+        try:
+            offsets = np.load(self.folder / f"{name}.idx.npy", mmap_mode="r")
+            lengths = np.load(self.folder / f"{name}.len.npy", mmap_mode="r")
+        except ValueError as error:
+            raise ValueError(f"the index of split {name} in {self.folder} cannot be read: {error}") from None
         return EncodedPairs(ids, offsets, lengths)
 
     def texts(self, name: str) -> list[tuple[str, str]]:
@@ -191,6 +201,10 @@ def load_store(folder: Union[str, Path], verify: bool = False) -> Store:
         raise ValueError(f"the tokenizer in {folder} is not the one its ids were made with "
                          f"({MANIFEST} records another SHA-256); run aiayn preprocess again")
     _check_digests(folder, manifest, full=verify)
+    # A new model takes its vocab_size from the manifest (found in review: 900 of 1000 trained on).
+    if (size := load_tokenizer(folder).vocab_size) != manifest["vocab_size"]:
+        raise ValueError(f"{path} says vocab_size {manifest['vocab_size']} but its tokenizer has {size} tokens; "
+                         "run aiayn preprocess again")
     store = Store(folder, manifest)
     for name in store.splits:
         _check_index(store, name)
@@ -210,8 +224,8 @@ def _check_manifest(manifest: dict, path: Path) -> None:
         problems += [f"{key} is not a string" for key in text if not isinstance(manifest[key], str)]
         if manifest["dtype"] not in ("uint16", "uint32"):
             problems.append(f"dtype {manifest['dtype']!r} is not uint16 or uint32")
-        if not count(manifest["vocab_size"]):
-            problems.append(f"vocab_size {manifest['vocab_size']!r} is not a count")
+        elif not count(manifest["vocab_size"]) or manifest["vocab_size"] > np.iinfo(manifest["dtype"]).max + 1:
+            problems.append(f"vocab_size {manifest['vocab_size']!r} is not a count of ids a {manifest['dtype']} holds")
         if not isinstance(manifest["splits"], dict) or not manifest["splits"]:
             problems.append("splits is not a table of splits")
     for name, split in (manifest["splits"].items() if not problems else ()):
@@ -220,21 +234,39 @@ def _check_manifest(manifest: dict, path: Path) -> None:
         files = split.get("files")
         if not isinstance(files, dict) or not all(Path(file).name == file and count(size) for file, size in files.items()):
             problems.append(f"split {name!r}: files is not a table of file names and sizes")
+        elif missing := [f"{name}.{suffix}" for suffix in SPLIT_SUFFIXES if f"{name}.{suffix}" not in files]:
+            problems.append(f"split {name!r}: files lacks {', '.join(missing)}")
+        elif count(split.get("tokens")) and files[f"{name}.bin"] != split["tokens"] * np.dtype(manifest["dtype"]).itemsize:
+            # (found in review: a uint32 store relabelled uint16 passed --verify and trained on other ids)
+            problems.append(f"split {name!r}: {name}.bin holds {files[f'{name}.bin']:,} bytes, not {split['tokens']:,} "
+                            f"{manifest['dtype']} ids")
+    if not problems:
+        problems += _digest_problems(manifest)
     if problems:
         raise ValueError(f"{path} is not as aiayn preprocess writes it ({'; '.join(problems)}); "
                          "run aiayn preprocess again")
+
+
+def _digest_problems(manifest: dict) -> list[str]:
+    """`digests` (absent from manifests written before they were recorded) names each file of
+    `files` with its SHA-256, and each ids file with its sampled one too: no file goes unchecked."""
+    digests = manifest.get("digests", {})
+    if not isinstance(digests, dict) or not all(
+            isinstance(recorded, dict) and isinstance(recorded.get("sha256"), str)
+            and (not name.endswith(".bin") or isinstance(recorded.get("sampled_sha256"), str))
+            for name, recorded in digests.items()):
+        return ["digests is not a table of each file's SHA-256"]
+    files = set(_expected_files(manifest))
+    if digests and set(digests) != files:
+        return [f"digests names {', '.join(sorted(set(digests) ^ files))} but files does not, or the other way round"]
+    return []
 
 
 def _check_index(store: Store, name: str) -> None:
     """The index agrees with the ids file and the manifest's counts: a mismatch means the files
     come from different runs of preprocess."""
     info = store.manifest["splits"][name]
-    try:
-        offsets = np.load(store.folder / f"{name}.idx.npy", mmap_mode="r")
-        lengths = np.load(store.folder / f"{name}.len.npy", mmap_mode="r")
-    except ValueError as error:
-        raise ValueError(f"the index of split {name} in {store.folder} cannot be read: {error}") from None
-    pairs = info["pairs"]
+    offsets, lengths, pairs = store.split(name).offsets, store.split(name).lengths, info["pairs"]
     if offsets.shape != (pairs + 1,) or lengths.shape != (pairs, 2) or int(offsets[-1]) != info["tokens"] \
             or int(offsets[0]) != 0:
         raise ValueError(f"the index of split {name} in {store.folder} does not match {MANIFEST} "
@@ -276,7 +308,7 @@ def preprocess(
     from tqdm.auto import tqdm
 
     from aiayn.corpora import ParallelCorpus
-    from aiayn.tokenizer import Tokenizer, load_tokenizer
+    from aiayn.tokenizer import Tokenizer
 
     stream = corpus.stream() if isinstance(corpus, ParallelCorpus) else corpus
     for lang in (stream.src_lang, stream.tgt_lang):  # SPLIT.LANG beside SPLIT.bin (found in review: bin overwrote it)
@@ -431,9 +463,13 @@ def preprocess_command(options: PreprocessOptions, echo: Callable[[str], None] =
     from aiayn.corpora import stream_corpus
     from aiayn.files import refuse_to_replace
     from aiayn.run import run_files
-    from aiayn.tokenizer import has_tokenizer, load_tokenizer
+    from aiayn.tokenizer import has_tokenizer
 
     if options.verify is not None:
+        defaults = PreprocessOptions(verify=options.verify)
+        if given := [f"--{field.name.replace('_', '-')}" for field in dataclasses.fields(options)
+                     if getattr(options, field.name) != getattr(defaults, field.name)]:
+            raise ValueError(f"--verify only reads a DATA_DIR; drop {', '.join(given)}")  # (found in review: ignored)
         store = load_store(options.verify, verify=True)
         files = store.manifest.get("digests")
         if not files:

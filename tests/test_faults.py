@@ -292,6 +292,31 @@ def test_a_folder_output_stopped_between_its_renames_keeps_the_old_one(tmp_path,
     assert [path.name for path in out.iterdir()] == ["old.txt"]
 
 
+def test_a_folder_output_killed_between_its_renames_is_put_back_by_the_next_writer(tmp_path):
+    """SIGKILL between the renames runs no handler: the old output is left only in its hidden
+    `.NAME.XXXXXXXX.old.tmp`. The next writer puts it back (found in review: it deleted it as
+    an unfinished leftover), refuses to replace it without force, and replaces it with force."""
+    import aiayn.files
+
+    out = tmp_path / "out"
+    aside = tmp_path / ".out.abcd1234.old.tmp"
+    (aside / "out").mkdir(parents=True)
+    (aside / "out" / "old.txt").write_text("old")
+    (tmp_path / ".out.wxyz5678.tmp").mkdir()  # the new one, half built
+    with pytest.raises(FileExistsError, match="--force"):
+        aiayn.files.atomic_dir(out, lambda tmp: (tmp / "new.txt").write_text("new"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+    assert (out / "old.txt").read_text() == "old"
+
+    def too_large(tmp):
+        raise OSError(27, "File too large")  # as `ulimit -f` makes a write fail, naming no file
+
+    with pytest.raises(OSError, match=f"cannot write {out}: .*File too large"):
+        aiayn.files.atomic_dir(out, too_large, force=True)
+    aiayn.files.atomic_dir(out, lambda tmp: (tmp / "new.txt").write_text("new"), force=True)
+    assert [path.name for path in out.iterdir()] == ["new.txt"]
+
+
 def test_an_interrupted_corpus_export_leaves_the_old_pair_or_none(tmp_path, capsys, monkeypatch):
     """Stopped while writing the reference side: with --force the old pair stays whole (a new
     source beside an old reference was a silently mismatched pair), without it nothing is left."""

@@ -19,6 +19,8 @@ from test_faults import WORDS, cli, one_line_error
 from aiayn.corpora import load_corpus
 from aiayn.batching import EncodedPairs
 from aiayn.store import load_store, preprocess
+from aiayn.config import ModelConfig
+from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 
 def toy_pairs(n: int, seed: int = 0,
@@ -117,6 +119,11 @@ def test_bad_data_folders_get_one_line_errors(tmp_path, data_dir, capsys):
         manifest.update(values)
         (folder / "manifest.json").write_text(json.dumps(manifest))
 
+    def drop(folder, change):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        change(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
     def truncate(folder):
         with open(folder / "train.bin", "r+b") as handle:
             handle.truncate(100)
@@ -142,6 +149,16 @@ def test_bad_data_folders_get_one_line_errors(tmp_path, data_dir, capsys):
         (broken("files", lambda f: set_manifest(f, splits={"train": {"pairs": 1, "tokens": 2, "files": {"../x": 1}}})),
          "files is not a table of file names"),
         (broken("no-tokenizer", lambda f: (f / "tokenizer.model").unlink()), "tokenizer.model is missing"),
+        # found in review: each of these passed the checks, and trained on other ids or failed mid-way
+        (broken("relabelled", lambda f: set_manifest(f, dtype="uint32")), "train.bin holds", "uint32 ids"),
+        (broken("vocab", lambda f: set_manifest(f, vocab_size=900)), "says vocab_size 900", "tokenizer has 300 tokens"),
+        (broken("huge-vocab", lambda f: set_manifest(f, vocab_size=10**30)), "is not a count of ids a uint16 holds"),
+        (broken("digests", lambda f: set_manifest(f, digests=None)), "digests is not a table"),
+        (broken("sampled", lambda f: drop(f, lambda m: m["digests"]["train.bin"].pop("sampled_sha256"))),
+         "digests is not a table"),
+        (broken("undigested", lambda f: drop(f, lambda m: m["digests"].pop("dev.idx.npy"))), "digests names dev.idx.npy"),
+        (broken("unlisted", lambda f: drop(f, lambda m: m["splits"]["train"]["files"].pop("train.len.npy"))),
+         "files lacks train.len.npy"),
     ]
     for folder, *fragments in cases:
         argv = ["train", "--data", folder, "--out", tmp_path / "run", "--preset", "tiny", "--max-steps", "1"]
@@ -215,6 +232,22 @@ def test_a_file_changed_in_place_is_noticed(tmp_path, data_dir, capsys, monkeypa
     with pytest.raises(ValueError, match="train.bin has changed"):
         load_store(folder, verify=True)
     one_line_error(*cli(capsys, "preprocess")[::2], "give --corpus and --out")
+    one_line_error(*cli(capsys, "preprocess", "--verify", data_dir, "--out", tmp_path / "d", "--force")[::2],
+                   "--verify only reads a DATA_DIR; drop --out, --force")
+
+
+def test_a_store_keeps_reading_the_files_it_checked_when_the_folder_is_replaced(tmp_path, data_dir):
+    """A `preprocess --force` over a DATA_DIR a training run has open: the run goes on reading
+    the ids it checked, not the new folder's (found in review: they were reopened by name)."""
+    folder = tmp_path / "data"
+    shutil.copytree(data_dir, folder)
+    store = load_store(folder)
+    before = [store.split(name)[index] for name, index in (("train", 0), ("dev", 3))]
+    shutil.rmtree(folder)
+    shutil.copytree(data_dir, folder)
+    np.zeros_like(np.fromfile(folder / "train.bin", dtype=store.dtype)).tofile(folder / "train.bin")
+    after = [store.split(name)[index] for name, index in (("train", 0), ("dev", 3))]
+    assert all(np.array_equal(a, b) for pair_a, pair_b in zip(before, after) for a, b in zip(pair_a, pair_b))
 
 
 def test_a_resumed_run_refuses_data_of_another_tokenizer(tmp_path, data_dir, corpus_dir, capsys):
@@ -331,6 +364,11 @@ def test_fine_tuning_from_data_needs_the_data_encoded_with_the_models_tokenizer(
               "--eval-every", "1000"]
     one_line_error(*cli(capsys, "train", "--data", data_dir, "--out", tmp_path / "run", *common)[::2],
                    "not encoded with the tokenizer of", "aiayn preprocess --tokenizer")
+    other = tmp_path / "other"  # a model of another vocabulary size: --vocab-size, refused when fine-tuning, is no fix
+    Transformer(ModelConfig(vocab_size=Tokenizer.train(WORDS * 3, 290, other).vocab_size, d_model=32, n_heads=4,
+                            d_ff=64, n_layers=1)).save(other)
+    one_line_error(*cli(capsys, "train", "--data", data_dir, "--out", tmp_path / "run", *common[2:], "--init-from",
+                        other)[::2], "has 300 tokens but the model's vocab_size is 290", f"--tokenizer {other}")
     one_line_error(*cli(capsys, "preprocess", "--corpus", corpus_dir, "--tokenizer", model / "tokenizer.model", "--out",
                         tmp_path / "data")[::2], "is no folder holding a tokenizer", f"give its folder, {model}")
     assert cli(capsys, "preprocess", "--corpus", corpus_dir, "--tokenizer", model, "--out", tmp_path / "data")[0] == 0
