@@ -218,7 +218,7 @@ class MultiHeadAttention(nn.Module):
         k (B / g, h, L_k, d_k) and values v (B / g, h, L_k, d_v); `mask`, `need_weights` and
         `causal` as in `forward`. Returns (output (B, L_q, d_model), weights (B, h, L_q, L_k) or None)."""
         batch, kv_rows, row_len = q.size(0), k.size(0), q.size(2)
-        group = batch // kv_rows
+        group = batch // kv_rows if kv_rows else 1  # (no rows of keys: an empty batch, found in review)
         if group > 1:
             # g consecutive query rows share one row of keys and values (the beams of a sentence,
             # aiayn.cache): stack their queries as g·L_q positions of that row; no row sees another.

@@ -9,9 +9,9 @@ weights a decoding copy holds. Inside `kernels.reference_math()` a copy is made 
 - int8: every linear layer (W^Q, W^K, W^V, W^O, the feed-forward network and the pre-softmax
   projection) is an `Int8Linear`: int8 weights, one scale per output row, and activations
   quantized per call (dynamic quantization, FBGEMM's int8 GEMM).
-- the packed (fp32, bf16) and int8 copies: the projections of one input are one product
-  (`fuse_projections`: W^Q, W^K, W^V side by side in self-attention, W^K, W^V in encoder-decoder
-  attention). The cast copies and the model itself keep separate products.
+- the packed (fp32, bf16) and int8 copies, outside `reference_math()`: the projections of one
+  input are one product (`fuse_projections`: W^Q, W^K, W^V side by side in self-attention, W^K,
+  W^V in encoder-decoder attention). The cast copies and the model itself keep separate products.
 """
 
 from __future__ import annotations
@@ -193,10 +193,12 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         return model if weight.dtype == DTYPES[precision] else copy.deepcopy(model).to(DTYPES[precision]).eval()
     # Every linear layer made straight from the model's weights, the copy's in its place: the
     # rest of the model is copied, the linear layers' plain weights never are.
-    memo = _unfused(model)
+    fused = not kernels.use_reference()  # the reference math's int8 copy: a product per projection (found in review)
+    memo = _unfused(model) if fused else {}
     memo |= {id(m): make(m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in memo}
     low = copy.deepcopy(model, memo).to(dtype).eval()
-    fuse_projections(model, low, make)
+    if fused:
+        fuse_projections(model, low, make)
     if (table := _tied_projection(low)) is not None:  # the lookup keeps the table; the projection its own product
         low.output_proj = make(table, None)
     low.inference_precision = precision

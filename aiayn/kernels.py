@@ -166,15 +166,19 @@ def local_attention(
     """Restricted self-attention (§4, Table 1): position i attends only to positions j with
     |i - j| ≤ r // 2, in O(n·r) time and memory instead of O(n²).
 
-    The n positions are cut into blocks of c = max(r // 2, 1); every key within r // 2 of a query
-    lies in the query's block or one of its two neighbours, so each block of c queries is scored
-    against 3c keys and the band is masked inside them. Equal to the dense computation with
-    `attention_mask(..., neighborhood=r)`. q, k, v: (B, h, n, d) of one sequence (self-attention);
-    key_mask: (B, 1, 1, n) bool or None. Returns (B, h, n, d_v).
+    The n positions are cut into blocks of c = max(min(r // 2, n), 1); every key within r // 2
+    of a query lies in the query's block or one of its two neighbours, so each block of c queries
+    is scored against 3c keys and the band is masked inside them (a radius past the sequence is
+    one block: found in review, blocks of r // 2 padded positions made r ≫ n thousands of times
+    slower). Equal to the dense computation with `attention_mask(..., neighborhood=r)`.
+    q, k, v: (B, h, n, d) of one sequence (self-attention); key_mask: (B, 1, 1, n) bool or None.
+    Returns (B, h, n, d_v).
     """
     batch, heads, n, d_k = q.shape
+    if q.numel() == 0:  # no sentence or no position: nothing to block (the empty product keeps the graph)
+        return matmul_attention(q, k, v, key_mask, causal, dropout_p)
     half = neighborhood // 2
-    c = max(half, 1)
+    c = max(min(half, n), 1)
     blocks = -(-n // c)
     extra = blocks * c - n  # padding that fills the last block
 
@@ -274,12 +278,14 @@ class Dropout(nn.Dropout):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:  # the identity, as nn.Dropout's, without its call
             return x
-        if x.device.type != "cpu" or _reference or self.p == 1.0:  # p = 1 drops all: no 1 / (1 - p)
+        threshold = round(self.p * 65536) - 32768
+        # p within 2^-17 of 1 has no int16 threshold (32768 wrapped to -32768 and kept all: found
+        # in review), and the in-place form is nn.Dropout's.
+        if x.device.type != "cpu" or _reference or threshold >= 32768 or self.inplace:
             return super().forward(x)
         n = x.numel()
         draws = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)  # 64 random bits each
         bits = draws.view(torch.int16)[:n].view(x.shape)  # 16 uniform bits each, on [-2^15, 2^15)
-        threshold = round(self.p * 65536) - 32768
         if torch.compiler.is_compiling():
             # the same mask by arithmetic: a comparison would be saved as a bool mask (see `relu`)
             keep = torch.clamp(bits.to(torch.int32) - (threshold - 1), 0, 1).to(x.dtype)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aiayn import kernels, train_kernels
-from aiayn.attention import scaled_dot_product_attention
+from aiayn.attention import MultiHeadAttention, scaled_dot_product_attention
 from aiayn.batching import collate
 from aiayn.config import ModelConfig
 from aiayn.loss import label_smoothed_nll
@@ -99,6 +99,25 @@ def test_restricted_attention_equals_the_reference_at_every_length_and_radius(ca
             torch.testing.assert_close(got, expected, msg=lambda m: f"n={n} r={r}: {m}")
             for grad, wanted in zip(grads, torch.autograd.grad(expected.sum(), (q, k, v))):
                 torch.testing.assert_close(grad, wanted, msg=lambda m: f"n={n} r={r} gradient: {m}")
+
+
+def test_restricted_attention_takes_any_radius_and_empty_inputs():
+    """A radius far past the length is one block of the length (found in review: blocks of
+    r // 2 padded positions; at r = 2^40 that is no allocation at all), and no sentence or no
+    position gives an empty output, as the reference does, through the layer too."""
+    q, k, v = qkv(q_len=6, k_len=6, dtype=torch.float64)
+    expected, _ = scaled_dot_product_attention(q, k, v, attention_mask(None, False, 2**40, 6, 6, q.device))
+    torch.testing.assert_close(local_attention(q, k, v, 2**40), expected)
+    for batch, n in ((0, 5), (2, 0)):
+        q, k, v = (torch.randn(batch, 2, n, 4, requires_grad=True) for _ in range(3))
+        out = local_attention(q, k, v, 4, torch.ones(batch, 1, 1, n, dtype=torch.bool))
+        assert out.shape == (batch, 2, n, 4)
+        out.sum().backward()
+        assert q.grad.shape == q.shape
+    layer = MultiHeadAttention(8, 2, neighborhood=4)
+    for batch, n in ((0, 5), (2, 0)):
+        x = torch.randn(batch, n, 8)
+        assert layer(x, x, x)[0].shape == (batch, n, 8)
 
 
 def test_the_compiled_steps_relu_has_relus_gradient():
@@ -219,6 +238,11 @@ def test_cpu_dropout_drops_at_rate_p_and_rescales():
     assert torch.equal(low.grad, kept.bfloat16() * torch.tensor(1 / 0.9).bfloat16())
     everything = kernels.Dropout(1.0).train()  # found in review: 1 / (1 - p) divided by zero
     assert torch.equal(everything(x), torch.zeros_like(x))
+    nearly = kernels.Dropout(1 - 2**-18).train()  # found in review: its threshold wrapped, and it kept all
+    assert (nearly(x) != 0).float().mean().item() < 1e-3  # P_keep 2^-18: ~4 of 1M
+    inplace = kernels.Dropout(0.5, inplace=True).train()  # found in review: inplace was ignored
+    z = torch.ones(1000)
+    assert inplace(z) is z and abs((z == 0).float().mean().item() - 0.5) < 0.1
 
 
 def test_a_compiled_training_step_saves_no_bool_mask_of_a_layer():
@@ -311,6 +335,10 @@ def test_int8_model_quantizes_every_linear_layer_and_keeps_decisive_tokens():
     # attention W^Q, W^KV (one product) and W^O; the two of the feed-forward network; + the projection
     assert sum(isinstance(m, Int8Linear) for m in low.modules()) == (2 + 2) * 2 + (2 + 3 + 2) * 2 + 1
     keeps_decisive_tokens(model, low, share=0.5)
+    with reference_math():  # the reference math's copy quantizes each projection on its own (found in review)
+        plain = decoding_model(model, "int8")
+    attentions = [m for m in plain.modules() if isinstance(m, MultiHeadAttention)]
+    assert attentions and all(a.w_qkv is None and a.w_kv is None and isinstance(a.w_k, Int8Linear) for a in attentions)
 
 
 @pytest.mark.numeric
