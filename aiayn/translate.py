@@ -30,7 +30,7 @@ from aiayn.model import Transformer
 from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
 from aiayn.run import languages_of, load_for_inference, model_inputs, run_files
 from aiayn.search import BeamSearch, Hypothesis, beam_search
-from aiayn.sentences import interleave, split_sentences
+from aiayn.sentences import interleave, split_sentences, visible
 from aiayn.visualize import attention_figures
 
 
@@ -187,6 +187,12 @@ def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig,
     return src, max_len
 
 
+def cut_at_limit(config, source: Sequence[int], output: Sequence[int], decode: DecodeConfig) -> bool:
+    """Whether the search stopped `output` at the length limit of `source`, without scoring EOS:
+    the last row of its decoder's attention is then no </s>'s."""
+    return len(output) >= int(padded_batch(config, [source], decode)[1][0])
+
+
 def check_sources(sources: Sequence[Sequence[int]]) -> None:
     """Token ids, a list of ints per sentence: a string, a flat list of ids or float ids are
     refused in one line (they failed deep in PyTorch, or floats were cut to ids)."""
@@ -308,9 +314,9 @@ def translate_stream(
     def flush() -> None:
         sources, where = [], []  # the ids of every piece; (offset, pieces, the text around them) a line
         for offset, line in enumerate(chunk):
-            if not line.strip():
+            if not visible(line):
                 continue
-            pieces, rest = split(line) if split else ([line.strip()], ["", ""])  # around: the line's own spaces
+            pieces, rest = split(line) if split else ([visible(line)], ["", ""])  # around: the line's own spaces
             for ids in tokenizer.encode_batch(pieces):
                 if len(ids) > limit:
                     note(f"line {first_line + count + offset} has {len(ids)} tokens; using its first {limit}")
@@ -324,7 +330,7 @@ def translate_stream(
         for offset, pieces, rest in where:
             text = interleave([tokenizer.decode(next(outputs)) for _ in range(pieces)], rest)
             decoded[offset] = " ".join(text.splitlines())
-        write([finish(line, out) if line.strip() else "" for line, out in zip(chunk, decoded)])
+        write([finish(line, out) if visible(line) else "" for line, out in zip(chunk, decoded)])
 
     size = min(FIRST_CHUNK_LINES, chunk_lines)
     for line in lines:
@@ -386,7 +392,8 @@ class Translator:
             raise ValueError("translate takes a list of sentences, not a string: translate([text])[0] for one")
         if self.tokenizer is None:
             raise ValueError("this Translator has no tokenizer: give one, or call translate_ids with token ids")
-        outputs = self.translate_ids(self.tokenizer.encode_batch(list(sentences)), progress, **changes)
+        texts = [visible(s) if isinstance(s, str) else s for s in sentences]  # (not a string: SentencePiece says so)
+        outputs = self.translate_ids(self.tokenizer.encode_batch(texts), progress, **changes)
         return [self.tokenizer.decode(ids) for ids in outputs]
 
     def stream(self, lines: Iterable[str], write: Callable[[list[str]], None], **options) -> int:
@@ -480,8 +487,14 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         out.finish()
 
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
+
+
 def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=print) -> None:
     """`aiayn attention`: translate one sentence, then draw every layer's and head's attention."""
+    if Path(options.out).suffix.lower() in IMAGE_SUFFIXES:  # (found in review: a folder named maps.png was made)
+        raise ValueError(f"--out is the folder the figures go in, one per kind and layer; name a folder, not "
+                         f"{Path(options.out).name}")
     translator = Translator.load(options.run_dir, options.device, decode)
     refuse_to_replace(options.out, options.force, inputs=model_inputs(options.run_dir), folder=True, kept=run_files(options.out))
     source = options.sentence.strip()
@@ -493,14 +506,14 @@ def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=prin
 
     def check_length(tokens: int, side: str) -> None:
         if tokens > options.max_tokens:
-            raise ValueError(f"the {side} has {tokens} tokens, over --max-tokens {options.max_tokens}: each map is "
-                             f"{tokens} × {tokens} cells; give a shorter sentence or raise --max-tokens")
+            raise ValueError(f"the {side} has {tokens} tokens, over --max-tokens {options.max_tokens} (its maps would be "
+                             f"{tokens + 1} positions across, with </s>); give a shorter sentence or raise --max-tokens")
 
     check_length(len(ids), "sentence")
     target = translator.translate_ids([ids])[0]
     check_length(len(target), "translation")
     echo(f"source       {source}\ntranslation  {translator.tokenizer.decode(target)}")
-    cut = len(target) >= int(padded_batch(translator.model.config, [ids], translator.decode)[1][0])  # no EOS scored
+    cut = cut_at_limit(translator.model.config, ids, target, translator.decode)
     for path in attention_figures(translator.model, translator.tokenizer, source, target, Path(options.out),
                                   force=options.force, cut=cut):
         echo(path)

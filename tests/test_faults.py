@@ -358,6 +358,8 @@ def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_
     long = ["attention", model_dir, "--sentence", " ".join(SENTENCES[:40]), "--out", tmp_path / "long"]
     one_line_error(*cli(capsys, *long)[::2], "over --max-tokens 100", "shorter sentence")
     assert not (tmp_path / "long").exists()
+    one_line_error(*cli(capsys, *argv[:-1], tmp_path / "maps.png")[::2], "name a folder, not maps.png")
+    assert not (tmp_path / "maps.png").exists()
     assert cli(capsys, *argv)[0] == 0
     one_line_error(*cli(capsys, *argv)[::2], "already exists", "--force")
     assert cli(capsys, *argv, "--force")[0] == 0

@@ -427,7 +427,10 @@ def test_translate_returns_what_the_python_api_returns_in_order(server, model_di
     assert one["translations"] == Translator(model, tokenizer).translate([SENTENCES[0]], beam=1, max_output_len=3)
     before = health(server)["requests"]
     assert request(server, "POST", "/translate", {"text": ""})[1] == {"translations": [""]}
+    # found in review: control or format characters alone were byte pieces, and a sentence invented from them
+    assert request(server, "POST", "/translate", {"text": ["\x01", " \u200b\x7f "]})[1] == {"translations": ["", ""]}
     assert health(server)["requests"] == before  # nothing was queued
+    assert Translator(model, tokenizer).translate(["\x01\x02"]) == [""]
 
 
 def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_dir):
@@ -437,7 +440,9 @@ def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_di
     assert body["details"][1] == {"source_tokens": [], "target_tokens": [], "attention": {}}  # nothing to attend
     detail = body["details"][0]
     S, T = len(detail["source_tokens"]), len(detail["target_tokens"])
-    assert detail["source_tokens"][-1] == "</s>" and detail["target_tokens"][-1] == "</s>"
+    # </s> where the search scored EOS; this random model's output may run to its length limit instead
+    limit = output_limit(S - 1, batcher_module.SECTION_6_1.extra_len, None) - 1
+    assert detail["source_tokens"][-1] == "</s>" and detail["target_tokens"][-1] == ("(cut)" if T - 1 >= limit else "</s>")
     shapes = {"encoder": (S, S), "decoder": (T, T), "cross": (T, S)}
     for kind, (rows, columns) in shapes.items():
         layers = detail["attention"][kind]
@@ -451,6 +456,10 @@ def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_di
                     assert all(len(repr(w)) <= 5 for w in row)  # "0.123": 3 decimals on the wire
                     if kind == "decoder":  # causal: no weight on later positions
                         assert all(w == 0 for w in row[q + 1:])
+    # Stopped at its length limit, the search scored no EOS: the last row is named so (found in review).
+    status, body, _ = request(server, "POST", "/translate", {"text": SENTENCES[1], "attention": True, "max_length": 1})
+    assert status == 200 and body["details"][0]["target_tokens"][-1] == "(cut)"
+    assert len(body["details"][0]["target_tokens"]) == 2 and len(body["details"][0]["attention"]["decoder"][0][0]) == 2
 
 
 @pytest.mark.parametrize("body, headers, status, fragment", [

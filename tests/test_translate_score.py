@@ -39,14 +39,14 @@ def aiayn(*argv, stdin=None):
 
 
 def test_translate_keeps_lines_in_order_with_documented_edge_cases(tmp_path, model_dir):
-    lines = ["the small cat", "", "   ", "the cat 🐈 sees 猫 and ölçü", "the big dog " * 40, "a red bird"]
+    lines = ["the small cat", "", "   ", "the cat 🐈 sees 猫 and ölçü", "the big dog " * 40, "a red bird", "\x01\u200b"]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     done = aiayn("translate", model_dir, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt",
                  "--beam", "2", "--max-input-tokens", "50")
     assert done.returncode == 0, done.stderr
     out = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
     assert len(out) == len(lines) + 1 and out[-1] == ""
-    assert out[1] == "" and out[2] == ""  # empty lines stay empty
+    assert out[1] == "" and out[2] == "" and out[6] == ""  # empty lines stay empty, and those of invisible characters
     assert "line 5 has" in done.stderr and "first 50" in done.stderr  # long lines are cut, with a note
     # Unseen characters go through SentencePiece's byte fallback, never <unk>.
     tokenizer = Tokenizer.load(model_dir)

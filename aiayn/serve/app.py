@@ -35,14 +35,14 @@ from starlette.exceptions import HTTPException
 from aiayn.config import DECODE_PRESETS, MAX_OUTPUT_LEN, SERVE, ServeOptions
 from starlette.requests import ClientDisconnect
 
-from aiayn.sentences import interleave, split_sentences
+from aiayn.sentences import interleave, split_sentences, visible
 from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, Options, QueueFull
 from aiayn.serve import libre
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.libre import Languages, LibreDispatch
 from aiayn.serve.limits import Admission
-from aiayn.translate import ContinuousDecoding, Translator, input_token_limit
-from aiayn.visualize import pair_attention
+from aiayn.translate import ContinuousDecoding, Translator, cut_at_limit, input_token_limit
+from aiayn.visualize import CUT, pair_attention
 
 MAX_BODY_BYTES = 1 << 20
 MAX_BEAM = 16
@@ -71,7 +71,8 @@ class TranslateRequest(BaseModel):
 class Details(BaseModel):
     text: Optional[int] = Field(None, description="with split_sentences: the index of the text this sentence is from")
     source_tokens: list[str] = Field(description="source pieces, ending with </s>")
-    target_tokens: list[str] = Field(description="output pieces, ending with </s>: row t of a decoder map produced token t")
+    target_tokens: list[str] = Field(description="output pieces, ending with </s>, or (cut) where the output reached "
+                                     "its length limit: row t of a decoder map produced token t")
     attention: dict[str, list[list[list[list[float]]]]] = Field(
         description='{"encoder": [layer][head][source][source], "decoder": [layer][head][target][target], '
                     '"cross": [layer][head][target][source]}; a decoder key t is the token fed at step t '
@@ -103,18 +104,19 @@ class ServedModel:
         if options.alternatives:
             result["alternatives"] = [self.tokenizer.decode(ids) for ids in outputs[1:]]
         if options.attention:
-            result["details"] = self.attention(source, outputs[0])
+            result["details"] = self.attention(source, outputs[0], options.max_output_len)
         return result
 
-    def attention(self, source: list[int], output: list[int]) -> dict:
+    def attention(self, source: list[int], output: list[int], max_output_len: Optional[int] = None) -> dict:
         maps, src, _ = pair_attention(self.model, source, output)
         # (h, L_q, L_k) per layer, rounded to 3 decimals in float64 (so that 0.001 prints as 0.001, not
         # as float32's 0.0010000000474974513): the JSON stays small.
         rounded = {kind: [(layer[0].double() * 1000).round().div(1000).tolist() for layer in layers]
                    for kind, layers in maps.items()}
         piece = self.tokenizer.id_to_piece
-        eos = self.model.config.eos_id
-        return {"source_tokens": [piece(i) for i in src], "target_tokens": [piece(i) for i in output + [eos]],
+        decode = dataclasses.replace(self.translator.decode, max_output_len=max_output_len)
+        last = CUT if cut_at_limit(self.model.config, source, output, decode) else piece(self.model.config.eos_id)
+        return {"source_tokens": [piece(i) for i in src], "target_tokens": [piece(i) for i in output] + [last],
                 "attention": rounded}
 
 
@@ -286,11 +288,11 @@ def _read_request(body: TranslateRequest, tokenizer, limits: ServeOptions, text_
             raise HTTPException(422, f"text: {len(units)} sentences in one request; the limit is {limits.max_texts}")
     name = [f"sentence {u - owner.index(owner[u]) + 1} of text {owner[u] + 1}" if rest else f"text {u + 1}"
             for u in range(len(units))]
-    sources = tokenizer.encode_batch([unit.strip() for unit in units])
+    sources = tokenizer.encode_batch([visible(unit) for unit in units])
     for u, ids in enumerate(sources):
         if len(ids) > limits.max_input_tokens:
             raise HTTPException(422, f"{name[u]} has {len(ids)} tokens; the limit is {limits.max_input_tokens}")
-    given = [u for u, unit in enumerate(units) if unit.strip()]  # an empty text is translated as empty
+    given = [u for u, unit in enumerate(units) if visible(unit)]  # an empty text is translated as empty
     options = Options(body.beam, body.alpha, body.max_length, body.attention)
     maps = 0
     for u in given:
