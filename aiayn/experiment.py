@@ -17,6 +17,7 @@ resumes from its last checkpoint).
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -474,8 +475,10 @@ def table_figure(results: dict[str, dict]):
             ax.axhspan(*band, color="#2a7ab9", alpha=0.12, label="ours: ± the gap between the base's two seeds")
         ax.bar([i - 0.2 for i in x], [v - zero for v in paper], 0.4, bottom=zero,
                label="paper (100K steps, WMT14 en-de)", color="#888888")
-        ax.bar([i + 0.2 for i in x], [v - zero for v in ours], 0.4, bottom=zero,
+        ax.bar([i + 0.2 for i in x], [v - zero if math.isfinite(v) else 0.0 for v in ours], 0.4, bottom=zero,
                label=f"aiayn miniature ({base['steps']} steps, bible-en-es)", color="#2a7ab9")
+        for i in (i for i, v in enumerate(ours) if not math.isfinite(v)):  # a diverged row has no bar: said (found in review)
+            ax.annotate("not finite", (i + 0.2, zero), rotation=90, ha="center", va="bottom", fontsize=8, color="#b22222")
         ax.axhline(zero, color="black", linewidth=0.8)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)

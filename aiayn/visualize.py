@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -74,9 +74,9 @@ def _lay_out(fig, title: str, rows: int, columns: int, keys: Sequence[str], quer
     """The figure's `title` at its top, and room for the tick labels and titles of
     `heads_figure`'s grid, from the measured extents of its texts: `tight_layout` finds the same
     by drawing the whole figure once more, most of whose time goes to laying out those labels.
-    Column 0 holds the queries' labels, the lowest head of each column the keys' (turned
-    upright: as tall as they are wide; where the last row is short, over its empty cells), each
-    head its title above it. Labels too long for the figure are cut at its edge rather than
+    The axes are titled "query" (left) and "key" (below). Column 0 holds the queries' labels,
+    the lowest head of each column the keys' (turned upright: as tall as they are wide; where
+    the last row is short, over its empty cells), each head its title above it. Labels too long for the figure are cut at its edge rather than
     squeezing the heatmaps away. Returns the place [left, bottom, width, height] (fractions of the
     figure) of the colour bar, in the right margin kept for it and its labels."""
     renderer = fig.canvas.get_renderer()
@@ -90,17 +90,21 @@ def _lay_out(fig, title: str, rows: int, columns: int, keys: Sequence[str], quer
 
     widest = lambda labels: max((inches(label, 7)[0] for label in set(labels)), default=0.0)  # noqa: E731
     keys_tall, queries_wide = widest(keys), widest(queries)
-    head_title, suptitle = inches("head 1", 9)[1], inches(title, 12)[1]
+    head_title, suptitle, axis_title = inches("head 1", 9)[1], inches(title, 12)[1], inches("key", 9)[1]
     bar_labels = inches("0.5", 7)[0] + inches("attention weight", 8)[1]
     probe.remove()
     width, height = fig.get_size_inches()
     pad = 0.12  # inches: ticks and their gap to the labels, and a margin
     fig.suptitle(title, y=1 - pad / height, va="top", fontsize=12)
-    left, bottom = min((queries_wide + 2 * pad) / width, 0.4), min((keys_tall + 2 * pad) / height, 0.4)
+    left = min((queries_wide + 2 * pad) / width, 0.4) + (axis_title + pad) / width
+    bottom = min((keys_tall + 2 * pad) / height, 0.4) + (axis_title + pad) / height
     bar_width = 0.12  # inches
     right, top = 1 - (bar_width + bar_labels + 4 * pad) / width, max(1 - (suptitle + head_title + 2 * pad) / height, bottom + 0.2)
     gap_x, gap_y = pad, head_title + pad
     spare_x, spare_y = (right - left) * width, (top - bottom) * height  # inches the axes and gaps share
+    # Rows are the queries (the positions attending), columns the keys (§3.2.1's Q and K)
+    fig.text(pad / width, (bottom + top) / 2, "query", rotation=90, ha="left", va="center", fontsize=9)
+    fig.text((left + right) / 2, pad / height, "key", ha="center", va="bottom", fontsize=9)
     fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top,
                         wspace=gap_x * columns / (spare_x - (columns - 1) * gap_x),
                         hspace=gap_y * rows / (spare_y - (rows - 1) * gap_y))
@@ -148,8 +152,22 @@ def attention_figures(
     return [Path(out_dir) / name for name in names]
 
 
-def plot_losses(records: Sequence[dict], png_path: Path) -> None:
-    """A run's loss.png: training and dev loss (of log records) against the step."""
+def _number(value) -> Optional[float]:
+    """A log value as a finite float, or None: a record edited by hand may hold a string, a bool
+    or an int too large for a float (found in review: an OverflowError, and True drawn as 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def loss_figure(records: Sequence[dict]):
+    """Training and dev loss (of log records) against the step. A loss that is not finite (a
+    diverged step) has no height: it is marked with an x on the top edge at its step, where it
+    would otherwise vanish from the plot (found in review)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,19 +175,31 @@ def plot_losses(records: Sequence[dict], png_path: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for split, style in (("train", "-"), ("dev", "o-")):
+    for split, style, colour in (("train", "-", "C0"), ("dev", "o-", "C1")):
         # (found in review: a record without a loss, hand-added, was a KeyError at the end of training)
-        points = [(r["step"], r["loss"]) for r in records if r.get("split") == split
-                  and isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
+        logged = [(step, r.get("loss")) for r in records if r.get("split") == split
+                  and (step := _number(r.get("step"))) is not None]
+        points = [(step, number) for step, loss in logged if (number := _number(loss)) is not None]
         if points:  # one point of a line draws nothing: a short run's first record gets its marker
-            ax.plot(*zip(*points), style if len(points) > 1 else "o", label=f"{split} loss")
+            ax.plot(*zip(*points), style if len(points) > 1 else "o", color=colour, label=f"{split} loss")
+        if not_finite := [step for step, loss in logged if isinstance(loss, float) and not math.isfinite(loss)]:
+            ax.plot(not_finite, [1.0] * len(not_finite), "x", color=colour, transform=ax.get_xaxis_transform(),
+                    clip_on=False, label=f"{split} loss not finite")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     ax.set_xlabel("step")
     ax.set_ylabel("label-smoothed loss per target token")
     ax.grid(alpha=0.3)
     if ax.lines:  # a log with no record yet (stopped before its first) draws empty axes, without matplotlib's warning
-        ax.legend()
+        ax.legend(loc="lower left")  # a falling loss leaves it empty; the top edge holds the marks of diverged steps
     fig.tight_layout()
+    return fig
+
+
+def plot_losses(records: Sequence[dict], png_path: Path) -> None:
+    """A run's loss.png: `loss_figure`, written atomically."""
+    import matplotlib.pyplot as plt
+
+    fig = loss_figure(records)
     tmp = png_path.with_name(f".{png_path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)
     plt.close(fig)

@@ -4,6 +4,7 @@ continues and refuses as it says."""
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -213,3 +214,23 @@ def test_the_table3_figure_labels_its_ratios_apart_and_keeps_its_title_inside(ro
     finally:
         plt.close(fig)
     assert table_figure({"A1": results["A1"]}) is None  # no base row, no figure
+
+
+def test_the_table3_figure_says_which_rows_diverged():
+    """A row whose dev perplexity is not finite (a diverged run) drew no bar and no word (found in
+    review): it is labelled where its bar would be, and the finite rows are drawn as ever."""
+    import matplotlib.pyplot as plt
+    import matplotlib.text
+
+    results = {"base": {"dev_ppl": 20.0, "dev_bleu": 10.0, "steps": 300},
+               "A1": {"dev_ppl": float("inf"), "dev_bleu": 0.0, "steps": 300},
+               "A2": {"dev_ppl": float("nan"), "dev_bleu": 0.0, "steps": 300},
+               "A3": {"dev_ppl": 22.0, "dev_bleu": 9.0, "steps": 300}}
+    fig = table_figure(results)
+    try:
+        fig.canvas.draw()
+        marks = [t for t in fig.axes[0].findobj(matplotlib.text.Text) if t.get_text() == "not finite"]
+        assert [round(t.xy[0], 1) for t in marks] == [1.2, 2.2]
+        assert all(math.isfinite(bar.get_height()) for ax in fig.axes for bar in ax.patches)
+    finally:
+        plt.close(fig)

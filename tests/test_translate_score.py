@@ -252,8 +252,8 @@ def test_an_attention_figure_has_room_for_every_label_and_title(heads, queries, 
         renderer = fig.canvas.get_renderer()
         fig.draw(renderer)
         maps = [ax.get_window_extent(renderer) for ax in fig.axes if ax.axison]
-        texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text() == "a title"]
-        assert len(texts) == 1
+        texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text() in ("a title", "query", "key")]
+        assert sorted(t.get_text() for t in texts) == ["a title", "key", "query"]  # (axis titles: found in review)
         bar = fig.axes[-1]
         assert hasattr(bar, "_colorbar") and bar.get_ylim() == (0.0, 1.0)
         texts += [t for ax in fig.axes if ax.axison for t in [ax.title, *ax.get_xticklabels(), *ax.get_yticklabels()]]
@@ -378,3 +378,24 @@ def test_figures_draw_pieces_as_text_and_a_loss_plot_skips_records_without_a_los
     plot_losses([{"step": 3, "split": "train", "loss": 7.5}, {"step": 2, "split": "train", "note": "by hand"},
                  {"step": 3, "split": "dev", "loss": float("nan")}], tmp_path / "loss.png")
     assert (tmp_path / "loss.png").stat().st_size > 1000
+
+
+def test_a_loss_plot_marks_losses_that_are_not_finite_and_skips_values_that_are_no_numbers():
+    """Found in review: a diverged step (inf, NaN) vanished from loss.png unmarked, True was drawn
+    as a loss of 1, and a step too large for a float was an OverflowError."""
+    import matplotlib.pyplot as plt
+
+    from aiayn.visualize import loss_figure
+
+    records = [{"step": 1, "split": "train", "loss": 7.5}, {"step": 2, "split": "train", "loss": 6.0},
+               {"step": 3, "split": "train", "loss": float("inf")}, {"step": 4, "split": "train", "loss": True},
+               {"step": 10**400, "split": "train", "loss": 5.0}, {"step": "5", "split": "train", "loss": 5.0},
+               {"step": 4, "split": "dev", "loss": float("nan")}]
+    fig = loss_figure(records)
+    try:
+        lines = {line.get_label(): line.get_xydata().tolist() for line in fig.axes[0].lines}
+        assert lines == {"train loss": [[1, 7.5], [2, 6.0]], "train loss not finite": [[3, 1.0]],
+                         "dev loss not finite": [[4, 1.0]]}
+        fig.canvas.draw()
+    finally:
+        plt.close(fig)
