@@ -3,9 +3,12 @@ statistics, the machine description and result files."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import shlex
@@ -18,7 +21,8 @@ from typing import Callable, Optional, TypeVar, Union
 
 import torch
 
-from aiayn.device import check_precision, cpu_kind, fast_bf16, matmul_peak_flops, resolve_device  # noqa: F401  (cpu_kind: one definition, for the result names)
+from aiayn.device import check_precision, cpu_kind, fast_bf16, matmul_peak_flops, resolve_device
+from aiayn.files import atomic_text, refuse_to_replace
 
 T = TypeVar("T")
 HERE = Path(__file__).resolve().parent
@@ -173,6 +177,7 @@ def machine(device: torch.device, threads: int) -> dict:
     flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), [])
     return {
         "cpu": cpu,
+        "cpu_kind": cpu_kind(),  # the name results and docs' tables go by (found in review: not recorded)
         "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags],  # bf16/int8 speed
         "logical_cpus": os.cpu_count(),
         "cpus_available": default_threads(),
@@ -229,9 +234,62 @@ def default_output(kind: str, device: torch.device, quick: bool) -> Path:
 
 def write_results(path: Path, results: dict, quiet: bool = False) -> None:
     """Write atomically: a run stopped while writing leaves the previous file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(results, indent=1) + "\n")
-    os.replace(partial, path)
+    or_exit(lambda: atomic_text(path, json.dumps(results, indent=1) + "\n"))
     if not quiet:
         print(f"wrote {path}")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (found in review: --reps 0 measured nothing
+    and wrote a file of empty results, --threads 0 and --calls -1 were tracebacks)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or str(value) != text.strip().lstrip("+"):
+        raise argparse.ArgumentTypeError(f"give a whole number of at least 1, not {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    return 0 if text.strip() == "0" else positive_int(text)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (minutes, seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"give a number above 0, not {text!r}")
+    return value
+
+
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The script's arguments, with `--force` and, where `--out` names a file, that file checked
+    before any measuring (found in review: an existing --out was replaced, and one that could
+    not be written failed with a traceback at the end of a long run). A file that git holds as
+    committed is replaced without `--force` (git keeps it: re-measuring results/ is what these
+    commands are for), and so are the default outputs, the repository's records of the last
+    measurement."""
+    with contextlib.suppress(argparse.ArgumentError):  # a script whose --force replaces its run folders too
+        parser.add_argument("--force", action="store_true", help="replace an existing --out")
+    args = parser.parse_args()
+    out = getattr(args, "out", None)
+    if out is not None and out != parser.get_default("out"):
+        or_exit(lambda: refuse_to_replace(out, args.force or _committed(out), folder=False))
+    return args
+
+
+def _committed(path: Path) -> bool:
+    """Whether git holds `path` as it is now (tracked, unchanged)."""
+    if not path.is_file():
+        return False
+    where = dict(capture_output=True, cwd=path.resolve().parent, timeout=10)
+    try:
+        return subprocess.run(["git", "ls-files", "--error-unmatch", path.name], **where).returncode == 0 and \
+            subprocess.run(["git", "diff", "--quiet", "HEAD", "--", path.name], **where).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False

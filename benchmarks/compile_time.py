@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, revision,
-                    spread, write_results)
+from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, parse_args, positive_int,
+                    require_precision, revision, spread, write_results)
 
 # One process's measurement, run with the checkout's aiayn on the path; prints one JSON line.
 PROBE = """
@@ -69,10 +69,10 @@ def main() -> None:
     parser.add_argument("--model", default="demo", help="demo (the demo's model) or a preset (default demo)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--other", type=Path, help="another checkout of aiayn, measured in turn with this one")
-    parser.add_argument("--reps", type=int, default=2, help="fresh processes of each checkout (default 2)")
-    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--reps", type=positive_int, default=2, help="fresh processes of each checkout (default 2)")
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--out", type=Path, help="result file (default results/compile-time-KIND-MODEL-PRECISION.json)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     if args.reps < 1:
         parser.error("--reps takes 1 or more")
     require_precision(args.precision)

@@ -33,7 +33,8 @@ from torch.profiler import ProfilerActivity, profile
 from aiayn.graphs import GraphedStep
 from aiayn.run import load_for_inference
 from aiayn.translate import ModelStep, decoding_model
-from common import RESULTS, command_line, cpu_kind, machine, require_precision, spread, write_results
+from common import (RESULTS, command_line, cpu_kind, machine, or_exit, parse_args, positive_int, require_precision,
+                    spread, write_results)
 
 BEAM, SOURCE_WIDTH, POSITIONS, STEPS, UNTIMED = 4, 32, 80, 60, 10
 
@@ -52,13 +53,13 @@ def step_ms(step, sentences: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--sentences", type=int, nargs="+", default=[1, 8], help="M, each in turn (default 1 8)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--profile", type=int, metavar="M", help="then profile the compiled steps of M sentences (one of "
+    parser.add_argument("--sentences", type=positive_int, nargs="+", default=[1, 8], help="M, each in turn (default 1 8)")
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--reps", type=positive_int, default=3)
+    parser.add_argument("--profile", type=positive_int, metavar="M", help="then profile the compiled steps of M sentences (one of "
                         "--sentences): the operators and Inductor's kernels that take the most time")
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not args.run_dir.exists():
         parser.exit(2, f"error: {args.run_dir} does not exist\n")
     if args.profile and args.profile not in args.sentences:
@@ -69,7 +70,7 @@ def main() -> None:
 
     inductor_config.freezing = True  # weights are constants of the graph, laid out once
     inductor_config.cpp.enable_kernel_profile = bool(args.profile)  # each generated kernel a row of the profile
-    model, _ = load_for_inference(args.run_dir, torch.device("cpu"))
+    model, _ = or_exit(lambda: load_for_inference(args.run_dir, torch.device("cpu")))  # a folder of no model: one line
     model.eval()
     plain = copy.deepcopy(model).to(torch.bfloat16)
     packed = decoding_model(model, "bf16")

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from aiayn.corpora import load_corpus
-from common import RESULTS, command_line, cpu_kind, machine, spread, write_results
+from common import RESULTS, command_line, cpu_kind, machine, parse_args, positive_int, spread, write_results
 
 # Run by torchrun (or alone): aiayn's CLI, then this process's peak resident set, on every rank.
 CHILD = Path(__file__).resolve().parent / "peak_rss_child.py"
@@ -129,13 +129,13 @@ def free_port() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, nargs="+", default=[1_000_000, 4_500_000], help="corpus sizes")
-    parser.add_argument("--reps", type=int, default=3, help="training starts per size and process count")
-    parser.add_argument("--compare-pairs", type=int, default=1_000_000,
+    parser.add_argument("--pairs", type=positive_int, nargs="+", default=[1_000_000, 4_500_000], help="corpus sizes")
+    parser.add_argument("--reps", type=positive_int, default=3, help="training starts per size and process count")
+    parser.add_argument("--compare-pairs", type=positive_int, default=1_000_000,
                         help="corpus size (one of --pairs) for the comparison with onmt_build_vocab; 0: none")
     parser.add_argument("--work", type=Path, default=None, help="folder for corpora and data (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=None, help="result file (default results/data-scale-KIND.json)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     threads = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from aiayn.device import cpu_kind, fast_bf16
 from aiayn.inference import PackedLinear, inference_copy, packed_product
 from aiayn.kernels import fused_attention, matmul_attention
-from common import RESULTS, command_line, default_threads, machine, spread, write_results
+from common import RESULTS, command_line, default_threads, machine, parse_args, positive_int, spread, write_results
 
 D_MODEL, HEADS, D_HEAD, D_FF, VOCAB = 512, 8, 64, 2048, 8000
 
@@ -171,13 +171,13 @@ def cache_cases(bf16: bool) -> dict[str, Callable[[], torch.Tensor]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=default_threads())
-    parser.add_argument("--kept-rows", type=int, default=200, help="row counts of the memory case (default 200)")
+    parser.add_argument("--reps", type=positive_int, default=5)
+    parser.add_argument("--calls", type=positive_int, default=20)
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
+    parser.add_argument("--kept-rows", type=positive_int, default=200, help="row counts of the memory case (default 200)")
     parser.add_argument("--kept-child", choices=KEPT_WAYS, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="the results file (default results/decode-kernels-KIND.json)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     torch.set_num_threads(args.threads)
     if args.kept_child:
         print(json.dumps(kept_mib(args.kept_child, args.kept_rows)))

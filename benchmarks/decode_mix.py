@@ -28,7 +28,7 @@ from aiayn.device import cpu_kind
 from aiayn.model import Transformer
 from aiayn.translate import Translator
 from common import (RESULTS, Timer, command_line, decoding_precision, default_threads, device_or_exit, machine,
-                    require_precision, spread, write_results)
+                    parse_args, positive_int, require_precision, spread, write_results)
 
 
 def mix_sources(count: int, seed: int = 1) -> list[list[int]]:
@@ -45,14 +45,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--model", choices=systems.MODELS, default="base", help="Table 3's shape (default base)")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="default: bf16 on a GPU, fp32 on a CPU")
-    parser.add_argument("--beam", type=int, default=4, help="1: greedy (default 4)")
-    parser.add_argument("--sentences", type=int, default=1000, help="sources, drawn at the corpus' lengths (default 1000)")
-    parser.add_argument("--batch-tokens", type=int, default=DecodeConfig().batch_tokens,
+    parser.add_argument("--beam", type=positive_int, default=4, help="1: greedy (default 4)")
+    parser.add_argument("--sentences", type=positive_int, default=1000, help="sources, drawn at the corpus' lengths (default 1000)")
+    parser.add_argument("--batch-tokens", type=positive_int, default=DecodeConfig().batch_tokens,
                         help="source tokens a batch, as `aiayn translate --batch-tokens` (default its default)")
-    parser.add_argument("--reps", type=int, default=3, help="interleaved passes of each (default 3), after one untimed")
-    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--reps", type=positive_int, default=3, help="interleaved passes of each (default 3), after one untimed")
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--out", type=Path, help="result file (default results/decode-mix-KIND-PRECISION-beamK.json)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     torch.set_num_threads(args.threads)
     device = device_or_exit(args.device)
     precision = args.precision or decoding_precision(device)

@@ -53,7 +53,8 @@ from aiayn.device import matmul_peak_flops
 from aiayn.flops import decoder_step_flops
 from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
 from aiayn.translate import ContinuousDecoding, Translator
-from common import RESULTS, command_line, cpu_kind, default_threads, machine, spread, write_results
+from common import (RESULTS, command_line, cpu_kind, default_threads, machine, non_negative_int, or_exit, parse_args,
+                    positive_int, spread, write_results)
 from serve_load import peak_precision
 
 
@@ -169,24 +170,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "int8"])
-    parser.add_argument("--live", type=int, default=16, help="sentences decoding at once (default 16, as 16 clients)")
-    parser.add_argument("--threads", type=int, default=default_threads(),
+    parser.add_argument("--live", type=positive_int, default=16, help="sentences decoding at once (default 16, as 16 clients)")
+    parser.add_argument("--threads", type=positive_int, default=default_threads(),
                         help="threads (default: every core; 1 is one worker of `aiayn serve --workers N`)")
-    parser.add_argument("--sentences", type=int, default=160)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--beside", type=int, default=0, metavar="K",
+    parser.add_argument("--sentences", type=positive_int, default=160)
+    parser.add_argument("--reps", type=positive_int, default=3)
+    parser.add_argument("--beside", type=non_negative_int, default=0, metavar="K",
                         help="also time each case with K other processes decoding `live` sentences beside")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one decode with 1 and with `live` sentences (where a step's time goes)")
     parser.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)  # one of those K: decode until killed
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not args.run_dir.exists():
         parser.exit(2, f"error: {args.run_dir} does not exist\n")
     torch.set_num_threads(args.threads)
     bound_kernel_cache(SERVING_KERNEL_CACHE_CAPACITY)  # as `aiayn serve` does, before the first product
-    translator = Translator.load(args.run_dir, decode=dataclasses.replace(DECODE_PRESETS["translate"],
-                                                                          precision=args.precision))
+    decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=args.precision)
+    translator = or_exit(lambda: Translator.load(args.run_dir, decode=decode))  # a folder of no model: one line
     verses = [source for source, _ in load_corpus("bible-en-es").splits["test"]]
     random.Random(0).shuffle(verses)
     sources = translator.tokenizer.encode_batch(verses[: args.sentences])

@@ -46,7 +46,7 @@ from aiayn.model import Transformer
 from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import Translator
-from common import RESULTS, command_line, machine, write_results
+from common import RESULTS, command_line, machine, parse_args, positive_float, positive_int, write_results
 
 MINUTES = 10.0  # aiayn demo's default budget
 PRESET = "small"
@@ -168,12 +168,12 @@ def write_docs(results: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=MINUTES, help="training time of every run (default 10, the demo's)")
+    parser.add_argument("--minutes", type=positive_float, default=MINUTES, help="training time of every run (default 10, the demo's)")
     parser.add_argument("--runs", type=Path, default=Path("runs/demo-recipe"), help="folder of the run folders")
     parser.add_argument("--out", type=Path, help="result file (default results/demo-recipe-KIND.json)")
-    parser.add_argument("--sentences", type=int, help="score only the first N dev and test sentences (a smoke test)")
+    parser.add_argument("--sentences", type=positive_int, help="score only the first N dev and test sentences (a smoke test)")
     parser.add_argument("--docs", type=Path, help="also write the table as a markdown page (docs/demo-recipe-KIND.md)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not args.minutes > 0:
         sys.exit("--minutes must be positive")
     out = args.out or RESULTS / f"demo-recipe-{cpu_kind()}.json"

@@ -25,7 +25,8 @@ from aiayn.evaluate import score_hypotheses
 from aiayn.model import Transformer
 from aiayn.tokenizer import has_tokenizer, load_tokenizer
 from aiayn.translate import Translator
-from common import RESULTS, command_line, default_threads, machine, or_exit, require_precision, write_results
+from common import (RESULTS, command_line, default_threads, machine, or_exit, parse_args, positive_int,
+                    require_precision, write_results)
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -39,11 +40,11 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="a run or model folder trained on bible-en-es")
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--sentences", type=int, default=None, help="only the first N test verses")
-    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--beam", type=positive_int, default=4)
+    parser.add_argument("--sentences", type=positive_int, default=None, help="only the first N test verses")
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--out", type=Path, default=None, help="result file (default results/int8-quality-KIND.json)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     torch.set_num_threads(args.threads)
     require_precision(*PRECISIONS)
     model_dir = or_exit(lambda: resolve_model_dir(args.run_dir))

@@ -57,7 +57,8 @@ from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
 from aiayn.run import LOG, RunDir, average_checkpoints, read_log
 from aiayn.translate import Translator
-from common import RESULTS, command_line, machine, require_precision, write_results
+from common import (RESULTS, command_line, machine, parse_args, positive_float, positive_int, require_precision,
+                    write_results)
 from peers.harness import run_for, thread_env
 from quality_per_hour import peer, write_pieces
 
@@ -332,18 +333,18 @@ def main() -> None:
     parser.add_argument("--eole", action="store_true", help="train and score Eole 0.6.4 too (benchmarks/setup_train_peers.sh)")
     parser.add_argument("--eole-variants", nargs="+", choices=[v for v in EOLE_VARIANTS if v != "eole"], default=[],
                         help="Eole under one change each (EOLE_VARIANTS), trained and scored too")
-    parser.add_argument("--steps", type=int, default=1200, help="training steps of every run (default 1200)")
-    parser.add_argument("--minutes", type=float,
+    parser.add_argument("--steps", type=positive_int, default=1200, help="training steps of every run (default 1200)")
+    parser.add_argument("--minutes", type=positive_float,
                         help="instead of --steps: stop every run this long after its launch (wall clock), as at equal time")
-    parser.add_argument("--every", type=int, default=200, help="steps between the checkpoints scored (default 200)")
-    parser.add_argument("--save-every", type=int, help="steps between the checkpoints kept (default: --every)")
-    parser.add_argument("--average", type=int, default=1,
+    parser.add_argument("--every", type=positive_int, default=200, help="steps between the checkpoints scored (default 200)")
+    parser.add_argument("--save-every", type=positive_int, help="steps between the checkpoints kept (default: --every)")
+    parser.add_argument("--average", type=positive_int, default=1,
                         help="also score the average of the last N checkpoints at each scored step (§6.1; default 1: none)")
-    parser.add_argument("--also-score", type=int, nargs="*", default=[], metavar="STEP",
+    parser.add_argument("--also-score", type=positive_int, nargs="*", default=[], metavar="STEP",
                         help="score the checkpoints of these steps too (where a curve crosses another, say)")
-    parser.add_argument("--sentences", type=int, default=500, help="test verses decoded per checkpoint (default 500)")
-    parser.add_argument("--jobs", type=int, default=2, help="runs trained (and checkpoints scored) at once (default 2)")
-    parser.add_argument("--threads", type=int, default=1, help="threads of each job (default 1)")
+    parser.add_argument("--sentences", type=positive_int, default=500, help="test verses decoded per checkpoint (default 500)")
+    parser.add_argument("--jobs", type=positive_int, default=2, help="runs trained (and checkpoints scored) at once (default 2)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="threads of each job (default 1)")
     parser.add_argument("--runs", type=Path, default=Path("runs/learning-curve"), help="folder of the run folders")
     parser.add_argument("--out", type=Path, help="result file (default results/learning-curve-KIND.json)")
     parser.add_argument("--eole-precision", choices=("fp32", "bf16"), default="fp32",
@@ -351,7 +352,7 @@ def main() -> None:
     parser.add_argument("--score-run", metavar="SYSTEM", help=argparse.SUPPRESS)  # one run's scoring, in its own process
     parser.add_argument("--guards", nargs=2, metavar=("VARIANT", "STEP"),
                         help="only decode that aiayn run's checkpoint with each of the decoding guards (GUARDS) and score it")
-    args = parser.parse_args()
+    args = parse_args(parser)
     if args.guards:
         return score_guards(args.runs, args.guards[0], int(args.guards[1]), args.sentences, args.threads, args.out)
     if args.score_run:

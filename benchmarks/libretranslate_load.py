@@ -34,7 +34,8 @@ from pathlib import Path
 
 from aiayn.ct2 import export_argos
 from aiayn.serve.process import ServerProcess, free_port
-from common import HERE, RESULTS, command_line, cpu_kind, require_precision, spread, tree_rss_mib, write_results
+from common import (HERE, RESULTS, command_line, cpu_kind, parse_args, positive_float, positive_int, require_precision,
+                    spread, tree_rss_mib, write_results)
 from serve_load import load, machine_info, matmul_peak, peak_precision, test_verses
 
 VENV = HERE / ".venv-libretranslate"
@@ -97,13 +98,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", nargs="?", default="runs/demo", help="the model to serve (default runs/demo)")
     parser.add_argument("--precision", default="int8", choices=list(COMPUTE_TYPES))
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--seconds", type=float, default=30.0, help="per mode and repetition (default 30)")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--clients", type=positive_int, default=16)
+    parser.add_argument("--seconds", type=positive_float, default=30.0, help="per mode and repetition (default 30)")
+    parser.add_argument("--reps", type=positive_int, default=3)
     parser.add_argument("--source-lang", default="en")
     parser.add_argument("--target-lang", default="es")
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not Path(args.run_dir).exists():
         parser.exit(2, f"error: {args.run_dir} does not exist (make demo trains runs/demo)\n")
     if not (VENV / "bin" / "libretranslate").exists():

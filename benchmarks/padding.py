@@ -25,7 +25,7 @@ import numpy as np
 import systems
 from aiayn.batching import make_batches
 from aiayn.config import PRESETS
-from common import command_line, write_results
+from common import command_line, parse_args, positive_int, write_results
 
 BUDGETS = (2000, 8000, 25000)
 
@@ -54,9 +54,9 @@ def epoch_shares(lengths: np.ndarray, budget: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
+    parser.add_argument("--budgets", type=positive_int, nargs="+", default=list(BUDGETS))
     parser.add_argument("--out", type=Path, help="result file (default: print only)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     with tempfile.TemporaryDirectory() as scratch:
         lengths = systems.corpus_lengths(Path(scratch))
     rows = {budget: epoch_shares(lengths, budget) for budget in args.budgets}

@@ -22,7 +22,9 @@ from torch.profiler import ProfilerActivity, profile
 
 import systems
 from aiayn.device import cpu_kind
-from common import RESULTS, Timer, command_line, decoding_precision, default_threads, device_or_exit, require_precision
+from aiayn.files import atomic_text
+from common import (RESULTS, Timer, command_line, decoding_precision, default_threads, device_or_exit, machine, or_exit,
+                    parse_args, positive_int, require_precision)
 from profile_train import gpu_kernels, gpu_summary
 
 
@@ -40,13 +42,13 @@ def main() -> None:
     parser.add_argument("--model", choices=systems.MODELS, default="base", help="Table 3's shape (default base)")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16", "int8"),
                         help="default: bf16 on a GPU, fp32 on a CPU")
-    parser.add_argument("--beam", type=int, default=4, help="1: greedy (default 4)")
+    parser.add_argument("--beam", type=positive_int, default=4, help="1: greedy (default 4)")
     parser.add_argument("--cuda-graphs", action="store_true", help="each step one CUDA graph (a GPU only)")
-    parser.add_argument("--sentences", type=int, default=64, help="one batch of them (default 64, as speed.py)")
-    parser.add_argument("--calls", type=int, default=2, help="profiled calls, after one untimed (default 2)")
-    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--sentences", type=positive_int, default=64, help="one batch of them (default 64, as speed.py)")
+    parser.add_argument("--calls", type=positive_int, default=2, help="profiled calls, after one untimed (default 2)")
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--out", type=Path, help="the table's file (default results/profile-decode-...txt)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = device_or_exit(args.device)
@@ -76,11 +78,13 @@ def main() -> None:
         lines += gpu_summary(averages, kernels, total_us, args.calls, "call")
         lines += table("kernel", kernels, lambda e: e.self_device_time_total, total_us, args.calls, 15)
     lines += table("host operator", host, lambda e: e.self_cpu_time_total, total_us, args.calls, 30)
+    peaks = machine(device, args.threads)["matmul_peak_tflops"]  # measured now, the profile done (found in review: absent)
+    lines.insert(2, f"# this machine's matmul peak: {', '.join(f'{p} {v:g} TFLOP/s' for p, v in peaks.items())}")
     text = "\n".join(lines) + "\n"
     print(text)
     out = args.out or RESULTS / (f"profile-decode-{kind}-{args.model + '-' if args.model != 'base' else ''}"
                                  f"{args.precision}-beam{args.beam}{'-graphs' if args.cuda_graphs else ''}.txt")
-    out.write_text(text)
+    or_exit(lambda: atomic_text(out, text))
     print(f"wrote {out}")
 
 

@@ -35,7 +35,9 @@ from torch.profiler import ProfilerActivity, profile
 
 import systems
 from aiayn.device import cpu_kind, keep_freed_memory, malloc_tuning
-from common import RESULTS, Timer, command_line, default_threads, device_or_exit, matmul_precision, require_precision
+from aiayn.files import atomic_text
+from common import (RESULTS, Timer, command_line, default_threads, device_or_exit, machine, matmul_precision, or_exit,
+                    parse_args, positive_int, require_precision)
 
 
 # What a GPU kernel computes, read from its name (cuBLAS, CUTLASS, PyTorch's attention kernels),
@@ -95,13 +97,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="the table's file (default results/profile-train-...txt)")
     parser.add_argument("--bf16-weights", action="store_true", help="bf16 weights with fp32 master weights")
     parser.add_argument("--compile", action="store_true", help="the compiled step, each generated kernel a row")
-    parser.add_argument("--steps", type=int, default=3, help="profiled steps, after 2 untimed ones (default 3)")
-    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--steps", type=positive_int, default=3, help="profiled steps, after 2 untimed ones (default 3)")
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
     batches = parser.add_mutually_exclusive_group()
-    batches.add_argument("--rows", type=int, default=64, help="the fixed batch: pairs of 32 + 32 tokens (default 64, as speed.py)")
-    batches.add_argument("--budget", type=int, help="real batch shapes of this token budget instead, one per profiled "
+    batches.add_argument("--rows", type=positive_int, default=64, help="the fixed batch: pairs of 32 + 32 tokens (default 64, as speed.py)")
+    batches.add_argument("--budget", type=positive_int, help="real batch shapes of this token budget instead, one per profiled "
                          "step, as speed.py cuts them")
-    args = parser.parse_args()
+    args = parse_args(parser)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = device_or_exit(args.device)
@@ -156,12 +158,14 @@ def main() -> None:
     for event in events[:40 if gpu else 25]:
         per_step = own(event) / args.steps / 1e3
         lines.append(f"{event.key[:64]:<64} {per_step:>12.2f} {own(event) / total_us:>7.1%} {event.count / args.steps:>10.0f}")
+    peaks = machine(device, args.threads)["matmul_peak_tflops"]  # measured now, the profile done (found in review: absent)
+    lines.insert(2, f"# this machine's matmul peak: {', '.join(f'{p} {v:g} TFLOP/s' for p, v in peaks.items())}")
     text = "\n".join(lines) + "\n"
     print(text)
     out = args.out or RESULTS / (f"profile-train-{kind}-{args.model + '-' if args.model != 'base' else ''}{args.precision}"
                                  f"{'-bf16-weights' if args.bf16_weights else ''}{'-compiled' if args.compile else ''}"
                                  f"{f'-{args.budget}' if args.budget else ''}.txt")
-    out.write_text(text)
+    or_exit(lambda: atomic_text(out, text))
     print(f"wrote {out}")
 
 

@@ -48,7 +48,8 @@ from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
 from aiayn.run import RunDir
 from aiayn.translate import Translator
-from common import PEER_ENVS, RESULTS, command_line, default_threads, machine, require_precision, write_results
+from common import (PEER_ENVS, RESULTS, command_line, default_threads, machine, parse_args, positive_float,
+                    positive_int, require_precision, write_results)
 from peers.harness import run_for, thread_env
 
 # The precisions each peer trains in on a CPU (see its harness's docstring): Eole in bf16 or fp32, OpenNMT-py in fp32 only.
@@ -115,16 +116,16 @@ def peer(name: str, args: list[str], threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=20.0, help="wall-clock training budget of each system (default 20)")
+    parser.add_argument("--minutes", type=positive_float, default=20.0, help="wall-clock training budget of each system (default 20)")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--runs", type=Path, default=Path("runs/quality-per-hour"), help="folder of the run folders")
-    parser.add_argument("--threads", type=int, default=default_threads(), help="for every system (default: all cores)")
+    parser.add_argument("--threads", type=positive_int, default=default_threads(), help="for every system (default: all cores)")
     parser.add_argument("--out", type=Path, help="result file (default results/quality-per-hour-KIND.json)")
     parser.add_argument("--force", action="store_true", help="replace the run folders of an earlier call")
-    parser.add_argument("--test-sentences", type=int, help="decode only the first N test verses (a smoke test)")
+    parser.add_argument("--test-sentences", type=positive_int, help="decode only the first N test verses (a smoke test)")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                         help="aiayn's and Eole's (default: bf16 where the CPU computes it in hardware, else fp32)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     precision = resolve_precision(args.precision, torch.device("cpu"))
     if not args.minutes > 0:
         sys.exit("--minutes must be positive")

@@ -11,7 +11,6 @@ docs/benchmarks.md), linked from the markdown by relative paths.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Optional
@@ -21,7 +20,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common import RESULTS, command_line  # noqa: E402
+from aiayn.files import atomic_text, read_json  # noqa: E402
+from common import RESULTS, command_line, or_exit, parse_args  # noqa: E402
 from systems import PEER_NAMES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,10 +263,12 @@ def main() -> None:
     parser.add_argument("--sweep", type=Path, default=RESULTS / "sweep-cpu.json")
     parser.add_argument("--no-sweep", action="store_true", help="the speed section only")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
-    args = parser.parse_args()
+    args = parse_args(parser)
 
     sources = (("speed", args.speed),) + ((("sweep", args.sweep),) if not args.no_sweep else ())
-    loaded = {name: json.loads(path.read_text()) for name, path in sources if path.exists()}
+    if missing := [f"--{name} {path}" for name, path in sources if path != parser.get_default(name) and not path.exists()]:
+        parser.error(f"no such file: {', '.join(missing)}")  # a default may be missing; a path given may not (found in review)
+    loaded = {name: or_exit(lambda: read_json(path)) for name, path in sources if path.exists()}
     if not loaded:
         parser.error(f"neither {args.speed} nor {args.sweep} exists: run benchmarks/speed.py and benchmarks/sweep.py first")
     readme = os.path.relpath(ROOT / "benchmarks" / "README.md", args.out.resolve().parent)
@@ -284,8 +286,7 @@ def main() -> None:
         lines += speed_section(loaded["speed"]) + [""]
     if "sweep" in loaded:
         lines += sweep_section(loaded["sweep"], args.out) + [""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
+    or_exit(lambda: atomic_text(args.out, "\n".join(lines)))
     print(f"wrote {args.out}")
 
 

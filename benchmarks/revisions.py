@@ -41,8 +41,8 @@ import learning_curve
 import speed
 import systems
 from aiayn.device import fast_bf16, matmul_peak_flops
-from common import (command_line, cpu_kind, default_threads, machine, require_precision, revision, spread,
-                    write_results)
+from common import (command_line, cpu_kind, default_threads, machine, parse_args, positive_int, require_precision,
+                    revision, spread, write_results)
 from peers.harness import thread_env
 
 HERE = Path(__file__).resolve().parent
@@ -158,12 +158,12 @@ def unit(case: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--other", type=Path, required=True, help="the other checkout (a git worktree)")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions of every case on each side (default 5)")
-    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--reps", type=positive_int, default=5, help="repetitions of every case on each side (default 5)")
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--cases", nargs="+", choices=[*CASES, *BUDGETS, DEMO, TRANSLATE],
                         help="default: the fixed-shape cases, without bf16 on a CPU that has no hardware bf16")
     parser.add_argument("--out", type=Path, help="result file (default results/revisions-cpu.json)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     cpu = torch.device("cpu")
     args.cases = args.cases or [case for case in CASES if "bf16" not in case or fast_bf16(cpu)]
     require_precision(*{"bf16" if "bf16" in case else "fp32" for case in args.cases})

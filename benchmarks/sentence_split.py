@@ -31,7 +31,7 @@ from aiayn.device import cpu_kind
 from aiayn.evaluate import score_hypotheses
 from aiayn.sentences import interleave, spans_from_strings
 from aiayn.translate import Translator
-from common import command_line, default_threads, machine, or_exit, write_results
+from common import command_line, default_threads, machine, or_exit, parse_args, positive_int, write_results
 
 HERE = Path(__file__).resolve().parent
 
@@ -85,10 +85,10 @@ def translate_split(translator: Translator, texts: list[str], split) -> list[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="a model or run folder trained on bible-en-es")
-    parser.add_argument("--paragraphs", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--paragraphs", type=positive_int, default=200)
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--out", type=Path, help="default results/sentence-split-KIND.json")
-    args = parser.parse_args()
+    args = parse_args(parser)
     torch.set_num_threads(args.threads)
     corpus = load_corpus("bible-en-es")
     groups = paragraphs(corpus.splits["test"], args.paragraphs)

@@ -35,9 +35,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from aiayn.run import resolve_model_dir
 from aiayn.serve.process import ServerProcess
-from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, require_precision, revision,
-                    spread, tree_rss_mib, write_results)
+from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, or_exit, parse_args,
+                    positive_float, positive_int, require_precision, revision, spread, tree_rss_mib, write_results)
 
 
 def get(port: int, path: str) -> dict:
@@ -125,22 +126,23 @@ class MemorySampler(threading.Thread):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", nargs="?", default="runs/demo", help="the model to serve (default runs/demo)")
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--seconds", type=float, default=30.0, help="per mode and repetition (default 30)")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--clients", type=positive_int, default=16)
+    parser.add_argument("--seconds", type=positive_float, default=30.0, help="per mode and repetition (default 30)")
+    parser.add_argument("--reps", type=positive_int, default=3)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"])
-    parser.add_argument("--memory-minutes", type=float, help="instead: one run of --clients for this long, memory sampled")
+    parser.add_argument("--memory-minutes", type=positive_float, help="instead: one run of --clients for this long, memory sampled")
     parser.add_argument("--compare-with", type=Path, metavar="CHECKOUT",
                         help="also serve the model with the aiayn of this source tree (e.g. a git worktree of an older "
                              "revision) to the same one client and the same clients, interleaved")
-    parser.add_argument("--workers", type=int, default=1, help="aiayn serve --workers of both servers (default 1)")
-    parser.add_argument("--compare-workers", type=int, metavar="K",
+    parser.add_argument("--workers", type=positive_int, default=1, help="aiayn serve --workers of both servers (default 1)")
+    parser.add_argument("--compare-workers", type=positive_int, metavar="K",
                         help="also serve the model with --workers K (with --compare-with, from that checkout) to the "
                              "same one client and the same clients, interleaved")
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not Path(args.run_dir).exists():
         parser.exit(2, f"error: {args.run_dir} does not exist (make demo trains runs/demo)\n")
+    or_exit(lambda: resolve_model_dir(args.run_dir))  # a folder of no model: one line, not a server that fails to start
     require_precision(args.precision)
     verses = test_verses()
     kind = cpu_kind()

@@ -31,7 +31,7 @@ from aiayn.model import Transformer
 from aiayn.run import resolve_model_dir
 from aiayn.serve.process import ServerProcess
 from aiayn.tokenizer import copy_tokenizer
-from common import command_line, default_threads, machine, or_exit, write_results
+from common import command_line, default_threads, machine, or_exit, parse_args, positive_int, write_results
 
 HERE = Path(__file__).resolve().parent
 SENTENCE = "In the beginning God created the heavens and the earth."
@@ -81,10 +81,10 @@ def weights_mib(model: Transformer, precision: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="a model or run folder")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--reps", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--out", type=Path, help="default results/serve-rss-KIND.json")
-    args = parser.parse_args()
+    args = parse_args(parser)
     import ctranslate2
 
     model_dir = or_exit(lambda: resolve_model_dir(args.model))

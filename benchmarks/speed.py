@@ -43,8 +43,8 @@ import torch
 
 import systems
 from aiayn.device import fast_bf16
-from common import (PEER_ENVS, command_line, default_output, default_threads, device_or_exit, machine, run_case, spread,
-                    write_results)
+from common import (PEER_ENVS, command_line, default_output, default_threads, device_or_exit, machine, parse_args,
+                    positive_int, run_case, spread, write_results)
 
 PRECISIONS = ("fp32", "tf32", "bf16")  # of training and the peak; decoding adds its own (make_cases)
 
@@ -236,8 +236,8 @@ def describe_shapes(shapes: list[systems.Shape]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--threads", type=int, default=default_threads(), help="for every system (default: all cores)")
-    parser.add_argument("--reps", type=int, help=f"repetitions of every case (default {FULL.reps})")
+    parser.add_argument("--threads", type=positive_int, default=default_threads(), help="for every system (default: all cores)")
+    parser.add_argument("--reps", type=positive_int, help=f"repetitions of every case (default {FULL.reps})")
     parser.add_argument("--tasks", nargs="+", choices=("train", "decode"), default=["train", "decode"])
     parser.add_argument("--systems", nargs="+", choices=(*systems.SYSTEMS, *PEER_ENVS), default=list(systems.SYSTEMS),
                         help="eole and onmt (training only) need `bash benchmarks/setup_train_peers.sh`")
@@ -253,11 +253,11 @@ def main() -> None:
                              "decoding comes with fp32 on a CPU, fp16 and int8 with bf16 on a GPU)")
     parser.add_argument("--only", nargs="+", metavar="TEXT", help="only the cases whose label holds one of these, "
                         "e.g. 'CUDA graphs' ctranslate2 (the matmul peak is always measured)")
-    parser.add_argument("--sentences", type=int, help=f"sentences decoded per call (default {FULL.sentences}); with "
+    parser.add_argument("--sentences", type=positive_int, help=f"sentences decoded per call (default {FULL.sentences}); with "
                         f"fewer, each process times enough calls to decode {MIN_TIMED_SENTENCES} at least")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks that every case runs")
     parser.add_argument("--out", type=Path, help="result file (default results/speed-DEVICE.json)")
-    args = parser.parse_args()
+    args = parse_args(parser)
 
     needed = {"marian": "transformers", "ctranslate2": "ctranslate2"}
     missing = [needed[s] for s in args.systems if s in needed and importlib.util.find_spec(needed[s]) is None]

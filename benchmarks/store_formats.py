@@ -24,7 +24,7 @@ import torch
 
 from aiayn.batching import collate
 from aiayn.store import load_store
-from common import RESULTS, command_line, cpu_kind, machine, or_exit, spread, write_results
+from common import RESULTS, command_line, cpu_kind, machine, or_exit, parse_args, positive_int, spread, write_results
 
 BATCH_PAIRS = 32  # pairs per gathered batch: WMT14 at 25,000 tokens holds ~800; 32 isolates per-pair cost
 BATCHES = 200
@@ -80,9 +80,9 @@ def arrow_pass(path: Path, batches: np.ndarray) -> tuple[float, float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", type=Path)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=positive_int, default=5)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_args(parser)
     store = or_exit(lambda: load_store(args.data_dir))
     pairs = store.manifest["splits"]["train"]["pairs"]
     rng = np.random.default_rng(0)

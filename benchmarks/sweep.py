@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 import systems
-from aiayn.device import resolve_device
-from common import command_line, default_output, default_threads, machine, run_case, spread, write_results
+from common import (command_line, default_output, default_threads, device_or_exit, machine, non_negative_int,
+                    parse_args, positive_int, run_case, spread, write_results)
 
 
 def fit_exponent(points: list[dict], key: str, fit_from: int) -> dict:
@@ -35,21 +35,21 @@ def fit_exponent(points: list[dict], key: str, fit_from: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--threads", type=int, default=default_threads())
-    parser.add_argument("--max-n", type=int, default=4096, help="longest sequence; lengths are 64, 128, ... up to it")
-    parser.add_argument("--neighborhood", type=int, default=128, help="r of restricted self-attention")
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
+    parser.add_argument("--max-n", type=positive_int, default=4096, help="longest sequence; lengths are 64, 128, ... up to it")
+    parser.add_argument("--neighborhood", type=positive_int, default=128, help="r of restricted self-attention")
     parser.add_argument("--no-local", action="store_true", help="full attention only")
     parser.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32"])
-    parser.add_argument("--reps", type=int, default=5, help="timed passes per point")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--fit-from", type=int, default=512, help="smallest n in the exponent fit")
+    parser.add_argument("--reps", type=positive_int, default=5, help="timed passes per point")
+    parser.add_argument("--warmup", type=non_negative_int, default=1)
+    parser.add_argument("--fit-from", type=positive_int, default=512, help="smallest n in the exponent fit")
     parser.add_argument("--quick", action="store_true", help="n up to 256, 2 passes: checks that the sweep runs")
     parser.add_argument("--out", type=Path, help="result file (default results/sweep-DEVICE.json)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     if args.quick:
         args.max_n, args.reps, args.fit_from = min(args.max_n, 256), min(args.reps, 2), 64
 
-    device = resolve_device(args.device)
+    device = device_or_exit(args.device)
     neighborhoods = [None] if args.no_local else [None, args.neighborhood]
     for r in neighborhoods:
         systems.layer_config(r)  # fails now, with a clear message, if aiayn lacks the option

@@ -26,7 +26,8 @@ from aiayn.files import atomic_write
 from aiayn.device import cpu_kind
 from aiayn.kernel_cache import KERNEL_CACHE_CAPACITY
 from aiayn.run import LOG, read_log
-from common import RESULTS, command_line, machine, require_precision, write_results
+from common import (RESULTS, command_line, machine, parse_args, positive_float, positive_int, require_precision,
+                    write_results)
 
 # Each variant's size of oneDNN's kernel cache, given to a fresh process before it imports aiayn.
 VARIANTS = {"bounded": (str(KERNEL_CACHE_CAPACITY), f"{KERNEL_CACHE_CAPACITY} kernels cached (aiayn's default)"),
@@ -98,15 +99,15 @@ def main() -> None:
         child(Path(sys.argv[2]), int(sys.argv[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=400, help="training steps of each run (default 400)")
+    parser.add_argument("--steps", type=positive_int, default=400, help="training steps of each run (default 400)")
     parser.add_argument("--runs", type=Path, default=Path("runs/train-memory"), help="folder of the two run folders")
     parser.add_argument("--plot", nargs="+", type=Path, metavar="RUN_DIR", help="only plot these runs' logs")
     parser.add_argument("--labels", nargs="+", help="with --plot: the runs' names in the legend (default: their folder names)")
-    parser.add_argument("--from-minutes", nargs="+", type=float, default=[], metavar="M",
+    parser.add_argument("--from-minutes", nargs="+", type=positive_float, default=[], metavar="M",
                         help="with --plot: also print each run's smallest and largest reading from minute M of training on")
     parser.add_argument("--out", type=Path, help=f"the PNG (default docs/train-memory-{cpu_kind()}.png)")
     parser.add_argument("--force", action="store_true", help="replace the run folders of an earlier call")
-    args = parser.parse_args()
+    args = parse_args(parser)
     out = args.out or Path("docs") / f"train-memory-{cpu_kind()}.png"
     if args.labels and (not args.plot or len(args.labels) != len(args.plot)):
         sys.exit("--labels needs --plot and one label per run folder")

@@ -22,7 +22,7 @@ import torch
 
 from aiayn.config import PRESETS
 from aiayn.flops import training_peak_bytes
-from common import RESULTS, command_line, cpu_kind, default_threads, machine, write_results
+from common import RESULTS, command_line, cpu_kind, default_threads, machine, parse_args, write_results
 
 CHILD = Path(__file__).resolve().parent / "peak_rss_child.py"
 # (name, preset, --max-tokens, model options)
@@ -47,7 +47,7 @@ def peak_mib(preset: str, max_tokens: int, changes: dict, folder: Path) -> float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="default: results/train-peak-KIND.json")
-    args = parser.parse_args()
+    args = parse_args(parser)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for number, (name, preset, max_tokens, changes) in enumerate(CASES):

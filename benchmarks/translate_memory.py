@@ -25,7 +25,7 @@ import torch
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
-from common import RESULTS, command_line, default_threads, machine, spread, write_results
+from common import RESULTS, command_line, default_threads, machine, parse_args, positive_int, spread, write_results
 
 WORDS = "the a small big red blue cat dog bird fish sees likes eats finds near under over with river".split()
 
@@ -66,10 +66,10 @@ def peak_mib(model: Path, source: Path, output: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lines", type=int, nargs="+", default=[2000, 20000], help="input sizes, in lines")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions of every size, interleaved")
+    parser.add_argument("--lines", type=positive_int, nargs="+", default=[2000, 20000], help="input sizes, in lines")
+    parser.add_argument("--reps", type=positive_int, default=3, help="repetitions of every size, interleaved")
     parser.add_argument("--out", type=Path, default=RESULTS / "translate-memory-cpu.json")
-    args = parser.parse_args()
+    args = parse_args(parser)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         make_model(tmp / "model")

@@ -550,9 +550,11 @@ def main(argv=None):
         buf.write("\t".join(r) + "\n")
     data = buf.getvalue().encode("utf-8")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "wb") as f:
+    partial = f"{args.out}.partial"  # renamed when whole: a stopped build leaves the corpus it replaces as it was
+    with open(partial, "wb") as f:
         # format/check/preset fixed => byte-identical output for the same input
         f.write(lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=9 | lzma.PRESET_EXTREME))
+    os.replace(partial, args.out)
 
     # Summary.
     if args.verbose:
