@@ -21,7 +21,7 @@ import re
 import shutil
 import sys
 import tempfile
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
@@ -214,32 +214,44 @@ def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: boo
     not left to replace the first's output (found in review), and what a killed one left goes."""
     path = Path(path)
     refuse_to_replace(path, force, folder=True)
-    with output_lock(path):
-        remove_unfinished(path)
-        refuse_to_replace(path, force, folder=True)  # an old `path` put back by remove_unfinished
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-        old = None
-        try:
-            usual_mode(tmp, directory=True)
-            build(tmp)
-            refuse_to_replace(path, force, folder=True)  # made meanwhile by a writer that takes no lock
-            if path.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old.tmp", dir=path.parent))
-                os.replace(path, old / path.name)
-                os.replace(tmp, path)
-                shutil.rmtree(old)
-            else:
-                os.replace(tmp, path)
-        except BaseException as error:
-            if old is not None and (old / path.name).exists() and not path.exists():  # stopped between the renames
-                os.replace(old / path.name, path)  # the old output back, rather than none (found in review)
-                shutil.rmtree(old, ignore_errors=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(error, OSError):  # name the folder being written, not its hidden stand-in
-                message = str(error).replace(str(tmp), str(path))
-                # (found in review: a full disk or `ulimit -f` said "File too large" and no more)
-                raise OSError(message if str(path) in message else f"cannot write {path}: {message}") from None
-            raise
+    made = [folder for folder in path.parents if not folder.exists()]  # innermost first
+    try:
+        with output_lock(path):
+            _build_in_place(path, build, force)
+    except BaseException:
+        for folder in made:  # the folders this call made for `path`, empty again (found in review: left behind)
+            with suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+def _build_in_place(path: Path, build: Callable[[Path], None], force: bool) -> None:
+    """`atomic_dir`'s work, under its lock: build in a hidden folder, then rename."""
+    remove_unfinished(path)
+    refuse_to_replace(path, force, folder=True)  # an old `path` put back by remove_unfinished
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    old = None
+    try:
+        usual_mode(tmp, directory=True)
+        build(tmp)
+        refuse_to_replace(path, force, folder=True)  # made meanwhile by a writer that takes no lock
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old.tmp", dir=path.parent))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException as error:
+        if old is not None and (old / path.name).exists() and not path.exists():  # stopped between the renames
+            os.replace(old / path.name, path)  # the old output back, rather than none (found in review)
+            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, OSError):  # name the folder being written, not its hidden stand-in
+            message = str(error).replace(str(tmp), str(path))
+            # (found in review: a full disk or `ulimit -f` said "File too large" and no more)
+            raise OSError(message if str(path) in message else f"cannot write {path}: {message}") from None
+        raise
 
 
 def read_json(path: Union[str, Path]):

@@ -313,6 +313,9 @@ def test_a_folder_output_killed_between_its_renames_is_put_back_by_the_next_writ
 
     with pytest.raises(OSError, match=f"cannot write {out}: .*File too large"):
         aiayn.files.atomic_dir(out, too_large, force=True)
+    with pytest.raises(OSError):  # the folders made for a new output go again with it (found in review: left empty)
+        aiayn.files.atomic_dir(tmp_path / "new" / "deeper" / "out", too_large)
+    assert not (tmp_path / "new").exists()
     aiayn.files.atomic_dir(out, lambda tmp: (tmp / "new.txt").write_text("new"), force=True)
     assert [path.name for path in out.iterdir()] == ["new.txt"]
 
