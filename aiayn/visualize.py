@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -16,6 +18,7 @@ from aiayn.files import atomic_dir
 
 # The query of a decoder position whose step the search never took (found in review: named </s>).
 CUT = "(cut)"
+BASE_FONT = "DejaVu Sans"  # matplotlib's own, always there
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
 
 
@@ -126,12 +129,14 @@ def pair_attention(model, source_ids: Sequence[int], target_ids: Sequence[int]):
 
 
 def attention_figures(
-    model, tokenizer, source: str, target_ids: Sequence[int], out_dir: Path, force: bool = False, cut: bool = False
+    model, tokenizer, source: str, target_ids: Sequence[int], out_dir: Path, force: bool = False, cut: bool = False,
+    note: Callable[[str], None] = lambda text: print(f"aiayn: note: {text}", file=sys.stderr),
 ) -> list[Path]:
     """Write the folder `out_dir` of `{kind}-layer{N}.png`, one for each kind of attention and each
     layer, for the sentence pair (source, target_ids); returns the paths. The folder is written
     whole and atomically; one that holds files is replaced only with `force`. A translation `cut`
-    at the search's length limit ended without EOS: its last decoder row is named CUT."""
+    at the search's length limit ended without EOS: its last decoder row is named CUT. Pieces no
+    installed font draws are named in one `note` (`label_fonts`)."""
     maps, src_ids, tgt_in = pair_attention(model, tokenizer.encode(source), target_ids)
     src_labels = [tokenizer.id_to_piece(i) for i in src_ids]
     # As the server's page names them: a decoder position's query by the token it produced (its
@@ -141,15 +146,51 @@ def attention_figures(
     axes = {"encoder": (src_labels, src_labels), "decoder": (produced, fed), "cross": (produced, src_labels)}
     names = []
 
+    families, undrawn = label_fonts([*src_labels, *produced, *fed])
+    if undrawn:
+        note(f"no installed font draws {undrawn[:20]}{'...' if len(undrawn) > 20 else ''}: those labels show as boxes "
+             "boxes (a Noto font draws them: apt-get install fonts-noto-core fonts-noto-cjk)")
+
     def build(folder: Path) -> None:
-        for kind, layers in maps.items():
-            queries, keys = axes[kind]
-            for layer, weights in enumerate(layers, start=1):
-                title = f"{KINDS[kind]}, layer {layer} of {len(layers)}"
-                names.append(plot_heads(weights[0].cpu(), queries, keys, title, folder / f"{kind}-layer{layer}.png").name)
+        import matplotlib
+
+        with matplotlib.rc_context({"font.family": families}), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Glyph .* missing from")  # said once, above, not for every glyph
+            for kind, layers in maps.items():
+                queries, keys = axes[kind]
+                for layer, weights in enumerate(layers, start=1):
+                    title = f"{KINDS[kind]}, layer {layer} of {len(layers)}"
+                    path = folder / f"{kind}-layer{layer}.png"
+                    names.append(plot_heads(weights[0].cpu(), queries, keys, title, path).name)
 
     atomic_dir(out_dir, build, force)
     return [Path(out_dir) / name for name in names]
+
+
+def label_fonts(labels: Sequence[str]) -> tuple[list[str], str]:
+    """The font families to draw `labels` with, and the characters none of them draws.
+    matplotlib's own DejaVu Sans first, then each installed font that draws characters of the
+    labels the ones before lack (CJK, Devanagari, ...): matplotlib falls back along the list
+    glyph by glyph (found in review: CJK pieces drew as empty boxes, with a warning a glyph)."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    families = [BASE_FONT]
+    base = FT2Font(font_manager.findfont(BASE_FONT))
+    missing = {c for label in labels for c in label if c.isprintable() and not c.isspace() and not base.get_char_index(ord(c))}
+    for entry in font_manager.fontManager.ttflist:
+        if not missing:
+            break
+        if entry.name in families or entry.name.startswith("Last Resort"):  # (its glyph for all: a box naming the script)
+            continue
+        try:
+            font = FT2Font(entry.fname)
+        except (OSError, RuntimeError):  # a font file matplotlib listed but cannot open
+            continue
+        if drawn := {c for c in missing if font.get_char_index(ord(c))}:
+            families.append(entry.name)
+            missing -= drawn
+    return families, "".join(sorted(missing))
 
 
 def _number(value) -> Optional[float]:

@@ -380,6 +380,48 @@ def test_figures_draw_pieces_as_text_and_a_loss_plot_skips_records_without_a_los
     assert (tmp_path / "loss.png").stat().st_size > 1000
 
 
+def test_labels_fall_back_to_installed_fonts_and_what_none_draws_is_said_once(tmp_path, model_dir):
+    """Found in review: pieces of scripts DejaVu Sans lacks (CJK) drew as empty boxes, with a
+    matplotlib warning for every glyph. A character matplotlib's STIX fonts draw and DejaVu Sans
+    does not is drawn by the fallback, warning-free; one that no installed font draws is named in
+    one note, and the figures are still written."""
+    import warnings
+
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    from aiayn.visualize import BASE_FONT, attention_figures, heads_figure, label_fonts
+
+    base, stix = (FT2Font(font_manager.findfont(name)) for name in (BASE_FONT, "STIXGeneral"))
+    symbol = next(chr(c) for c in range(0x2A00, 0x2B00) if stix.get_char_index(c) and not base.get_char_index(c))
+    families, undrawn = label_fonts(["▁a", f"▁{symbol}"])
+    assert families[0] == BASE_FONT and len(families) == 2 and undrawn == ""
+    with matplotlib.rc_context({"font.family": families}), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = heads_figure(torch.full((1, 2, 2), 0.5), ["a", symbol], ["a", symbol], "fallback")
+        fig.canvas.draw()
+        plt.close(fig)
+    adlam = "\U0001E900"  # a script a bare system has no font for
+    families, undrawn = label_fonts([adlam])
+    if len(families) > 1:
+        pytest.skip("this system has a font that draws Adlam")
+    assert undrawn == adlam
+
+    class AdlamPieces(Tokenizer):  # the test model's own tokenizer, its pieces shown in Adlam
+        def id_to_piece(self, id: int) -> str:
+            return adlam + super().id_to_piece(id)
+
+    tokenizer = AdlamPieces.load(model_dir)
+    notes = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = attention_figures(Transformer.load(model_dir).eval(), tokenizer, "the cat", [5, 6], tmp_path / "maps",
+                                  note=notes.append)
+    assert len(notes) == 1 and adlam in notes[0] and "fonts-noto" in notes[0] and all(p.is_file() for p in paths)
+
+
 def test_a_loss_plot_marks_losses_that_are_not_finite_and_skips_values_that_are_no_numbers():
     """Found in review: a diverged step (inf, NaN) vanished from loss.png unmarked, True was drawn
     as a loss of 1, and a step too large for a float was an OverflowError."""
