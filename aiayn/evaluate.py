@@ -15,15 +15,26 @@ from tqdm import tqdm
 # Target languages whose words sacreBLEU splits with a tokenizer of their own (tok:zh, ja-mecab,
 # ko-mecab): 13a's rules split none of their words, so BLEU on them would count whole sentences.
 SACREBLEU_OWN_TOKENIZERS = ("zh", "ja", "ko")
+# Other Chinese languages, written in Han characters as zh is: sacreBLEU's zh tokenizer splits
+# those (found in review: yue got 13a, which split none, and a BLEU of 0).
+HAN_LANGUAGES = ("yue", "cmn", "wuu", "lzh", "hak", "nan", "gan", "hsn")
+
+
+def sacrebleu_language(lang: Optional[str]) -> str:
+    """The target language sacreBLEU is told: the code's language subtag (zh-TW is zh), the
+    Chinese languages as zh."""
+    code = (lang or "").lower().replace("_", "-").split("-")[0]
+    return "zh" if code in HAN_LANGUAGES else code
 
 
 def bleu_metric(lang: Optional[str] = None):
     """sacreBLEU's BLEU for target language `lang`, as its command line's `-l xx-LANG` makes it:
-    13a tokenization but for zh, ja and ko (None: 13a)."""
+    13a tokenization but for zh (and the languages `sacrebleu_language` reads as zh), ja and ko
+    (None: 13a)."""
     from sacrebleu.metrics import BLEU
 
     try:
-        return BLEU(trg_lang=(lang or "").lower())
+        return BLEU(trg_lang=sacrebleu_language(lang))
     except RuntimeError:  # ja and ko tokenize with MeCab, an extra of sacreBLEU's
         raise ValueError(f"sacreBLEU tokenizes {lang} with MeCab, which is not installed: "
                          f"pip install 'sacrebleu[{lang.lower()}]'") from None
@@ -93,12 +104,22 @@ def split_compounds(tokenized: str) -> str:
 
 
 def check_moses_language(lang: str) -> None:
-    """A language the Moses tokenizer has rules for; any other would silently get none."""
+    """A language the Moses tokenizer has rules for, and splits into words; any other would
+    silently get none (zh: it has rules, but splits no Chinese word, and a sentence was one token:
+    found in review)."""
     from sacremoses.corpus import NonbreakingPrefixes
 
+    if sacrebleu_language(lang) in SACREBLEU_OWN_TOKENIZERS:
+        raise ValueError(f"the Moses tokenizer does not split {lang} into words")
     known = sorted(set(NonbreakingPrefixes().available_langs.values()))
     if lang.lower() not in known:
         raise ValueError(f"the Moses tokenizer has no rules for {lang!r}; it knows {', '.join(known)}")
+
+
+def moses_splits(lang: str) -> bool:
+    """Whether Table 2's protocol can score `lang`: not the languages sacreBLEU splits with a
+    tokenizer of their own, whose words the Moses tokenizer does not split."""
+    return sacrebleu_language(lang) not in SACREBLEU_OWN_TOKENIZERS
 
 
 def paper_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str = "en") -> float:
@@ -163,7 +184,7 @@ def score_hypotheses(hypotheses: Sequence[str], references: Sequence[str], secon
         raise ValueError("no sentences to score")
     corpus, metric = _corpus_score("BLEU", hypotheses, references, lang)  # once: the score and the lengths
     return Score(corpus.score, str(metric.get_signature()), _ratio(corpus), repetition_rate(hypotheses), seconds,
-                 paper_bleu(hypotheses, references, lang) if lang else None, list(hypotheses),
+                 paper_bleu(hypotheses, references, lang) if lang and moses_splits(lang) else None, list(hypotheses),
                  chrf(hypotheses, references)[0])
 
 
@@ -196,9 +217,10 @@ def score_files(options, echo=print) -> None:
     if options.parse:
         from aiayn.parsing import evalb
 
-        gold, test = (_read_trees(path) for path in (options.ref, options.hyp))
-        if not gold:
+        gold = _read_trees(options.ref)
+        if not gold:  # whatever the hypotheses hold (found in review: their error was said first)
             raise ValueError(f"{options.ref} holds no trees: nothing to score")
+        test = _read_trees(options.hyp)
         if len(gold) != len(test):
             raise ValueError(f"{len(test)} test trees but {len(gold)} gold trees")
         result = evalb(gold, test)
@@ -206,13 +228,12 @@ def score_files(options, echo=print) -> None:
              f"F1 {result['f1']:.2f}  complete match {result['complete_match']:.2f}  "
              f"({len(gold)} sentence{'s' if len(gold) != 1 else ''}; EVALB with COLLINS.prm conventions)")
         return
-    moses = True
-    try:  # before reading and scoring, not after
-        check_moses_language(options.lang)
-    except ValueError as error:
-        if options.lang.lower() not in SACREBLEU_OWN_TOKENIZERS:
+    moses = moses_splits(options.lang)  # else sacreBLEU scores it; Table 2's protocol has no tokenizer for it
+    if moses:  # before reading and scoring, not after
+        try:
+            check_moses_language(options.lang)
+        except ValueError as error:
             raise ValueError(f"--lang {options.lang}: {error}") from None
-        moses = False  # sacreBLEU scores it; Table 2's protocol has no tokenizer for it
     bleu_metric(options.lang)  # MeCab missing is said before the files are read
     references = _read_lines(options.ref)
     hypotheses = _read_lines(options.hyp)
@@ -224,7 +245,7 @@ def score_files(options, echo=print) -> None:
     echo(f"sacreBLEU       {value:.2f}  {signature}")
     echo("chrF            {:.2f}  {}".format(*chrf(hypotheses, references)))
     if not moses:
-        echo(f"paper protocol  -      (the Moses tokenizer has no rules for {options.lang})")
+        echo(f"paper protocol  -      (the Moses tokenizer does not split {options.lang} into words)")
         return
     echo(f"paper protocol  {paper_bleu(hypotheses, references, options.lang):.2f}  "
          f"(Moses tokenizer -l {options.lang}, compounds split, multi-bleu: as Table 2; not comparable with sacreBLEU)")

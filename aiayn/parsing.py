@@ -135,7 +135,7 @@ def _parse(text: str) -> Iterator[tuple[Node, str]]:
             if not stack:
                 raise ValueError(f"unbalanced brackets: ')' at {_position(text, offset)} closes nothing")
             label, children, start = stack.pop()
-            node = _make_node(label or "", children, text, start)
+            node = _make_node(label or "", children, text, start, outer=not stack)
             if stack:
                 stack[-1][1].append(node)
             else:
@@ -150,7 +150,7 @@ def _parse(text: str) -> Iterator[tuple[Node, str]]:
         raise ValueError(f"unbalanced brackets: '(' at {_position(text, stack[-1][2])} is never closed")
 
 
-def _make_node(label: str, children: list, text: str, start: int) -> Node:
+def _make_node(label: str, children: list, text: str, start: int, outer: bool) -> Node:
     words = [child for child in children if isinstance(child, str)]
     where = _position(text, start)
     if not children:
@@ -159,9 +159,9 @@ def _make_node(label: str, children: list, text: str, start: int) -> Node:
         if len(children) > 1:
             raise ValueError(f"bracket ({label} ...) at {where} holds a word beside other elements")
         return Leaf(label, words[0])
-    if label in _WRAPPERS and len(children) == 1 and isinstance(children[0], Tree):
-        return children[0]
-    return Tree(label or "TOP", tuple(children))
+    if outer and label in _WRAPPERS:  # only around a whole tree (found in review: an inner ROOT went, and its error)
+        return children[0] if len(children) == 1 and isinstance(children[0], Tree) else Tree("TOP", tuple(children))
+    return Tree(label, tuple(children))
 
 
 def strip_function_tags(label: str) -> str:
@@ -222,7 +222,9 @@ def delinearize(target_tokens: Union[str, Sequence[str]], words: Sequence[str]) 
     Anything else is repaired, reading left to right with a stack of open constituents:
 
     1. "(L" opens a constituent labelled L, where L holds no bracket ("(S(NP" or "(NP)" is junk,
-       rule 4: as a label it would write a tree no reader reads back).
+       rule 4: as a label it would write a tree no reader reads back), unless MAX_DEPTH - 2 are
+       open: then it is junk too (found in review: a model looping on "(NP" wrote trees that
+       `read_trees` refused, and deeper ones were a RecursionError).
     2. ")L" (or a bare ")") closes the innermost open constituent, whatever L is (a wrong label
        does not reach further out); a closing bracket with no constituent open is dropped.
     3. "XX" takes the next word, inside the innermost open constituent (at the top level if none
@@ -254,7 +256,8 @@ def delinearize(target_tokens: Union[str, Sequence[str]], words: Sequence[str]) 
             if remaining:
                 (stack[-1][1] if stack else top).append(Leaf(WORD_PLACEHOLDER, remaining.pop()))
         elif token.startswith("(") and len(token) > 1 and "(" not in token[1:] and ")" not in token[1:]:
-            stack.append((token[1:], []))
+            if len(stack) < MAX_DEPTH - 2:  # room for the leaves' brackets and an (S ...) around all
+                stack.append((token[1:], []))
         elif token.startswith(")"):
             if stack:
                 close()

@@ -351,7 +351,10 @@ def average_checkpoints(directories: list[Path], out: PathLike, force: bool = Fa
 
     def build(folder: Path) -> None:
         save_model(model, folder)
-        copy_tokenizer(directories[-1], folder)
+        # The newest checkpoint's, else the run folder's (found in review: a checkpoint without
+        # one gave a model folder without one, said nowhere).
+        if not any(copy_tokenizer(source, folder) for source in (directories[-1], directories[-1].parent.parent)):
+            raise ValueError(f"{directories[-1]} holds no tokenizer, nor does its run folder: the model would have none")
 
     atomic_dir(out, build, force)
 

@@ -176,6 +176,10 @@ def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus
     one_line_error(*cli(capsys, "average", run, "--steps", "1", "--last", "2", "--out", tmp_path / "avg7")[::2],
                    "give --last (the last checkpoints) or --steps (those of given steps), not both")
     assert not (tmp_path / "avg7").exists()
+    # A checkpoint without its tokenizer: the run folder's goes with the model (found in review: none did)
+    (run / "checkpoints" / "step_00000002" / "tokenizer.model").unlink()
+    assert cli(capsys, "average", run, "--last", "2", "--out", tmp_path / "avg9")[0] == 0
+    assert (tmp_path / "avg9" / "tokenizer.model").read_bytes() == (run / "tokenizer.model").read_bytes()
     import aiayn.run  # a run training beside deletes a checkpoint as it is read
 
     real = aiayn.run.average_checkpoints
@@ -1071,6 +1075,8 @@ def test_score_of_empty_files_and_an_unknown_language(tmp_path, capsys):
     (tmp_path / "open").write_text("(S (NP (DT a) (NN cat)) (VP (VBZ sits))\n")
     one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "empty", "--hyp", tmp_path / "tree")[::2],
                    "holds no trees")
+    one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "empty", "--hyp", tmp_path / "one")[::2],
+                   "holds no trees")  # whatever the hypotheses hold (found in review: their error came first)
     one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "tree", "--hyp", tmp_path / "open")[::2],
                    f"{tmp_path / 'open'}: ")
     for parse in ((), ("--parse",)):  # found in review: "I/O operation on closed file"

@@ -285,6 +285,23 @@ def test_delinearize_repairs_malformed_output(output, expected):
     assert delinearize(output.split(), WORDS) == delinearize(output, WORDS)
 
 
+def test_only_an_outer_wrapper_is_removed_and_one_around_several_trees_is_top():
+    """Found in review: an inner ROOT (a parser's wrong bracket) was removed, scoring it as right,
+    and an outer ROOT around two trees stayed ROOT, counted as a bracket."""
+    assert tree_to_string(one("(S (ROOT (NP (XX a))) (XX b))")) == "(S (ROOT (NP (XX a))) (XX b))"
+    assert one("(ROOT (NP (DT a)) (VP (VB b)))").label == "TOP"
+    gold, test = one("(S (NP (DT a)) (VB b))"), one("(S (ROOT (NP (XX a))) (XX b))")
+    assert evalb([gold], [test])["precision"] == pytest.approx(200 / 3)
+
+
+def test_a_looping_parse_still_writes_a_tree_that_reads_back():
+    """A model that repeats "(NP" until its length limit (input + 300 tokens) wrote a tree
+    nested past read_trees' limit, and deeper ones were a RecursionError (found in review)."""
+    for depth in (250, 5000):
+        tree = delinearize("(NP " * depth + "XX", ["dog"])
+        assert one(tree_to_string(tree)).words() == ["dog"]
+
+
 def test_delinearize_of_nothing_is_an_empty_root():
     assert delinearize("", []) == Tree("S", ()) and delinearize(")S XX (NP", []) == Tree("S", ())
 

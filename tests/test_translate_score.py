@@ -150,6 +150,12 @@ def test_score_tokenizes_chinese_as_sacrebleu_does_and_says_what_japanese_needs(
                           "-b", "-w", "2"], capture_output=True, text=True)
     assert done.returncode == 0 and f"sacreBLEU       {float(cli.stdout):.2f}  nrefs:1|case:mixed|eff:no|tok:zh|" in done.stdout
     assert float(cli.stdout) > 20  # not the 0 of whole sentences
+    # found in review: the paper protocol scored zh as whole sentences (0.00), and yue got 13a
+    assert "paper protocol  -      (the Moses tokenizer does not split zh into words)" in done.stdout
+    assert evaluate.score_hypotheses(["我喜欢猫。"], ["我喜欢猫。"], lang="zh").paper_bleu is None
+    for code in ("yue", "zh-TW"):
+        done = aiayn("score", "--ref", tmp_path / "ref", "--hyp", tmp_path / "hyp", "--lang", code)
+        assert done.returncode == 0 and f"sacreBLEU       {float(cli.stdout):.2f}  " in done.stdout and "tok:zh" in done.stdout
     import importlib.util
 
     if importlib.util.find_spec("MeCab") is None:
