@@ -160,11 +160,12 @@ class Score:
 
 
 def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = None, progress: bool = False,
-          **changes) -> Score:
+          paper: bool = True, **changes) -> Score:
     """Translate the sources of `pairs` ((source, reference) strings) with `translator`
     (aiayn.translate.Translator; `changes` replace its decoding settings for this call) and score
-    the outputs against the references: sacreBLEU's BLEU and chrF, the length ratio, the
-    repetition rate and the decoding time, and with the target language `lang` the paper's BLEU.
+    the outputs against the references: sacreBLEU's BLEU (tokenized for the target language
+    `lang`) and chrF, the length ratio, the repetition rate and the decoding time, and with `lang`
+    and `paper` the paper's BLEU.
     The one "translate a split and score it" of the package: training's dev BLEU, the demo,
     Table 3 and the benchmarks all call it. `progress`: a progress bar of the sentences translated,
     on a terminal."""
@@ -174,17 +175,17 @@ def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = No
     start = time.perf_counter()
     with tqdm(total=len(pairs), desc="translate", unit="sentence", disable=not (progress and sys.stderr.isatty())) as bar:
         hypotheses = translator.translate([s for s, _ in pairs], bar, **changes)
-    return score_hypotheses(hypotheses, [r for _, r in pairs], time.perf_counter() - start, lang)
+    return score_hypotheses(hypotheses, [r for _, r in pairs], time.perf_counter() - start, lang, paper)
 
 
 def score_hypotheses(hypotheses: Sequence[str], references: Sequence[str], seconds: float = 0.0,
-                     lang: Optional[str] = None) -> Score:
+                     lang: Optional[str] = None, paper: bool = True) -> Score:
     """`score`'s measures of outputs made elsewhere (a peer system's, in the benchmarks)."""
     if not references:
         raise ValueError("no sentences to score")
     corpus, metric = _corpus_score("BLEU", hypotheses, references, lang)  # once: the score and the lengths
     return Score(corpus.score, str(metric.get_signature()), _ratio(corpus), repetition_rate(hypotheses), seconds,
-                 paper_bleu(hypotheses, references, lang) if lang and moses_splits(lang) else None, list(hypotheses),
+                 paper_bleu(hypotheses, references, lang) if paper and lang and moses_splits(lang) else None, list(hypotheses),
                  chrf(hypotheses, references)[0])
 
 

@@ -17,6 +17,7 @@ from aiayn.checkpoint import read_config
 from aiayn.config import ModelConfig, TrainConfig, check_resumed
 from aiayn.corpora import stream_corpus
 from aiayn.device import check_precision, init_distributed, resolve_device
+from aiayn.evaluate import bleu_metric
 from aiayn.run import SPECIAL_IDS, RunDir, resolve_model_dir
 from aiayn.store import MANIFEST, Store, load_store, preprocess, text_digest, tokenizer_digest
 from aiayn.tokenizer import EOS_ID, PAD_ID, TOKENIZER_FILES, UNK_ID, copy_tokenizer, has_tokenizer, load_tokenizer
@@ -30,6 +31,7 @@ class TrainData:
     train: Union[EncodedPairs, Sequence]
     dev: Union[EncodedPairs, Sequence] = ()
     dev_text: Sequence[tuple[str, str]] = ()  # (source, reference) strings of the dev pairs
+    tgt_lang: Optional[str] = None  # the references' language: dev BLEU tokenizes as sacreBLEU does for it
 
     def __post_init__(self) -> None:
         self.train, self.dev = as_encoded(self.train), as_encoded(self.dev)
@@ -90,7 +92,9 @@ def prepare_data(
             dev_text = [texts[i] for i in rows.tolist()]
     counts = ", ".join(f"{name} {info['pairs']:,} pairs" for name, info in store.manifest["splits"].items())
     echo(f"data {data_dir} ({store.manifest['corpus']}, {store.src_lang}→{store.tgt_lang}): {counts}")
-    return tokenizer, TrainData(kept["train"], kept["dev"], dev_text), store
+    if dev_text and recipe.eval_bleu_sentences:  # MeCab missing (ja, ko) is said now, not at the first validation
+        bleu_metric(store.tgt_lang)
+    return tokenizer, TrainData(kept["train"], kept["dev"], dev_text, store.tgt_lang), store
 
 
 def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run: RunDir,

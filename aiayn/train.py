@@ -380,7 +380,9 @@ class Trainer:
         count = min(self.recipe.eval_bleu_sentences, len(self.data.dev_text))
         if self.tokenizer is not None and count:
             decode = dataclasses.replace(DECODE_PRESETS["validate"], precision=self.recipe.precision)
-            result = score(Translator(self.model, self.tokenizer, decode), self.data.dev_text[:count])
+            # zh, ja, ko references tokenized as sacreBLEU does for them (found in review: 13a, which splits no word of theirs)
+            result = score(Translator(self.model, self.tokenizer, decode), self.data.dev_text[:count], self.data.tgt_lang,
+                           paper=False)
             record.update(bleu=result.bleu, chrf=result.chrf)
         self.model.train()
         return record

@@ -377,6 +377,30 @@ def test_fine_tuning_from_data_needs_the_data_encoded_with_the_models_tokenizer(
     assert (tmp_path / "run" / "model" / "tokenizer.model").read_bytes() == (model / "tokenizer.model").read_bytes()
 
 
+def test_dev_bleu_tokenizes_the_references_for_their_language(tmp_path, data_dir, capsys, monkeypatch):
+    """Training's dev BLEU is told the target language (found in review: always 13a, which splits
+    no word of zh, ja or ko), without the paper protocol's extra pass; and a language whose
+    sacreBLEU tokenizer is not installed is said before training, not at the first validation."""
+    import aiayn.prepare
+    import aiayn.train
+
+    asked = []
+    real = aiayn.train.score
+    monkeypatch.setattr(aiayn.train, "score", lambda *args, **options: (asked.append((args[2:], options)),
+                                                                         real(*args, **options))[1])
+    argv = ["train", "--data", data_dir, "--preset", "tiny", "--max-steps", "1", "--eval-every", "1",
+            "--eval-bleu-sentences", "2", "--device", "cpu", "--out", tmp_path / "run"]
+    assert cli(capsys, *argv)[0] == 0
+    assert asked == [(("de",), {"paper": False})]
+
+    def no_mecab(lang=None):
+        raise ValueError(f"sacreBLEU tokenizes {lang} with MeCab, which is not installed")
+
+    monkeypatch.setattr(aiayn.prepare, "bleu_metric", no_mecab)
+    one_line_error(*cli(capsys, *argv[:-1], tmp_path / "run2")[::2], "sacreBLEU tokenizes de with MeCab")
+    assert not (tmp_path / "run2" / "checkpoints").exists()
+
+
 def test_preprocess_refuses_inputs_that_would_leave_an_unusable_folder(tmp_path, corpus_dir, capsys):
     """Found in review: a --max-sentence-tokens that left no training pair wrote a folder and exited
     0; --src-lang bin wrote the dev text over dev.bin; --corpus "" was read as the current folder.
