@@ -751,6 +751,11 @@ SERVE = ServeOptions(run_dir="")  # the server's defaults, for code that runs it
 _LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*")
 
 
+def is_language_code(value) -> bool:
+    """Whether `value` is written as a language code: en, yue, pt-BR, zh-Hans (not "english")."""
+    return isinstance(value, str) and _LANGUAGE_CODE.fullmatch(value) is not None
+
+
 def _in_bounds(value, meta) -> bool:
     """Whether `value` is within a field's `least`, `above` and `most` (true for what is no number)."""
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -770,7 +775,7 @@ def check_options(options) -> None:
             raise ValueError("--out is empty: name the folder or file to write")
         if f.name == "corpus" and value == "":  # was read as the current folder (found in review)
             raise ValueError("--corpus is empty: name a corpus, or its file or folder")
-        if meta.get("language") and value is not None and not _LANGUAGE_CODE.fullmatch(value):
+        if meta.get("language") and value is not None and not is_language_code(value):
             raise ValueError(f"--{f.name.replace('_', '-')} takes a language code (en, de, pt-BR), got {value!r}")
         if isinstance(value, list):  # each number of a list (average --steps): the first out of bounds
             value = next((v for v in value if not _in_bounds(v, meta)), None)

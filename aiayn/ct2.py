@@ -31,10 +31,10 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from aiayn.config import CT2_QUANTIZATIONS, MAX_INPUT_TOKENS, MAX_OUTPUT_LEN, ModelConfig
+from aiayn.config import CT2_QUANTIZATIONS, ModelConfig, is_language_code
 from aiayn.corpora import language_name
-from aiayn.files import atomic_dir, atomic_write, output_lock, refuse_to_replace, write_json
-from aiayn.marian import BARRED_LOGIT
+from aiayn.files import atomic_dir, atomic_write, output_lock, refuse_to_replace, undo_new_parents, write_json
+from aiayn.marian import BARRED_LOGIT, exported_positions
 from aiayn.model import Transformer, sinusoidal_positions
 from aiayn.run import check_vocabulary, languages_of, model_inputs, resolve_model_dir, run_files, tokenizer_folder
 from aiayn.tokenizer import MODEL_FILE, Tokenizer, load_tokenizer
@@ -79,10 +79,8 @@ def transformer_spec(model: Transformer, pieces: list[str]):
     if config.positional == "learned":
         positions = state["encoder.positions.table.weight"], state["decoder.positions.table.weight"]
     else:
-        # The sinusoids of every position aiayn decodes (its longest input and output), not only
-        # max_len's: a 750-token line translated in aiayn but failed in CTranslate2.
-        rows = max(config.max_len, MAX_INPUT_TOKENS + MAX_OUTPUT_LEN)
-        table = sinusoidal_positions(rows, config.d_model, config.positional == "sinusoidal_concat")
+        # (found in review: a 750-token line translated in aiayn but failed in CTranslate2)
+        table = sinusoidal_positions(exported_positions(config), config.d_model, config.positional == "sinusoidal_concat")
         positions = table.float(), table.float()
 
     def linear(target, name: str, *fused: str) -> None:  # W (out, in) and b, several fused along out
@@ -188,8 +186,12 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     the package's spacy/ folder (benchmarks/libretranslate_load.py adds one)."""
     model_dir, out_file = resolve_model_dir(model_path), Path(out_file)
     refuse_to_replace(out_file, force, inputs=model_inputs(model_path), folder=False, kept=run_files(out_file))
-    with output_lock(out_file):  # one writer: two packages into one file both said "wrote" (found in review)
-        source, target, byte_pieces = _write_argos(model_path, model_dir, out_file, source_lang, target_lang, force)
+    source, target = _package_languages(model_path, source_lang, target_lang)
+    folder, tokenizer = native_tokenizer(model_dir, model_path)  # refused before the lock makes any folder
+    # One writer: two packages into one file both said "wrote" (found in review).
+    with undo_new_parents(out_file), output_lock(out_file):
+        _write_argos(model_dir, folder, tokenizer, out_file, source, target, force)
+    byte_pieces = tokenizer.piece_to_id("<0xFF>") != tokenizer.unk_id
     # argospm installs only by name from the online index; a file goes through the package API.
     path = json.dumps(str(out_file), ensure_ascii=False)  # a Python string, inside the shell's quotes
     install = f"import argostranslate.package; argostranslate.package.install_from_path({path})"
@@ -201,18 +203,26 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     return out_file
 
 
-def _write_argos(model_path: Union[str, Path], model_dir: Path, out_file: Path, source_lang: Optional[str],
-                 target_lang: Optional[str], force: bool) -> tuple[str, str, bool]:
-    """`export_argos`'s work, under the output's lock; returns the package's two languages, and
-    whether its vocabulary has byte pieces."""
-    source, target = languages_of(model_path)
-    source, target = source_lang or source, target_lang or target
+def _package_languages(model_path: Union[str, Path], source_lang: Optional[str],
+                       target_lang: Optional[str]) -> tuple[str, str]:
+    """The package's two language codes: those given, else the run's."""
+    recorded = languages_of(model_path)
+    source, target = source_lang or recorded[0], target_lang or recorded[1]
     if not source or not target:
         raise ValueError(f"{model_path} does not record its languages; give --source-lang and --target-lang")
+    for code, flag in ((source, "--source-lang"), (target, "--target-lang")):
+        if not is_language_code(code):  # (found in review: a run's "english", or "../x" from Python, was written)
+            raise ValueError(f"the package's language {code!r} is no language code (en, de, pt-BR); give one with {flag}")
     if source == target:  # LibreTranslate lists a pair by its two codes: one code is no pair
         raise ValueError(f"the package's source and target language are both {source!r}; give the model's two "
                          "languages with --source-lang and --target-lang")
-    folder, tokenizer = native_tokenizer(model_dir, model_path)
+    return source, target
+
+
+def _write_argos(model_dir: Path, folder: Path, tokenizer, out_file: Path, source: str, target: str,
+                 force: bool) -> None:
+    """`export_argos`'s work, under the output's lock: the package of the model in `model_dir` and
+    the tokenizer in `folder`."""
     name = f"{source}_{target}"
     with tempfile.TemporaryDirectory(prefix=".argos.", dir=out_file.parent if out_file.parent.exists() else None) as tmp:
         package = Path(tmp) / name
@@ -230,4 +240,3 @@ def _write_argos(model_path: Union[str, Path], model_dir: Path, out_file: Path, 
 
         refuse_to_replace(out_file, force, folder=False)  # made meanwhile by a writer that takes no lock
         atomic_write(out_file, write)
-    return source, target, tokenizer.piece_to_id("<0xFF>") != tokenizer.unk_id

@@ -214,12 +214,19 @@ def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: boo
     not left to replace the first's output (found in review), and what a killed one left goes."""
     path = Path(path)
     refuse_to_replace(path, force, folder=True)
-    made = [folder for folder in path.parents if not folder.exists()]  # innermost first
+    with undo_new_parents(path), output_lock(path):
+        _build_in_place(path, build, force)
+
+
+@contextmanager
+def undo_new_parents(path: Union[str, Path]) -> Iterator[None]:
+    """Should the block fail, remove the folders above `path` that it made (found in review: a
+    failed output into a/b/c left a/b behind, empty). Only empty ones: nothing else is lost."""
+    made = [folder for folder in Path(path).parents if not folder.exists()]  # innermost first
     try:
-        with output_lock(path):
-            _build_in_place(path, build, force)
+        yield
     except BaseException:
-        for folder in made:  # the folders this call made for `path`, empty again (found in review: left behind)
+        for folder in made:
             with suppress(OSError):
                 folder.rmdir()
         raise

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from aiayn.checkpoint import build_model
 from aiayn.files import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
-from aiayn.config import DECODE_PRESETS, ModelConfig
+from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, MAX_OUTPUT_LEN, ModelConfig
 from aiayn.model import Transformer
 from aiayn.run import RunDir, check_vocabulary, model_inputs, resolve_model_dir, run_files, tokenizer_folder
 from aiayn.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
@@ -75,11 +75,17 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
     missing = [key for key in needed if key not in hf]
     if missing:
         raise ValueError(f"config.json lacks {', '.join(missing)}: not a complete Marian config")
+    # (found in review: "32", a list or 0 heads were tracebacks below, not what ModelConfig says)
+    wrong = [f"{key} {hf[key]!r}" for key in needed if isinstance(hf[key], bool) or not isinstance(hf[key], int)
+             or hf[key] < (0 if key.endswith("token_id") else 1)]
+    if wrong:
+        raise ValueError(f"config.json: {', '.join(wrong)} must be whole numbers, sizes at least 1 and ids at least 0")
     require(hf["encoder_layers"] == hf["decoder_layers"], "encoder and decoder depths differ (aiayn has one N)")
     require(hf["encoder_ffn_dim"] == hf["decoder_ffn_dim"], "encoder and decoder d_ff differ")
     require(hf["encoder_attention_heads"] == hf["decoder_attention_heads"], "encoder and decoder head counts differ")
     require(not hf.get("normalize_before", False), "pre-norm Marian models are not handled")
-    activation = HF_ACTIVATIONS.get(hf.get("activation_function", "gelu"))
+    name = hf.get("activation_function", "gelu")
+    activation = HF_ACTIVATIONS.get(name) if isinstance(name, str) else None
     require(activation is not None, f"activation {hf.get('activation_function')!r}")
     share = hf.get("share_encoder_decoder_embeddings", True)
     vocab = hf["vocab_size"]
@@ -108,6 +114,17 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
         eos_id=hf["eos_token_id"],
         unk_id=unk_id,
     )
+
+
+# Tensors an HF Marian file may hold as copies of `model.shared.weight`.
+COPIES_OF_SHARED = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+
+
+def exported_positions(config: ModelConfig) -> int:
+    """The positions an exported sinusoidal model is given: every one aiayn decodes (its longest
+    input and output), not only max_len's (found in review: a 261-token line aiayn translated
+    failed in transformers and, before, in CTranslate2)."""
+    return max(config.max_len, MAX_INPUT_TOKENS + MAX_OUTPUT_LEN)
 
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -160,25 +177,12 @@ def import_marian(
                          "models of one shared vocabulary")
     tokenizer = MarianTokenizer.load(hf_dir)
     config = config_from_marian(hf, tokenizer.unk_id)
-    if tokenizer.vocab_size != config.vocab_size:  # found in review: the import then failed to translate
-        raise ValueError(f"vocab.json has {tokenizer.vocab_size} tokens, the model {config.vocab_size} rows; one a token")
+    try:  # found in review: a size, or special ids, other than vocab.json's imported, then failed to translate
+        check_vocabulary(tokenizer, config)
+    except ValueError as error:
+        raise ValueError(f"{hf_dir}: vocab.json and config.json disagree: {error}") from None
 
-    weights = _read_weights(hf_dir)
-
-    def get(name: str, *fallbacks: str) -> torch.Tensor:
-        for key in (name, *fallbacks):
-            if key in weights:
-                return weights[key]
-        raise ValueError(f"the weights lack {name}")
-
-    state = {ours: get(theirs) for ours, theirs in _pairs(config)}
-    shared = get("model.shared.weight", "model.encoder.embed_tokens.weight")
-    state["encoder.embed.lookup.weight"] = shared if config.share_embeddings else get("model.encoder.embed_tokens.weight")
-    state["decoder.embed.lookup.weight"] = shared if config.share_embeddings else get("model.decoder.embed_tokens.weight")
-    if not config.tie_output:
-        state["output_proj.weight"] = get("lm_head.weight")
-    state["logits_bias"] = get("final_logits_bias").reshape(-1) if "final_logits_bias" in weights else torch.zeros(config.vocab_size)
-
+    state = _state_of(hf_dir, config)
     model = build_model(Transformer, config, hf_dir / "config.json")
     try:
         missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
@@ -197,6 +201,35 @@ def import_marian(
     echo(f"imported {hf_dir} -> {model_dir}: {config.n_layers}+{config.n_layers} layers, d_model {config.d_model}, "
          f"{config.activation}, vocabulary {config.vocab_size}, {model.num_parameters():,} parameters")
     return model_dir
+
+
+def _state_of(hf_dir: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """aiayn's state dict from the weights of the HF Marian folder `hf_dir`, described by `config`."""
+    weights = _read_weights(hf_dir)
+    read: set[str] = set()
+
+    def get(name: str, *fallbacks: str) -> torch.Tensor:
+        for key in (name, *fallbacks):
+            if key in weights:
+                read.add(key)
+                return weights[key]
+        raise ValueError(f"the weights lack {name}")
+
+    state = {ours: get(theirs) for ours, theirs in _pairs(config)}
+    shared = get("model.shared.weight", "model.encoder.embed_tokens.weight")
+    state["encoder.embed.lookup.weight"] = shared if config.share_embeddings else get("model.encoder.embed_tokens.weight")
+    state["decoder.embed.lookup.weight"] = shared if config.share_embeddings else get("model.decoder.embed_tokens.weight")
+    if not config.tie_output:
+        state["output_proj.weight"] = get("lm_head.weight")
+    state["logits_bias"] = get("final_logits_bias").reshape(-1) if "final_logits_bias" in weights else torch.zeros(config.vocab_size)
+    # Weights its config does not describe (found in review: a config of 1 layer dropped layer 2 unsaid);
+    # not the positions HF computes, nor copies of the shared table.
+    unread = sorted(key for key, tensor in weights.items() if key not in read and "embed_positions" not in key
+                    and not (key in COPIES_OF_SHARED and tensor.shape == shared.shape and torch.equal(tensor, shared)))
+    if unread:
+        raise ValueError(f"{hf_dir} holds {len(unread)} weights its config.json does not describe ({', '.join(unread[:3])}"
+                         f"{', ...' if len(unread) > 3 else ''}): they are of another model")
+    return state
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,7 +265,7 @@ def marian_config(config: ModelConfig) -> dict:
         "dropout": config.dropout,
         "attention_dropout": config.attention_dropout,
         "activation_dropout": 0.0,
-        "max_position_embeddings": config.max_len,
+        "max_position_embeddings": exported_positions(config),
         "scale_embedding": config.scale_embedding,
         "share_encoder_decoder_embeddings": config.share_embeddings,
         "tie_word_embeddings": config.tie_output,
@@ -357,7 +390,8 @@ def export_marian(
             tokenizer.save(folder)
         else:
             MarianTokenizer(tokenizer.model_proto, tokenizer.model_proto, _marian_vocab(tokenizer, config.pad_id)).save(folder)
-        write_json(folder / "tokenizer_config.json", {"tokenizer_class": "MarianTokenizer", "model_max_length": config.max_len})
+        write_json(folder / "tokenizer_config.json", {"tokenizer_class": "MarianTokenizer",
+                                                     "model_max_length": exported_positions(config)})
 
     atomic_dir(out_dir, build, force)
     for note in _export_notes(config, zero_start):

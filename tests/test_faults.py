@@ -397,6 +397,13 @@ def test_an_argos_package_of_one_language_is_refused(tmp_path, model_dir, capsys
     one_line_error(*cli(capsys, "export-argos", model_dir, tmp_path / "en_en.argosmodel", "--source-lang", "en",
                         "--target-lang", "en")[::2], "source and target language are both 'en'")
     assert not (tmp_path / "en_en.argosmodel").exists()
+    # found in review: a recorded "english" (not checked where a run records it) was written as the
+    # package's code, and "../leak" from Python wrote its folder outside; a failed export left its folders
+    from aiayn.ct2 import export_argos
+
+    with pytest.raises(ValueError, match="'../leak' is no language code"):
+        export_argos(model_dir, tmp_path / "new" / "p.argosmodel", source_lang="../leak", target_lang="es")
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
 
 
 def test_force_never_replaces_an_input(tmp_path, model_dir, corpus_tsv, capsys):

@@ -9,6 +9,7 @@ length normalisation (aiayn α = 0, HF length_penalty = 0), since aiayn divides 
 import dataclasses
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -189,6 +190,12 @@ def test_export_of_a_native_model_is_exact(tmp_path, share):
     assert torch.all(got[..., config.pad_id] <= BARRED_LOGIT + expected[..., config.pad_id].abs() + 1e-3)
     theirs = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
     assert theirs("the cat sat")["input_ids"] == src[0].tolist()
+    # A line longer than max_len, which aiayn translates (its sinusoids go on), runs in transformers too
+    # (found in review: an IndexError, its position table being max_len long)
+    long = torch.tensor([tokenizer.encode("the cat sat " * 40)[: config.max_len + 20] + [2]])
+    with torch.no_grad():
+        torch.testing.assert_close(transformers.MarianMTModel.from_pretrained(tmp_path / "hf").eval()(
+            input_ids=long, decoder_input_ids=tgt).logits[..., tokens], model(long, tgt)[..., tokens], atol=1e-4, rtol=1e-4)
 
 
 def test_export_to_ctranslate2_gives_the_same_greedy_tokens(imported, tmp_path):
@@ -329,6 +336,17 @@ def test_an_hf_folder_that_aiayn_cannot_read_is_refused_in_one_line(hf_dir, tmp_
     with pytest.raises(ValueError, match="do not fit its config.json: size mismatch for ") as refused:
         import_marian(wider, tmp_path / "out", echo=lambda _: None)
     assert "\n" not in str(refused.value)
+    # found in review: tracebacks for a size that is a string, an activation that is a list, 0 heads; a run
+    # written that no command loads for special ids other than vocab.json's; a layer dropped without a word
+    depth = json.loads((hf_dir / "config.json").read_text())["encoder_layers"]
+    for change, says in [({"d_model": "32"}, "d_model '32' must be whole numbers"),
+                         ({"activation_function": ["swish"]}, "activation ['swish']"),
+                         ({"encoder_attention_heads": 0, "decoder_attention_heads": 0}, "encoder_attention_heads 0"),
+                         ({"eos_token_id": 7}, "vocab.json and config.json disagree"),
+                         ({"encoder_layers": depth - 1, "decoder_layers": depth - 1}, "weights its config.json does not describe")]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            import_marian(copy_with_config(hf_dir, tmp_path / f"c{len(says)}", **change), tmp_path / "out",
+                          echo=lambda _: None)
     listed = copy_with_config(hf_dir, tmp_path / "listed")
     (listed / "vocab.json").write_text("[]", encoding="utf-8")
     with pytest.raises(ValueError, match="must map each piece to its id"):
@@ -377,6 +395,6 @@ def test_a_model_and_tokenizer_of_other_sizes_are_refused_by_every_export_and_by
         assert not (tmp_path / f"hf-{rows}").exists() and not (tmp_path / f"ct2-{rows}").exists()
     rows = json.loads((hf_dir / "config.json").read_text())["vocab_size"] + 4
     larger = copy_with_config(hf_dir, tmp_path / "larger", vocab_size=rows, decoder_vocab_size=rows)
-    with pytest.raises(ValueError, match=f"the model {rows} rows; one a token"):
+    with pytest.raises(ValueError, match=f"vocab.json and config.json disagree: the tokenizer has {rows - 4} tokens, the model {rows}"):
         import_marian(larger, tmp_path / "out", echo=lambda _: None)
     assert not (tmp_path / "out").exists()
