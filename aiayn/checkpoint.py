@@ -9,6 +9,7 @@ business; this module reads and writes one folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Union
@@ -92,6 +93,27 @@ def meta_model(cls, config) -> torch.nn.Module:
     """`cls(config)` on the meta device: its parameters' and buffers' shapes, no memory."""
     with torch.device("meta"), _NoInitOnMeta():
         return cls(config)
+
+
+def parameter_counts(cls, config) -> dict[str, int]:
+    """The trainable parameters of `cls(config)`, a Transformer: {"embeddings", "encoder", "decoder",
+    "total"} (the encoder and decoder without their embeddings), counted on the meta device. The
+    N layers of a stack are alike, so models of 1 and 2 layers give them all (found in review:
+    100,000 layers were built one by one, for minutes); sizes past what PyTorch can describe are
+    a ValueError, not its overflow."""
+    def counts(layers: int) -> dict[str, int]:
+        try:
+            model = meta_model(cls, dataclasses.replace(config, n_layers=layers))
+        except (RuntimeError, MemoryError, OverflowError, TypeError) as error:  # TypeError: a size past int64
+            reason = str(error).splitlines()[0].split(" Exception raised from")[0][:160]  # not the C++ stack
+            raise ValueError(f"this model is too large to describe: {reason}") from None
+        stacks = {side: sum(p.numel() for n, p in getattr(model, side).named_parameters() if not n.startswith("embed."))
+                  for side in ("encoder", "decoder")}
+        return {**stacks, "total": model.num_parameters()}
+
+    one, two = counts(1), counts(2)
+    found = {key: one[key] + (config.n_layers - 1) * (two[key] - one[key]) for key in one}
+    return {"embeddings": found["total"] - found["encoder"] - found["decoder"], **found}
 
 
 def build_model(cls, config, source: Union[str, Path]) -> torch.nn.Module:

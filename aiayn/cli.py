@@ -139,16 +139,14 @@ def config_from_args(args: argparse.Namespace, preset_name: str) -> ModelConfig:
 
 def cmd_info(args: argparse.Namespace) -> None:
     """Print a preset's configuration, parameter count and FLOPs per token."""
-    from aiayn.checkpoint import meta_model
+    from aiayn.checkpoint import parameter_counts
     from aiayn.flops import forward_flops, training_flops
     from aiayn.model import Transformer
 
     info = options(args, InfoOptions)
     config = config_from_args(args, info.preset)
-    model = meta_model(Transformer, config)  # shapes only: even `big` costs no memory
-    encoder = sum(p.numel() for n, p in model.encoder.named_parameters() if not n.startswith("embed."))
-    decoder = sum(p.numel() for n, p in model.decoder.named_parameters() if not n.startswith("embed."))
-    total = model.num_parameters()
+    counts = parameter_counts(Transformer, config)  # shapes only: even `big` costs no memory
+    total = counts["total"]
     d_k, d_v = config.head_dims
     print(f"preset {info.preset}")
     for key, value in config.to_dict().items():
@@ -156,8 +154,8 @@ def cmd_info(args: argparse.Namespace) -> None:
     for key, value in TRAIN_OVERRIDES.get(info.preset, {}).items():  # a Table 3 row that changes training
         print(f"  {key:18} {value} (training: `aiayn train --preset {info.preset}` sets it)")
     print(f"parameters         {total:,} ({total / 1e6:.1f}M)")
-    for part, count in (("embeddings", total - encoder - decoder), ("encoder", encoder), ("decoder", decoder)):
-        print(f"  {part:16} {count:,}")
+    for part in ("embeddings", "encoder", "decoder"):
+        print(f"  {part:16} {counts[part]:,}")
     if info.preset in PAPER_PARAMS_M and config == PRESETS[info.preset]:
         print(f"  paper (Table 3)  {PAPER_PARAMS_M[info.preset]:.0f}M")
     length = info.length  # past max_len said (found in review: counted without a word)

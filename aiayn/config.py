@@ -538,6 +538,11 @@ class TranslateFileOptions(FileDecodeOptions):
     lang: Optional[str] = _option(None, "the input's language, for --split-sentences (default: the run's source, else en)",
                                   language=True)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lang is not None and not self.split_sentences:  # (found in review: taken, and used for nothing)
+            raise ValueError("--lang is the language --split-sentences splits by: add --split-sentences, or drop --lang")
+
 
 @dataclass(frozen=True, kw_only=True)
 class PreprocessOptions:

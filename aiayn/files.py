@@ -150,8 +150,10 @@ def writer_lock(lock_file: Union[str, Path], what: Union[str, Path], remove: boo
             raise ValueError(f"{file} is a file, not a folder") from None
         try:
             handle = open(lock_file, "a+", encoding="utf-8")
-        except FileNotFoundError:  # a start that failed has just removed the folder it made (RunDir.lock)
-            continue
+        except FileNotFoundError as error:
+            if lock_file.parent.is_dir():  # (found in review: /proc, where no file is made, was tried forever)
+                raise OSError(f"cannot write in {lock_file.parent}: {error.strerror}") from None
+            continue  # a start that failed has just removed the folder it made (RunDir.lock)
         except OSError as error:  # a folder that cannot be written: said as `refuse_to_replace` says it
             raise OSError(f"cannot write in {lock_file.parent}: {error.strerror}") from None
         try:
@@ -330,6 +332,9 @@ class PartialOutput:
         if self.final.is_dir():
             raise ValueError(f"{output} is a folder; --output names a file")
         self._made = [folder for folder in self.final.parents if not folder.exists()]  # nearest first
+        # Refused before the lock makes a folder or a file (found in review: inside an input, too),
+        # and checked again under it.
+        self._refuse(input, resume, force, model, kept)
         # One writer at a time, from the first check to the rename: two mixed their lines in one
         # file (a second run told to --resume the first's live partial; found in review).
         self._lock = ExitStack()
@@ -340,12 +345,15 @@ class PartialOutput:
             self._release()
             raise
 
-    def _open(self, input: Optional[str], resume: bool, force: bool, model: Sequence[Path], settings: dict,
-              kept: Sequence[Path]) -> None:
+    def _refuse(self, input: Optional[str], resume: bool, force: bool, model: Sequence[Path], kept: Sequence[Path]) -> None:
         inputs = ([] if input in (None, "-") else [input]) + list(model)
         refuse_to_replace(self.final, force or resume, inputs, kept=kept)  # before anything is read or written
         for written in (self.partial, self.record):  # written before the output is: never an input either
             refuse_to_replace(written, True, inputs, kept=kept)
+
+    def _open(self, input: Optional[str], resume: bool, force: bool, model: Sequence[Path], settings: dict,
+              kept: Sequence[Path]) -> None:
+        self._refuse(input, resume, force, model, kept)
         digest = None if input in (None, "-") else _digest(input)
         self.skip = 0
         if resume and self.partial.exists():

@@ -207,29 +207,7 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
         manifest = load_store(train_overrides["data"]).manifest
         train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
     if resume and run.has_configs():
-        model_config, training = run.configs()
-        if train_overrides.get("precision", "bf16") != "bf16" and "bf16_weights" not in train_overrides:
-            train_overrides["bf16_weights"] = False  # a run moved off bf16 trains its fp32 weights
-        if training.data and "corpus" in train_overrides and "data" not in train_overrides:
-            raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
-        if run.checkpoints():  # trained: it goes on from its own weights, on its own data (found in review)
-            kept = ["init_from"] + ([] if training.data else ["corpus", "src_lang", "tgt_lang"])
-            for name in [name for name in kept if name in train_overrides]:
-                if train_overrides.pop(name) != getattr(training, name):
-                    echo(f"note: --{name.replace('_', '-')} is not applied: {run.path} goes on from its checkpoints, "
-                         f"with the {'data' if name != 'init_from' else 'weights'} it began with")
-        if given_recipe:
-            echo(f"note: --recipe sets up a new run; {run.path} goes on with its own settings (train_config.json), "
-                 "which training flags change")
-        moved = {name: value for name, value in train_overrides.items() if getattr(training, name) != value}
-        if moved:  # another batching: the place in the epoch counts batches of the old one (found in review)
-            changed = ", ".join(f"--{name.replace('_', '-')} {getattr(training, name)} → {value}" for name, value in moved.items())
-            remade = {"max_tokens", "seed", "max_sentence_tokens"} & moved.keys()
-            echo(f"note: {run.path} goes on with {changed}" + ("; the rest of this epoch is batched anew, so "
-                 "some of its pairs may be seen twice and others not at all" if remade else ""))
-        training = dataclasses.replace(training, **train_overrides)
-        check_resumed(given_preset, model_config, model_overrides, training, train_overrides, run.model_config)
-        return model_config, training
+        return _resumed_configs(run, model_overrides, train_overrides, given_preset, given_recipe, echo)
     training = {**recipe_train, **train_overrides}
     if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
         _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))
@@ -251,3 +229,34 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
     if manifest is not None and "vocab_size" not in model_overrides:
         model_overrides["vocab_size"] = manifest["vocab_size"]  # a new model takes the data's vocabulary
     return dataclasses.replace(preset_config, **model_overrides), TrainConfig(**training)
+
+
+def _resumed_configs(run: RunDir, model_overrides: dict, train_overrides: dict, given_preset: Optional[str],
+                     given_recipe: Optional[str], echo: Callable[[str], None]) -> tuple[ModelConfig, TrainConfig]:
+    """`run_configs` of the run being resumed: its own, with the training options given."""
+    model_config, training = run.configs()
+    notes = []  # said once the change is known to be allowed (found in review: said, then refused)
+    if train_overrides.get("precision", "bf16") != "bf16" and "bf16_weights" not in train_overrides:
+        train_overrides["bf16_weights"] = False  # a run moved off bf16 trains its fp32 weights
+    if training.data and "corpus" in train_overrides and "data" not in train_overrides:
+        raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
+    if run.checkpoints():  # trained: it goes on from its own weights, on its own data (found in review)
+        kept = ["init_from"] + ([] if training.data else ["corpus", "src_lang", "tgt_lang"])
+        for name in [name for name in kept if name in train_overrides]:
+            if train_overrides.pop(name) != getattr(training, name):
+                notes.append(f"note: --{name.replace('_', '-')} is not applied: {run.path} goes on from its "
+                             f"checkpoints, with the {'data' if name != 'init_from' else 'weights'} it began with")
+    if given_recipe:
+        notes.append(f"note: --recipe sets up a new run; {run.path} goes on with its own settings "
+                     "(train_config.json), which training flags change")
+    moved = {name: value for name, value in train_overrides.items() if getattr(training, name) != value}
+    if moved:  # another batching: the place in the epoch counts batches of the old one (found in review)
+        changed = ", ".join(f"--{name.replace('_', '-')} {getattr(training, name)} → {value}" for name, value in moved.items())
+        remade = {"max_tokens", "seed", "max_sentence_tokens"} & moved.keys()
+        notes.append(f"note: {run.path} goes on with {changed}" + ("; the rest of this epoch is batched anew, so "
+                     "some of its pairs may be seen twice and others not at all" if remade else ""))
+    training = dataclasses.replace(training, **train_overrides)
+    check_resumed(given_preset, model_config, model_overrides, training, train_overrides, run.model_config)
+    for note in notes:
+        echo(note)
+    return model_config, training

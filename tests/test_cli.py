@@ -57,9 +57,10 @@ def test_a_resumed_run_refuses_a_preset_of_another_model_or_training(tmp_path, m
         assert run(capsys, "train", "--out", str(tmp_path), "--resume", *given)[0] == 0
     assert made == [PRESETS["tiny"]] * 3
     with pytest.raises(SystemExit) as exit_info:
-        main(["train", "--preset", "big", "--out", str(tmp_path), "--resume"])
-    err = capsys.readouterr().err
+        main(["train", "--preset", "big", "--out", str(tmp_path), "--resume", "--max-steps", "6"])
+    out, err = capsys.readouterr()
     assert exit_info.value.code == 2 and "a resumed run keeps its model" in err and "--preset" in err
+    assert "goes on with" not in out  # (found in review: the change was announced, then refused)
     RunDir(tmp_path / "base").write_configs(PRESETS["base"], TrainConfig())
     for other in ("D1", "E"):  # the base model's shape, another dropout or other positions
         with pytest.raises(SystemExit):
@@ -122,6 +123,28 @@ def test_info_takes_config_overrides(capsys):
     assert "paper (Table 3)" not in out  # no longer the paper's model
     _, out, _ = run(capsys, "info", "--share-embeddings", "OFF")  # in any case
     assert "share_embeddings   False" in out
+
+
+def test_info_counts_any_depth_as_the_whole_model_does_and_refuses_sizes_past_pytorchs(capsys):
+    """Found in review: 100,000 layers were built one by one for minutes, and sizes past what
+    PyTorch can describe were tracebacks (exit 1)."""
+    from aiayn.checkpoint import meta_model, parameter_counts
+    from aiayn.model import Transformer
+
+    config = dataclasses.replace(ModelConfig(vocab_size=1000), n_layers=5)
+    whole = meta_model(Transformer, config)
+    assert parameter_counts(Transformer, config) == {
+        "embeddings": 1000 * 512, "total": whole.num_parameters(),
+        **{side: sum(p.numel() for n, p in getattr(whole, side).named_parameters() if not n.startswith("embed."))
+           for side in ("encoder", "decoder")}}
+    code, out, _ = run(capsys, "info", "--n-layers", "100000")
+    assert code == 0 and "parameters" in out
+    for flag, value in (("--d-model", "10000000000"), ("--vocab-size", str(10**20))):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["info", flag, value])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith("aiayn: error: this model is too large to describe")
+        assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize(

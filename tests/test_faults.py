@@ -831,6 +831,16 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_the_work(tmp_
             subprocess.run(["chattr", "-i", folder], check=True)
         folder.chmod(0o755)
     assert not any(folder.iterdir())
+    # found in review: in a folder that exists but where no file can be made, translate tried forever
+    one_line_error(*cli(capsys, "translate", model_dir, "--output", "/proc/out.txt", stdin=b"the cat\n",
+                        monkeypatch=monkeypatch)[::2], "cannot write in /proc")
+    # and an output inside the model, refused, made its lock and folder there first
+    before = sorted(model_dir.iterdir()), model_dir.stat().st_mtime_ns
+    one_line_error(*cli(capsys, "translate", model_dir, "--output", model_dir / "sub" / "out.txt", stdin=b"the cat\n",
+                        monkeypatch=monkeypatch)[::2], "an input of this command")
+    assert (sorted(model_dir.iterdir()), model_dir.stat().st_mtime_ns) == before
+    one_line_error(*cli(capsys, "translate", model_dir, "--lang", "de", stdin=b"the cat\n", monkeypatch=monkeypatch)[::2],
+                   "--lang is the language --split-sentences splits by")
 
 
 def test_a_line_too_long_for_learned_positions_is_cut_not_fatal(tmp_path, capsys):
