@@ -56,7 +56,11 @@ def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
         from sentencex import segment
     except ImportError as error:
         raise ImportError(f"splitting sentences needs sentencex ({error}): pip install sentencex") from None
-    return spans_from_strings(text, segment(lang, text))
+    # Every space read as " ", one character for one, so the offsets stay the text's: sentencex's
+    # Rust code panics (pyo3's PanicException, past any `except Exception`) on a letter, a space
+    # of several UTF-8 bytes (U+00A0, U+2009) and a "." (found in review: the request was a 500).
+    plain = "".join(" " if character.isspace() else character for character in text)
+    return spans_from_strings(plain, segment(lang, plain))
 
 
 def split_sentences(text: str, lang: str, lines: bool = True) -> tuple[list[str], list[str]]:

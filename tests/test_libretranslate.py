@@ -22,7 +22,7 @@ from aiayn.serve.process import ServerProcess
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import Translator
 from test_faults import make_model
-from test_serve import SENTENCES, request
+from test_serve import SENTENCES, request, wait_for
 
 pytest.importorskip("fastapi")
 
@@ -232,6 +232,49 @@ def test_html_pieces_join_back_to_the_page():
     for section in ("<![CDATA[x < y]]>", "<![if !IE]>", "<![endif]>", "<![foo[ bar ]]>"):
         texts, rest = split_html(f"{section}<p>the cat</p>")
         assert texts == ["the cat"] and join_html(["X"], rest) == f"{section}<p>X</p>"
+
+
+def test_html_a_browser_reads_so_comes_back_so():
+    """Found in review: an unclosed <script> or <style> dropped the rest of the page; comments a
+    browser hides (unclosed, "<!--->", "--!>") were translated and shown; a <pre>'s lines were
+    joined into one sentence; "<!x>" was rewritten as "<!--x-->"."""
+    for page, texts in [('<p>Hello.</p><script>var g = "hi"; if (a < b) { go(); }', ["Hello."]),
+                        ("<p>Hello.</p><style>p { color: red }", ["Hello."]),
+                        ("<p>Hello.</p><!-- internal: do not publish", ["Hello."]),
+                        ("<p>Hello.</p><!--->Good night.", ["Hello.", "Good night."]),
+                        ("<!--a--!>after words<!---->", ["after words"]),
+                        ("<pre>def f():\n    return 1\n</pre><textarea>a\n  b</textarea>", []),
+                        ("<!x><p>Good night.</p>", ["Good night."])]:
+        found, rest = split_html(page, "en")
+        assert found == texts and join_html(found, rest) == page, page
+
+
+def test_paragraph_spaces_sentencex_panicked_on_and_a_client_that_leaves(server, translator, model_dir):
+    """Found in review: "C\u00a0." made sentencex's Rust code panic (a BaseException past every
+    handler: a plain-text 500); JSON nested past Python's parser was a 500 on the LibreTranslate
+    routes; a file uploaded as q was translated as ""; and a client that left had its texts
+    decoded anyway, holding the queue."""
+    for fields in ({"q": "the cat\u00a0. the dog.", "source": "en", "target": "es"},
+                   {"q": "<p>the cat&nbsp;. the dog.</p>", "source": "en", "target": "es", "format": "html"}):
+        status, answer, _ = request(server.port, "POST", "/translate", fields)
+        assert status == 200 and isinstance(answer["translatedText"], str), answer
+    status, answer, _ = request(server.port, "POST", "/translate", {"text": "the cat\u00a0. the dog.", "split_sentences": True})
+    assert status == 200
+    deep = b'{"q":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for path in ("/detect", "/libretranslate/translate"):
+        status, answer, _ = request(server.port, "POST", path, deep, {"Content-Type": "application/json"})
+        assert status == 400 and "RecursionError" in answer["error"], (path, status, answer)
+    upload = (b'--x\r\nContent-Disposition: form-data; name="q"; filename="k.txt"\r\n\r\nthe cat\r\n'
+              b'--x\r\nContent-Disposition: form-data; name="source"\r\n\r\nen\r\n'
+              b'--x\r\nContent-Disposition: form-data; name="target"\r\n\r\nes\r\n--x--\r\n')
+    status, answer, _ = request(server.port, "POST", "/translate", upload, {"Content-Type": "multipart/form-data; boundary=x"})
+    assert status == 400 and "missing q" in answer["error"]
+    before = request(server.port, "GET", "/health")[1]["cancelled"]
+    body = json.dumps({"q": [SENTENCES[0]] * 60, "source": "en", "target": "es"}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as gone:  # sends, then leaves before the answer
+        gone.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    wait_for(lambda: request(server.port, "GET", "/health")[1]["cancelled"] > before, "the texts of a client that left to go")
 
 
 def _fuzzed_libre_request(rng) -> tuple[str, bytes, dict]:

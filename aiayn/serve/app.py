@@ -36,7 +36,7 @@ from aiayn.config import DECODE_PRESETS, MAX_OUTPUT_LEN, SERVE, ServeOptions
 from starlette.requests import ClientDisconnect
 
 from aiayn.sentences import interleave, split_sentences, visible
-from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, Options, QueueFull
+from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, Options, QueueFull, unless_gone
 from aiayn.serve import libre
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.libre import Languages, LibreDispatch
@@ -195,13 +195,6 @@ class HostCheck:
                     message = f"this server answers to {', '.join(sorted(self.allowed))}, not to Host {name!r}"
                     return await _error(421, message)(scope, receive, send)
         await self.app(scope, receive, send)
-
-
-async def _disconnected(request: Request) -> None:
-    """Return when the client closes its connection (the body has been read, so the next ASGI
-    message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 # What FastAPI answers for a JSON body it failed to read (not UTF-8, nested too deep for Python's
@@ -434,16 +427,10 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
         read = _read_request(body, tokenizer, limits, text_bytes, config, languages.source or "en")
         results = [EMPTY] * len(read.units)
         if read.given:
-            decoding = asyncio.ensure_future(batcher.submit([read.sources[u] for u in read.given], read.options))
-            gone = asyncio.ensure_future(_disconnected(request))
-            try:
-                await asyncio.wait({decoding, gone}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                gone.cancel()
-            if not decoding.done():  # the client went away: its texts leave the queue undecoded
-                decoding.cancel()
+            decoded = await unless_gone(batcher.submit([read.sources[u] for u in read.given], read.options), request)
+            if decoded is None:  # the client went away: its texts leave the queue undecoded
                 return Response(status_code=499)
-            for u, result in zip(read.given, decoding.result()):
+            for u, result in zip(read.given, decoded):
                 results[u] = result
         # Sent as it is: the response model documents it, and validating millions of attention
         # weights again would double what the answer holds in memory.

@@ -445,3 +445,24 @@ def _resolve(job: Job, result: Any = None, error: Optional[BaseException] = None
         job.loop.call_soon_threadsafe(settle)
     except RuntimeError:  # the loop has closed: nobody is waiting
         pass
+
+
+async def unless_gone(submission, request) -> Optional[list]:
+    """What the coroutine `submission` (a `Batcher.submit`) returns, or None when the client of
+    `request` (a starlette Request whose body has been read) closes its connection first: its
+    texts then leave the queue undecoded, and hold no room another client could use."""
+    decoding = asyncio.ensure_future(submission)
+
+    async def disconnected() -> None:  # the body is read: the next ASGI message is the disconnect
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({decoding, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not decoding.done():
+        decoding.cancel()
+        return None
+    return decoding.result()

@@ -23,16 +23,17 @@ vocabulary covers without falling back to bytes (a text in another script scores
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from aiayn.serve.batcher import SECTION_6_1, Options
+from aiayn.serve.batcher import SECTION_6_1, Options, unless_gone
 from aiayn.serve.cost import MIB
 from aiayn.corpora import language_name
 from aiayn.sentences import interleave, split_sentences
@@ -117,8 +118,9 @@ async def request_fields(request: Request) -> dict[str, Any]:
     if content_type == "application/json" or body.lstrip()[:1] == b"{":
         try:
             value = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as problem:
-            raise error(400, f"Invalid request: the body is not valid JSON ({problem})") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as problem:  # (nested too deep: found in review)
+            raise error(400, f"Invalid request: the body is not valid JSON ({type(problem).__name__}: "
+                             f"{str(problem)[:200]})") from None
         if not isinstance(value, dict):
             raise error(400, "Invalid request: the body must be a JSON object")
         fields.update(value)
@@ -128,7 +130,8 @@ async def request_fields(request: Request) -> dict[str, Any]:
         except AssertionError:  # starlette without python-multipart
             raise error(400, "Invalid request: send the fields as JSON or urlencoded, not multipart") from None
         for key, value in form.multi_items():
-            _add(fields, key, value if isinstance(value, str) else "")
+            if isinstance(value, str):  # a file is no field of LibreTranslate's /translate (found in review: q was "")
+                _add(fields, key, value)
     elif body:
         try:
             pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
@@ -214,10 +217,15 @@ def page_translator(tokenizer, batcher, limits, text_bytes, lang: str):
     paragraph sentence by sentence (aiayn.sentences, rules for `lang`) and a page (format=html)
     text node by text node, every piece checked against `limits` (a ServeOptions) first."""
 
-    async def translate(texts: list[str], html: bool, alternatives: int) -> list[tuple[str, list[str]]]:
+    async def translate(texts: list[str], html: bool, alternatives: int,
+                        request: Request) -> Optional[list[tuple[str, list[str]]]]:
         """LibreTranslate's texts (pages with format=html): every piece to translate in one
-        submission, each piece's translation and alternatives back in its place."""
-        pages = [split_html(text, lang) if html else split_sentences(text, lang) for text in texts]
+        submission, each piece's translation and alternatives back in its place; None if the
+        client of `request` went away first (found in review: its texts were decoded anyway)."""
+        # In a thread: the event loop answers other clients while a large page is read (Python's
+        # HTML parser is quadratic on some malformed pages; found in review: /health waited 26 s).
+        pages = await asyncio.to_thread(
+            lambda: [split_html(text, lang) if html else split_sentences(text, lang) for text in texts])
         pieces = [piece for page, _ in pages for piece in page]
         if len(pieces) > limits.max_queue:
             raise HTTPException(400, f"Invalid request: {len(pieces)} sentences in one "
@@ -231,7 +239,9 @@ def page_translator(tokenizer, batcher, limits, text_bytes, lang: str):
             if text_bytes(ids, options) > limits.max_batch_mib * MIB:
                 raise HTTPException(400, f"Invalid request: sentence {number} needs more decoding memory than "
                                          f"max_batch_mib ({limits.max_batch_mib:g} MiB)")
-        results = await batcher.submit(sources, options) if sources else []
+        results = await unless_gone(batcher.submit(sources, options), request) if sources else []
+        if results is None:
+            return None
         answers, at = [], 0
         for page, rest in pages:
             done, at = results[at: at + len(page)], at + len(page)
@@ -247,8 +257,8 @@ def page_translator(tokenizer, batcher, limits, text_bytes, lang: str):
 
 
 def add_routes(app: FastAPI, tokenizer, languages: Languages, translate, admit, settings: dict) -> None:
-    """LibreTranslate's routes. `translate(texts, html, alternatives)` (a coroutine) returns, per
-    text, (its translation, its alternatives); `admit(request, key)` applies the keys and rate
+    """LibreTranslate's routes. `translate(texts, html, alternatives, request)` (a coroutine)
+    returns, per text, (its translation, its alternatives), or None if the client went away; `admit(request, key)` applies the keys and rate
     limits; `settings` goes into /frontend/settings."""
 
     def detected(text: str) -> dict:
@@ -261,7 +271,9 @@ def add_routes(app: FastAPI, tokenizer, languages: Languages, translate, admit, 
         texts, listed = texts_of(fields)
         auto = check_languages(fields, languages)
         alternatives, html = alternatives_of(fields), format_of(fields) == "html"
-        results = await translate(texts, html, alternatives)
+        results = await translate(texts, html, alternatives, request)
+        if results is None:  # the client went away
+            return Response(status_code=499)
         answer: dict[str, Any] = {"translatedText": [t for t, _ in results] if listed else results[0][0]}
         if alternatives:
             answer["alternatives"] = [a for _, a in results] if listed else results[0][1]

@@ -11,12 +11,17 @@ letter (a number, the "." after a closing tag) is kept as it is (`sentences.has_
 from __future__ import annotations
 
 import html
+import re
 from html.parser import HTMLParser
 from typing import Optional
 
 from aiayn.sentences import has_words, interleave, split_sentences
 
-UNTRANSLATED = frozenset({"script", "style", "code", "kbd", "samp", "var"})  # content is code, not prose
+# Content that is code, not prose; and <pre> and <textarea>, whose spaces and line breaks are the
+# content (found in review: a <pre>'s lines were joined into one sentence).
+UNTRANSLATED = frozenset({"script", "style", "code", "kbd", "samp", "var", "pre", "textarea"})
+# Where the HTML standard ends a comment: "-->", and "--!>" (an incorrectly closed comment).
+_COMMENT_END = re.compile(r"--!?>")
 
 
 class _Pieces(HTMLParser):
@@ -24,6 +29,30 @@ class _Pieces(HTMLParser):
         super().__init__(convert_charrefs=False)
         self.pieces: list[tuple[bool, str]] = []  # (is text, raw source)
         self.inside = 0  # depth in UNTRANSLATED elements
+        self.closing = False  # the whole page has been fed
+
+    def close(self) -> None:
+        """The end of the page. What the parser still holds is markup: the content of a <script>
+        or <style> never closed, which Python 3.11's parser dropped (found in review: the rest of
+        the page went with it)."""
+        self.closing = True
+        super().close()
+        if self.rawdata:
+            self._markup(self.rawdata)
+            self.rawdata = ""
+
+    def parse_comment(self, i, report=1):
+        """A comment as a browser reads it, kept as markup: up to "-->" or "--!>"; "<!-->" and
+        "<!--->", which end at once; one never closed runs to the end of the page. Python 3.11's
+        parser knew only "-->", and gave the others to translate as text (found in review: a
+        hidden note came back translated and shown)."""
+        rawdata = self.rawdata
+        abrupt = next((len(form) for form in ("<!-->", "<!--->") if rawdata.startswith(form, i)), None)
+        match = _COMMENT_END.search(rawdata, i + 4)
+        end = i + abrupt if abrupt else match.end() if match else len(rawdata) if self.closing else -1
+        if end >= 0:
+            self._markup(rawdata[i:end])
+        return end
 
     def _markup(self, raw: str) -> None:
         self.pieces.append((False, raw))
@@ -56,8 +85,14 @@ class _Pieces(HTMLParser):
     def handle_charref(self, name) -> None:
         self._text(f"&#{name};")
 
-    def handle_comment(self, data) -> None:
-        self._markup(f"<!--{data}-->")
+    def parse_bogus_comment(self, i, report=1):
+        """`<!x>`, `</ p>` and the like, which a browser reads as comments: kept as written (they
+        were rewritten as `<!--x-->`, `</p>`, the last a real end tag; found in review)."""
+        end = self.rawdata.find(">", i + 2)
+        end = end + 1 if end >= 0 else len(self.rawdata) if self.closing else -1
+        if end >= 0:
+            self._markup(self.rawdata[i:end])
+        return end
 
     def handle_decl(self, decl) -> None:
         self._markup(f"<!{decl}>")
