@@ -296,19 +296,19 @@ def read_table(path: Union[str, Path], src_lang: str, tgt_lang: str, name: Optio
     return ParallelCorpus(name or Path(path).name.split(".")[0], src_lang, tgt_lang, splits)
 
 
-def _find_split(folder: Path, split: str, suffix: str) -> Optional[Path]:
+def _find_split(folder: Path, split: str, *suffixes: str) -> Optional[list[Path]]:
+    """`split`'s files under its first name with all `suffixes` (dev.en never pairs with valid.es)."""
     for alias in _SPLIT_ALIASES[split]:
-        if (folder / f"{alias}.{suffix}").is_file():
-            return folder / f"{alias}.{suffix}"
+        if all((folder / f"{alias}.{suffix}").is_file() for suffix in suffixes):
+            return [folder / f"{alias}.{suffix}" for suffix in suffixes]
     return None
 
 
 def _tsv_folder_stream(folder: Path, src_lang: str, tgt_lang: str) -> CorpusStream:
     splits = {}
     for split in _SPLIT_ALIASES:
-        path = _find_split(folder, split, "tsv")
-        if path is not None:
-            splits[split] = lambda path=path: _chunked(_tsv_pairs(path))
+        if found := _find_split(folder, split, "tsv"):
+            splits[split] = lambda path=found[0]: _chunked(_tsv_pairs(path))
     return CorpusStream(folder.resolve().name, src_lang, tgt_lang, splits)
 
 
@@ -327,15 +327,15 @@ def _text_folder_stream(folder: Path, src_lang: Optional[str], tgt_lang: Optiona
         src_lang, tgt_lang = _infer_languages(folder, found, src_lang, tgt_lang)
     splits = {}
     for split in _SPLIT_ALIASES:
-        src_path, tgt_path = _find_split(folder, split, src_lang), _find_split(folder, split, tgt_lang)
+        src_path, tgt_path = _find_split(folder, split, src_lang, tgt_lang) or \
+            [(_find_split(folder, split, lang) or [None])[0] for lang in (src_lang, tgt_lang)]
         if split == "train" and (src_path is None or tgt_path is None):
             missing = f"train.{src_lang}" if src_path is None else f"train.{tgt_lang}"
             raise FileNotFoundError(f"no {missing} in {folder} (found train.{', train.'.join(found)})")
         if src_path is None and tgt_path is None:
             continue
         if src_path is None or tgt_path is None:
-            have = src_path or tgt_path
-            raise FileNotFoundError(f"{have} has no counterpart in the other language in {folder}")
+            raise FileNotFoundError(f"{src_path or tgt_path} has no counterpart in the other language in {folder}")
         splits[split] = lambda a=src_path, b=tgt_path: _chunked(_aligned_pairs(a, b))
     return CorpusStream(folder.resolve().name, src_lang, tgt_lang, splits)
 
@@ -359,15 +359,9 @@ def _infer_languages(folder: Path, found: list[str], src: Optional[str], tgt: Op
 # Hugging Face datasets (the `hf` extra)
 
 
-def stream_hf_translation(
-    path_or_name: str,
-    config: Optional[str],
-    src_lang: Optional[str],
-    tgt_lang: Optional[str],
-    data_files: Optional[dict] = None,
-    name: Optional[str] = None,
-    cache_dir: Optional[str] = None,
-) -> CorpusStream:
+def stream_hf_translation(path_or_name: str, config: Optional[str], src_lang: Optional[str], tgt_lang: Optional[str],
+                          data_files: Optional[dict] = None, name: Optional[str] = None,
+                          cache_dir: Optional[str] = None) -> CorpusStream:
     """A corpus from a HF dataset whose rows are `{"translation": {src_lang: ..., tgt_lang: ...}}`,
     as WMT14's: `stream_hf_translation("wmt/wmt14", "de-en", "en", "de")` downloads it. With
     `data_files`, local files of that format: `stream_hf_translation("parquet", None, ...,
@@ -422,8 +416,9 @@ def stream_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_l
             parquet = pq.ParquetFile(file)
         except (OSError, pa.ArrowException) as error:  # not Parquet, cut short, unreadable
             raise ValueError(f"{file} cannot be read as Parquet: {error}") from None
-        if "translation" not in parquet.schema_arrow.names:
-            raise ValueError(f"{file} has no 'translation' column (its columns: {', '.join(parquet.schema_arrow.names)})")
+        if (count := parquet.schema_arrow.names.count("translation")) != 1:  # (two were a KeyError: found in review)
+            names = ", ".join(parquet.schema_arrow.names)
+            raise ValueError(f"{file} has {count or 'no'} 'translation' columns (its columns: {names})")
         return parquet
 
     def batches(paths: list[Path]) -> Iterator:
@@ -438,8 +433,8 @@ def stream_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_l
     for split, paths in files.items():
         kinds = [opened(file).schema_arrow.field("translation").type for file in paths]
         if any(kind != kinds[0] for kind in kinds):
-            found = ", ".join(sorted({str(kind) for kind in kinds}))
-            raise ValueError(f"the {split} files of {path} disagree in their translation column: {found}")
+            raise ValueError(f"the {split} files of {path} disagree in their translation column: "
+                             f"{', '.join(sorted({str(kind) for kind in kinds}))}")
         types[split] = kinds[0]
     arrays = {split: (lambda paths=paths: batches(paths)) for split, paths in files.items()}
     return _translation_stream(path.resolve().name, arrays, types, src_lang, tgt_lang)
@@ -447,9 +442,8 @@ def stream_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_l
 
 def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional[str],
                         tgt_lang: Optional[str]) -> CorpusStream:
-    """A corpus from Arrow arrays of the `translation` struct: `arrays[split]()` yields them,
-    `types[split]` is their struct type. Every split must have the same languages; a missing
-    direction is completed when the data has just two."""
+    """A corpus from Arrow arrays of the `translation` struct (`arrays[split]()` yields them, of type
+    `types[split]`), all splits of the same languages; a direction is completed where there are two."""
     import pyarrow  # (present: the caller read Arrow data)
 
     languages = {}
@@ -457,6 +451,8 @@ def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional
         if not pyarrow.types.is_struct(kind):  # a list has fields too (found in review)
             raise ValueError(f"the translation column of the {split} split is not a struct of languages")
         languages[split] = sorted(kind.field(i).name for i in range(kind.num_fields))
+        if twice := sorted({lang for lang in languages[split] if languages[split].count(lang) > 1}):  # (a KeyError)
+            raise ValueError(f"the translation column of the {split} split has {', '.join(twice)} twice")
     train_languages = languages.get("train", [])
     for split, found in languages.items():
         if found != train_languages:

@@ -125,8 +125,9 @@ def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run: Run
                   "max_sentence_tokens": recipe.max_sentence_tokens,
                   "tokenizer_from": str(tokenizer_from) if tokenizer_from else None,
                   "src_lang": corpus.src_lang, "tgt_lang": corpus.tgt_lang}
-        if all(manifest.get(key) == value for key, value in wanted.items()) \
-                and manifest["splits"]["train"]["text_sha256"] == text_digest(corpus):
+        # Every split's text, not only train's (found in review: an edited dev kept the old dev BLEU and test)
+        if all(manifest.get(key) == value for key, value in wanted.items()) and set(manifest["splits"]) == set(corpus.splits) \
+                and all(info.get("text_sha256") == text_digest(corpus, name) for name, info in manifest["splits"].items()):
             return
         echo(f"note: {data_dir} was made from other data or settings; making it again")
     preprocess(corpus, data_dir, model_config.vocab_size, spec=recipe.corpus, tokenizer_from=tokenizer_from,

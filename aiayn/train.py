@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import signal
 import sys
@@ -289,18 +290,28 @@ class Trainer:
     def _restore_newest_intact(self) -> bool:
         """Resume from the newest checkpoint that loads; one cut short by a crash (a full disk, a
         kill during fsync) is passed over with a warning for the one before it."""
+        skipped = []
         for checkpoint in reversed(self.run.checkpoints()):
             try:
                 state = load_checkpoint(checkpoint, self.model, self.optimizer)
                 self.stream.load_state_dict(state["data"])
                 self.step, self.elapsed = state["step"], state["elapsed"]
-            except (ValueError, KeyError, TypeError) as error:
+            except (ValueError, KeyError, TypeError, FileNotFoundError) as error:  # (another rank set it aside)
+                skipped.append(checkpoint)
                 self.echo(f"warning: skipping unreadable checkpoint {checkpoint}: {error}")
                 continue
+            # Those passed over are set aside, out of the checkpoints: as the newest, every rotation
+            # kept them and deleted the good ones the run saved (found in review: none was left).
+            for unreadable in skipped:
+                if self.rank == 0 and unreadable.exists():
+                    aside = next(name for n in itertools.count(1) if not unreadable.with_name(
+                        name := f"unreadable{'' if n == 1 else n}-{unreadable.name}").exists())
+                    unreadable.rename(unreadable.with_name(aside))
+                    self.echo(f"note: {unreadable.name} is now {aside}")
             self._keep_log_until(self.step)
             self.echo(f"resumed from {checkpoint} at step {self.step}")
             return True
-        if self.run.checkpoints():
+        if skipped:
             raise ValueError(f"no checkpoint in {self.run.checkpoint_root} can be read; cannot resume")
         return False
 

@@ -80,6 +80,8 @@ def test_text_folder_with_dev_and_test(tmp_path):
     assert corpus.dropped["train"] == 1
     assert corpus.splits["dev"] == [("Ja", "Yes")] and corpus.splits["test"] == [("Nein", "No")]
     assert load_corpus(str(tmp_path), "en", "de").splits["test"] == [("No", "Nein")]
+    write(tmp_path / "dev.de", "Vielleicht\n")  # one side of another name: never paired with valid.en (found in review)
+    assert load_corpus(str(tmp_path), "de", "en").splits["dev"] == [("Ja", "Yes")]
 
 
 def test_export_notes_the_test_pairs_left_out_for_an_empty_side(tmp_path):

@@ -953,6 +953,9 @@ def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_pa
     again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "40", "--save-every", "10", "--resume"))
     assert again.returncode == 0, again.stderr
     assert f"skipping unreadable checkpoint {newest}" in again.stdout and "resumed from" in again.stdout
+    # set aside: as the newest, every rotation kept it and deleted the run's good ones (found in review)
+    assert (newest.parent / f"unreadable-{newest.name}").is_dir()  # and step 30 saved anew, whole:
+    assert weights.stat().st_size == (RunDir(run).checkpoints()[-1] / "model.safetensors").stat().st_size
     assert "log.jsonl, line 31 is not a log record" in again.stdout
     assert "left by an interrupted write" in again.stdout
     assert not (run / "checkpoints" / ".step_00000040.abc123").exists() and not (run / ".log.jsonl.x1y2.tmp").exists()

@@ -335,6 +335,17 @@ def test_wmt14_parquet_files_load_in_either_direction_and_disagreeing_splits_are
     (listed / "train.parquet").rename(listed / "training-00000.parquet")
     one_line_error(*cli(capsys, "preprocess", "--corpus", listed, "--out", tmp_path / "d")[::2],
                    "holds no train.parquet or train-*.parquet file", "it has training-00000.parquet")
+    # Names given twice, a column or a language (found in review: KeyError tracebacks)
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    text = pa.array(["seven"])
+    pq.write_table(pa.table([pa.StructArray.from_arrays([text, text], names=["en", "en"]), text],
+                            names=["translation", "x"]), twice / "train.parquet")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", twice, "--src-lang", "de", "--tgt-lang", "en",
+                        "--out", tmp_path / "d")[::2], "translation column of the train split has en twice")
+    pq.write_table(pa.table([text, text], names=["translation", "translation"]), twice / "train.parquet")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", twice, "--src-lang", "de", "--tgt-lang", "en",
+                        "--out", tmp_path / "d")[::2], "has 2 'translation' columns")
     # The HF hub's layout: the Parquet files a folder down (found in review: told only of text files).
     hub = write_wmt_parquet(tmp_path / "hub" / "data", {"train": toy_pairs(3)}).parent
     one_line_error(*cli(capsys, "preprocess", "--corpus", hub, "--src-lang", "en", "--out", tmp_path / "d")[::2],
@@ -399,6 +410,21 @@ def test_dev_bleu_tokenizes_the_references_for_their_language(tmp_path, data_dir
     monkeypatch.setattr(aiayn.prepare, "bleu_metric", no_mecab)
     one_line_error(*cli(capsys, *argv[:-1], tmp_path / "run2")[::2], "sacreBLEU tokenizes de with MeCab")
     assert not (tmp_path / "run2" / "checkpoints").exists()
+
+
+def test_a_failed_starts_data_is_made_again_when_its_dev_text_changed(tmp_path, corpus_dir, capsys):
+    """RUN_DIR/data left by a start that failed is reused only if every split's text is the same
+    (found in review: only train's was compared, so an edited dev kept the old dev and test)."""
+    corpus, run = tmp_path / "corpus", tmp_path / "run"
+    shutil.copytree(corpus_dir, corpus)
+    preprocess(load_corpus(str(corpus), "en", "de"), run / "data", 300, spec=str(corpus), echo=lambda _: None)
+    lines = (corpus / "dev.de").read_text(encoding="utf-8").splitlines(keepends=True)
+    (corpus / "dev.de").write_text("ein neuer Satz\n" + "".join(lines[1:]), encoding="utf-8")
+    code, out, err = cli(capsys, "train", "--corpus", corpus, "--src-lang", "en", "--tgt-lang", "de", "--vocab-size", "300",
+                         "--preset", "tiny", "--max-steps", "1", "--eval-every", "1000", "--device", "cpu", "--out", run)
+    assert code == 0, err
+    assert "made from other data or settings" in out
+    assert (run / "data" / "dev.de").read_text(encoding="utf-8").startswith("ein neuer Satz\n")
 
 
 def test_preprocess_refuses_inputs_that_would_leave_an_unusable_folder(tmp_path, corpus_dir, capsys):
