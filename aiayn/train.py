@@ -260,6 +260,8 @@ class Trainer:
             shard=(self.rank, self.world),
         )
         self.step, self.elapsed, self.stopping = 0, 0.0, False
+        # Sums since the last log boundary, in checkpoints: a resumed run logs as one uninterrupted (found in review)
+        self.window = dict.fromkeys(("loss", "nll", "tokens", "flops", "seconds"), 0.0)
         self.compiles_told = 0  # graphs of the compiled step reported so far
         self.resume_hint = RESUME_HINT  # what a stopped run says (demo, experiment: rerun the command)
         self.run.check_start(resume)
@@ -296,6 +298,7 @@ class Trainer:
                 state = load_checkpoint(checkpoint, self.model, self.optimizer)
                 self.stream.load_state_dict(state["data"])
                 self.step, self.elapsed = state["step"], state["elapsed"]
+                self.window.update(state.get("window", {}))  # (none in checkpoints of before)
             except (ValueError, KeyError, TypeError, FileNotFoundError) as error:  # (another rank set it aside)
                 skipped.append(checkpoint)
                 self.echo(f"warning: skipping unreadable checkpoint {checkpoint}: {error}")
@@ -345,7 +348,7 @@ class Trainer:
         if not torch.stack([p.isfinite().all() for p in self.model.parameters()]).all():  # the same on every rank
             raise self._diverged("its weights are no longer finite")
         if self.rank == 0:
-            state = {"elapsed": self.elapsed, "data": self.stream.state_dict()}
+            state = {"elapsed": self.elapsed, "data": self.stream.state_dict(), "window": dict(self.window)}
             self.run.save_checkpoint(self.step, self.model, self.optimizer, state, self.recipe.keep_last)
 
     def _log(self, record: dict) -> None:
@@ -415,7 +418,7 @@ class Trainer:
         self.model.train()
         bar = tqdm(total=recipe.max_steps, initial=self.step, desc="train", unit="step",
                    disable=self.rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
-        window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "flops": 0.0, "seconds": 0.0}
+        window = self.window
         last_save_time = time.monotonic()
         record: dict = {}
         with StopSignals() as signals:
@@ -474,8 +477,9 @@ class Trainer:
             if bar.disable:
                 self.echo(f"step {self.step}: loss {record['loss']:.3f} ppl {record['ppl']:.1f} lr {record['lr']:.2e} "
                           f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu']:.1%}")
-            for key in window:
-                window[key] = 0.0
+            if self.step % recipe.log_every == 0:  # a last record between boundaries: the window goes on in a resume
+                for key in window:
+                    window[key] = 0.0
         if self.data.dev and self.step % recipe.eval_every == 0 and self.rank == 0 and not self.stopping:
             dev = self.validate()
             self._log(dev)

@@ -939,6 +939,18 @@ def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once(tmp_path, 
     assert log_steps(run) == list(range(1, 21))
 
 
+def test_a_resumed_runs_records_average_the_same_steps_as_an_uninterrupted_runs(tmp_path, corpus_tsv, capsys):
+    """Found in review: resumed at step 7 with --log-every 4, the step-8 record averaged steps 7-8
+    where an uninterrupted run's averages 5-8. The window's sums are in the checkpoint now."""
+    every = ["--log-every", "4", "--save-every", "3"]
+    assert cli(capsys, *train_argv(corpus_tsv, tmp_path / "straight", "--max-steps", "12", *every))[0] == 0
+    assert cli(capsys, *train_argv(corpus_tsv, tmp_path / "cut", "--max-steps", "7", *every))[0] == 0
+    assert cli(capsys, *train_argv(corpus_tsv, tmp_path / "cut", "--max-steps", "12", "--resume", *every))[0] == 0
+    straight, cut = losses(tmp_path / "straight"), losses(tmp_path / "cut")
+    assert sorted(straight) == [4, 8, 12] and sorted(cut) == [4, 7, 8, 12]  # 7: the stopping run's last report
+    assert all(cut[step] == straight[step] for step in (4, 8, 12)), (straight, cut)
+
+
 def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_path, corpus_tsv, straight_run):
     run = tmp_path / "run"
     done = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "30", "--save-every", "10"))
