@@ -109,7 +109,7 @@ def check_moses_language(lang: str) -> None:
     found in review)."""
     from sacremoses.corpus import NonbreakingPrefixes
 
-    if sacrebleu_language(lang) in SACREBLEU_OWN_TOKENIZERS:
+    if not moses_splits(lang):
         raise ValueError(f"the Moses tokenizer does not split {lang} into words")
     known = sorted(set(NonbreakingPrefixes().available_langs.values()))
     if lang.lower() not in known:

@@ -21,7 +21,7 @@ import re
 import shutil
 import sys
 import tempfile
-from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
@@ -220,17 +220,30 @@ def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: boo
         _build_in_place(path, build, force)
 
 
+def missing_parents(path: Union[str, Path]) -> list[Path]:
+    """The folders above `path` that do not exist yet, innermost first: those its writer makes."""
+    return [folder for folder in Path(path).parents if not folder.exists()]
+
+
+def remove_empty(folders: Sequence[Path]) -> None:
+    """Remove `folders` (innermost first) while they are empty: a writer's own, made for an output
+    that did not come to be. One that holds something now stops it."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
 @contextmanager
 def undo_new_parents(path: Union[str, Path]) -> Iterator[None]:
     """Should the block fail, remove the folders above `path` that it made (found in review: a
-    failed output into a/b/c left a/b behind, empty). Only empty ones: nothing else is lost."""
-    made = [folder for folder in Path(path).parents if not folder.exists()]  # innermost first
+    failed output into a/b/c left a/b behind, empty)."""
+    made = missing_parents(path)
     try:
         yield
     except BaseException:
-        for folder in made:
-            with suppress(OSError):
-                folder.rmdir()
+        remove_empty(made)
         raise
 
 
@@ -331,7 +344,7 @@ class PartialOutput:
         self.record = self.final.with_name(self.final.name + ".partial.json")
         if self.final.is_dir():
             raise ValueError(f"{output} is a folder; --output names a file")
-        self._made = [folder for folder in self.final.parents if not folder.exists()]  # nearest first
+        self._made = missing_parents(self.final)
         # Refused before the lock makes a folder or a file (found in review: inside an input, too),
         # and checked again under it.
         self._refuse(input, resume, force, model, kept)
@@ -443,11 +456,8 @@ class PartialOutput:
     def _release(self) -> None:
         """Let the lock go, then remove the folders made for an output that has no line in them."""
         self._lock.close()
-        for folder in self._made if not self.final.exists() and not self.partial.exists() else ():
-            try:
-                folder.rmdir()
-            except OSError:  # something else is in it now
-                break
+        if not self.final.exists() and not self.partial.exists():
+            remove_empty(self._made)
 
     def finish(self) -> None:
         os.fsync(self.handle.fileno())

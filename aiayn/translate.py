@@ -308,15 +308,15 @@ def translate_stream(
     decode = dataclasses.replace(decode, **changes) if changes else decode
     limit = input_token_limit(model.config, max_input_tokens)
     decoder = decoding_model(model, decode.precision)  # cast once, not per chunk
-    count = 0
-    chunk: list[str] = []
+    count, chunk = 0, []  # lines done; the lines read and not yet decoded
 
     def flush() -> None:
         sources, where = [], []  # the ids of every piece; (offset, pieces, the text around them) a line
-        for offset, line in enumerate(chunk):
-            if not visible(line):
+        texts = [visible(line) for line in chunk]  # "" for a line with nothing to translate
+        for offset, (line, text) in enumerate(zip(chunk, texts)):
+            if not text:
                 continue
-            pieces, rest = split(line) if split else ([visible(line)], ["", ""])  # around: the line's own spaces
+            pieces, rest = split(line) if split else ([text], ["", ""])  # around: the line's own spaces
             for ids in tokenizer.encode_batch(pieces):
                 if len(ids) > limit:
                     note(f"line {first_line + count + offset} has {len(ids)} tokens; using its first {limit}")
@@ -330,7 +330,7 @@ def translate_stream(
         for offset, pieces, rest in where:
             text = interleave([tokenizer.decode(next(outputs)) for _ in range(pieces)], rest)
             decoded[offset] = " ".join(text.splitlines())
-        write([finish(line, out) if visible(line) else "" for line, out in zip(chunk, decoded)])
+        write([finish(line, out) if text else "" for line, text, out in zip(chunk, texts, decoded)])
 
     size = min(FIRST_CHUNK_LINES, chunk_lines)
     for line in lines:

@@ -281,11 +281,12 @@ def _read_request(body: TranslateRequest, tokenizer, limits: ServeOptions, text_
             raise HTTPException(422, f"text: {len(units)} sentences in one request; the limit is {limits.max_texts}")
     name = [f"sentence {u - owner.index(owner[u]) + 1} of text {owner[u] + 1}" if rest else f"text {u + 1}"
             for u in range(len(units))]
-    sources = tokenizer.encode_batch([visible(unit) for unit in units])
+    shown = [visible(unit) for unit in units]  # "" for a unit with nothing to translate
+    sources = tokenizer.encode_batch(shown)
     for u, ids in enumerate(sources):
         if len(ids) > limits.max_input_tokens:
             raise HTTPException(422, f"{name[u]} has {len(ids)} tokens; the limit is {limits.max_input_tokens}")
-    given = [u for u, unit in enumerate(units) if visible(unit)]  # an empty text is translated as empty
+    given = [u for u, text in enumerate(shown) if text]  # an empty text is translated as empty
     options = Options(body.beam, body.alpha, body.max_length, body.attention)
     maps = 0
     for u in given:

@@ -258,8 +258,9 @@ def page_translator(tokenizer, batcher, limits, text_bytes, lang: str):
 
 def add_routes(app: FastAPI, tokenizer, languages: Languages, translate, admit, settings: dict) -> None:
     """LibreTranslate's routes. `translate(texts, html, alternatives, request)` (a coroutine)
-    returns, per text, (its translation, its alternatives), or None if the client went away; `admit(request, key)` applies the keys and rate
-    limits; `settings` goes into /frontend/settings."""
+    returns, per text, (its translation, its alternatives), or None if the client went away;
+    `admit(request, key)` applies the keys and rate limits; `settings` goes into
+    /frontend/settings."""
 
     def detected(text: str) -> dict:
         return {"confidence": coverage(tokenizer, text), "language": languages.source}
