@@ -650,6 +650,12 @@ class ServeOptions:
                                       "minute: every translation then needs one (aiayn.serve.limits)", metavar="FILE")
     req_limit: Optional[float] = _option(None, "requests per minute from one address (default: no limit)", above=0,
                                          most=1e9)
+    # uvicorn would trust X-Forwarded-For from 127.0.0.1 by default: any local process could then
+    # pass as any address to --req-limit. Only the proxies named here are believed.
+    forwarded_allow_ips: Optional[str] = _option(None, "proxies whose X-Forwarded-For names the client's address for "
+                                                 "--req-limit, comma-separated, e.g. 127.0.0.1 behind a proxy on this "
+                                                 "machine (default: none, every request's own address counts)",
+                                                 metavar="IPS")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -174,10 +174,24 @@ def test_keys_and_rates_with_the_real_client(model_dir, tmp_path, translator):
                 assert (status, answer) == (403, {"error": "Invalid API key"})
         status, _, _ = request(server.port, "POST", "/translate", {"text": "the river"})
         assert status == 403  # aiayn's own API needs a key too
+        for body in ({"txt": 1}, {"text": "the river", "beam": "four"}):  # the key first: 403, not 422
+            assert request(server.port, "POST", "/translate", body)[:2] == (403, {"error": "Please provide an API key (api_key)"})
         status, answer, _ = request(server.port, "POST", "/translate", {"text": "the river"},
                                     {"Authorization": "Bearer secret"})
         assert status == 200
         assert request(server.port, "GET", "/languages")[0] == 200  # what it serves is no secret
+
+
+def test_the_address_limit_believes_x_forwarded_for_only_from_the_proxies_named(model_dir):
+    def statuses(server, *addresses):
+        return [request(server.port, "POST", "/translate", {"text": ""}, {"X-Forwarded-For": address})[0]
+                for address in addresses]
+
+    # uvicorn's default would believe a local process that names other addresses.
+    with ServerProcess(model_dir, "--req-limit", "2") as server:
+        assert statuses(server, "10.0.0.1", "10.0.0.2", "10.0.0.3") == [200, 200, 429]
+    with ServerProcess(model_dir, "--req-limit", "2", "--forwarded-allow-ips", "127.0.0.1, ::1") as server:
+        assert statuses(server, "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.1", "10.0.0.1") == [200] * 4 + [429]
 
 
 def test_a_token_bucket_allows_a_minutes_requests_then_one_every_60_over_n_seconds():

@@ -931,7 +931,8 @@ def test_serve_refuses_a_port_in_use_and_bad_settings_in_one_line(model_dir):
            ("--drain-seconds", "nan", "--drain-seconds must be above 0 and at most 3,600, got nan"),
            ("--read-timeout", "0", "--read-timeout must be above 0"),
            ("--max-batch-mib", "inf", "--max-batch-mib must be above 0"),
-           ("--max-connections", "0", "--max-connections must be at least 1"))
+           ("--max-connections", "0", "--max-connections must be at least 1"),
+           ("--forwarded-allow-ips", "127.0.0.l", "--forwarded-allow-ips: '127.0.0.l' is no IP address or network"))
     # all at once: each is a process start-up, and they share nothing
     processes = [subprocess.Popen([sys.executable, "-m", "aiayn", "serve", str(model_dir), option, value],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for option, value, _ in bad]

@@ -69,6 +69,30 @@ def _allowed_hosts(address: str):
     return LOOPBACK_NAMES | {address if ":" not in address else f"[{address}]"}
 
 
+def _proxies(forwarded_allow_ips: str | None) -> str | None:
+    """--forwarded-allow-ips checked: addresses or networks, or '*'. uvicorn would take a typo
+    for a socket path and trust nobody, unsaid."""
+    if forwarded_allow_ips is None:
+        return None
+    for proxy in forwarded_allow_ips.split(","):
+        if proxy.strip() != "*":
+            try:
+                ipaddress.ip_network(proxy.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"--forwarded-allow-ips: {proxy.strip()!r} is no IP address or network "
+                                 "(give addresses separated by commas, or *)") from None
+    return forwarded_allow_ips
+
+
+def _uvicorn_config(app, options: ServeOptions, proxies: str | None) -> uvicorn.Config:
+    # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
+    # little later, only ever cancels the one batch being decoded then.
+    return uvicorn.Config(app, log_level="info" if options.access_log else "warning", access_log=options.access_log,
+                          http=guarded_protocol(options.read_timeout, options.max_connections),
+                          timeout_graceful_shutdown=options.drain_seconds + 10,
+                          proxy_headers=proxies is not None, forwarded_allow_ips=proxies)
+
+
 def _say_if_open(allowed_hosts, keys) -> None:
     """A server beyond loopback without keys is open to whoever reaches it (as LibreTranslate's
     default is): allowed, but said."""
@@ -79,6 +103,7 @@ def _say_if_open(allowed_hosts, keys) -> None:
 
 def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     keys = read_keys(options.api_keys) if options.api_keys else None
+    proxies = _proxies(options.forwarded_allow_ips)
     listener = _listen(options.host, options.port)
     device, model, tokenizer, workers = _load(options, decode.precision, listener)
     with workers or contextlib.nullcontext():  # stopped however serving ends
@@ -98,11 +123,7 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
               f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json; "
               f"LibreTranslate: POST /translate with q, GET /languages, POST /detect)", flush=True)
         _say_if_open(allowed, keys)
-        # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
-        # little later, only ever cancels the one batch being decoded then.
-        config = uvicorn.Config(app, log_level="info" if options.access_log else "warning", access_log=options.access_log,
-                                http=guarded_protocol(options.read_timeout, options.max_connections),
-                                timeout_graceful_shutdown=options.drain_seconds + 10)
+        config = _uvicorn_config(app, options, proxies)
         loop = None
 
         class Server(uvicorn.Server):
