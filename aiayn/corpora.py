@@ -8,15 +8,14 @@ Batching them is aiayn.batching's job; encoding them once for training, aiayn.st
 
 from __future__ import annotations
 
-import itertools
-import lzma
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from aiayn.files import atomic_write, output_lock, refuse_to_replace
+from aiayn.lines import Pair, aligned_pairs, read_lines, tsv_pairs
 
 CORPORA_DIR = Path(__file__).parent / "corpora"
 BIBLE_FILE = "bible-en-es.tsv.xz"
@@ -52,7 +51,6 @@ def language_name(code: str) -> str:
     return f"{LANGUAGE_NAMES[language]} ({code})" if language in LANGUAGE_NAMES else code
 
 
-Pair = tuple[str, str]
 
 
 @dataclass
@@ -184,12 +182,15 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
     if path.is_dir():
         if (path / STORE_MANIFEST).is_file():  # (found in review: "cannot tell the languages", of train.bin and train.idx.npy)
             raise ValueError(f"{path} is a corpus aiayn preprocess has encoded already: train on it with --data {path}")
-        if (path / "train.tsv").is_file():
+        if _split_file(path, "train.tsv"):
+            if others := sorted(p.name for p in path.glob("train.*") if not p.name.startswith("train.tsv")):
+                raise ValueError(f"{path} holds train.tsv and {', '.join(others)}: which is the corpus? "
+                                 "Give a folder of one kind")
             return _tsv_folder_stream(path, src_lang or UNNAMED[0], tgt_lang or UNNAMED[1])
         return _text_folder_stream(path, src_lang, tgt_lang)
     if path.is_file() and path.name.endswith((".tsv", ".tsv.xz")):
         return CorpusStream(path.name.split(".")[0], src_lang or UNNAMED[0], tgt_lang or UNNAMED[1],
-                            {"train": lambda: _chunked(_tsv_pairs(path))})
+                            {"train": lambda: _chunked(tsv_pairs(path))})
     if not path.exists() and (path.suffix or len(path.parts) > 1):  # a path, not a mistyped name
         raise FileNotFoundError(f"no such corpus file or folder: {spec}")
     raise ValueError(
@@ -205,73 +206,6 @@ def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[st
 
 # --------------------------------------------------------------------------------------------
 # Readers
-
-
-def iter_lines(handle: BinaryIO, name: str) -> Iterator[str]:
-    """The lines of a UTF-8 byte stream split on "\\n" only (a trailing "\\r" dropped), so that the
-    line count agrees with `wc -l` whatever separators (\\f, U+2028, ...) a line holds. Invalid
-    UTF-8 is an error naming `name` and the line."""
-    for number, raw in enumerate(handle, start=1):
-        try:
-            # utf-8-sig on line 1: a byte-order mark is not part of the first sentence.
-            yield raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\n").removesuffix("\r")
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{name}, line {number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
-
-
-def _file_lines(path: Path) -> Iterator[str]:
-    """`iter_lines` of a file, .xz decompressed, read as it is consumed. Errors name the file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    opener = lzma.open if path.suffix == ".xz" else open
-    try:
-        with opener(path, "rb") as handle:
-            yield from iter_lines(handle, str(path))
-    except (lzma.LZMAError, EOFError) as error:
-        raise ValueError(f"{path} is not a complete .xz file: {error}") from None
-
-
-def read_lines(path: Union[str, Path]) -> list[str]:
-    """The lines of a UTF-8 text file (.xz decompressed), split on "\\n" only, so that the
-    sentence count of aligned files agrees with `wc -l`. Errors name the file and line."""
-    lines = list(_file_lines(Path(path)))
-    if not lines:
-        raise ValueError(f"{path} is empty")
-    return lines
-
-
-def _tsv_pairs(path: Union[str, Path]) -> Iterator[Pair]:
-    number = 0
-    for number, line in enumerate(_file_lines(Path(path)), start=1):
-        columns = line.split("\t")
-        if len(columns) != 2:
-            raise ValueError(
-                f"{path}, line {number}: expected 2 tab-separated columns (source, target), found {len(columns)}"
-            )
-        yield columns[0], columns[1]
-    if number == 0:
-        raise ValueError(f"{path} is empty")
-
-
-def read_tsv(path: Union[str, Path]) -> list[Pair]:
-    """Pairs from a headerless file of `source<TAB>target` lines."""
-    return list(_tsv_pairs(path))
-
-
-def _aligned_pairs(src_path: Path, tgt_path: Path) -> Iterator[Pair]:
-    """(line of src_path, line of tgt_path), read side by side; files of unequal length are an
-    error, raised when the longer one ends."""
-    src_count = tgt_count = 0
-    for source, target in itertools.zip_longest(_file_lines(src_path), _file_lines(tgt_path)):
-        src_count += source is not None
-        tgt_count += target is not None
-        if source is not None and target is not None:
-            yield source, target
-    if src_count != tgt_count:
-        raise ValueError(f"{src_path} has {src_count} lines but {tgt_path} has {tgt_count}; "
-                         "parallel files must be aligned line by line")
-    if src_count == 0:
-        raise ValueError(f"{src_path} is empty")
 
 
 def read_table(path: Union[str, Path], src_lang: str, tgt_lang: str, name: Optional[str] = None) -> ParallelCorpus:
@@ -296,11 +230,17 @@ def read_table(path: Union[str, Path], src_lang: str, tgt_lang: str, name: Optio
     return ParallelCorpus(name or Path(path).name.split(".")[0], src_lang, tgt_lang, splits)
 
 
+def _split_file(folder: Path, name: str) -> Optional[Path]:
+    """folder/name, or folder/name.xz (found in review: a folder of train.en.xz was not found)."""
+    return next((path for path in (folder / name, folder / f"{name}.xz") if path.is_file()), None)
+
+
 def _find_split(folder: Path, split: str, *suffixes: str) -> Optional[list[Path]]:
     """`split`'s files under its first name with all `suffixes` (dev.en never pairs with valid.es)."""
     for alias in _SPLIT_ALIASES[split]:
-        if all((folder / f"{alias}.{suffix}").is_file() for suffix in suffixes):
-            return [folder / f"{alias}.{suffix}" for suffix in suffixes]
+        paths = [_split_file(folder, f"{alias}.{suffix}") for suffix in suffixes]
+        if None not in paths:
+            return paths
     return None
 
 
@@ -308,7 +248,7 @@ def _tsv_folder_stream(folder: Path, src_lang: str, tgt_lang: str) -> CorpusStre
     splits = {}
     for split in _SPLIT_ALIASES:
         if found := _find_split(folder, split, "tsv"):
-            splits[split] = lambda path=found[0]: _chunked(_tsv_pairs(path))
+            splits[split] = lambda path=found[0]: _chunked(tsv_pairs(path))
     return CorpusStream(folder.resolve().name, src_lang, tgt_lang, splits)
 
 
@@ -318,7 +258,7 @@ def _text_folder_stream(folder: Path, src_lang: Optional[str], tgt_lang: Optiona
     Missing languages are inferred: one given, the other is the remaining suffix of the train
     files; none given, the folder name says the direction (`.../de-en` means de to en).
     """
-    found = sorted(p.name[len("train."):] for p in folder.glob("train.*") if p.suffix != ".tsv")
+    found = sorted({p.name[len("train."):].removesuffix(".xz") for p in folder.glob("train.*")} - {"tsv"})
     if len(found) < 2:  # a dataset from the HF hub keeps its Parquet files a folder down (data/, de-en/)
         nested = ", ".join(sorted({str(p.parent) for p in folder.glob("*/train*.parquet")}))
         raise FileNotFoundError(f"{folder} holds no train.SRC and train.TGT pair of files (nor a train.tsv)"
@@ -336,7 +276,7 @@ def _text_folder_stream(folder: Path, src_lang: Optional[str], tgt_lang: Optiona
             continue
         if src_path is None or tgt_path is None:
             raise FileNotFoundError(f"{src_path or tgt_path} has no counterpart in the other language in {folder}")
-        splits[split] = lambda a=src_path, b=tgt_path: _chunked(_aligned_pairs(a, b))
+        splits[split] = lambda a=src_path, b=tgt_path: _chunked(aligned_pairs(a, b))
     return CorpusStream(folder.resolve().name, src_lang, tgt_lang, splits)
 
 
@@ -483,34 +423,50 @@ def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional
 
 
 def export_split(
-    corpus: ParallelCorpus, split: str, out_dir: Union[str, Path], force: bool = False, inputs: Sequence = (),
+    corpus: CorpusStream, split: str, out_dir: Union[str, Path], force: bool = False, inputs: Sequence = (),
     note: Callable[[str], None] = lambda _: None, kept: Sequence[Path] = (),
 ) -> tuple[Path, Path]:
     """Write `{split}.{src_lang}` and `{split}.{tgt_lang}`, one sentence per line, into `out_dir`,
-    so that any tool can score against the references. Existing files are replaced only with
-    `force`, and never the corpus's own `inputs` nor what a training run `kept` (see
-    `refuse_to_replace`). Pairs with an empty side are not written (as nothing trains or scores
-    them): `note` says how many."""
+    so that any tool can score against the references. Only that split is read, a chunk at a
+    time (found in review: exporting test read all of WMT's train into memory first). Existing
+    files are replaced only with `force`, and never the corpus's own `inputs` nor what a training
+    run `kept` (see `refuse_to_replace`). Pairs with an empty side are not written (as nothing
+    trains or scores them): `note` says how many."""
     if split not in corpus.splits:
         raise ValueError(f"corpus {corpus.name} has no {split!r} split (it has {', '.join(corpus.splits)})")
-    if corpus.dropped.get(split):  # the files are shorter than the corpus's own: say so
-        note(f"left out {corpus.dropped[split]:,} {split} pairs with an empty side")
     paths = [Path(out_dir) / f"{split}.{lang}" for lang in (corpus.src_lang, corpus.tgt_lang)]
     for path in paths:
         refuse_to_replace(path, force, inputs, kept=kept)
+    dropped = corpus.dropped.get(split, 0)
+
+    def write_both(src_tmp: str, tgt_tmp: str) -> None:
+        nonlocal dropped
+        written = 0
+        with open(src_tmp, "w", encoding="utf-8") as src, open(tgt_tmp, "w", encoding="utf-8") as tgt:
+            for chunk in corpus.splits[split]():
+                pairs, left_out = clean_pairs(chunk)
+                dropped += left_out
+                written += len(pairs)
+                src.write("".join(source + "\n" for source, _ in pairs))
+                tgt.write("".join(target + "\n" for _, target in pairs))
+        if not written:
+            raise ValueError(f"the {split} split of corpus {corpus.name} has no pair with both sides: nothing to write")
+
     # Both sides written in full before either is renamed into place, under both outputs' locks:
     # one written and the other not was half a pair, or a new source beside an old reference
-    # (an interrupted --force; found in review).
+    # (an interrupted --force; found in review). The split is read once, into both staged files
+    # (each written, synced and renamed by atomic_write).
     staged = [path.with_name(f".{path.name}.{os.getpid()}.pair.tmp") for path in paths]
     with output_lock(paths[0]), output_lock(paths[1]):
         try:
-            for side, (path, stage) in enumerate(zip(paths, staged)):
+            for path in paths:
                 refuse_to_replace(path, force, inputs, kept=kept)  # made meanwhile by a writer that takes no lock
-                text = "".join(pair[side] + "\n" for pair in corpus.splits[split])
-                atomic_write(stage, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
+            atomic_write(staged[0], lambda src_tmp: atomic_write(staged[1], lambda tgt_tmp: write_both(src_tmp, tgt_tmp)))
             for stage, path in zip(staged, paths):
                 os.replace(stage, path)
         finally:
             for stage in staged:
                 stage.unlink(missing_ok=True)
+    if dropped:  # the files are shorter than the corpus's own: say so
+        note(f"left out {dropped:,} {split} pairs with an empty side")
     return paths[0], paths[1]

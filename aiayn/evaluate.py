@@ -191,7 +191,7 @@ def score_hypotheses(hypotheses: Sequence[str], references: Sequence[str], secon
 
 def _read_lines(path: Optional[str]) -> list[str]:
     """Every line of a small file (or stdin for none), split as `wc -l` counts."""
-    from aiayn.corpora import iter_lines
+    from aiayn.lines import iter_lines
     from aiayn.translate import open_input
 
     handle, name = open_input(path)

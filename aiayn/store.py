@@ -151,7 +151,7 @@ class Store:
 
     def texts(self, name: str) -> list[tuple[str, str]]:
         """(source, target) sentences of a dev or test split, aligned with its ids."""
-        from aiayn.corpora import read_lines
+        from aiayn.lines import read_lines
 
         if name not in self.manifest["splits"] or name not in TEXT_SPLITS:
             return []

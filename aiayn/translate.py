@@ -21,7 +21,7 @@ from aiayn.checkpoint import WEIGHTS
 from aiayn.config import (
     DECODE_PRESETS, MAX_INPUT_TOKENS, AttentionOptions, DecodeConfig, FileDecodeOptions, TranslateFileOptions,
 )
-from aiayn.corpora import iter_lines
+from aiayn.lines import iter_lines
 from aiayn.device import resolve_device
 from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep

@@ -8,7 +8,8 @@ import torch
 
 from aiayn import corpora as data
 from aiayn.batching import BatchStream, collate, make_batches
-from aiayn.corpora import ParallelCorpus, corpus_names, export_split, load_corpus, read_table
+from aiayn.corpora import ParallelCorpus, corpus_names, export_split, load_corpus, read_table, stream_corpus
+from aiayn.lines import read_lines
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -90,10 +91,38 @@ def test_export_notes_the_test_pairs_left_out_for_an_empty_side(tmp_path):
     write(folder / "train.es", "Hola\n")
     write(folder / "test.en", "one\n\nthree\n")
     write(folder / "test.es", "uno\ndos\ntres\n")
+    (folder / "dev.en").write_bytes(b"\xff\n")  # not read: only the split exported is (it was all of them)
+    write(folder / "dev.es", "x\n")
     said = []
-    src, tgt = export_split(load_corpus(str(folder)), "test", tmp_path / "out", note=said.append)
+    src, tgt = export_split(stream_corpus(str(folder)), "test", tmp_path / "out", note=said.append)
     assert src.read_text() == "one\nthree\n" and tgt.read_text() == "uno\ntres\n"
     assert said == ["left out 1 test pairs with an empty side"]  # was silent: 2 lines for the corpus's 3
+    with pytest.raises(ValueError, match="dev.en, line 1: invalid UTF-8"):
+        export_split(stream_corpus(str(folder)), "dev", tmp_path / "out")
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["test.en", "test.es"]  # nothing half written
+
+
+def test_folders_of_xz_files_and_of_two_kinds_and_files_with_lone_carriage_returns(tmp_path):
+    import lzma
+
+    folder = tmp_path / "c.en-es"
+    for name, text in (("train.en", "one\ntwo\n"), ("train.es", "uno\ndos\n"), ("valid.en", "three\n")):
+        (folder / f"{name}.xz").parent.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.xz").write_bytes(lzma.compress(text.encode()))
+    write(folder / "valid.es", "tres\n")  # a split's two sides need not be compressed alike
+    corpus = load_corpus(str(folder))  # (found in review: train.en.xz was not found)
+    assert (corpus.src_lang, corpus.tgt_lang) == ("en", "es")
+    assert corpus.splits == {"train": [("one", "uno"), ("two", "dos")], "dev": [("three", "tres")]}
+    write(folder / "train.tsv", "a\tb\n")  # which is the corpus? (the TSV was taken, silently)
+    with pytest.raises(ValueError, match="holds train.tsv and train.en.xz, train.es.xz: which is the corpus"):
+        load_corpus(str(folder))
+    mac = tmp_path / "mac"
+    write(mac / "train.en", "one\rtwo\r")
+    write(mac / "train.es", "uno\rdos\r")
+    with pytest.raises(ValueError, match=r"train.en ends its lines with \\r alone \(classic Mac OS\)"):
+        load_corpus(str(mac), "en", "es")  # (found in review: one pair of the whole files)
+    write(mac / "one.txt", "one line\r\n")  # a Windows line end is one line's end
+    assert read_lines(mac / "one.txt") == ["one line"]
 
 
 def test_text_folder_infers_the_languages(tmp_path):
@@ -175,14 +204,14 @@ def test_sentences_never_hold_line_breaks():
 
 def test_export_split(tmp_path):
     corpus = read_table(FIXTURES / "bible-mini.tsv.xz", "en", "es")
-    src, tgt = export_split(corpus, "test", tmp_path / "out")
+    src, tgt = export_split(corpus.stream(), "test", tmp_path / "out")
     assert (src.name, tgt.name) == ("test.en", "test.es")
     assert src.read_text(encoding="utf-8").splitlines() == [s for s, _ in corpus.splits["test"]]
     assert tgt.read_text(encoding="utf-8").splitlines() == [t for _, t in corpus.splits["test"]]
-    assert data.read_lines(tgt) == [t for _, t in corpus.splits["test"]]  # curly quotes, accents intact
+    assert read_lines(tgt) == [t for _, t in corpus.splits["test"]]  # curly quotes, accents intact
     only_train = ParallelCorpus("x", "a", "b", {"train": [("s", "t")]})
     with pytest.raises(ValueError, match="corpus x has no 'test' split \\(it has train\\)"):
-        export_split(only_train, "test", tmp_path)
+        export_split(only_train.stream(), "test", tmp_path)
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ from aiayn import cli
 from aiayn.checkpoint import CONFIG, WEIGHTS, read_config
 from aiayn.tokenizer import MODEL_FILE as TOKENIZER
 from aiayn.config import ModelConfig, TrainConfig
-from aiayn.corpora import ParallelCorpus, load_corpus, read_lines, read_tsv
+from aiayn.corpora import ParallelCorpus, load_corpus
+from aiayn.lines import read_lines, read_tsv
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 from aiayn.run import MODEL_CONFIG, TRAIN_CONFIG, RunDir

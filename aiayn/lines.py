@@ -1,0 +1,87 @@
+"""Lines of text files, as corpora, inputs and references are read: UTF-8, split on "\\n" only
+(so that counts agree with `wc -l` and aligned files stay aligned), `.xz` decompressed, read as
+they are consumed; a two-column TSV of (source, target); two files aligned line by line. Every
+error names the file, and the line where there is one."""
+
+from __future__ import annotations
+
+import itertools
+import lzma
+from pathlib import Path
+from typing import BinaryIO, Iterator, Union
+
+Pair = tuple[str, str]
+
+
+def iter_lines(handle: BinaryIO, name: str) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream split on "\\n" only (a trailing "\\r" dropped), so that the
+    line count agrees with `wc -l` whatever separators (\\f, U+2028, ...) a line holds. Invalid
+    UTF-8 is an error naming `name` and the line, and so is a text of one line that holds a
+    "\\r": lines ended by "\\r" alone (classic Mac OS), which would be one sentence (found in
+    review: a corpus of such files was one pair, silently)."""
+    number, line = 0, ""
+    for number, raw in enumerate(handle, start=1):
+        try:
+            # utf-8-sig on line 1: a byte-order mark is not part of the first sentence.
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\n").removesuffix("\r")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{name}, line {number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
+        yield line
+    if number == 1 and "\r" in line:
+        raise ValueError(f"{name} ends its lines with \\r alone (classic Mac OS), so it is one line by \\n; "
+                         "convert it first, e.g. tr '\\r' '\\n'")
+
+
+def file_lines(path: Path) -> Iterator[str]:
+    """`iter_lines` of a file, .xz decompressed, read as it is consumed. Errors name the file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    opener = lzma.open if path.suffix == ".xz" else open
+    try:
+        with opener(path, "rb") as handle:
+            yield from iter_lines(handle, str(path))
+    except (lzma.LZMAError, EOFError) as error:
+        raise ValueError(f"{path} is not a complete .xz file: {error}") from None
+
+
+def read_lines(path: Union[str, Path]) -> list[str]:
+    """The lines of a UTF-8 text file (.xz decompressed), split on "\\n" only, so that the
+    sentence count of aligned files agrees with `wc -l`. Errors name the file and line."""
+    lines = list(file_lines(Path(path)))
+    if not lines:
+        raise ValueError(f"{path} is empty")
+    return lines
+
+
+def tsv_pairs(path: Union[str, Path]) -> Iterator[Pair]:
+    number = 0
+    for number, line in enumerate(file_lines(Path(path)), start=1):
+        columns = line.split("\t")
+        if len(columns) != 2:
+            raise ValueError(
+                f"{path}, line {number}: expected 2 tab-separated columns (source, target), found {len(columns)}"
+            )
+        yield columns[0], columns[1]
+    if number == 0:
+        raise ValueError(f"{path} is empty")
+
+
+def read_tsv(path: Union[str, Path]) -> list[Pair]:
+    """Pairs from a headerless file of `source<TAB>target` lines."""
+    return list(tsv_pairs(path))
+
+
+def aligned_pairs(src_path: Path, tgt_path: Path) -> Iterator[Pair]:
+    """(line of src_path, line of tgt_path), read side by side; files of unequal length are an
+    error, raised when the longer one ends."""
+    src_count = tgt_count = 0
+    for source, target in itertools.zip_longest(file_lines(src_path), file_lines(tgt_path)):
+        src_count += source is not None
+        tgt_count += target is not None
+        if source is not None and target is not None:
+            yield source, target
+    if src_count != tgt_count:
+        raise ValueError(f"{src_path} has {src_count} lines but {tgt_path} has {tgt_count}; "
+                         "parallel files must be aligned line by line")
+    if src_count == 0:
+        raise ValueError(f"{src_path} is empty")
