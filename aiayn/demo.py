@@ -30,6 +30,14 @@ def run_demo(options: DemoOptions, decode: DecodeConfig) -> None:
         _demo(options, decode, run)
 
 
+def _check_new_run(run: RunDir) -> None:
+    """A new run ends by making averaged/ and attention/ anew: in a folder of the user's, those
+    must not be the user's (found in review: they were deleted, without --force)."""
+    if held := [path.name for path in (run.averaged, run.attention, run.path / DEMO_RESULT) if path.exists()]:
+        raise ValueError(f"{run.path} holds {', '.join(held)}, which a new demo run there would replace; "
+                         "choose another --out")
+
+
 def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
     resume = run.has_configs()
     model_config = demo_model(options.preset, options.recipe)
@@ -46,6 +54,7 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
                   f"--preset, --recipe, --precision and --seed apply to a new --out", file=sys.stderr)
         training = dataclasses.replace(training, minutes=options.minutes)
     else:
+        _check_new_run(run)
         training = demo_training(options.recipe, minutes=options.minutes, precision=precision, seed=options.seed,
                                  **changes)
         print(f"recipe {options.recipe}: {recipe(options.recipe).about}")

@@ -338,7 +338,8 @@ CLAIMS = (
     Claim("too many heads are worse: 32 heads vs 8 (A4 vs base)", (("A4", "base"),)),
     Claim("smaller keys d_k hurt (B1, B2 vs base)", (("B1", "base"), ("B2", "base"))),
     Claim("fewer layers are worse (C1, C2 vs base)", (("C1", "base"), ("C2", "base"))),
-    Claim("more layers are better (C3 vs base)", (("base", "C3"),)),
+    # The paper's own C3 is better by perplexity only (4.88 against 4.92; BLEU 25.5 against 25.8).
+    Claim("more layers lower perplexity (C3 vs base)", (("base", "C3"),), metrics=("dev_ppl",)),
     Claim("narrower models are worse (C4 d_model, C6 d_ff vs base)", (("C4", "base"), ("C6", "base"))),
     Claim("wider models are better (C5 d_model, C7 d_ff vs base)", (("base", "C5"), ("base", "C7"))),
     Claim("dropout helps (D1, no dropout, vs base)", (("D1", "base"),)),
@@ -375,15 +376,16 @@ def _value(result: dict, metric: str) -> str:
 def _verdict(results: dict[str, dict], claim: Claim, metric: str, noise: float) -> str:
     """'yes' when every pair goes the paper's way by more than the noise, 'no' when one goes the
     other way by more than the noise, else 'within noise', or 'equal' where the noise floor was
-    not measured (for `same`: 'yes' when every pair is within the noise); then the values it was
-    judged on."""
+    not measured (for `same`: 'yes' when every pair is within the noise, and 'not judged'
+    without a noise floor, where only exact equality would do); then the values it was judged
+    on."""
     signs = []
     for worse, better in claim.pairs:
         gap = results[worse][metric] - results[better][metric]
         gap = gap if metric == "dev_ppl" else -gap  # > 0: the paper's way
         signs.append(0 if abs(gap) <= noise else (1 if gap > 0 else -1))
     if claim.same:
-        verdict = "yes" if all(s == 0 for s in signs) else "no"
+        verdict = ("yes" if all(s == 0 for s in signs) else "no") if REPEAT in results else "not judged (no noise floor)"
     elif any(s < 0 for s in signs):
         verdict = "no"
     else:

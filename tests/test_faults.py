@@ -156,6 +156,12 @@ def test_resume_and_demo_refuse_a_folder_that_is_not_their_run(tmp_path, corpus_
     one_line_error(*cli(capsys, "demo", "--out", other, "--minutes", "0.05")[::2],
                    f"is a run on {corpus_tsv}, not the demo's bible-en-es")
     assert not (other / "checkpoints").exists() and not (other / "averaged").exists()
+    mine = tmp_path / "mine"  # a folder of the user's, no run: the demo's outputs would replace theirs
+    (mine / "attention").mkdir(parents=True)
+    (mine / "attention" / "notes.txt").write_text("mine")
+    one_line_error(*cli(capsys, "demo", "--out", mine, "--minutes", "0.05")[::2],
+                   "mine holds attention, which a new demo run there would replace; choose another --out")
+    assert (mine / "attention" / "notes.txt").read_text() == "mine" and not (mine / "checkpoints").exists()
 
 
 def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus_tsv, capsys, monkeypatch):
