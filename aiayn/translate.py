@@ -18,14 +18,13 @@ from torch import Tensor
 
 from aiayn import kernels
 from aiayn.checkpoint import WEIGHTS
-from aiayn.config import (
-    DECODE_PRESETS, MAX_INPUT_TOKENS, AttentionOptions, DecodeConfig, FileDecodeOptions, TranslateFileOptions,
-)
-from aiayn.lines import iter_lines
+from aiayn.config import (DECODE_PRESETS, MAX_INPUT_TOKENS, AttentionOptions, DecodeConfig, FileDecodeOptions,
+                          TranslateFileOptions)
 from aiayn.device import resolve_device
 from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep
 from aiayn.inference import inference_copy
+from aiayn.lines import iter_lines
 from aiayn.model import Transformer
 from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
 from aiayn.run import languages_of, load_for_inference, model_inputs, run_files
@@ -175,7 +174,9 @@ def padded_batch(config, sources: Sequence[Sequence[int]], decode: DecodeConfig,
     """Sources (token ids without EOS) as one batch: src (N, S) with EOS, padded to S = `width`
     of the longest; max_len (N,) the most output tokens of each (source + `extra_len`, at most
     `max_output_len`, and no more than learned positions allow)."""
-    longest = width(max(len(ids) + 1 for ids in sources))
+    need = max(len(ids) + 1 for ids in sources)
+    if (longest := width(need)) < need:  # `width` held to the learned positions (found in review: a size error)
+        raise ValueError(f"position {need - 1} is beyond the {config.max_len} learned positions (max_len)")
     src = torch.full((len(sources), longest), config.pad_id, dtype=torch.long)
     for row, ids in enumerate(sources):
         src[row, : len(ids) + 1] = torch.tensor(list(ids) + [config.eos_id])
@@ -498,10 +499,10 @@ def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=prin
     translator = Translator.load(options.run_dir, options.device, decode)
     refuse_to_replace(options.out, options.force, inputs=model_inputs(options.run_dir), folder=True, kept=run_files(options.out))
     source = options.sentence.strip()
-    if not source:
-        raise ValueError("--sentence is empty")
     if any("\udc80" <= c <= "\udcff" for c in source):  # bytes Python could not decode: sentencepiece's traceback
         raise ValueError("--sentence is not valid UTF-8 (what encoding does the terminal use?)")
+    if not visible(source):  # (found in review: U+200B alone was translated, an invented sentence drawn)
+        raise ValueError("--sentence is empty" + (" but for invisible characters" if source else ""))
     ids = translator.tokenizer.encode(source)
 
     def check_length(tokens: int, side: str) -> None:

@@ -271,6 +271,9 @@ def test_a_new_run_never_replaces_data_it_did_not_make(tmp_path, model_dir, corp
         one_line_error(*cli(capsys, *argv)[::2], "--out is empty")
     one_line_error(*cli(capsys, "attention", model_dir, "--sentence", "caf\udce9 latte", "--out", tmp_path / "maps")[::2],
                    "--sentence is not valid UTF-8")
+    one_line_error(*cli(capsys, "attention", model_dir, "--sentence", "\u200b\u2060", "--out", tmp_path / "maps")[::2],
+                   "--sentence is empty but for invisible characters")  # (found in review: translated, maps drawn)
+    assert not (tmp_path / "maps").exists()
 
 
 def test_perplexity_is_inf_past_what_a_float_holds():

@@ -312,3 +312,16 @@ def test_a_beam_as_wide_as_the_vocabulary_never_puts_eos_inside_an_output():
         model = Transformer(dataclasses.replace(PRESETS["tiny"], vocab_size=10)).eval()
         outputs = translate_nbest(model, [[5, 6, 7]], n_best=10, beam=10, max_output_len=4)[0]
         assert outputs and all(model.config.eos_id not in output for output in outputs), outputs
+
+
+def test_a_source_past_the_learned_positions_is_refused_by_name_when_joining():
+    """Found in review: ContinuousDecoding.join failed with a tensor-size RuntimeError where
+    translate_ids names the limit."""
+    model = Transformer(dataclasses.replace(CONFIG, positional="learned", max_len=20)).eval()
+    decoding = ContinuousDecoding(model, DECODE_PRESETS["translate"])
+    with pytest.raises(ValueError, match="position 25 is beyond the 20 learned positions"):
+        decoding.join([[5] * 25], [0], alpha=0.6)
+    assert not decoding.live
+    decoding.join([[5] * 10], [0], alpha=0.6)  # one that fits decodes
+    while decoding.live:
+        decoding.step()
