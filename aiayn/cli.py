@@ -231,7 +231,7 @@ def cmd_corpus_export(args: argparse.Namespace) -> None:
 
 def cmd_translate(args: argparse.Namespace) -> None:
     """Translate one sentence a line (§6.1 settings by default); empty lines stay empty."""
-    from aiayn.translate import translate_file
+    from aiayn.decode_files import translate_file
 
     translate_file(options(args, TranslateFileOptions), decode_config(args), "translate")
 
@@ -240,7 +240,7 @@ def cmd_parse(args: argparse.Namespace) -> None:
     """Parse one tokenized sentence a line into a bracketed tree (§6.3). Malformed model output
     is repaired into a valid tree over the input words (see aiayn.parsing.delinearize)."""
     from aiayn.parsing import delinearize, tree_to_string
-    from aiayn.translate import translate_file
+    from aiayn.decode_files import translate_file
 
     translate_file(options(args, FileDecodeOptions), decode_config(args), "parse",
                    lambda line, output: tree_to_string(delinearize(output, line.split())))
@@ -256,7 +256,7 @@ def cmd_score(args: argparse.Namespace) -> None:
 
 def cmd_attention(args: argparse.Namespace) -> None:
     """Heatmaps of every layer's and head's attention for one sentence (Figures 3-5)."""
-    from aiayn.translate import attention_command
+    from aiayn.decode_files import attention_command
 
     attention_command(options(args, AttentionOptions), decode_config(args))
 

@@ -11,6 +11,8 @@ from typing import Optional, Sequence
 
 from tqdm import tqdm
 
+from aiayn.lines import iter_lines, open_input
+
 
 # Target languages whose words sacreBLEU splits with a tokenizer of their own (tok:zh, ja-mecab,
 # ko-mecab): 13a's rules split none of their words, so BLEU on them would count whole sentences.
@@ -191,9 +193,6 @@ def score_hypotheses(hypotheses: Sequence[str], references: Sequence[str], secon
 
 def _read_lines(path: Optional[str]) -> list[str]:
     """Every line of a small file (or stdin for none), split as `wc -l` counts."""
-    from aiayn.lines import iter_lines
-    from aiayn.translate import open_input
-
     handle, name = open_input(path)
     with handle:
         return list(iter_lines(handle, name))

@@ -335,10 +335,13 @@ class PartialOutput:
     too. An interrupted run leaves OUTPUT.partial, which `resume` continues after its last line
     the record vouches for, with the same input, model and settings only: lines of two models,
     two beams or two inputs in one file would pass for one translation. The output is never the
-    model it reads (`model`: its files, `run.model_inputs`), nor a folder or a device."""
+    model it reads (`model`: its files, `run.model_inputs`), nor a folder or a device. `loose`
+    settings are recorded too, and a resume may change them: `changed` names those it did, with
+    what the partial was made with."""
 
     def __init__(self, output: str, input: Optional[str], resume: bool, force: bool,
-                 model: Sequence[Path] = (), settings: Optional[dict] = None, kept: Sequence[Path] = ()) -> None:
+                 model: Sequence[Path] = (), settings: Optional[dict] = None, kept: Sequence[Path] = (),
+                 loose: Optional[dict] = None) -> None:
         self.final = Path(output)
         self.partial = self.final.with_name(self.final.name + ".partial")
         self.record = self.final.with_name(self.final.name + ".partial.json")
@@ -353,7 +356,7 @@ class PartialOutput:
         self._lock = ExitStack()
         try:
             self._lock.enter_context(output_lock(self.final))
-            self._open(input, resume, force, model, settings or {}, kept)
+            self._open(input, resume, force, model, settings or {}, kept, loose or {})
         except BaseException:
             self._release()
             raise
@@ -365,10 +368,10 @@ class PartialOutput:
             refuse_to_replace(written, True, inputs, kept=kept)
 
     def _open(self, input: Optional[str], resume: bool, force: bool, model: Sequence[Path], settings: dict,
-              kept: Sequence[Path]) -> None:
+              kept: Sequence[Path], loose: dict) -> None:
         self._refuse(input, resume, force, model, kept)
         digest = None if input in (None, "-") else _digest(input)
-        self.skip = 0
+        self.skip, self.changed = 0, []
         if resume and self.partial.exists():
             kept = read_json(self.record) if self.record.exists() else {}
             if digest is not None and kept.get("input_sha256") not in (None, digest):
@@ -381,7 +384,8 @@ class PartialOutput:
                 raise ValueError(f"{self.partial} was translated with another {was}; "
                                  "--resume needs the same model and settings, --force starts over")
             # (a partial without a record, from before records were kept, gets one from now on)
-            self._record = {"input": input or "-", "input_sha256": digest, **kept, **settings}
+            self.changed = [f"{name} ({kept[name]})" for name, value in loose.items() if kept.get(name, value) != value]
+            self._record = {"input": input or "-", "input_sha256": digest, **kept, **settings, **loose}
             self.skip = self._resume_at(kept.get("lines"))
         elif resume and self.final.exists():
             raise ValueError(f"{self.final} is complete: nothing to resume (--force translates again)")
@@ -395,7 +399,7 @@ class PartialOutput:
         self.handle = open(self.partial, "ab" if self.skip else "wb")  # an unwritable output fails here, before decoding
         self._read, self._lines_read = hashlib.sha256(), 0  # the input lines read so far
         if not self.skip:
-            self._record = {"input": input or "-", "input_sha256": digest, **settings}
+            self._record = {"input": input or "-", "input_sha256": digest, **settings, **loose}
             self._keep_record()
         self.written = self.skip
 

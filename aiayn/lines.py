@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import itertools
 import lzma
+import sys
 from pathlib import Path
-from typing import BinaryIO, Iterator, Union
+from typing import BinaryIO, Iterator, Optional, Union
 
 Pair = tuple[str, str]
 
@@ -85,3 +86,13 @@ def aligned_pairs(src_path: Path, tgt_path: Path) -> Iterator[Pair]:
                          "parallel files must be aligned line by line")
     if src_count == 0:
         raise ValueError(f"{src_path} is empty")
+
+
+def open_input(path: Optional[str]) -> tuple[BinaryIO, str]:
+    """(binary handle, name for messages) of an input file, or of stdin for none or "-"."""
+    if path is None or path == "-":
+        return sys.stdin.buffer, "stdin"
+    try:
+        return open(path, "rb"), path
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such file: {path}") from None

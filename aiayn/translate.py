@@ -1,36 +1,28 @@
 """Translating many sentences (§6.1): a `Translator` holds a model's decoding copy (made once), its
 tokenizer and a `DecodeConfig`; underneath, the model is a search's step function (`ModelStep`),
-sentences go through the search in length-sorted batches and come back in input order, and files
-stream through in chunks, so memory stays flat and every finished chunk is written."""
+sentences go through the search in length-sorted batches and come back in input order, and streams
+of lines go through in chunks, so memory stays flat and every finished chunk is written
+(aiayn.decode_files: the commands over files)."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import numbers
-import sys
-from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from aiayn import kernels
-from aiayn.checkpoint import WEIGHTS
-from aiayn.config import (DECODE_PRESETS, MAX_INPUT_TOKENS, AttentionOptions, DecodeConfig, FileDecodeOptions,
-                          TranslateFileOptions)
+from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, DecodeConfig
 from aiayn.device import resolve_device
-from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep
 from aiayn.inference import inference_copy
-from aiayn.lines import iter_lines
 from aiayn.model import Transformer
-from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
-from aiayn.run import languages_of, load_for_inference, model_inputs, run_files
+from aiayn.run import load_for_inference
 from aiayn.search import BeamSearch, Hypothesis, beam_search
-from aiayn.sentences import interleave, split_sentences, visible
-from aiayn.visualize import attention_figures
+from aiayn.sentences import interleave, visible
 
 
 class ModelStep:
@@ -279,6 +271,19 @@ CHUNK_LINES = 1000
 FIRST_CHUNK_LINES = 100
 
 
+def chunk_sizes(done: int, chunk_lines: int = CHUNK_LINES) -> Iterator[int]:
+    """The lines of each chunk after the first `done` lines of a file: its chunks cut where a run
+    from its first line cuts them, so that a resumed run batches each line with the lines an
+    uninterrupted one does (in bf16 and int8 a line's translation can depend on them)."""
+    end, size = 0, min(FIRST_CHUNK_LINES, chunk_lines)
+    while True:
+        end += size
+        if end > done:
+            yield end - done
+            done = end
+        size = min(2 * size, chunk_lines)
+
+
 def translate_stream(
     model: Transformer,
     tokenizer,
@@ -295,10 +300,10 @@ def translate_stream(
     split: Optional[Callable[[str], tuple[list[str], list[str]]]] = None,
     **changes,
 ) -> int:
-    """Decode one sentence a line, in chunks of `FIRST_CHUNK_LINES` lines doubling up to
-    `chunk_lines`, each chunk's outputs handed to `write` in input order once it is done; returns
-    the number of lines. With `split` (aiayn.sentences.split_sentences for a language), a line is
-    a paragraph: its sentences are decoded with the chunk's and put back between its own spaces.
+    """Decode one sentence a line, in chunks (`chunk_sizes`, from line `first_line`), each chunk's
+    outputs handed to `write` in input order once it is done; returns the number of lines. With
+    `split` (aiayn.sentences.split_sentences for a language), a line is a paragraph: its
+    sentences are decoded with the chunk's and put back between its own spaces.
 
     An empty line gives an empty line; one longer than `max_input_tokens` tokens (or than a
     learned-position model's `max_len` allows) is cut to fit, with a `note`. `finish(line,
@@ -333,13 +338,13 @@ def translate_stream(
             decoded[offset] = " ".join(text.splitlines())
         write([finish(line, out) if text else "" for line, text, out in zip(chunk, texts, decoded)])
 
-    size = min(FIRST_CHUNK_LINES, chunk_lines)
+    size = next(sizes := chunk_sizes(first_line - 1, chunk_lines))
     for line in lines:
         chunk.append(line)
         if len(chunk) == size:
             flush()
             count += len(chunk)
-            chunk, size = [], min(2 * size, chunk_lines)
+            chunk, size = [], next(sizes)
     if chunk:
         flush()
         count += len(chunk)
@@ -400,121 +405,3 @@ class Translator:
     def stream(self, lines: Iterable[str], write: Callable[[list[str]], None], **options) -> int:
         """`translate_stream` with this translator's model, tokenizer and settings."""
         return translate_stream(self.model, self.tokenizer, lines, write, decode=self.decode, **options)
-
-
-# --------------------------------------------------------------------------------------------
-# Files: `aiayn translate` and `aiayn parse`
-
-
-def open_input(path: Optional[str]) -> tuple[BinaryIO, str]:
-    """(binary handle, name for messages) of an input file, or of stdin for none or "-"."""
-    if path is None or path == "-":
-        return sys.stdin.buffer, "stdin"
-    try:
-        return open(path, "rb"), path
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no such file: {path}") from None
-
-
-def _count_lines(handle) -> int:
-    """Lines in a binary file as `iter_lines` splits them (a last line without "\\n" counts),
-    the handle rewound."""
-    count, last = 0, b"\n"
-    for block in iter(lambda: handle.read(1 << 20), b""):
-        count, last = count + block.count(b"\n"), block[-1:]
-    handle.seek(0)
-    return count + (last != b"\n")
-
-
-def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: str = "translate",
-                   finish: Callable[[str, str], str] = lambda line, output: output) -> None:
-    """`aiayn translate` / `parse`: stream --input (or stdin) through the model of --run-dir in
-    chunks, to --output (through a `PartialOutput`) or stdout, with a progress bar on a terminal."""
-    from tqdm.auto import tqdm
-
-    out = None
-    paragraphs = isinstance(options, TranslateFileOptions) and options.split_sentences
-    if options.output:
-        reads = model_inputs(options.run_dir)  # the model folder first, then its tokenizer's files
-        # What the lines depend on, by flag; not the speed knobs, so that a run stopped for memory
-        # may resume with smaller batches; --lang only where it splits.
-        flags = {**dataclasses.asdict(decode), "max_input_tokens": options.max_input_tokens,
-                 "split_sentences": paragraphs, "lang": options.lang if paragraphs else None}
-        settings = {"model": file_sha256(reads[0] / WEIGHTS), "command": command,
-                    **{f"--{name.replace('_', '-')}": value for name, value in flags.items()
-                       if name not in ("batch_tokens", "cuda_graphs")}}
-        out = PartialOutput(options.output, options.input, options.resume, options.force, reads, settings,
-                            kept=run_files(options.output))
-    skip = out.skip if out else 0
-
-    def write(lines: list[str]) -> None:
-        text = "".join(line + "\n" for line in lines)
-        if out is None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        else:
-            out.write(text, len(lines))
-
-    try:
-        translator = Translator.load(options.run_dir, options.device, decode)  # the fp32 weights are let go
-        source, name = open_input(options.input)
-        total = None
-        if source is not sys.stdin.buffer:
-            total = _count_lines(source) - skip
-            if total < 0:
-                raise ValueError(f"{out.partial} holds {skip} lines but {name} has {total + skip}: "
-                                 "--resume needs the same input")
-        interactive = source is sys.stdin.buffer and sys.stdin.isatty()
-        note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
-        on_gpu = translator.device.type == "cuda"
-        if decode.cuda_graphs and not (on_gpu and GraphedStep.fits(translator.config)):  # a speed knob: said, not refused
-            why = "with this model's restricted self-attention" if on_gpu else f"on the {translator.device.type.upper()}"
-            note(f"--cuda-graphs needs a CUDA GPU and full self-attention: {why}, each step runs as without it")
-        if command == "parse" and not parser_vocabulary(translator.tokenizer):
-            note(f"{options.run_dir} looks like no parsing model: {WORD_PLACEHOLDER}, the word of a linearized tree, is no piece "
-                 "of its vocabulary (a translation model's outputs come out as flat trees of XX-tagged words)")
-        with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
-            split = functools.partial(split_sentences, lang=options.lang or languages_of(options.run_dir)[0] or "en") \
-                if paragraphs else None
-            lines = iter_lines(source, name) if out is None else out.lines(iter_lines(source, name), name)
-            translator.stream(lines, write, max_input_tokens=options.max_input_tokens,
-                              finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=note,
-                              first_line=skip + 1, progress=bar, split=split)
-    except BaseException as error:
-        if out is not None:
-            out.abandon(isinstance(error, KeyboardInterrupt))
-        raise
-    if out is not None:
-        out.finish()
-
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
-
-
-def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=print) -> None:
-    """`aiayn attention`: translate one sentence, then draw every layer's and head's attention."""
-    if Path(options.out).suffix.lower() in IMAGE_SUFFIXES:  # (found in review: a folder named maps.png was made)
-        raise ValueError(f"--out is the folder the figures go in, one per kind and layer; name a folder, not "
-                         f"{Path(options.out).name}")
-    translator = Translator.load(options.run_dir, options.device, decode)
-    refuse_to_replace(options.out, options.force, inputs=model_inputs(options.run_dir), folder=True, kept=run_files(options.out))
-    source = options.sentence.strip()
-    if any("\udc80" <= c <= "\udcff" for c in source):  # bytes Python could not decode: sentencepiece's traceback
-        raise ValueError("--sentence is not valid UTF-8 (what encoding does the terminal use?)")
-    if not visible(source):  # (found in review: U+200B alone was translated, an invented sentence drawn)
-        raise ValueError("--sentence is empty" + (" but for invisible characters" if source else ""))
-    ids = translator.tokenizer.encode(source)
-
-    def check_length(tokens: int, side: str) -> None:
-        if tokens > options.max_tokens:
-            raise ValueError(f"the {side} has {tokens} tokens, over --max-tokens {options.max_tokens} (its maps would be "
-                             f"{tokens + 1} positions across, with </s>); give a shorter sentence or raise --max-tokens")
-
-    check_length(len(ids), "sentence")
-    target = translator.translate_ids([ids])[0]
-    check_length(len(target), "translation")
-    echo(f"source       {source}\ntranslation  {translator.tokenizer.decode(target)}")
-    cut = cut_at_limit(translator.model.config, ids, target, translator.decode)
-    for path in attention_figures(translator.model, translator.tokenizer, source, target, Path(options.out),
-                                  force=options.force, cut=cut):
-        echo(path)

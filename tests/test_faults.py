@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import translate as translate_module
+from aiayn import decode_files, translate as translate_module
 from aiayn.run import RunDir, languages_of
 from aiayn.cli import main
 from aiayn.config import ModelConfig
@@ -663,7 +663,7 @@ def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_pa
     lines = [SENTENCES[i % 7] if i % 5 else "" for i in range(11)]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     argv = ["translate", model_dir, "--input", tmp_path / "in.txt", "--beam", "2"]
-    monkeypatch.setattr(translate_module, "CHUNK_LINES", 3)
+    monkeypatch.setattr(decode_files, "CHUNK_LINES", 3)
     assert cli(capsys, *argv, "--output", tmp_path / "new" / "straight.txt")[0] == 0  # its folder made, as --out's are
     straight = (tmp_path / "new" / "straight.txt").read_text(encoding="utf-8")
     assert straight.count("\n") == 11
@@ -723,7 +723,7 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
     """Lines of two models or two beams in one file would pass for one translation."""
     lines = "".join(f"{SENTENCES[i % 7]}\n" for i in range(9)).encode()
     out = tmp_path / "out.txt"
-    monkeypatch.setattr(translate_module, "CHUNK_LINES", 3)
+    monkeypatch.setattr(decode_files, "CHUNK_LINES", 3)
     real = interrupt_on_chunk(2, monkeypatch)
     argv = ["translate", model_dir, "--output", out, "--beam", "2"]
     assert cli(capsys, *argv, stdin=lines, monkeypatch=monkeypatch)[0] == 130
@@ -784,6 +784,31 @@ def test_translate_chunks_grow_from_a_small_first_one(model_dir, monkeypatch):
     written = []
     count = translate_module.translate_stream(model, tokenizer, iter(SENTENCES[:14]), written.append, chunk_lines=5, beam=1)
     assert count == 14 and [len(chunk) for chunk in written] == [2, 4, 5, 3]
+
+
+def test_a_resumed_translation_batches_each_line_with_the_lines_an_uninterrupted_one_does(tmp_path, model_dir, capsys,
+                                                                                         monkeypatch):
+    """In int8 (and bf16) a line's translation can depend on the lines batched beside it: a
+    resumed run cuts its chunks where an uninterrupted one does (found in review: it began
+    them anew at the resume, and 116 of 200 int8 lines came out otherwise); a --batch-tokens
+    other than the partial's is said."""
+    (tmp_path / "in.txt").write_text("".join(f"{SENTENCES[i % 7]}\n" for i in range(11)), encoding="utf-8")
+    monkeypatch.setattr(translate_module, "FIRST_CHUNK_LINES", 2)
+    monkeypatch.setattr(decode_files, "CHUNK_LINES", 4)  # chunks of 2, 4, 4 and 1 lines
+    real, seen = translate_module.translate_ids, []
+    monkeypatch.setattr(translate_module, "translate_ids", lambda model, sources, *a, **k: seen.append(len(sources))
+                        or real(model, sources, *a, **k))
+    argv = ["translate", model_dir, "--input", tmp_path / "in.txt", "--beam", "1", "--precision", "int8", "--output"]
+    assert cli(capsys, *argv, tmp_path / "straight.txt")[0] == 0 and seen == [2, 4, 4, 1]
+    spy = translate_module.translate_ids
+    interrupt_on_chunk(3, monkeypatch)  # after lines 1 to 6
+    assert cli(capsys, *argv, tmp_path / "out.txt")[0] == 130
+    monkeypatch.setattr(translate_module, "translate_ids", spy)
+    seen.clear()
+    code, _, err = cli(capsys, *argv, tmp_path / "out.txt", "--resume", "--batch-tokens", "500")
+    assert code == 0 and seen == [4, 1]  # lines 7 to 10, then 11: as the uninterrupted run (was 2, then 3)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == (tmp_path / "straight.txt").read_text(encoding="utf-8")
+    assert "was translated with --batch-tokens (4000): in int8 a line's translation can differ" in err
 
 
 def test_cuda_graphs_that_cannot_be_used_are_said_in_a_note(tmp_path, capsys, monkeypatch):

@@ -22,7 +22,7 @@ LAYERS = {
     "base": ["files", "lines", "device", "kernel_cache", "errors"],
     "paper": ["config", "flops", "optim", "loss", "kernels", "train_kernels", "inference", "attention", "cache", "model", "graphs", "search", "tokenizer",
               "checkpoint", "parsing", "corpora", "batching"],
-    "application": ["run", "store", "prepare", "sentences", "translate", "evaluate", "train", "marian", "ct2", "visualize"],
+    "application": ["run", "store", "prepare", "sentences", "translate", "decode_files", "evaluate", "train", "marian", "ct2", "visualize"],
     "front ends": ["cli", "demo", "experiment", "serve", "__main__"],
 }
 ORDER = list(LAYERS)

@@ -230,7 +230,7 @@ def test_a_translation_cut_at_the_length_limit_names_its_last_row_cut(tmp_path, 
     token always cuts."""
     from aiayn import visualize
     from aiayn.config import AttentionOptions, DecodeConfig
-    from aiayn.translate import attention_command
+    from aiayn.decode_files import attention_command
 
     seen, plot = {}, visualize.plot_heads
     monkeypatch.setattr(visualize, "plot_heads", lambda weights, queries, keys, title, path: (

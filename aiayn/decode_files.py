@@ -1,0 +1,129 @@
+"""The decoding commands over files: `aiayn translate` and `aiayn parse`, a file (or stdin)
+streamed through a `Translator` in chunks to `--output` (a `PartialOutput`: resumable) or stdout;
+and `aiayn attention`, one sentence's translation and every layer's and head's attention maps."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from pathlib import Path
+from typing import Callable
+
+from aiayn.checkpoint import WEIGHTS
+from aiayn.config import AttentionOptions, DecodeConfig, FileDecodeOptions, TranslateFileOptions
+from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
+from aiayn.graphs import GraphedStep
+from aiayn.lines import iter_lines, open_input
+from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
+from aiayn.run import languages_of, model_inputs, run_files
+from aiayn.sentences import split_sentences, visible
+from aiayn.translate import CHUNK_LINES, Translator, cut_at_limit
+from aiayn.visualize import attention_figures
+
+
+def _count_lines(handle) -> int:
+    """Lines in a binary file as `iter_lines` splits them (a last line without "\\n" counts),
+    the handle rewound."""
+    count, last = 0, b"\n"
+    for block in iter(lambda: handle.read(1 << 20), b""):
+        count, last = count + block.count(b"\n"), block[-1:]
+    handle.seek(0)
+    return count + (last != b"\n")
+
+
+def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: str = "translate",
+                   finish: Callable[[str, str], str] = lambda line, output: output) -> None:
+    """`aiayn translate` / `parse`: stream --input (or stdin) through the model of --run-dir in
+    chunks, to --output (through a `PartialOutput`) or stdout, with a progress bar on a terminal."""
+    from tqdm.auto import tqdm
+
+    out = None
+    paragraphs = isinstance(options, TranslateFileOptions) and options.split_sentences
+    if options.output:
+        reads = model_inputs(options.run_dir)  # the model folder first, then its tokenizer's files
+        # What the lines depend on, by flag; not the speed knobs, so that a run stopped for memory
+        # may resume with smaller batches; --lang only where it splits.
+        flags = {**dataclasses.asdict(decode), "max_input_tokens": options.max_input_tokens,
+                 "split_sentences": paragraphs, "lang": options.lang if paragraphs else None}
+        settings = {"model": file_sha256(reads[0] / WEIGHTS), "command": command,
+                    **{f"--{name.replace('_', '-')}": value for name, value in flags.items()
+                       if name not in ("batch_tokens", "cuda_graphs")}}
+        out = PartialOutput(options.output, options.input, options.resume, options.force, reads, settings,
+                            kept=run_files(options.output), loose={"--batch-tokens": decode.batch_tokens})
+        if out.changed and decode.precision != "fp32":  # (found in review: said nowhere)
+            print(f"aiayn: note: {out.partial} was translated with {out.changed[0]}: in {decode.precision} a line's "
+                  "translation can differ a little with the lines batched beside it", file=sys.stderr)
+    skip = out.skip if out else 0
+
+    def write(lines: list[str]) -> None:
+        text = "".join(line + "\n" for line in lines)
+        if out is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            out.write(text, len(lines))
+
+    try:
+        translator = Translator.load(options.run_dir, options.device, decode)  # the fp32 weights are let go
+        source, name = open_input(options.input)
+        total = None
+        if source is not sys.stdin.buffer:
+            total = _count_lines(source) - skip
+            if total < 0:
+                raise ValueError(f"{out.partial} holds {skip} lines but {name} has {total + skip}: "
+                                 "--resume needs the same input")
+        interactive = source is sys.stdin.buffer and sys.stdin.isatty()
+        note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
+        on_gpu = translator.device.type == "cuda"
+        if decode.cuda_graphs and not (on_gpu and GraphedStep.fits(translator.config)):  # a speed knob: said, not refused
+            why = "with this model's restricted self-attention" if on_gpu else f"on the {translator.device.type.upper()}"
+            note(f"--cuda-graphs needs a CUDA GPU and full self-attention: {why}, each step runs as without it")
+        if command == "parse" and not parser_vocabulary(translator.tokenizer):
+            note(f"{options.run_dir} looks like no parsing model: {WORD_PLACEHOLDER}, the word of a linearized tree, is no piece "
+                 "of its vocabulary (a translation model's outputs come out as flat trees of XX-tagged words)")
+        with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
+            split = functools.partial(split_sentences, lang=options.lang or languages_of(options.run_dir)[0] or "en") \
+                if paragraphs else None
+            lines = iter_lines(source, name) if out is None else out.lines(iter_lines(source, name), name)
+            translator.stream(lines, write, max_input_tokens=options.max_input_tokens,
+                              finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=note,
+                              first_line=skip + 1, progress=bar, split=split)
+    except BaseException as error:
+        if out is not None:
+            out.abandon(isinstance(error, KeyboardInterrupt))
+        raise
+    if out is not None:
+        out.finish()
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
+
+
+def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=print) -> None:
+    """`aiayn attention`: translate one sentence, then draw every layer's and head's attention."""
+    if Path(options.out).suffix.lower() in IMAGE_SUFFIXES:  # (found in review: a folder named maps.png was made)
+        raise ValueError(f"--out is the folder the figures go in, one per kind and layer; name a folder, not "
+                         f"{Path(options.out).name}")
+    translator = Translator.load(options.run_dir, options.device, decode)
+    refuse_to_replace(options.out, options.force, inputs=model_inputs(options.run_dir), folder=True, kept=run_files(options.out))
+    source = options.sentence.strip()
+    if any("\udc80" <= c <= "\udcff" for c in source):  # bytes Python could not decode: sentencepiece's traceback
+        raise ValueError("--sentence is not valid UTF-8 (what encoding does the terminal use?)")
+    if not visible(source):  # (found in review: U+200B alone was translated, an invented sentence drawn)
+        raise ValueError("--sentence is empty" + (" but for invisible characters" if source else ""))
+    ids = translator.tokenizer.encode(source)
+
+    def check_length(tokens: int, side: str) -> None:
+        if tokens > options.max_tokens:
+            raise ValueError(f"the {side} has {tokens} tokens, over --max-tokens {options.max_tokens} (its maps would be "
+                             f"{tokens + 1} positions across, with </s>); give a shorter sentence or raise --max-tokens")
+
+    check_length(len(ids), "sentence")
+    target = translator.translate_ids([ids])[0]
+    check_length(len(target), "translation")
+    echo(f"source       {source}\ntranslation  {translator.tokenizer.decode(target)}")
+    cut = cut_at_limit(translator.model.config, ids, target, translator.decode)
+    for path in attention_figures(translator.model, translator.tokenizer, source, target, Path(options.out),
+                                  force=options.force, cut=cut):
+        echo(path)
