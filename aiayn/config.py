@@ -537,11 +537,16 @@ class TranslateFileOptions(FileDecodeOptions):
     split_sentences: bool = _option(False, "a line is a paragraph: translate it sentence by sentence (aiayn.sentences)")
     lang: Optional[str] = _option(None, "the input's language, for --split-sentences (default: the run's source, else en)",
                                   language=True)
+    n_best: int = _option(1, "write each line's N best translations, best first, N lines per input line (N ≤ --beam)",
+                          least=1, metavar="N")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.lang is not None and not self.split_sentences:  # (found in review: taken, and used for nothing)
             raise ValueError("--lang is the language --split-sentences splits by: add --split-sentences, or drop --lang")
+        if self.n_best > 1 and self.split_sentences:
+            raise ValueError("--n-best translates whole lines: the sentences of a paragraph have no alternatives "
+                             "together; drop --split-sentences")
 
 
 @dataclass(frozen=True, kw_only=True)

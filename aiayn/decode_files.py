@@ -32,6 +32,24 @@ def _count_lines(handle) -> int:
     return count + (last != b"\n")
 
 
+def _partial_output(options: FileDecodeOptions, decode: DecodeConfig, command: str, paragraphs: bool,
+                    n_best: int) -> PartialOutput:
+    """--output, recording what its lines depend on, by flag; not the speed knobs, so that a run
+    stopped for memory may resume with smaller batches; --lang only where it splits."""
+    reads = model_inputs(options.run_dir)  # the model folder first, then its tokenizer's files
+    flags = {**dataclasses.asdict(decode), "max_input_tokens": options.max_input_tokens,
+             "split_sentences": paragraphs, "lang": options.lang if paragraphs else None, "n_best": n_best}
+    settings = {"model": file_sha256(reads[0] / WEIGHTS), "command": command,
+                **{f"--{name.replace('_', '-')}": value for name, value in flags.items()
+                   if name not in ("batch_tokens", "cuda_graphs")}}
+    out = PartialOutput(options.output, options.input, options.resume, options.force, reads, settings,
+                        kept=run_files(options.output), loose={"--batch-tokens": decode.batch_tokens}, per_line=n_best)
+    if out.changed and decode.precision != "fp32":  # (found in review: said nowhere)
+        print(f"aiayn: note: {out.partial} was translated with {out.changed[0]}: in {decode.precision} a line's "
+              "translation can differ a little with the lines batched beside it", file=sys.stderr)
+    return out
+
+
 def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: str = "translate",
                    finish: Callable[[str, str], str] = lambda line, output: output) -> None:
     """`aiayn translate` / `parse`: stream --input (or stdin) through the model of --run-dir in
@@ -40,20 +58,11 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
 
     out = None
     paragraphs = isinstance(options, TranslateFileOptions) and options.split_sentences
+    n_best = options.n_best if isinstance(options, TranslateFileOptions) else 1
+    if n_best > decode.beam:  # before any file is made
+        raise ValueError(f"--n-best {n_best} needs --beam {n_best} or more: the beam holds the alternatives")
     if options.output:
-        reads = model_inputs(options.run_dir)  # the model folder first, then its tokenizer's files
-        # What the lines depend on, by flag; not the speed knobs, so that a run stopped for memory
-        # may resume with smaller batches; --lang only where it splits.
-        flags = {**dataclasses.asdict(decode), "max_input_tokens": options.max_input_tokens,
-                 "split_sentences": paragraphs, "lang": options.lang if paragraphs else None}
-        settings = {"model": file_sha256(reads[0] / WEIGHTS), "command": command,
-                    **{f"--{name.replace('_', '-')}": value for name, value in flags.items()
-                       if name not in ("batch_tokens", "cuda_graphs")}}
-        out = PartialOutput(options.output, options.input, options.resume, options.force, reads, settings,
-                            kept=run_files(options.output), loose={"--batch-tokens": decode.batch_tokens})
-        if out.changed and decode.precision != "fp32":  # (found in review: said nowhere)
-            print(f"aiayn: note: {out.partial} was translated with {out.changed[0]}: in {decode.precision} a line's "
-                  "translation can differ a little with the lines batched beside it", file=sys.stderr)
+        out = _partial_output(options, decode, command, paragraphs, n_best)
     skip = out.skip if out else 0
 
     def write(lines: list[str]) -> None:
@@ -62,7 +71,7 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
             sys.stdout.write(text)
             sys.stdout.flush()
         else:
-            out.write(text, len(lines))
+            out.write(text, len(lines) // n_best)  # the input lines they translate
 
     try:
         translator = Translator.load(options.run_dir, options.device, decode)  # the fp32 weights are let go
@@ -88,7 +97,7 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
             lines = iter_lines(source, name) if out is None else out.lines(iter_lines(source, name), name)
             translator.stream(lines, write, max_input_tokens=options.max_input_tokens,
                               finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=note,
-                              first_line=skip + 1, progress=bar, split=split)
+                              first_line=skip + 1, progress=bar, split=split, n_best=n_best)
     except BaseException as error:
         if out is not None:
             out.abandon(isinstance(error, KeyboardInterrupt))

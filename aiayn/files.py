@@ -337,12 +337,13 @@ class PartialOutput:
     two beams or two inputs in one file would pass for one translation. The output is never the
     model it reads (`model`: its files, `run.model_inputs`), nor a folder or a device. `loose`
     settings are recorded too, and a resume may change them: `changed` names those it did, with
-    what the partial was made with."""
+    what the partial was made with. Each input line gives `per_line` output lines (n-best)."""
 
     def __init__(self, output: str, input: Optional[str], resume: bool, force: bool,
                  model: Sequence[Path] = (), settings: Optional[dict] = None, kept: Sequence[Path] = (),
-                 loose: Optional[dict] = None) -> None:
+                 loose: Optional[dict] = None, per_line: int = 1) -> None:
         self.final = Path(output)
+        self.per_line = per_line
         self.partial = self.final.with_name(self.final.name + ".partial")
         self.record = self.final.with_name(self.final.name + ".partial.json")
         if self.final.is_dir():
@@ -404,14 +405,17 @@ class PartialOutput:
         self.written = self.skip
 
     def _resume_at(self, recorded: Optional[int]) -> int:
-        """The lines to pass over: the partial's whole lines, cut back to the `recorded` ones
-        (lines written after the record was last updated are translated again); a record from
-        before lines were counted vouches for every whole line."""
-        lines = _complete_lines(self.partial, recorded)
-        if recorded is not None and lines < recorded:
-            raise ValueError(f"{self.partial} holds {lines} lines but its record says {recorded}: it was changed "
+        """The input lines to pass over: those of the partial's whole lines, cut back to the
+        `recorded` ones (lines written after the record was last updated are translated again); a
+        record from before lines were counted vouches for every whole line."""
+        most = None if recorded is None else recorded * self.per_line
+        lines = _complete_lines(self.partial, most)
+        if lines % self.per_line:  # part of an input line's n-best
+            lines = _complete_lines(self.partial, lines - lines % self.per_line)
+        if most is not None and lines < most:
+            raise ValueError(f"{self.partial} holds {lines} lines but its record says {most}: it was changed "
                              "after it was written; --force starts over")
-        return lines
+        return lines // self.per_line
 
     def lines(self, lines: Iterable[str], name: str) -> Iterator[str]:
         """The input's lines after the `skip` already translated, each line read added to the

@@ -284,6 +284,24 @@ def chunk_sizes(done: int, chunk_lines: int = CHUNK_LINES) -> Iterator[int]:
         size = min(2 * size, chunk_lines)
 
 
+def _chunk_sources(tokenizer, chunk: list[str], texts: list[str], split, limit: int, note, first_line: int):
+    """The ids of every piece of a chunk (a line's sentences with `split`, else the line), each
+    cut to `limit` tokens with a `note`; and (offset, pieces, the text around them) of each line
+    that has something to translate."""
+    sources, where = [], []
+    for offset, (line, text) in enumerate(zip(chunk, texts)):
+        if not text:
+            continue
+        pieces, rest = split(line) if split else ([text], ["", ""])  # around: the line's own spaces
+        for ids in tokenizer.encode_batch(pieces):
+            if len(ids) > limit:
+                note(f"line {first_line + offset} has {len(ids)} tokens; using its first {limit}")
+                ids = ids[:limit]
+            sources.append(ids)
+        where.append((offset, len(pieces), rest))
+    return sources, where
+
+
 def translate_stream(
     model: Transformer,
     tokenizer,
@@ -298,45 +316,42 @@ def translate_stream(
     progress: Optional[object] = None,
     decode: DecodeConfig = DECODE_PRESETS["translate"],
     split: Optional[Callable[[str], tuple[list[str], list[str]]]] = None,
+    n_best: int = 1,
     **changes,
 ) -> int:
     """Decode one sentence a line, in chunks (`chunk_sizes`, from line `first_line`), each chunk's
     outputs handed to `write` in input order once it is done; returns the number of lines. With
     `split` (aiayn.sentences.split_sentences for a language), a line is a paragraph: its
-    sentences are decoded with the chunk's and put back between its own spaces.
+    sentences are decoded with the chunk's and put back between its own spaces. With `n_best`,
+    each line gives that many lines, its best outputs first ("" past those the search finished).
 
     An empty line gives an empty line; one longer than `max_input_tokens` tokens (or than a
     learned-position model's `max_len` allows) is cut to fit, with a `note`. `finish(line,
     output)` turns a decoded output into the line written (the parser builds a tree there); a
-    line break the model spells becomes a space, so the output keeps one line per input line.
+    line break the model spells becomes a space, so the output keeps `n_best` lines per input line.
     `decode` and `changes` are those of `translate_ids`.
     """
+    if split and n_best > 1:
+        raise ValueError("n_best needs whole lines: the sentences of a paragraph have no alternatives together")
     decode = dataclasses.replace(decode, **changes) if changes else decode
     limit = input_token_limit(model.config, max_input_tokens)
     decoder = decoding_model(model, decode.precision)  # cast once, not per chunk
     count, chunk = 0, []  # lines done; the lines read and not yet decoded
 
     def flush() -> None:
-        sources, where = [], []  # the ids of every piece; (offset, pieces, the text around them) a line
         texts = [visible(line) for line in chunk]  # "" for a line with nothing to translate
-        for offset, (line, text) in enumerate(zip(chunk, texts)):
-            if not text:
-                continue
-            pieces, rest = split(line) if split else ([text], ["", ""])  # around: the line's own spaces
-            for ids in tokenizer.encode_batch(pieces):
-                if len(ids) > limit:
-                    note(f"line {first_line + count + offset} has {len(ids)} tokens; using its first {limit}")
-                    ids = ids[:limit]
-                sources.append(ids)
-            where.append((offset, len(pieces), rest))
-        outputs = iter(translate_ids(decoder, sources, decode, progress=None if split else progress))
+        sources, where = _chunk_sources(tokenizer, chunk, texts, split, limit, note, first_line + count)
+        bar = None if split else progress
+        found = iter(translate_nbest(decoder, sources, decode, bar, n_best) if n_best > 1 else
+                     [[ids] for ids in translate_ids(decoder, sources, decode, progress=bar)])
         if progress is not None:
             progress.update(len(chunk) if split else len(chunk) - len(where))  # (the empty lines)
-        decoded = [""] * len(chunk)
+        decoded = [[""] * n_best for _ in chunk]
         for offset, pieces, rest in where:
-            text = interleave([tokenizer.decode(next(outputs)) for _ in range(pieces)], rest)
-            decoded[offset] = " ".join(text.splitlines())
-        write([finish(line, out) if text else "" for line, text, out in zip(chunk, texts, decoded)])
+            best = [next(found) for _ in range(pieces)]  # each piece's outputs, best first
+            decoded[offset] = [" ".join(interleave([tokenizer.decode(b[k]) for b in best], rest).splitlines())
+                               if all(k < len(b) for b in best) else "" for k in range(n_best)]
+        write([finish(line, out) if text else "" for line, text, outs in zip(chunk, texts, decoded) for out in outs])
 
     size = next(sizes := chunk_sizes(first_line - 1, chunk_lines))
     for line in lines:

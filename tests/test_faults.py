@@ -20,7 +20,7 @@ import torch
 from aiayn import decode_files, translate as translate_module
 from aiayn.run import RunDir, languages_of
 from aiayn.cli import main
-from aiayn.config import ModelConfig
+from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.device import check_precision, fast_bf16
 from aiayn.loss import perplexity
 from aiayn.marian import export_marian
@@ -645,9 +645,10 @@ def test_translate_and_score_split_lines_on_newline_only(tmp_path, model_dir, ca
     assert code == 0 and "sacreBLEU       100.00" in out, err
 
 
-def interrupt_on_chunk(chunk: int, monkeypatch):
-    """Ctrl-C as `translate` decodes its `chunk`-th chunk; returns the real `translate_ids`."""
-    real, calls = translate_module.translate_ids, []
+def interrupt_on_chunk(chunk: int, monkeypatch, name: str = "translate_ids"):
+    """Ctrl-C as `translate` decodes its `chunk`-th chunk (through `name`, translate_nbest for
+    --n-best); returns the real function."""
+    real, calls = getattr(translate_module, name), []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -655,7 +656,7 @@ def interrupt_on_chunk(chunk: int, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(translate_module, "translate_ids", interrupted)
+    monkeypatch.setattr(translate_module, name, interrupted)
     return real
 
 
@@ -809,6 +810,35 @@ def test_a_resumed_translation_batches_each_line_with_the_lines_an_uninterrupted
     assert code == 0 and seen == [4, 1]  # lines 7 to 10, then 11: as the uninterrupted run (was 2, then 3)
     assert (tmp_path / "out.txt").read_text(encoding="utf-8") == (tmp_path / "straight.txt").read_text(encoding="utf-8")
     assert "was translated with --batch-tokens (4000): in int8 a line's translation can differ" in err
+
+
+def test_n_best_writes_n_lines_per_input_line_and_a_resume_continues_whole_lines(tmp_path, model_dir, capsys,
+                                                                                  monkeypatch):
+    lines = [SENTENCES[i % 7] if i % 4 else "" for i in range(7)]
+    (tmp_path / "in.txt").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    argv = ["translate", model_dir, "--input", tmp_path / "in.txt", "--beam", "3", "--n-best", "3", "--output"]
+    one_line_error(*cli(capsys, *argv[:-2], "4", "--output", tmp_path / "x.txt")[::2],
+                   "--n-best 4 needs --beam 4 or more")
+    assert not (tmp_path / "x.txt.partial").exists()
+    assert cli(capsys, *argv, tmp_path / "straight.txt")[0] == 0
+    written = (tmp_path / "straight.txt").read_text(encoding="utf-8").splitlines()
+    translator = translate_module.Translator.load(model_dir, "cpu", DecodeConfig(beam=3))
+    for line, group in zip(lines, (written[i : i + 3] for i in range(0, len(written), 3)), strict=True):
+        best = translator.translate_nbest([translator.tokenizer.encode(line)], 3)[0] if line else []
+        assert group == [translator.tokenizer.decode(ids) for ids in best] + [""] * (3 - len(best))
+    monkeypatch.setattr(translate_module, "FIRST_CHUNK_LINES", 2)
+    monkeypatch.setattr(decode_files, "CHUNK_LINES", 4)
+    real = interrupt_on_chunk(2, monkeypatch, "translate_nbest")  # after input lines 1 and 2: 6 output lines
+    out = tmp_path / "out.txt"
+    assert cli(capsys, *argv, out)[0] == 130
+    assert (tmp_path / "out.txt.partial").read_text(encoding="utf-8").splitlines() == written[:6]
+    with open(tmp_path / "out.txt.partial", "ab") as handle:
+        handle.write(b"one of the next line's alternatives\n")  # a kill amid a write, past the record
+    one_line_error(*cli(capsys, *argv[:-2], "2", "--output", out, "--resume")[::2],
+                   "was translated with another --n-best (3)")
+    monkeypatch.setattr(translate_module, "translate_nbest", real)
+    assert cli(capsys, *argv, out, "--resume")[0] == 0
+    assert out.read_text(encoding="utf-8").splitlines() == written
 
 
 def test_cuda_graphs_that_cannot_be_used_are_said_in_a_note(tmp_path, capsys, monkeypatch):
