@@ -110,7 +110,7 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
         tie_output=hf.get("tie_word_embeddings", True),
         final_logits_bias=True,
         pad_id=pad,
-        bos_id=hf.get("decoder_start_token_id", pad),
+        bos_id=pad if hf.get("decoder_start_token_id") is None else hf["decoder_start_token_id"],  # null: Marian's pad
         eos_id=hf["eos_token_id"],
         unk_id=unk_id,
     )
@@ -206,6 +206,10 @@ def import_marian(
 def _state_of(hf_dir: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     """aiayn's state dict from the weights of the HF Marian folder `hf_dir`, described by `config`."""
     weights = _read_weights(hf_dir)
+    if "model.shared.weight" not in weights and "shared.weight" in weights:
+        # A MarianModel's folder (no LM head): its keys lack MarianMTModel's "model." prefix, which
+        # transformers adds when loading it (found in review: refused).
+        weights = {f"model.{key}": tensor for key, tensor in weights.items()}
     read: set[str] = set()
 
     def get(name: str, *fallbacks: str) -> torch.Tensor:

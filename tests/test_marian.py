@@ -315,6 +315,26 @@ def test_unscaled_embeddings_import_equal_hf(hf_dir, tmp_path):
     assert (expected - scaled).abs().max() > 0.1  # the switch changes the model
 
 
+def test_a_marian_model_folder_without_lm_head_and_a_null_decoder_start_import_as_transformers_loads_them(hf_dir, tmp_path):
+    """Found in review: a folder saved from MarianModel (keys without "model.", which
+    transformers adds) was refused; so was `"decoder_start_token_id": null` (this transformers
+    refuses it too; older configs hold it: decoding starts at the pad token, as MarianConfig's
+    default has it)."""
+    base = tmp_path / "base"
+    hf_model(hf_dir).model.save_pretrained(base)  # the MarianModel inside: no lm_head, no final_logits_bias
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        (base / name).write_bytes((hf_dir / name).read_bytes())
+    model = Transformer.load(import_marian(base, tmp_path / "out", echo=lambda _: None)).eval()
+    src, pad = sources(model.config.vocab_size, 0)
+    tgt = torch.cat([torch.full((3, 1), pad), torch.randint(3, pad, (3, 6))], dim=1)
+    with torch.no_grad():
+        expected = hf_model(base)(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=tgt).logits
+    torch.testing.assert_close(model(src, tgt), expected, atol=1e-4, rtol=1e-4)
+    null = copy_with_config(hf_dir, tmp_path / "null", decoder_start_token_id=None)
+    config = Transformer.load(import_marian(null, tmp_path / "null-out", echo=lambda _: None)).config
+    assert config.bos_id == config.pad_id == transformers.MarianConfig.from_pretrained(hf_dir).pad_token_id
+
+
 def test_unsupported_marian_options_are_refused(hf_dir, tmp_path):
     with pytest.raises(ValueError, match="depths differ"):
         import_marian(copy_with_config(hf_dir, tmp_path / "depths", decoder_layers=1), tmp_path / "out", echo=lambda _: None)
