@@ -408,8 +408,10 @@ def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional
         if lang not in train_languages:
             raise ValueError(f"{name} has no {lang!r} side; its languages are {', '.join(train_languages)}")
         for split, kind in types.items():
-            found = str(kind.field(lang).type)
-            if found not in ("string", "large_string"):
+            found = kind.field(lang).type
+            # Text, or dictionary-encoded text (pandas' categories; found in review: refused)
+            values = found.value_type if pyarrow.types.is_dictionary(found) else found
+            if not (pyarrow.types.is_string(values) or pyarrow.types.is_large_string(values)):
                 raise ValueError(f"the {lang!r} values of the {split} split of {name} are {found}, not text")
 
     def pairs(read) -> Iterator[Pair]:

@@ -346,6 +346,15 @@ def test_wmt14_parquet_files_load_in_either_direction_and_disagreeing_splits_are
     pq.write_table(pa.table([text, text], names=["translation", "translation"]), twice / "train.parquet")
     one_line_error(*cli(capsys, "preprocess", "--corpus", twice, "--src-lang", "de", "--tgt-lang", "en",
                         "--out", tmp_path / "d")[::2], "has 2 'translation' columns")
+    # Dictionary-encoded text (pandas' categories) is text (found in review: refused as "not text").
+    categories = tmp_path / "categories"
+    categories.mkdir()
+    words = pa.array(["seven", "eight", "seven"]).dictionary_encode()
+    pq.write_table(pa.table([pa.StructArray.from_arrays([words, pa.array(["sieben", "acht", "sieben"])],
+                                                        names=["en", "de"])], names=["translation"]),
+                   categories / "train.parquet")
+    assert load_corpus(str(categories), "en", "de").splits["train"] == [("seven", "sieben"), ("eight", "acht"),
+                                                                        ("seven", "sieben")]
     # The HF hub's layout: the Parquet files a folder down (found in review: told only of text files).
     hub = write_wmt_parquet(tmp_path / "hub" / "data", {"train": toy_pairs(3)}).parent
     one_line_error(*cli(capsys, "preprocess", "--corpus", hub, "--src-lang", "en", "--out", tmp_path / "d")[::2],
