@@ -243,6 +243,12 @@ def test_html_pieces_join_back_to_the_page():
     assert join_html(texts, rest) == page.replace("&eacute;t&#233;", "été")  # entities come back as characters
     # Marked sections stay as written: CDATA with its `]]>`, conditional ones, and a keyword
     # Python's parser does not know (it raised AssertionError: a 500), read as a browser does.
+    # The text between sentences is kept as written (found in review: `&nbsp;` came back as a
+    # raw no-break space, `&#32;` as a space).
+    page = "<p>One.&nbsp;Two &amp; three.&#32;Four &gt; five.</p><div>Hello there. <b>Bold.</b>&#10;Next!</div>"
+    texts, rest = split_html(page, "en")
+    assert texts == ["One.", "Two & three.", "Four > five.", "Hello there.", "Bold.", "Next!"]
+    assert rest[1:3] == ["&nbsp;", "&#32;"] and join_html(texts, rest) == page
     for section in ("<![CDATA[x < y]]>", "<![if !IE]>", "<![endif]>", "<![foo[ bar ]]>"):
         texts, rest = split_html(f"{section}<p>the cat</p>")
         assert texts == ["the cat"] and join_html(["X"], rest) == f"{section}<p>X</p>"

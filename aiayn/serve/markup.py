@@ -3,8 +3,9 @@
 The page is read by Python's HTML parser (html.parser, the tokenizer of the HTML standard's
 shape, lenient with malformed markup as browsers are) into pieces: markup (tags with their
 attributes, comments, declarations, and the whole content of <script>, <style> and <code>),
-kept byte for byte except that end tags are written in lower case, and text, translated with
-its entities decoded and encoded again, its leading and trailing whitespace kept. Text without a
+kept byte for byte except that end tags are written in lower case, and text: its sentences
+translated, with their entities decoded and encoded again, and the text around them (its
+leading and trailing whitespace, what lies between sentences) kept as written. Text without a
 letter (a number, the "." after a closing tag) is kept as it is (`sentences.has_words`).
 """
 
@@ -22,6 +23,8 @@ from aiayn.sentences import has_words, interleave, split_sentences
 UNTRANSLATED = frozenset({"script", "style", "code", "kbd", "samp", "var", "pre", "textarea"})
 # Where the HTML standard ends a comment: "-->", and "--!>" (an incorrectly closed comment).
 _COMMENT_END = re.compile(r"--!?>")
+# A character reference, as html.unescape finds them (its module's own pattern).
+_CHARREF = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")
 
 
 class _Pieces(HTMLParser):
@@ -117,6 +120,22 @@ class _Pieces(HTMLParser):
         self._markup(f"<![{data}]]>" if data.upper().startswith("CDATA[") else f"<![{data}]>")
 
 
+def _decoded(raw: str) -> tuple[str, list[int]]:
+    """(`html.unescape(raw)`, where each of its offsets lies in `raw`, one more for its end): the
+    characters a reference decodes to all lie at the reference's start."""
+    text, where, at = [], [], 0
+    for match in [*_CHARREF.finditer(raw), None]:
+        end = match.start() if match else len(raw)
+        text.append(raw[at:end])
+        where.extend(range(at, end))
+        if match:
+            decoded = html.unescape(match.group())
+            text.append(decoded)
+            where.extend([match.start()] * len(decoded))
+            at = match.end()
+    return "".join(text), where + [len(raw)]
+
+
 def split_html(page: str, lang: Optional[str] = None) -> tuple[list[str], list[str]]:
     """(the texts to translate, the page's other pieces around them): the page is
     `rest[0] + texts[0] + rest[1] + ... + texts[-1] + rest[-1]` once the texts are encoded again,
@@ -131,11 +150,17 @@ def split_html(page: str, lang: Optional[str] = None) -> tuple[list[str], list[s
         if not (is_text and has_words(html.unescape(raw))):  # markup, or text with nothing to translate
             kept += raw
             continue
-        lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
-        text = html.unescape(raw.strip())
+        lead, trail, body = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):], raw.strip()
+        text, where = _decoded(body)
         # A line break in a page's text is a space (found in review: hard-wrapped paragraphs were cut)
         sentences, between = split_sentences(text, lang, lines=False) if lang else ([text], ["", ""])
-        between = [html.escape(part, quote=False) for part in between]  # the page's text: encoded again
+        # The text between the sentences as the page wrote it, entities and all (found in review:
+        # `&nbsp;` came back as a raw no-break space)
+        spans, at = [], 0
+        for part, sentence in zip(between, [*sentences, ""]):
+            spans.append((at, at + len(part)))
+            at += len(part) + len(sentence)
+        between = [body[where[start]:where[end]] for start, end in spans]
         rest += [kept + lead + between[0], *between[1:-1]]
         texts += [" ".join(sentence.split()) for sentence in sentences]  # HTML's runs of whitespace are one space
         kept = between[-1] + trail
