@@ -26,12 +26,15 @@ def find_chromium() -> str | None:
     return None
 
 
-def drive_page(url: str, sentence: str, screenshot: Path, chromium: str, api_key: str | None = None) -> dict:
+def drive_page(url: str, sentence: str, screenshot: Path, chromium: str, api_key: str | None = None,
+               fields: dict | None = None) -> dict:
     """Open `url`, translate `sentence` through the page (typing `api_key` where the page asks for
-    one), and return what a user would see: {"translations", "status", "key_field" (whether the page
+    one, and each of `fields`, {element id: text}), and return what a user would see:
+    {"translations", "numbers" (the list's number of each), "status", "key_field" (whether the page
     asked for a key), "sentences" (the attention's sentence picker), "caption", "colors" (distinct
     colours on the heatmap), "drawn" (the heatmaps drawn, as kind:layer:head; none where the answer
-    has no attention), "requests" (every URL the page loaded)}. Saves a screenshot."""
+    has no attention), "requests" (every URL the page loaded), "bodies" (the JSON it posted),
+    "focus" (the focused element's id after)}. Saves a screenshot."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -39,14 +42,19 @@ def drive_page(url: str, sentence: str, screenshot: Path, chromium: str, api_key
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 900})
             requests: list[str] = []
+            bodies: list[dict] = []
             page.on("request", lambda request: requests.append(request.url))
+            page.on("request", lambda request: request.method == "POST" and bodies.append(request.post_data_json))
             page.goto(url)
             page.wait_for_load_state("networkidle")  # /info and /frontend/settings answered
             key_field = page.is_visible("#api-key")
             if api_key is not None:
                 page.fill("#api-key", api_key)
+            for element, text in (fields or {}).items():
+                page.fill(f"#{element}", text)
             page.fill("#source", sentence)
-            page.click("#translate")  # disables the button until the answer is shown
+            page.focus("#translate")
+            page.keyboard.press("Enter")  # disables the button until the answer is shown
             page.wait_for_function("!document.getElementById('translate').disabled", timeout=60_000)
             drawn, colors = [], 0
             if page.is_visible("#attention-section"):
@@ -65,6 +73,9 @@ def drive_page(url: str, sentence: str, screenshot: Path, chromium: str, api_key
                 }""")
             result = {
                 "translations": page.locator("#translations li").all_inner_texts(),
+                "numbers": page.eval_on_selector_all("#translations li", "items => items.map(i => i.value)"),
+                "focus": page.evaluate("document.activeElement.id"),
+                "bodies": bodies,
                 "status": page.inner_text("#status"),
                 "key_field": key_field,
                 "sentences": page.locator("#sentence option").all_inner_texts(),

@@ -723,6 +723,12 @@ def test_a_full_queue_gets_503_and_a_client_that_leaves_is_dropped(model_dir):
             gate.set()
             assert busy.result()[0] == 200
     assert batcher.stats.texts == 4  # the 60 texts of the client that left were never decoded
+    # More texts than the queue holds could never be queued: too many, not "retry" for ever (found in review).
+    with gated_server(model_dir, max_queue=2) as (port, batcher, gate):
+        gate.set()
+        status, body, _ = request(port, "POST", "/translate", {"text": ["a", "b", "c"]})
+        assert status == 422 and body["error"] == "text: 3 texts in one request; the limit is 2"
+        assert request(port, "GET", "/info")[1]["limits"]["max_texts"] == 2
 
 
 def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
@@ -983,6 +989,14 @@ def test_the_page_translates_and_draws_the_attention_in_chromium(server, tmp_pat
     _, expected, _ = request(server, "POST", "/translate", {"text": text.split("\n"), "split_sentences": True})
     assert seen["translations"] == [" ".join(t.split()) for t in expected["translations"]]
     assert seen["sentences"] == ["1.1", "1.2", "2"] and seen["colors"] > 8
+    # Found in review: an empty α was sent as 0 (no length penalty); the lines after a blank one
+    # were numbered as if it were not there; Enter on the button left the focus on nothing.
+    seen = tools.drive_page(f"http://127.0.0.1:{server}/", "The small cat.\n\nThe bird", shot, chromium, fields={"alpha": ""})
+    assert seen["bodies"][-1] == {"text": ["The small cat.", "The bird"], "beam": 4, "attention": True,
+                                  "split_sentences": True}
+    assert seen["numbers"] == [1, 3] and seen["sentences"] == ["1", "3"] and seen["focus"] == "translate"
+    seen = tools.drive_page(f"http://127.0.0.1:{server}/", "   ", shot, chromium)
+    assert seen["translations"] == [""] and seen["status"] == "Nothing to translate: the lines are blank."
 
 
 def test_the_page_translates_without_maps_past_the_limit_and_asks_for_a_key_where_one_is_needed(model_dir, tmp_path):

@@ -94,7 +94,7 @@ def test_workers_translate_as_one_process_does(workers_server, model_dir):
 def test_an_error_in_a_worker_reaches_its_caller_and_the_worker_decodes_on(model_dir):
     """What the server checks never reaches a worker; an error raised there (more outputs than
     the beam keeps) comes back as itself, and the worker's next search decodes."""
-    from aiayn.serve.workers import Workers
+    from aiayn.serve.workers import WorkerLost, Workers
 
     with pytest.raises(ValueError, match="--workers 2 decodes on a CPU's cores; on cuda one process"):
         Workers(str(model_dir), "cuda", "fp32", 2)  # refused before any process starts
@@ -110,6 +110,13 @@ def test_an_error_in_a_worker_reaches_its_caller_and_the_worker_decodes_on(model
             finished += search.step()
         assert sorted(key for key, _ in finished) == ["a", "b"]
         assert all(set(result) == {"translation", "alternatives"} for _, result in finished)
+        engine.check_alive()
+        os.kill(engine.process.pid, signal.SIGKILL)
+        engine.process.join(30)
+        with pytest.raises(WorkerLost, match="worker 0 has exited"):
+            engine.check_alive()
+        with pytest.raises(WorkerLost, match="worker 0 has exited"):  # a lane that meets it mid-work
+            search.join([[5, 6]], ["c"], Options(beam=2))
     finally:
         workers.close()
     assert not workers.workers[0].process.is_alive()
@@ -146,12 +153,14 @@ def test_a_lost_worker_is_reported_and_the_server_still_stops_cleanly(model_dir)
         workers = _workers(process.pid)
         assert len(workers) == 2, workers
         os.kill(workers[1], signal.SIGKILL)
-        # Texts sent together go half to each lane (their even shares): one half meets the lost worker.
-        status, body, headers = request(process.port, "POST", "/translate", {"text": SENTENCES}, timeout=60)
-        assert status == 503 and "the decoder has stopped (WorkerLost); restart the server" in body["error"]
-        assert "retry-after" in headers
+        # Idle, with no request to meet it: /health says so at once (found in review: "ok" until
+        # a request failed), so that a supervisor restarts the server.
+        wait_for(lambda: request(process.port, "GET", "/health")[0] == 503, "/health failing after a worker died", 10)
         status, body, _ = request(process.port, "GET", "/health")
-        assert status == 503 and body["status"] == "failed" and "WorkerLost: worker" in body["error"] and "has exited" in body["error"]
+        assert body["status"] == "failed" and "WorkerLost: worker 1 has exited (exit code -9)" in body["error"]
+        status, body, headers = request(process.port, "POST", "/translate", {"text": SENTENCES}, timeout=60)
+        assert status == 503 and "the decoder has stopped (WorkerLost: worker 1 has exited" in body["error"]
+        assert "restart the server" in body["error"] and "retry-after" in headers
     finally:
         code, out, err = process.stop()
     assert code == 0, err
@@ -224,7 +233,7 @@ def test_a_step_that_raises_in_a_worker_fails_that_search_only(model_dir, monkey
     worker = workers.Worker(in_a_thread, str(model_dir), "cpu", "fp32", 1, 0)
     try:
         worker.ready()
-        failing, greedy = worker.search(2), worker.search(1)
+        failing, greedy = worker(2), worker(1)
         greedy.join([[8, 9, 10]], ["b"], Options(beam=1))
         failing.join([[5, 6, 7]], ["a"], Options(beam=2))
         while not any(isinstance(report, Exception) for report in worker._reports.get(failing.search_id, ())):

@@ -343,6 +343,9 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     the checks of a request and the error answers live apart (`_read_request`,
     `_add_error_handlers`)."""
     decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision)
+    # A request of more texts than the queue holds could never be queued: refused as too many
+    # (422), not told to retry a 503 for ever (found in review).
+    max_texts = min(max_texts, max_queue)
     parameters = model.num_parameters()  # the model's own: an int8 copy's packed weights are no parameters
     config = model.config
     if engines is None:

@@ -110,6 +110,10 @@ class Lane:
     spent: int = 0
     texts: int = 0
 
+    def check(self) -> None:
+        """Raise if the engine's process has gone (an engine with one, aiayn.serve.workers')."""
+        getattr(self.engine, "check_alive", lambda: None)()
+
 
 @dataclass
 class Stats:
@@ -281,6 +285,7 @@ class Batcher:
                     if self._closing or self._aborted is not None:
                         return None
                     self._lock.wait(IDLE_TICK)
+                    lane.check()  # a worker that dies idle fails the lane now, and /health says so
                 deadline = time.monotonic() + self.max_wait
                 while (sum(sum(job.costs[job.taken:]) for job in self._queue) < self.budget and not self._closing
                        and self._aborted is None and (left := deadline - time.monotonic()) > 0):

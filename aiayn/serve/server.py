@@ -123,6 +123,9 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
               f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json; "
               f"LibreTranslate: POST /translate with q, GET /languages, POST /detect)", flush=True)
         _say_if_open(allowed, keys)
+        if options.max_texts > options.max_queue:
+            print(f"aiayn: note: a request may hold {options.max_queue} texts, --max-queue's size, not --max-texts "
+                  f"{options.max_texts}", file=sys.stderr, flush=True)
         config = _uvicorn_config(app, options, proxies)
         loop = None
 

@@ -194,8 +194,16 @@ class Worker:
             raise finished
         return finished
 
-    def search(self, beam: int) -> "RemoteSearch":
+    def __call__(self, beam: int) -> "RemoteSearch":
+        """A new search of `beam` in the worker: the worker is its lane's engine."""
         return RemoteSearch(self, beam, next(self._ids))
+
+    def check_alive(self) -> None:
+        """WorkerLost if the process is gone: its lane asks while idle, so that /health says
+        "failed" when a worker dies between requests (found in review: "ok" until the next
+        request failed)."""
+        if not self.process.is_alive():
+            raise WorkerLost(f"worker {self.number} has exited (exit code {self.process.exitcode})")
 
     def close(self, deadline: float) -> None:
         """Wait until `deadline` (time.monotonic) for the process to exit, then kill it."""
@@ -257,7 +265,7 @@ class Workers:
 
     @property
     def engines(self) -> list:
-        return [worker.search for worker in self.workers]
+        return list(self.workers)
 
     def close(self) -> None:
         """Close every pipe (each worker exits at its next read), then wait for them together."""

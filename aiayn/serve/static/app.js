@@ -8,6 +8,7 @@ const KIND_NAMES = { cross: "encoder-decoder attention", encoder: "encoder self-
 // Viridis, as matplotlib draws `aiayn attention`: dark purple for 0, yellow for 1.
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 let details = [];
+let lineOf = [];  // the input line of each text sent (blank lines are not sent)
 
 function color(value) {
   const x = Math.min(1, Math.max(0, value)) * (VIRIDIS.length - 1);
@@ -67,17 +68,18 @@ function draw() {
   const which = head === "mean" ? `mean of ${heads.length} heads` : `head ${Number(head) + 1}`;
   $("caption").textContent = `${KIND_NAMES[kind]}, layer ${layer + 1}, ${which}: ` +
     `rows are ${kind === "encoder" ? "source" : "target"} positions (queries), columns the positions they attend to.`;
+  canvas.setAttribute("aria-label", `Attention heatmap, ${$("caption").textContent}`);
   canvas.dataset.drawn = `${kind}:${layer}:${head}`;
 }
 
-// The picker's name of each sentence: its line, and where a line holds several, its place there
-// ("2.3": the third sentence of line 2). The server splits lines into sentences (split_sentences).
+// The picker's name of each sentence: its input line, and where a line holds several, its place
+// there ("2.3": the third sentence of line 2). The server splits lines into sentences (split_sentences).
 function sentenceLabels(details) {
   const count = {}, seen = {};
   details.forEach((d) => { count[d.text] = (count[d.text] || 0) + 1; });
   return details.map((d) => {
     seen[d.text] = (seen[d.text] || 0) + 1;
-    return count[d.text] > 1 ? `${d.text + 1}.${seen[d.text]}` : `${d.text + 1}`;
+    return count[d.text] > 1 ? `${lineOf[d.text]}.${seen[d.text]}` : `${lineOf[d.text]}`;
   });
 }
 
@@ -104,12 +106,15 @@ async function post(texts, attention) {
   const headers = { "Content-Type": "application/json" };
   const key = $("api-key").value.trim();
   if (key) headers.Authorization = `Bearer ${key}`;
+  // An empty field is left out, so the server's default (§6.1) applies (found in review: an empty
+  // α was sent as 0, the length penalty off).
+  const settings = {};
+  for (const id of ["beam", "alpha"]) if ($(id).value.trim() !== "") settings[id] = Number($(id).value);
   let response;
   try {
     response = await fetch("/translate", {
       method: "POST", headers,
-      body: JSON.stringify({ text: texts, beam: Number($("beam").value), alpha: Number($("alpha").value),
-                             attention, split_sentences: true }),
+      body: JSON.stringify({ text: texts, ...settings, attention, split_sentences: true }),
     });
   } catch (error) {  // no answer at all; not the page's own TypeErrors below (found in review)
     throw new Error(key && /[^\x00-\xff]/.test(key) ? "the API key holds characters a header cannot carry"
@@ -124,13 +129,15 @@ async function translate() {
   // Each line is a sentence or a paragraph. Only empty lines are dropped here: whether a line is
   // blank is the server's call, so that the page and the API agree on lines of invisible
   // characters (JS trim and Python strip do not).
-  const texts = $("source").value.split("\n").filter((t) => t !== "");
+  const lines = $("source").value.split("\n").map((t, i) => [t, i + 1]).filter(([t]) => t !== "");
+  const texts = lines.map(([t]) => t);
   if (!texts.length) {
     setStatus("Type a sentence first.", true);
     return;
   }
   busy = true;
   setStatus("Translating…");
+  const focused = document.activeElement === $("translate");  // disabled, it would lose the focus
   $("translate").disabled = true;
   try {
     let [response, body] = await post(texts, true);
@@ -142,14 +149,17 @@ async function translate() {
       [response, body] = await post(texts, false);
     }
     if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
-    $("translations").replaceChildren(...body.translations.map((t) => {
+    lineOf = lines.map(([, number]) => number);  // numbered by input line (found in review: blank lines shifted them)
+    $("translations").replaceChildren(...body.translations.map((t, i) => {
       const item = document.createElement("li");
+      item.value = lineOf[i];
       item.textContent = t;
       return item;
     }));
     details = body.details || [];
     showAttention();
-    setStatus(note);
+    const blank = body.translations.every((t) => t.trim() === "");  // a blank text comes back as it was
+    setStatus(blank ? "Nothing to translate: the lines are blank." : note, blank);
   } catch (error) {
     // Nothing of the last answer stays under the error, as if it answered this text.
     $("translations").replaceChildren();
@@ -159,6 +169,7 @@ async function translate() {
   } finally {
     busy = false;
     $("translate").disabled = false;
+    if (focused) $("translate").focus();
   }
 }
 
@@ -181,6 +192,6 @@ async function showInfo() {
 }
 
 $("translate").addEventListener("click", translate);
-$("source").addEventListener("keydown", (e) => { if (e.key === "Enter" && e.ctrlKey) translate(); });
+$("source").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) translate(); });
 for (const id of ["sentence", "kind", "layer", "head"]) $(id).addEventListener("change", draw);
 showInfo();
