@@ -230,10 +230,10 @@ class MultiHeadAttention(nn.Module):
         scores_shape = _check_qkv(q, k, v)
         _check_mask(mask, scores_shape)
         kernel = None if need_weights else kernels.attention_kernel(q, k, mask, self.neighborhood)
-        if kernel is None:  # the reference math of §3.2.1
+        if kernel is None:  # the reference math of §3.2.1, in the keys' dtype (an int8 model's bf16 cache, as the kernels)
             full_mask = attention_mask(mask, causal, self.neighborhood, q_len, k_len, q.device)
-            heads, weights = scaled_dot_product_attention(q, k, v, full_mask, dropout_p)  # (B, h, L_q, d_v), (B, h, L_q, L_k)
-            weights = weights if need_weights else None
+            heads, weights = scaled_dot_product_attention(q.to(k.dtype), k, v, full_mask, dropout_p)  # (B, h, L_q, d_v), (B, h, L_q, L_k)
+            heads, weights = heads.to(q.dtype), weights if need_weights else None
         else:
             heads, weights = kernel(q, k, v, mask, causal, dropout_p), None  # (B, h, L_q, d_v)
         if group > 1:  # back to one row per query row

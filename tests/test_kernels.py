@@ -388,6 +388,16 @@ def test_a_beam_search_keeps_an_int8_models_cache_in_bf16_where_the_cpu_computes
     assert got.dtype == torch.float32
     expected, _ = scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(got, expected, rtol=0, atol=4 * 2**-8 * v.abs().max().item())
+    # The reference math takes such a cache too: restricted self-attention's decoding steps (fewer
+    # queries than keys) and attention maps (found in review: "expected scalar type Float but
+    # found BFloat16" at an int8 model's second step of beam 4, with a neighbourhood).
+    attention = MultiHeadAttention(d_model=24, n_heads=3, d_k=8, d_v=6, neighborhood=4).eval()
+    for need_weights in (False, True):
+        with torch.no_grad():
+            got, _ = attention.attend(q, k.bfloat16(), v.bfloat16(), need_weights=need_weights)
+            expected, _ = attention.attend(q, k, v, need_weights=need_weights)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, expected, rtol=0, atol=8 * 2**-8 * expected.abs().max().item())
 
 
 @pytest.mark.numeric
