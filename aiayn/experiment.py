@@ -189,7 +189,7 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
     the result is written to OUT/<row>/result.json."""
     import torch
 
-    from aiayn.device import cpu_kind
+    from aiayn.device import cpu_kind, matmul_peak_flops
     from aiayn.evaluate import score
     from aiayn.train import RERUN_HINT, train_run
     from aiayn.translate import Translator
@@ -217,8 +217,10 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
         "row": row, "config": config.to_dict(), "label_smoothing": recipe.label_smoothing, "steps": trainer.step,
         "dev_ppl": dev["ppl"], "dev_bleu": dev_bleu.bleu, "bleu_signature": dev_bleu.signature, "dev_sentences": len(pairs),
         "params": trainer.model.num_parameters(), "seconds": round(time.perf_counter() - start, 1),
+        # The speed its seconds depend on (measured by the training, cached; found in review: not recorded)
         "machine": {"cpu_kind": cpu_kind(), "device": str(trainer.device), "threads": torch.get_num_threads(),
-                    "torch": torch.__version__},
+                    "torch": torch.__version__,
+                    "matmul_peak_tflops": matmul_peak_flops(trainer.device, trainer.recipe.precision) / 1e12},
     }
     write_json(run.path / ROW_RESULT, result)
     return result

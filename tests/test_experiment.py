@@ -142,7 +142,7 @@ def test_table3_trains_scores_and_continues_where_it_stopped(tmp_path):
     results = json.loads((out / "table3.json").read_text())["rows"]
     assert set(results) == {"base", "C1"} and results["C1"]["params"] < results["base"]["params"]
     assert results["base"]["dev_sentences"] == SCALES["tiny"].dev_bleu_sentences
-    assert results["base"]["machine"]["cpu_kind"]
+    assert results["base"]["machine"]["cpu_kind"] and results["base"]["machine"]["matmul_peak_tflops"] > 0
     assert (out / "table3.png").stat().st_size > 10_000
     assert f"plot {out / 'table3.png'}" in third.stdout
     alone = _table3(tmp_path / "alone", "--rows", "C1")  # no base row: no plot, and it says so (found in review)
