@@ -239,12 +239,30 @@ class BatchStream:
         return collate([self.pairs[i] for i in indices], *self.special)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index}
+        return {"epoch": self.epoch, "index": self.index, "world_size": self.world_size, "pairs": len(self.pairs)}
 
-    def load_state_dict(self, state: dict) -> None:
-        if set(state) != {"epoch", "index"}:
-            raise ValueError(f"a BatchStream state has the keys epoch and index, got {sorted(state)}")
+    def load_state_dict(self, state: dict) -> Optional[str]:
+        """Go on from `state`; returns a note where it cannot be exactly where it was, else None.
+        Saved by a run of another number of ranks, the position is carried over in the epoch's
+        whole batch list, where all ranks stood together (found in review: a rank's index was
+        taken as is, so 8 ranks resumed as 4 trained a stretch of batches twice, and 4 as 8
+        skipped one). Saved over another number of pairs (data made anew), the epoch's batches
+        are others: said (found in review: silent). A state from before these were recorded is
+        taken as this run's."""
+        if not {"epoch", "index"} <= set(state) <= {"epoch", "index", "world_size", "pairs"}:
+            raise ValueError(f"a BatchStream state has the keys epoch and index (and world_size, pairs), got {sorted(state)}")
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        notes = []
+        if (pairs := int(state.get("pairs", len(self.pairs)))) != len(self.pairs):
+            notes.append(f"the training data has {len(self.pairs):,} pairs, not the {pairs:,} the run was trained on: "
+                         "the rest of this epoch is batched anew, so some pairs may be seen twice and others not at all")
+        if (world := int(state.get("world_size", self.world_size))) != self.world_size:
+            done = self.index * world  # batches of the epoch's list the ranks had taken together
+            self.index = done // self.world_size
+            again = done - self.index * self.world_size
+            notes.append(f"the run had {world} processes and has {self.world_size}: the epoch goes on from its batch "
+                         f"{done:,}" + (f" ({again} batches are seen again)" if again else ""))
+        return "; ".join(notes) or None
 
 
 def check_tokens(name: str, tokens: Tensor, vocab_size: int, check_range: bool = True) -> None:

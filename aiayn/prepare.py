@@ -182,8 +182,10 @@ def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
     if changed and not (recipe.data or recipe.init_from):
         raise ValueError(f"--{changed[0].replace('_', '-')} {getattr(model_config, changed[0])}: the tokenizer a run "
                          "trains has pad 0, EOS 2 and unknown 3, and a model takes its special ids from its tokenizer")
-    if model_config.positional == "learned" and recipe.max_sentence_tokens + 1 > model_config.max_len:
-        raise ValueError(f"max_sentence_tokens={recipe.max_sentence_tokens} needs {recipe.max_sentence_tokens + 1} "
+    # A pair is kept where source + EOS and BOS + target fit in max_sentence_tokens (batching.within_length):
+    # that many positions (found in review: one more was asked for).
+    if model_config.positional == "learned" and recipe.max_sentence_tokens > model_config.max_len:
+        raise ValueError(f"max_sentence_tokens={recipe.max_sentence_tokens} needs {recipe.max_sentence_tokens} "
                          f"learned positions (with BOS/EOS) but max_len is {model_config.max_len}; "
                          f"lower --max-sentence-tokens or raise --max-len")
 

@@ -12,8 +12,7 @@ its target tokens (on every rank, across accumulated batches) and divided by the
 2 processes × 1 batch make exactly the update of 1 process × 2 batches.
 
 Nothing is lost to a crash: checkpoints are written atomically and hold the model, Adam's
-moments and the data position; a resumed run continues with the very same losses.
-"""
+moments and the data position; a resumed run continues with the very same losses."""
 
 from __future__ import annotations
 
@@ -296,7 +295,8 @@ class Trainer:
         for checkpoint in reversed(self.run.checkpoints()):
             try:
                 state = load_checkpoint(checkpoint, self.model, self.optimizer)
-                self.stream.load_state_dict(state["data"])
+                if moved := self.stream.load_state_dict(state["data"]):
+                    self.echo(f"note: {moved}")
                 self.step, self.elapsed = state["step"], state["elapsed"]
                 self.window.update(state.get("window", {}))  # (none in checkpoints of before)
             except (ValueError, KeyError, TypeError, FileNotFoundError) as error:  # (another rank set it aside)
@@ -412,7 +412,7 @@ class Trainer:
         if self.rank == 0:
             self.run.write_configs(self.config, recipe)
             if not self.data.dev:  # --eval-every would otherwise pass without a word
-                self.echo("note: this corpus has no dev split: training runs without validation (dev loss, BLEU)")
+                self.echo("note: no dev pairs (no dev split, or none within --max-sentence-tokens): training runs without validation (dev loss, BLEU)")
         peak = matmul_peak_flops(self.device, recipe.precision)
         budget = recipe.minutes * 60 if recipe.minutes else math.inf
         self.model.train()

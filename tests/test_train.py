@@ -539,3 +539,18 @@ def test_a_recipe_changes_what_no_option_sets_and_a_resumed_run_keeps_its_own(tm
     paper = subprocess.run(train_argv(corpus_tsv, tmp_path / "paper", "--max-steps", "1"), capture_output=True,
                            text=True, timeout=300)
     assert paper.returncode == 0 and json.loads((tmp_path / "paper" / "model_config.json").read_text())["norm_first"] is False
+
+
+def test_learned_positions_need_as_many_positions_as_the_longest_kept_pair_has_tokens():
+    """A pair is kept where source + EOS and BOS + target fit in max_sentence_tokens, so a batch is
+    at most that long (found in review: one more position was asked for); one more is refused."""
+    from aiayn.config import PRESETS, TrainConfig
+    from aiayn.prepare import check_settings
+
+    config = dataclasses.replace(PRESETS["tiny"], positional="learned", max_len=40)
+    check_settings(config, TrainConfig(max_sentence_tokens=40, device="cpu", precision="fp32"))
+    with pytest.raises(ValueError, match="max_sentence_tokens=41 needs 41 learned positions .* max_len is 40"):
+        check_settings(config, TrainConfig(max_sentence_tokens=41, device="cpu", precision="fp32"))
+    model = Transformer(config).eval()
+    longest = torch.full((1, 40), 5)  # 39 tokens + EOS, BOS + 39 tokens: the longest pair kept
+    assert model(longest, longest).shape == (1, 40, config.vocab_size)
