@@ -466,6 +466,15 @@ DECODE_PRESETS: dict[str, DecodeConfig] = {
 }
 
 
+def check_model_config(config) -> None:
+    """A model is built from a ModelConfig: anything else is a one-line TypeError (found in review:
+    a dict or a preset's name was an AttributeError deep in the model)."""
+    if not isinstance(config, ModelConfig):
+        hint = "ModelConfig.from_dict(values)" if isinstance(config, dict) else "PRESETS[name]" if isinstance(config, str) \
+            else "ModelConfig(...)"
+        raise TypeError(f"a model is built from a ModelConfig ({hint}), not a {type(config).__name__}")
+
+
 def preset(name: str) -> ModelConfig:
     """The preset called `name`, with an error that lists the known names."""
     try:

@@ -47,10 +47,20 @@ def _corpus_score(metric_name: str, hypotheses: Sequence[str], references: Seque
     defaults (BLEU's for target language `lang`), and the metric (for its signature)."""
     import sacrebleu.metrics
 
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    _check_corpus(hypotheses, references)
     metric = bleu_metric(lang) if metric_name == "BLEU" else getattr(sacrebleu.metrics, metric_name)()
     return metric.corpus_score(list(hypotheses), [list(references)]), metric
+
+
+def _check_corpus(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+    """Two lists of as many sentences, at least one (found in review: two strings were scored
+    character by character, and empty lists were an IndexError in sacreBLEU)."""
+    if isinstance(hypotheses, str) or isinstance(references, str):
+        raise ValueError("hypotheses and references are lists of sentences, not strings: bleu([hyp], [ref]) for one")
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if not references:
+        raise ValueError("no sentences to score")
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str], lang: Optional[str] = None) -> tuple[float, str]:
@@ -131,9 +141,8 @@ def paper_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str =
     from sacrebleu.metrics import BLEU
     from sacremoses import MosesTokenizer
 
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    lang = lang.lower()  # ES is es: language codes are written either way
+    _check_corpus(hypotheses, references)
+    lang = sacrebleu_language(lang)  # ES is es, es-ES is es (found in review: refused), as sacreBLEU's language
     check_moses_language(lang)
     tokenizer = MosesTokenizer(lang=lang)
     prepare = lambda text: split_compounds(tokenizer.tokenize(text, escape=False, return_str=True))  # noqa: E731
@@ -174,6 +183,11 @@ def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = No
     pairs = list(pairs)  # a zip or a generator is read twice below
     if any(isinstance(pair, str) or len(pair) != 2 for pair in pairs):  # "ab" was read as ("a", "b")
         raise ValueError("score takes (source, reference) pairs: zip(sources, references)")
+    if not pairs:
+        raise ValueError("no sentences to score")
+    bleu_metric(lang)  # a language the scoring refuses is said before the decoding, not after it (found in review)
+    if paper and lang and moses_splits(lang):
+        check_moses_language(sacrebleu_language(lang))
     start = time.perf_counter()
     with tqdm(total=len(pairs), desc="translate", unit="sentence", disable=not (progress and sys.stderr.isatty())) as bar:
         hypotheses = translator.translate([s for s, _ in pairs], bar, **changes)
@@ -183,8 +197,6 @@ def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = No
 def score_hypotheses(hypotheses: Sequence[str], references: Sequence[str], seconds: float = 0.0,
                      lang: Optional[str] = None, paper: bool = True) -> Score:
     """`score`'s measures of outputs made elsewhere (a peer system's, in the benchmarks)."""
-    if not references:
-        raise ValueError("no sentences to score")
     corpus, metric = _corpus_score("BLEU", hypotheses, references, lang)  # once: the score and the lengths
     return Score(corpus.score, str(metric.get_signature()), _ratio(corpus), repetition_rate(hypotheses), seconds,
                  paper_bleu(hypotheses, references, lang) if paper and lang and moses_splits(lang) else None, list(hypotheses),

@@ -6,8 +6,7 @@ padding index of the config, so callers pass token ids only.
 
 The three families of the lecture are built from the same layers: `Transformer`
 (encoder-decoder, the paper's model), `EncoderModel` (encoder only) and `DecoderModel` (decoder
-only, without the encoder-decoder attention sub-layer).
-"""
+only, without the encoder-decoder attention sub-layer)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from aiayn.attention import MultiHeadAttention
 from aiayn.batching import check_positions, check_tokens
 from aiayn.cache import KVCache
 from aiayn.checkpoint import load_model, save_model
-from aiayn.config import ModelConfig
+from aiayn.config import ModelConfig, check_model_config
 from aiayn.kernels import Dropout, cache_dtype, relu
 
 # --------------------------------------------------------------------------------------------
@@ -99,6 +98,7 @@ class Embeddings(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        check_model_config(config)  # every model builds its embeddings first
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.lookup = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
 
@@ -324,7 +324,8 @@ class _Model(nn.Module):
 
     @classmethod
     def load(cls, directory: Union[str, Path], device: Union[str, torch.device] = "cpu"):
-        return load_model(cls, directory, device)
+        """In eval mode, as transformers' from_pretrained (found in review: dropout on): .train() to train."""
+        return load_model(cls, directory, device).eval()
 
     def _output_projection(self) -> Optional[nn.Linear]:
         """None when the pre-softmax projection is tied to the embedding (§3.4)."""
@@ -403,8 +404,8 @@ class Transformer(_Model):
         positions: Optional[Tensor] = None,
         check_range: bool = True,
     ) -> Tensor:
-        """tgt: (B, T) decoder input; memory: (B, S, d_model) -> logits (B, T, vocab_size).
-
+        """tgt: (B, T) decoder input; memory: (B, S, d_model), memory_mask: `encode`'s, needed
+        wherever the sources are padded (else padding is attended to) -> logits (B, T, vocab_size).
         With a cache (from `init_cache`), tgt holds only the tokens not yet seen, usually one per
         row, and the memory is not needed: its keys, values and mask are in the cache.
         With `positions`, (N,) indices into the B·T target positions taken row by row, only

@@ -334,8 +334,11 @@ def average_checkpoints(directories: list[Path], out: PathLike, force: bool = Fa
     as a model folder with the tokenizer of the newest checkpoint (atomically; an existing `out`
     only with `force`). One checkpoint is in memory at a time, so averaging the 20 of a big model
     needs no more than two copies of it."""
+    if isinstance(directories, (str, Path)):  # (found in review: a path was read character by character)
+        raise ValueError("average_checkpoints takes a list of checkpoint folders, not one path")
     if not directories:  # was an IndexError
         raise ValueError("average_checkpoints needs at least one checkpoint folder")
+    directories = [Path(directory) for directory in directories]  # (str paths failed after the averaging)
     architecture, config = read_config(directories[-1])
     cls = {c.__name__: c for c in (models.Transformer, models.EncoderModel, models.DecoderModel)}.get(architecture)
     if cls is None:  # found in review: any name in aiayn.model was looked up (an AttributeError)

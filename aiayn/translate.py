@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from os import PathLike
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
@@ -20,7 +21,7 @@ from aiayn.device import resolve_device
 from aiayn.graphs import GraphedStep
 from aiayn.inference import inference_copy
 from aiayn.model import Transformer
-from aiayn.run import load_for_inference
+from aiayn.run import check_vocabulary, load_for_inference
 from aiayn.search import BeamSearch, Hypothesis, beam_search
 from aiayn.sentences import interleave, visible
 
@@ -369,11 +370,24 @@ def translate_stream(
 class Translator:
     """A model ready to translate: its decoding copy in `decode.precision` (cast or quantized once,
     here, and nowhere else on the way), its tokenizer, and the decoding settings (§6.1's by
-    default). Every "translate and score" of the package goes through one (aiayn.evaluate.score)."""
+    default). Every "translate and score" of the package goes through one (aiayn.evaluate.score).
+    The copy holds weights of its own (laid out, cast or quantized), or, where it needs none (fp32
+    on a GPU, inside `reference_math()`), is the model itself: after training changes the model,
+    make a new Translator."""
 
     def __init__(self, model: Transformer, tokenizer=None, decode: DecodeConfig = DECODE_PRESETS["translate"]) -> None:
         if not isinstance(decode, DecodeConfig):
             raise ValueError(f"decode takes a DecodeConfig (DecodeConfig(beam=1)), not a {type(decode).__name__}")
+        # Checked here as Translator.load checks them (found in review: an AttributeError, or an
+        # IndexError in SentencePiece after a whole decoding, for a tokenizer of another model).
+        if not isinstance(model, Transformer):
+            raise TypeError(f"Translator takes a Transformer, not a {type(model).__name__}" + (
+                f"; for a folder or checkpoint: Translator.load({str(model)!r})" if isinstance(model, (str, PathLike)) else ""))
+        if tokenizer is not None:
+            if not hasattr(tokenizer, "encode_batch"):
+                raise TypeError(f"tokenizer takes a Tokenizer (aiayn.tokenizer.load_tokenizer(folder)), not a "
+                                f"{type(tokenizer).__name__}")
+            check_vocabulary(tokenizer, model.config)
         self.decode = decode
         self.tokenizer = tokenizer
         self.model = decoding_model(model, decode.precision)
@@ -409,14 +423,25 @@ class Translator:
     def translate(self, sentences: Sequence[str], progress: Optional[object] = None, **changes) -> list[str]:
         """Detokenized translations of `sentences` (a list of strings), in order; `progress` (a
         tqdm bar) is advanced by each batch's sentences as it is done."""
-        if isinstance(sentences, str):  # else each character would be a sentence
-            raise ValueError("translate takes a list of sentences, not a string: translate([text])[0] for one")
+        self._check_text_input(sentences, "translate", "translate([text])[0] for one")
+        if progress is True:  # as score(progress=True): a bar of its own (found in review: an AttributeError)
+            from tqdm.auto import tqdm
+
+            with tqdm(total=len(sentences), desc="translate", unit="sentence") as bar:
+                return self.translate(sentences, bar, **changes)
+        texts = [visible(s) if isinstance(s, str) else s for s in sentences]  # (not a string: SentencePiece says so)
+        outputs = self.translate_ids(self.tokenizer.encode_batch(texts), progress or None, **changes)
+        return [self.tokenizer.decode(ids) for ids in outputs]
+
+    def _check_text_input(self, texts, method: str, instead: str) -> None:
+        if isinstance(texts, str):  # else each character would be a sentence
+            raise ValueError(f"{method} takes a list of sentences, not a string: {instead}")
         if self.tokenizer is None:
             raise ValueError("this Translator has no tokenizer: give one, or call translate_ids with token ids")
-        texts = [visible(s) if isinstance(s, str) else s for s in sentences]  # (not a string: SentencePiece says so)
-        outputs = self.translate_ids(self.tokenizer.encode_batch(texts), progress, **changes)
-        return [self.tokenizer.decode(ids) for ids in outputs]
 
     def stream(self, lines: Iterable[str], write: Callable[[list[str]], None], **options) -> int:
         """`translate_stream` with this translator's model, tokenizer and settings."""
+        self._check_text_input(lines, "stream", "a file's lines, or text.splitlines()")  # (found in review: unchecked)
+        if not callable(write):
+            raise TypeError(f"write takes a function of a list of lines, not a {type(write).__name__}")
         return translate_stream(self.model, self.tokenizer, lines, write, decode=self.decode, **options)

@@ -1,6 +1,8 @@
 """A newcomer's mistakes with the Python API: each a one-line error saying what to do, never a
 silent wrong result (a string translated character by character, a pair from the wrong end)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -129,3 +131,49 @@ def test_table3_rows_and_scales_by_name():
         miniature("C5", "huge")
     assert miniature("C5", "small") == miniature("C5", SCALES["small"])
     assert select_rows("base") == ["base"]  # a string is one row, not its letters
+
+
+def test_a_newcomers_types_are_refused_before_any_work(tmp_path, capsys):
+    """Found in review: each of these was an AttributeError deep inside, an IndexError from
+    SentencePiece after a whole decoding, or a silent wrong result."""
+    from aiayn.evaluate import bleu, chrf
+    from aiayn.serve.app import create_app
+    from aiayn.tokenizer import load_tokenizer
+
+    folder = make_model(tmp_path / "model")
+    model, tokenizer = Transformer.load(folder), load_tokenizer(folder)
+    assert not model.training  # as transformers' from_pretrained: two calls give one answer
+    other = Transformer(dataclasses.replace(model.config, vocab_size=model.config.vocab_size + 1))
+    for wrong, says in (({"vocab_size": 50}, r"ModelConfig \(ModelConfig.from_dict\(values\)\), not a dict"),
+                        ("base", r"ModelConfig \(PRESETS\[name\]\), not a str")):
+        with pytest.raises(TypeError, match=says):
+            Transformer(wrong)
+    with pytest.raises(TypeError, match=r"not a str; for a folder or checkpoint: Translator.load\("):
+        Translator(str(folder), tokenizer)
+    with pytest.raises(TypeError, match="tokenizer takes a Tokenizer .* not a str"):
+        Translator(model, str(folder))
+    with pytest.raises(ValueError, match=f"the tokenizer has {tokenizer.vocab_size} tokens, the model"):
+        Translator(other, tokenizer)
+    with pytest.raises(TypeError, match="create_app needs the model's tokenizer"):
+        create_app(model, None)
+    translator = Translator(model, tokenizer)
+    with pytest.raises(ValueError, match="stream takes a list of sentences, not a string"):
+        translator.stream("Jesus wept.", print)
+    with pytest.raises(TypeError, match="write takes a function"):
+        translator.stream(["Jesus wept."], None)
+    assert translator.translate(["the cat"], progress=True) == translator.translate(["the cat"])  # a bar of its own
+    for scoring in (lambda: bleu("the cat", "the cat"), lambda: chrf("a", "a")):
+        with pytest.raises(ValueError, match="lists of sentences, not strings"):
+            scoring()
+    with pytest.raises(ValueError, match="no sentences to score"):
+        bleu([], [])
+    seen = []
+    translator.translate_ids = lambda *args, **kwargs: seen.append(1)  # nothing is decoded before the refusal
+    with pytest.raises(ValueError, match="the Moses tokenizer has no rules for 'xx'"):
+        score(translator, [("the cat", "el gato")], lang="xx")
+    assert not seen
+    checkpoint = str(folder)
+    with pytest.raises(ValueError, match="a list of checkpoint folders, not one path"):
+        average_checkpoints(checkpoint, tmp_path / "avg")
+    average_checkpoints([checkpoint, checkpoint], tmp_path / "avg")  # str paths: averaged and written
+    assert (tmp_path / "avg" / "model.safetensors").is_file()

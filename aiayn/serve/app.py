@@ -327,7 +327,8 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
                max_batch_mib: float = SERVE.max_batch_mib, max_attention_mib: float = SERVE.max_attention_mib,
                languages: Languages = Languages(), admission: Optional[Admission] = None,
                decode_on_caller: bool = False, engines: Optional[list] = None) -> FastAPI:
-    """The ASGI app serving `model`; its batcher's thread starts now and stops, after finishing
+    """The ASGI app serving `model` (put in eval mode: it decodes without dropout) with its
+    `tokenizer`; its batcher's thread starts now and stops, after finishing
     the queued requests, when the server shuts down (with `decode_on_caller`, there is no such
     thread: the caller runs `app.state.batcher.run()`, as `aiayn serve` does on its main
     thread). `allowed_hosts`: the Host names it answers
@@ -342,6 +343,9 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     Length: the routes are closures over this app's batcher, model and limits, FastAPI's way;
     the checks of a request and the error answers live apart (`_read_request`,
     `_add_error_handlers`)."""
+    if not hasattr(tokenizer, "encode_batch"):  # (found in review: a server whose every translation was a 500)
+        raise TypeError(f"create_app needs the model's tokenizer (aiayn.tokenizer.load_tokenizer(folder)), not a "
+                        f"{type(tokenizer).__name__}")
     decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision)
     # A request of more texts than the queue holds could never be queued: refused as too many
     # (422), not told to retry a 503 for ever (found in review).
