@@ -177,7 +177,8 @@ def main() -> None:
                               encoding="utf-8")
             decoded = peer(name, ["translate", "--model", trained[name]["checkpoint"], "--src", str(source),
                                   "--out", str(out), "--beam", str(DECODE.beam), "--alpha", str(DECODE.alpha),
-                                  "--extra-len", str(DECODE.extra_len)], args.threads)
+                                  "--extra-len", str(DECODE.extra_len), "--precision", peer_precision(name, precision)],
+                           args.threads)  # in the precision it trained in, as aiayn (found in review: fp32 against bf16)
             hypotheses = [tokenizer.decode([tokenizer.piece_to_id(p) for p in line.split()])
                           for line in out.read_text(encoding="utf-8").splitlines()]
         result = score_hypotheses(hypotheses, references)
@@ -193,7 +194,10 @@ def main() -> None:
         "benchmark": "quality-per-hour", "command": command_line(), "machine": machine(torch.device("cpu"), args.threads),
         "matmul_peak_tflops": peak,
         "settings": {"minutes": args.minutes, "model": model_config, "recipe": DEMO_RECIPE, "decode": DECODE.__dict__,
-                     "test_sentences": len(test)},
+                     "test_sentences": len(test),
+                     # (found in review: said nowhere) the decoders batch alike only roughly
+                     "decode_batches": f"aiayn: up to {DECODE.batch_tokens} source tokens × beam a batch; the peers: "
+                                       "their harness's --batch-tokens 4096 source tokens"},
         "systems": rows,
     })
 

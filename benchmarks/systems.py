@@ -108,6 +108,9 @@ FAIRNESS_NOTES = (
     "Loss: aiayn's label_smoothed_nll (smoothing over the V-1 other tokens) vs "
     "F.cross_entropy(label_smoothing=0.1) (over all V) for the peers; both on fp32 logits "
     "outside autocast, both averaged over target tokens. Optimiser: Adam(0.9, 0.98, 1e-9) for all.",
+    "Training: aiayn's step projects to the vocabulary and scores only the target positions that hold "
+    "a token (aiayn.train.TrainStep), where the peers project every padded position too: a few percent "
+    "of a step at these batches' padding, to aiayn's advantage; the FLOP counts exclude padding for all.",
     "Training batches: aiayn's step takes them from the host and copies them to the device itself, as "
     "its Trainer gives them (the copies are in its time: about 1 MB a 25,000-token batch); the "
     "others' batches are on the device before the clock starts.",

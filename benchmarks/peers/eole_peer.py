@@ -369,9 +369,11 @@ def cmd_train(args):
         errors = [line for line in log_lines if re.match(r"\w[\w.]*(Error|Exception)\b", line)]
         raise UserError(f"eole saved no checkpoint in {wall_s:.0f} s; log {log_path}: {(errors or log_lines)[-1].strip()}")
     reached = [int(s) for s in re.findall(r"Step (\d+)/", log_path.read_text(errors="replace"))]
+    # The step reached, counted as aiayn's and OpenNMT-py's are (found in review: the last
+    # checkpoint's step, which undercounted Eole's steps by up to a save interval).
     return {
-        "steps": step,
-        "last_logged_step": max(reached, default=step),
+        "steps": max(reached, default=step),
+        "checkpoint_step": step,
         "checkpoint": str(checkpoint),
         "wall_s": wall_s,
         "config": str(config_path),
