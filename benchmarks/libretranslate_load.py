@@ -34,7 +34,7 @@ from pathlib import Path
 
 from aiayn.ct2 import export_argos
 from aiayn.serve.process import ServerProcess, free_port
-from common import (HERE, RESULTS, command_line, cpu_kind, parse_args, positive_float, positive_int, require_precision,
+from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, parse_args, positive_float, positive_int, require_precision,
                     spread, tree_rss_mib, write_results)
 from serve_load import load, machine_info, matmul_peak, peak_precision, test_verses
 
@@ -65,7 +65,11 @@ def libretranslate(run_dir: str, source: str, target: str, precision: str, home:
     """A LibreTranslate server of `run_dir` on a free port: yields (port, process)."""
     env = {**os.environ, "XDG_DATA_HOME": str(home / "data"), "XDG_CACHE_HOME": str(home / "cache"),
            "XDG_CONFIG_HOME": str(home / "config"), "ARGOS_CHUNK_TYPE": "SPACY",
-           "ARGOS_COMPUTE_TYPE": COMPUTE_TYPES[precision]}
+           "ARGOS_COMPUTE_TYPE": COMPUTE_TYPES[precision],
+           # The threads aiayn serve decodes on, all the machine gives (found in review: CTranslate2
+           # was left to pick, which is the same on these machines but need not be elsewhere)
+           "ARGOS_INTRA_THREADS": str(default_threads()), "ARGOS_INTER_THREADS": "1",
+           "OMP_NUM_THREADS": str(default_threads())}
     package = home / f"{source}_{target}.argosmodel"
     export_argos(run_dir, package, source, target, echo=lambda _: None)
     subprocess.run([str(VENV / "bin" / "python"), "-c", INSTALL, str(package), source, str(home / "unzipped")],
