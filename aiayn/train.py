@@ -222,8 +222,7 @@ class StopSignals:
 def step_seed(seed: int, rank: int, step: int) -> int:
     """The seed of the random draws (dropout) of one step on one rank, drawn afresh each step as
     fairseq does: a resumed run, on any number of processes, draws what an uninterrupted one
-    would have drawn, with no generator state to save per rank, and no two ranks draw the same
-    dropout masks."""
+    would have, with no generator state to save per rank, and no two ranks draw the same masks."""
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1, np.uint64)[0])
 
 
@@ -357,23 +356,26 @@ class Trainer:
 
     # -- one optimiser step ----------------------------------------------------------------
 
-    def _train_step(self, stop_requested: bool = False) -> tuple[float, float, int, float]:
-        """Returns (summed smoothed loss, summed NLL, target tokens, model FLOPs) over all ranks.
-        A stop asked for on any rank (`stop_requested`) makes every rank stop after this step."""
+    def _train_step(self, signals: "StopSignals") -> tuple[float, float, int, float, float]:
+        """Returns (summed smoothed loss, summed NLL, target tokens, model FLOPs, seconds) over all
+        ranks. Its end agrees the ranks' stop: a signal on any rank stops all after this step, and
+        each counts the ranks' mean seconds against --minutes (found in review: a stop ran one
+        more step; ranks that counted their own time left the loop apart, one hanging)."""
+        start = time.perf_counter()
         batches = [next(self.stream) for _ in range(self.recipe.accumulate)]
-        local = torch.tensor([float(sum(b.n_tgt_tokens for b in batches)), float(stop_requested)])
-        n_tokens, stops = sum_over_ranks(local, self.device).tolist()
-        self.stopping = stops > 0
+        n_tokens = sum_over_ranks(torch.tensor([float(sum(b.n_tgt_tokens for b in batches))]), self.device).item()
         set_lr(self.optimizer, noam_lr(self.step + 1, self.config.d_model, self.recipe.warmup_steps, self.recipe.lr_scale))
         torch.manual_seed(step_seed(self.recipe.seed, self.rank, self.step))
         totals = self.train_step(batches, n_tokens)
         flops = sum(b.src.size(0) * training_flops(self.config, b.n_src_tokens / b.src.size(0), b.n_tgt_tokens / b.src.size(0))
                     for b in batches)
         self.step += 1
-        loss, nll = sum_over_ranks(totals, self.device).tolist()
+        ends = torch.tensor([float(signals.received), time.perf_counter() - start])
+        loss, nll, stops, seconds = sum_over_ranks(torch.cat([totals, ends]), self.device).tolist()
+        self.stopping = stops > 0
         if not math.isfinite(loss):  # the same sum on every rank: every rank stops here
             raise self._diverged(f"its loss is {loss}", by_loss=True)
-        return loss, nll, int(n_tokens), flops * self.world
+        return loss, nll, int(n_tokens), flops * self.world, seconds / self.world
 
     # -- validation ------------------------------------------------------------------------
 
@@ -437,9 +439,9 @@ class Trainer:
             if self.distributed:
                 dist.barrier()
         if self.stopping:
-            self.echo(f"stopped by {signals.name} at step {self.step}; checkpoint saved in "
-                      f"{self.run.checkpoint_root}; {self.resume_hint}")
-            raise Terminated if signals.name == "SIGTERM" else KeyboardInterrupt
+            self.echo(f"stopped by {signals.name or 'a signal to another process'} at step {self.step}; checkpoint saved "
+                      f"in {self.run.checkpoint_root}; {self.resume_hint}")  # (found in review: "stopped by None")
+            raise KeyboardInterrupt if signals.name == "SIGINT" else Terminated
         return record
 
     def _step_and_report(self, signals: "StopSignals", window: dict, peak: float, budget: float, bar) -> Optional[dict]:
@@ -447,9 +449,7 @@ class Trainer:
         record when one is logged. `window` sums the step's figures since the last record."""
         recipe = self.recipe
         record = None
-        start = time.perf_counter()
-        loss, nll, tokens, flops = self._train_step(signals.received)
-        seconds = time.perf_counter() - start
+        loss, nll, tokens, flops, seconds = self._train_step(signals)
         self.elapsed += seconds
         if self.train_step.compiles > self.compiles_told:  # why this step was slow
             self.compiles_told = self.train_step.compiles

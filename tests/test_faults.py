@@ -597,6 +597,23 @@ def test_workers_of_a_killed_torchrun_stop_with_a_checkpoint_and_resume_exactly(
     assert losses(run) == losses(tmp_path / "straight") and len(losses(run)) == steps
 
 
+def test_a_time_budget_under_torchrun_ends_every_rank_after_the_same_step(tmp_path, corpus_tsv):
+    """Found in review: each rank counted its own time against --minutes; a rank that waited in
+    a collective while rank 0 validated ran out first and left the loop, and rank 0's next step
+    waited for it for ever. The ranks now count their mean, agreed at each step's end."""
+    run = tmp_path / "run"
+    process = torchrun(train_argv(corpus_tsv, run, "--minutes", "0.1", "--eval-every", "3", "--max-steps", 10**6),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, out[-3000:]
+    assert (run / "model" / "model.safetensors").is_file()
+    assert RunDir(run).checkpoints()[-1].name == f"step_{log_steps(run)[-1]:08d}"
+
+
 # --- 2. a tokenizer left by a failed start ----------------------------------------------------
 
 def test_a_tokenizer_from_other_data_is_not_reused(tmp_path, corpus_tsv, capsys):
