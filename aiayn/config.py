@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -283,6 +285,13 @@ def _check_types(config) -> None:
     hints = _type_hints(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
+        # A Path where text goes, numpy's numbers where Python's go: taken as what they are (found
+        # in review: TrainConfig(corpus=Path(...)) and ModelConfig(vocab_size=np.int64(8000)) refused)
+        taken = os.fspath(value) if isinstance(value, os.PathLike) and _fits("", hints[f.name]) else \
+            int(value) if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)) else \
+            float(value) if isinstance(value, numbers.Real) and not isinstance(value, (int, float, bool)) else value
+        if taken is not value:
+            object.__setattr__(config, f.name, value := taken)
         if not _fits(value, hints[f.name]):
             raise ValueError(f"invalid {type(config).__name__}: {f.name} must be {_describe(hints[f.name])}, got {value!r}")
 

@@ -177,3 +177,22 @@ def test_a_newcomers_types_are_refused_before_any_work(tmp_path, capsys):
         average_checkpoints(checkpoint, tmp_path / "avg")
     average_checkpoints([checkpoint, checkpoint], tmp_path / "avg")  # str paths: averaged and written
     assert (tmp_path / "avg" / "model.safetensors").is_file()
+
+
+def test_configs_take_paths_and_numpys_numbers_as_what_they_are():
+    """Found in review: TrainConfig(corpus=Path(...)) was refused where every function takes a
+    Path, and ModelConfig(vocab_size=np.int64(8000)), as a tokenizer's arithmetic gives it."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from aiayn.config import DecodeConfig, TrainConfig
+
+    config = ModelConfig(vocab_size=np.int64(8000), d_model=np.int32(64), n_heads=4, dropout=np.float32(0.25))
+    assert (config.vocab_size, config.d_model, config.dropout) == (8000, 64, 0.25)
+    assert type(config.vocab_size) is int and type(config.dropout) is float
+    assert ModelConfig.from_dict(config.to_dict()) == config  # and it saves as JSON
+    assert TrainConfig(corpus=Path("corpora") / "toy.tsv").corpus == str(Path("corpora") / "toy.tsv")
+    assert type(DecodeConfig(beam=np.int64(2)).beam) is int
+    with pytest.raises(ValueError, match="vocab_size must be an integer, got np.float64"):
+        ModelConfig(vocab_size=np.float64(3.5))
