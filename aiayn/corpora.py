@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
+from aiayn.config import is_language_code
 from aiayn.files import atomic_write, output_lock, refuse_to_replace
 from aiayn.lines import Pair, aligned_pairs, read_lines, tsv_pairs
 
@@ -183,7 +184,7 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
         if (path / STORE_MANIFEST).is_file():  # (found in review: "cannot tell the languages", of train.bin and train.idx.npy)
             raise ValueError(f"{path} is a corpus aiayn preprocess has encoded already: train on it with --data {path}")
         if _split_file(path, "train.tsv"):
-            if others := sorted(p.name for p in path.glob("train.*") if not p.name.startswith("train.tsv")):
+            if others := sorted(p.name for p in path.glob("train.*") if _language_suffix(p.name[len("train."):])):
                 raise ValueError(f"{path} holds train.tsv and {', '.join(others)}: which is the corpus? "
                                  "Give a folder of one kind")
             return _tsv_folder_stream(path, src_lang or UNNAMED[0], tgt_lang or UNNAMED[1])
@@ -230,9 +231,23 @@ def read_table(path: Union[str, Path], src_lang: str, tgt_lang: str, name: Optio
     return ParallelCorpus(name or Path(path).name.split(".")[0], src_lang, tgt_lang, splits)
 
 
+# Suffixes that name no language beside a train.tsv: a script, a log, notes.
+_FILE_SUFFIXES = frozenset({"tsv", "txt", "log", "py", "sh", "md", "json", "csv", "yml", "yaml", "cfg", "ini", "out",
+                            "err", "bak", "old", "tmp", "pkl", "bin"})
+
+
+def _language_suffix(suffix: str) -> bool:
+    """Whether a train.SUFFIX file may be one side of a text corpus (train.en, train.pt-BR.xz)."""
+    return is_language_code(suffix := suffix.removesuffix(".xz")) and suffix.lower() not in _FILE_SUFFIXES
+
+
 def _split_file(folder: Path, name: str) -> Optional[Path]:
-    """folder/name, or folder/name.xz (found in review: a folder of train.en.xz was not found)."""
-    return next((path for path in (folder / name, folder / f"{name}.xz") if path.is_file()), None)
+    """folder/name, or folder/name.xz (found in review: a folder of train.en.xz was not found);
+    both are refused as two versions of one file."""
+    found = [path for path in (folder / name, folder / f"{name}.xz") if path.is_file()]
+    if len(found) == 2:
+        raise ValueError(f"{folder} holds {name} and {name}.xz: which is the corpus? Keep one")
+    return found[0] if found else None
 
 
 def _find_split(folder: Path, split: str, *suffixes: str) -> Optional[list[Path]]:

@@ -43,7 +43,8 @@ def _partial_output(options: FileDecodeOptions, decode: DecodeConfig, command: s
                 **{f"--{name.replace('_', '-')}": value for name, value in flags.items()
                    if name not in ("batch_tokens", "cuda_graphs")}}
     out = PartialOutput(options.output, options.input, options.resume, options.force, reads, settings,
-                        kept=run_files(options.output), loose={"--batch-tokens": decode.batch_tokens}, per_line=n_best)
+                        kept=run_files(options.output), loose={"--batch-tokens": decode.batch_tokens}, per_line=n_best,
+                        older={"--n-best": 1})
     if out.changed and decode.precision != "fp32":  # (found in review: said nowhere)
         print(f"aiayn: note: {out.partial} was translated with {out.changed[0]}: in {decode.precision} a line's "
               "translation can differ a little with the lines batched beside it", file=sys.stderr)

@@ -337,11 +337,12 @@ class PartialOutput:
     two beams or two inputs in one file would pass for one translation. The output is never the
     model it reads (`model`: its files, `run.model_inputs`), nor a folder or a device. `loose`
     settings are recorded too, and a resume may change them: `changed` names those it did, with
-    what the partial was made with. Each input line gives `per_line` output lines (n-best)."""
+    what the partial was made with. Each input line gives `per_line` output lines (n-best).
+    `older`: the values of settings that records from before they were kept were made with."""
 
     def __init__(self, output: str, input: Optional[str], resume: bool, force: bool,
                  model: Sequence[Path] = (), settings: Optional[dict] = None, kept: Sequence[Path] = (),
-                 loose: Optional[dict] = None, per_line: int = 1) -> None:
+                 loose: Optional[dict] = None, per_line: int = 1, older: Optional[dict] = None) -> None:
         self.final = Path(output)
         self.per_line = per_line
         self.partial = self.final.with_name(self.final.name + ".partial")
@@ -357,7 +358,7 @@ class PartialOutput:
         self._lock = ExitStack()
         try:
             self._lock.enter_context(output_lock(self.final))
-            self._open(input, resume, force, model, settings or {}, kept, loose or {})
+            self._open(input, resume, force, model, settings or {}, kept, loose or {}, older or {})
         except BaseException:
             self._release()
             raise
@@ -369,7 +370,7 @@ class PartialOutput:
             refuse_to_replace(written, True, inputs, kept=kept)
 
     def _open(self, input: Optional[str], resume: bool, force: bool, model: Sequence[Path], settings: dict,
-              kept: Sequence[Path], loose: dict) -> None:
+              kept: Sequence[Path], loose: dict, older: dict) -> None:
         self._refuse(input, resume, force, model, kept)
         digest = None if input in (None, "-") else _digest(input)
         self.skip, self.changed = 0, []
@@ -378,10 +379,13 @@ class PartialOutput:
             if digest is not None and kept.get("input_sha256") not in (None, digest):
                 raise ValueError(f"{self.partial} translates another input than {input} (its digest differs); "
                                  "--resume needs the same input, --force starts over")
-            # A record from before settings were kept says nothing of them.
-            changed = [name for name, value in settings.items() if kept.get(name, value) != value]
+            # A record from before settings were kept says nothing of them; one from before a
+            # setting was kept was made with its `older` value (found in review: read as any).
+            was = older if any(name.startswith("--") for name in kept) else {}
+            changed = [name for name, value in settings.items() if kept.get(name, was.get(name, value)) != value]
             if changed:  # each named with what the partial was made with: an older default reads so (--min-len 0)
-                was = " and ".join(f"{name} ({kept[name]})" if name.startswith("--") else name for name in changed)
+                was = " and ".join(f"{name} ({kept.get(name, was.get(name))})" if name.startswith("--") else name
+                                   for name in changed)
                 raise ValueError(f"{self.partial} was translated with another {was}; "
                                  "--resume needs the same model and settings, --force starts over")
             # (a partial without a record, from before records were kept, gets one from now on)
@@ -409,12 +413,12 @@ class PartialOutput:
         `recorded` ones (lines written after the record was last updated are translated again); a
         record from before lines were counted vouches for every whole line."""
         most = None if recorded is None else recorded * self.per_line
+        if most is not None and (found := self.partial.read_bytes().count(b"\n")) < most:  # checked before any cut
+            raise ValueError(f"{self.partial} holds {found} lines but its record says {most}: it was changed "
+                             "after it was written; --force starts over")
         lines = _complete_lines(self.partial, most)
         if lines % self.per_line:  # part of an input line's n-best
             lines = _complete_lines(self.partial, lines - lines % self.per_line)
-        if most is not None and lines < most:
-            raise ValueError(f"{self.partial} holds {lines} lines but its record says {most}: it was changed "
-                             "after it was written; --force starts over")
         return lines // self.per_line
 
     def lines(self, lines: Iterable[str], name: str) -> Iterator[str]:

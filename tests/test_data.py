@@ -114,8 +114,17 @@ def test_folders_of_xz_files_and_of_two_kinds_and_files_with_lone_carriage_retur
     assert (corpus.src_lang, corpus.tgt_lang) == ("en", "es")
     assert corpus.splits == {"train": [("one", "uno"), ("two", "dos")], "dev": [("three", "tres")]}
     write(folder / "train.tsv", "a\tb\n")  # which is the corpus? (the TSV was taken, silently)
+    write(folder / "train.py", "")  # not a language's side (found in review: counted as one)
     with pytest.raises(ValueError, match="holds train.tsv and train.en.xz, train.es.xz: which is the corpus"):
         load_corpus(str(folder))
+    (folder / "train.tsv").unlink()
+    write(folder / "train.en", "one\ntwo\n")  # beside train.en.xz: two versions of one side
+    with pytest.raises(ValueError, match="holds train.en and train.en.xz: which is the corpus"):
+        load_corpus(str(folder), "en", "es")
+    tsv = tmp_path / "tsv"
+    write(tsv / "train.tsv", "a\tb\n")
+    write(tsv / "train.log", "")
+    assert load_corpus(str(tsv)).splits["train"] == [("a", "b")]
     mac = tmp_path / "mac"
     write(mac / "train.en", "one\rtwo\r")
     write(mac / "train.es", "uno\rdos\r")

@@ -845,6 +845,7 @@ def test_n_best_writes_n_lines_per_input_line_and_a_resume_continues_whole_lines
         assert group == [translator.tokenizer.decode(ids) for ids in best] + [""] * (3 - len(best))
     monkeypatch.setattr(translate_module, "FIRST_CHUNK_LINES", 2)
     monkeypatch.setattr(decode_files, "CHUNK_LINES", 4)
+    real_ids = translate_module.translate_ids
     real = interrupt_on_chunk(2, monkeypatch, "translate_nbest")  # after input lines 1 and 2: 6 output lines
     out = tmp_path / "out.txt"
     assert cli(capsys, *argv, out)[0] == 130
@@ -856,6 +857,18 @@ def test_n_best_writes_n_lines_per_input_line_and_a_resume_continues_whole_lines
     monkeypatch.setattr(translate_module, "translate_nbest", real)
     assert cli(capsys, *argv, out, "--resume")[0] == 0
     assert out.read_text(encoding="utf-8").splitlines() == written
+    # A partial from before --n-best was recorded translated one line a line (found in review: a
+    # resume with --n-best 3 passed the check, then cut the partial to a third and refused it).
+    plain = ["translate", model_dir, "--input", tmp_path / "in.txt", "--beam", "3", "--output", tmp_path / "old.txt"]
+    interrupt_on_chunk(2, monkeypatch)
+    assert cli(capsys, *plain)[0] == 130
+    monkeypatch.setattr(translate_module, "translate_ids", real_ids)
+    record = tmp_path / "old.txt.partial.json"
+    record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "--n-best"}))
+    kept = (tmp_path / "old.txt.partial").read_bytes()
+    one_line_error(*cli(capsys, *plain, "--n-best", "3", "--resume")[::2], "was translated with another --n-best (1)")
+    assert (tmp_path / "old.txt.partial").read_bytes() == kept
+    assert cli(capsys, *plain, "--resume")[0] == 0
 
 
 def test_cuda_graphs_that_cannot_be_used_are_said_in_a_note(tmp_path, capsys, monkeypatch):

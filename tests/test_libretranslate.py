@@ -249,6 +249,16 @@ def test_html_pieces_join_back_to_the_page():
     texts, rest = split_html(page, "en")
     assert texts == ["One.", "Two & three.", "Four > five.", "Hello there.", "Bold.", "Next!"]
     assert rest[1:3] == ["&nbsp;", "&#32;"] and join_html(texts, rest) == page
+    # A bare "&" (no reference, or a named one's prefix) beside the text between sentences: that
+    # text once lay at the "&", doubled or lost; and "Q&A" was read as "Q&A;".
+    for page, lang, texts_then, between in [
+            ("<p>Scores were 5&6.\r\nThen we left.</p>", "en", ["Scores were 5&6.", "Then we left."], "\r\n"),
+            ("<p>Mix 1&2.\xa0 Then stop.</p>", "en", ["Mix 1&2.", "Then stop."], "\xa0 "),
+            ("<p>東京&大阪に行きました。\u3000次の文です。</p>", "ja", ["東京&大阪に行きました。", "次の文です。"], "\u3000"),
+            ("<p>Join our Q&A session. AT&T is &notit; big.</p>", "en", ["Join our Q&A session.", "AT&T is ¬it; big."], " ")]:
+        texts, rest = split_html(page, lang)
+        assert texts == texts_then and rest == ["<p>", between, "</p>"], page
+        assert join_html(texts, rest) == page.replace("&", "&amp;").replace("&amp;notit;", "¬it;")
     for section in ("<![CDATA[x < y]]>", "<![if !IE]>", "<![endif]>", "<![foo[ bar ]]>"):
         texts, rest = split_html(f"{section}<p>the cat</p>")
         assert texts == ["the cat"] and join_html(["X"], rest) == f"{section}<p>X</p>"

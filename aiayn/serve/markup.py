@@ -28,8 +28,10 @@ _CHARREF = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)"
 
 
 class _Pieces(HTMLParser):
-    def __init__(self) -> None:
+    def __init__(self, page: str) -> None:
         super().__init__(convert_charrefs=False)
+        self.page = page  # fed whole, once: a reference is read back from it as written
+        self.line_starts = [0, *(i + 1 for i, c in enumerate(page) if c == "\n")]
         self.pieces: list[tuple[bool, str]] = []  # (is text, raw source)
         self.inside = 0  # depth in UNTRANSLATED elements
         self.closing = False  # the whole page has been fed
@@ -83,10 +85,19 @@ class _Pieces(HTMLParser):
         self._text(data)
 
     def handle_entityref(self, name) -> None:
-        self._text(f"&{name};")
+        self._reference(f"&{name}")
 
     def handle_charref(self, name) -> None:
-        self._text(f"&#{name};")
+        self._reference(f"&#{name}")
+
+    def _reference(self, written: str) -> None:
+        """A character reference as the page wrote it, with its ";" only where it had one (found
+        in review: "Q&A session" became "Q&A; session"). The parser reports where it stands as
+        (line, column), lines ended by "\n", as the page was fed."""
+        line, column = self.getpos()
+        at = self.line_starts[line - 1] + column
+        self._text(written + ";" if self.page.startswith(written + ";", at) or not self.page.startswith(written, at)
+                   else written)
 
     def parse_bogus_comment(self, i, report=1):
         """`<!x>`, `</ p>` and the like, which a browser reads as comments: kept as written (they
@@ -129,9 +140,15 @@ def _decoded(raw: str) -> tuple[str, list[int]]:
         text.append(raw[at:end])
         where.extend(range(at, end))
         if match:
-            decoded = html.unescape(match.group())
+            written = match.group()
+            decoded = html.unescape(written)
+            # What unescape keeps as written (no reference at all, or the tail after a named
+            # one's longest known prefix: "&notit;" is "¬it;") lies where it was written (found
+            # in review: all of "&6.\r\n" lay at its "&", and text was doubled or lost).
+            kept = len(written) if decoded == written else next(  # (k = 0 always matches)
+                k for k in range(min(len(decoded), len(written)) - 1, -1, -1) if written.endswith(decoded[len(decoded) - k:]))
             text.append(decoded)
-            where.extend([match.start()] * len(decoded))
+            where.extend([match.start()] * (len(decoded) - kept) + list(range(match.end() - kept, match.end())))
             at = match.end()
     return "".join(text), where + [len(raw)]
 
@@ -142,7 +159,7 @@ def split_html(page: str, lang: Optional[str] = None) -> tuple[list[str], list[s
     and `join_html(translations, rest)` builds the translated page. With `lang`, a text between
     tags is split into its sentences too (aiayn.sentences, rules for `lang`), as format=text is:
     a paragraph is no one sequence (found in review: a <p> of 12 verses passed the token limit)."""
-    parser = _Pieces()
+    parser = _Pieces(page)
     parser.feed(page)
     parser.close()
     texts, rest, kept = [], [], ""
