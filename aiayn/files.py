@@ -461,7 +461,9 @@ class PartialOutput:
             self.partial.unlink(missing_ok=True)
             self.record.unlink(missing_ok=True)
         elif self.written > self.skip or interrupted:
-            print(f"aiayn: note: {self.written} finished lines are in {self.partial}; rerun with --resume to continue",
+            done = f"{self.written} finished lines" if self.per_line == 1 else \
+                f"the {self.per_line} lines of each of {self.written} finished input lines"  # (n-best)
+            print(f"aiayn: note: {done} are in {self.partial}; rerun with --resume to continue",
                   file=sys.stderr)
         self._release()
 

@@ -848,7 +848,8 @@ def test_n_best_writes_n_lines_per_input_line_and_a_resume_continues_whole_lines
     real_ids = translate_module.translate_ids
     real = interrupt_on_chunk(2, monkeypatch, "translate_nbest")  # after input lines 1 and 2: 6 output lines
     out = tmp_path / "out.txt"
-    assert cli(capsys, *argv, out)[0] == 130
+    code, _, err = cli(capsys, *argv, out)
+    assert code == 130 and "the 3 lines of each of 2 finished input lines are in" in err
     assert (tmp_path / "out.txt.partial").read_text(encoding="utf-8").splitlines() == written[:6]
     with open(tmp_path / "out.txt.partial", "ab") as handle:
         handle.write(b"one of the next line's alternatives\n")  # a kill amid a write, past the record
