@@ -306,10 +306,13 @@ def file_sha256(path: Union[str, Path]) -> str:
 
 def _complete_lines(partial: Path, most: Optional[int] = None) -> int:
     """The number of whole lines in an interrupted output, at `most` if given; a line cut short,
-    and the lines after the first `most`, are removed."""
+    and the lines after the first `most`, are removed. Fewer than `most` cuts nothing: the caller
+    refuses such a partial, which stays as it was."""
     data = partial.read_bytes()
     end = data.rfind(b"\n") + 1
-    if most is not None and data.count(b"\n", 0, end) > most:
+    if most is not None and (whole := data.count(b"\n", 0, end)) < most:
+        return whole
+    if most is not None and whole > most:
         end = 0
         for _ in range(most):
             end = data.index(b"\n", end) + 1
@@ -379,12 +382,11 @@ class PartialOutput:
             if digest is not None and kept.get("input_sha256") not in (None, digest):
                 raise ValueError(f"{self.partial} translates another input than {input} (its digest differs); "
                                  "--resume needs the same input, --force starts over")
-            # A record from before settings were kept says nothing of them; one from before a
-            # setting was kept was made with its `older` value (found in review: read as any).
-            was = older if any(name.startswith("--") for name in kept) else {}
-            changed = [name for name, value in settings.items() if kept.get(name, was.get(name, value)) != value]
+            # A record from before a setting was kept was made with its `older` value (found in
+            # review: read as any), and one from before settings were kept says nothing of the rest.
+            changed = [name for name, value in settings.items() if kept.get(name, older.get(name, value)) != value]
             if changed:  # each named with what the partial was made with: an older default reads so (--min-len 0)
-                was = " and ".join(f"{name} ({kept.get(name, was.get(name))})" if name.startswith("--") else name
+                was = " and ".join(f"{name} ({kept.get(name, older.get(name))})" if name.startswith("--") else name
                                    for name in changed)
                 raise ValueError(f"{self.partial} was translated with another {was}; "
                                  "--resume needs the same model and settings, --force starts over")
@@ -413,13 +415,11 @@ class PartialOutput:
         `recorded` ones (lines written after the record was last updated are translated again); a
         record from before lines were counted vouches for every whole line."""
         most = None if recorded is None else recorded * self.per_line
-        if most is not None and (found := self.partial.read_bytes().count(b"\n")) < most:  # checked before any cut
-            raise ValueError(f"{self.partial} holds {found} lines but its record says {most}: it was changed "
-                             "after it was written; --force starts over")
         lines = _complete_lines(self.partial, most)
-        if lines % self.per_line:  # part of an input line's n-best
-            lines = _complete_lines(self.partial, lines - lines % self.per_line)
-        return lines // self.per_line
+        if most is not None and lines < most:  # nothing was cut
+            raise ValueError(f"{self.partial} holds {lines} lines but its record says {most}: it was changed "
+                             "after it was written; --force starts over")
+        return lines // self.per_line  # (a partial without a record is from before --n-best: one line a line)
 
     def lines(self, lines: Iterable[str], name: str) -> Iterator[str]:
         """The input's lines after the `skip` already translated, each line read added to the

@@ -343,8 +343,7 @@ def translate_stream(
         texts = [visible(line) for line in chunk]  # "" for a line with nothing to translate
         sources, where = _chunk_sources(tokenizer, chunk, texts, split, limit, note, first_line + count)
         bar = None if split else progress
-        found = iter(translate_nbest(decoder, sources, decode, bar, n_best) if n_best > 1 else
-                     [[ids] for ids in translate_ids(decoder, sources, decode, progress=bar)])
+        found = iter(translate_nbest(decoder, sources, decode, bar, n_best))
         if progress is not None:
             progress.update(len(chunk) if split else len(chunk) - len(where))  # (the empty lines)
         decoded = [[""] * n_best for _ in chunk]
@@ -424,6 +423,7 @@ class Translator:
         """Detokenized translations of `sentences` (a list of strings), in order; `progress` (a
         tqdm bar) is advanced by each batch's sentences as it is done."""
         self._check_text_input(sentences, "translate", "translate([text])[0] for one")
+        sentences = list(sentences)  # (a generator has no length for the bar)
         if progress is True:  # as score(progress=True): a bar of its own (found in review: an AttributeError)
             from tqdm.auto import tqdm
 

@@ -662,9 +662,9 @@ def test_translate_and_score_split_lines_on_newline_only(tmp_path, model_dir, ca
     assert code == 0 and "sacreBLEU       100.00" in out, err
 
 
-def interrupt_on_chunk(chunk: int, monkeypatch, name: str = "translate_ids"):
-    """Ctrl-C as `translate` decodes its `chunk`-th chunk (through `name`, translate_nbest for
-    --n-best); returns the real function."""
+def interrupt_on_chunk(chunk: int, monkeypatch, name: str = "translate_nbest"):
+    """Ctrl-C as `translate` decodes its `chunk`-th chunk (through `name`, the function each chunk
+    calls); returns the real function."""
     real, calls = getattr(translate_module, name), []
 
     def interrupted(*args, **kwargs):
@@ -704,7 +704,7 @@ def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_pa
     (tmp_path / "other.txt").write_text("\n".join(reversed(lines)) + "\n", encoding="utf-8")  # as long, not the same
     code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "other.txt", "--output", out, "--resume")
     one_line_error(code, err, "translates another input", "--force starts over")
-    monkeypatch.setattr(translate_module, "translate_ids", real)
+    monkeypatch.setattr(translate_module, "translate_nbest", real)
     with open(tmp_path / "out.txt.partial", "ab") as handle:
         handle.write(b"a whole line written after the record\n")  # a kill between the lines and their record
     assert cli(capsys, *argv, "--output", out, "--resume")[0] == 0
@@ -745,7 +745,7 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
     real = interrupt_on_chunk(2, monkeypatch)
     argv = ["translate", model_dir, "--output", out, "--beam", "2"]
     assert cli(capsys, *argv, stdin=lines, monkeypatch=monkeypatch)[0] == 130
-    monkeypatch.setattr(translate_module, "translate_ids", real)
+    monkeypatch.setattr(translate_module, "translate_nbest", real)
     one_line_error(*cli(capsys, *argv, "--resume", "--alpha", "1", stdin=lines, monkeypatch=monkeypatch)[::2],
                    "was translated with another --alpha (0.6);", "same model and settings")
     other = make_model(tmp_path / "other", positional="learned")
@@ -813,15 +813,15 @@ def test_a_resumed_translation_batches_each_line_with_the_lines_an_uninterrupted
     (tmp_path / "in.txt").write_text("".join(f"{SENTENCES[i % 7]}\n" for i in range(11)), encoding="utf-8")
     monkeypatch.setattr(translate_module, "FIRST_CHUNK_LINES", 2)
     monkeypatch.setattr(decode_files, "CHUNK_LINES", 4)  # chunks of 2, 4, 4 and 1 lines
-    real, seen = translate_module.translate_ids, []
-    monkeypatch.setattr(translate_module, "translate_ids", lambda model, sources, *a, **k: seen.append(len(sources))
+    real, seen = translate_module.translate_nbest, []
+    monkeypatch.setattr(translate_module, "translate_nbest", lambda model, sources, *a, **k: seen.append(len(sources))
                         or real(model, sources, *a, **k))
     argv = ["translate", model_dir, "--input", tmp_path / "in.txt", "--beam", "1", "--precision", "int8", "--output"]
     assert cli(capsys, *argv, tmp_path / "straight.txt")[0] == 0 and seen == [2, 4, 4, 1]
-    spy = translate_module.translate_ids
+    spy = translate_module.translate_nbest
     interrupt_on_chunk(3, monkeypatch)  # after lines 1 to 6
     assert cli(capsys, *argv, tmp_path / "out.txt")[0] == 130
-    monkeypatch.setattr(translate_module, "translate_ids", spy)
+    monkeypatch.setattr(translate_module, "translate_nbest", spy)
     seen.clear()
     code, _, err = cli(capsys, *argv, tmp_path / "out.txt", "--resume", "--batch-tokens", "500")
     assert code == 0 and seen == [4, 1]  # lines 7 to 10, then 11: as the uninterrupted run (was 2, then 3)
@@ -845,8 +845,7 @@ def test_n_best_writes_n_lines_per_input_line_and_a_resume_continues_whole_lines
         assert group == [translator.tokenizer.decode(ids) for ids in best] + [""] * (3 - len(best))
     monkeypatch.setattr(translate_module, "FIRST_CHUNK_LINES", 2)
     monkeypatch.setattr(decode_files, "CHUNK_LINES", 4)
-    real_ids = translate_module.translate_ids
-    real = interrupt_on_chunk(2, monkeypatch, "translate_nbest")  # after input lines 1 and 2: 6 output lines
+    real = interrupt_on_chunk(2, monkeypatch)  # after input lines 1 and 2: 6 output lines
     out = tmp_path / "out.txt"
     code, _, err = cli(capsys, *argv, out)
     assert code == 130 and "the 3 lines of each of 2 finished input lines are in" in err
@@ -863,7 +862,7 @@ def test_n_best_writes_n_lines_per_input_line_and_a_resume_continues_whole_lines
     plain = ["translate", model_dir, "--input", tmp_path / "in.txt", "--beam", "3", "--output", tmp_path / "old.txt"]
     interrupt_on_chunk(2, monkeypatch)
     assert cli(capsys, *plain)[0] == 130
-    monkeypatch.setattr(translate_module, "translate_ids", real_ids)
+    monkeypatch.setattr(translate_module, "translate_nbest", real)
     record = tmp_path / "old.txt.partial.json"
     record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "--n-best"}))
     kept = (tmp_path / "old.txt.partial").read_bytes()
@@ -883,7 +882,7 @@ def test_cuda_graphs_that_cannot_be_used_are_said_in_a_note(tmp_path, capsys, mo
 
 
 def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys, monkeypatch):
-    monkeypatch.setattr(translate_module, "translate_ids", lambda *a, **k: pytest.fail("decoded"))
+    monkeypatch.setattr(translate_module, "translate_nbest", lambda *a, **k: pytest.fail("decoded"))
     (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
     (tmp_path / "notes.txt").write_text("kept\n", encoding="utf-8")
     code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt",
@@ -914,7 +913,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_the_work(tmp_
     folder.chmod(0o555)
     if os.geteuid() == 0 and subprocess.run(["chattr", "+i", folder], capture_output=True).returncode != 0:
         pytest.skip("root writes through permission bits, and chattr +i is not allowed here")
-    monkeypatch.setattr(translate_module, "translate_ids", lambda *a, **k: pytest.fail("decoded"))
+    monkeypatch.setattr(translate_module, "translate_nbest", lambda *a, **k: pytest.fail("decoded"))
     try:
         for argv in (["translate", model_dir, "--output", folder / "out.txt"],
                      ["attention", model_dir, "--sentence", "the cat", "--out", folder / "maps" / "new"]):
