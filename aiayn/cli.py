@@ -26,7 +26,7 @@ from aiayn.config import (
     ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions, TranslateFileOptions, check_options, decode_field_problem, preset, recipe,
 )
 from aiayn import __version__
-from aiayn.errors import Terminated, ask_for_less, command_line_message, out_of_memory
+from aiayn.errors import Terminated, ask_for_less, command_line_message, environment_count, out_of_memory
 
 
 class UserError(Exception):
@@ -174,7 +174,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     chosen = recipe(train.recipe or "paper")
     given = given_fields(args, TrainConfig)
     preset_train = TRAIN_OVERRIDES.get(train.preset or "base", {})
-    processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
+    processes = environment_count("WORLD_SIZE", 1)  # torchrun's
     model_config, training = run_configs(
         RunDir(train.out), train.resume, preset(train.preset or "base"), chosen.model,
         {**preset_train, **chosen.train_changes(preset_train, given, processes)}, given_fields(args, ModelConfig), given,
@@ -371,6 +371,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     try:
         args.run(args)  # PyTorch loads here, under the handlers: a Ctrl-C while it loads is one line too
+        if (device := sys.modules.get("aiayn.device")) is not None:  # (none loaded: no torch, no group)
+            device.leave_process_group()
     except BrokenPipeError:  # stdout's reader has gone (`aiayn translate ... | head`): nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or Python's last flush fails again
         return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended

@@ -81,10 +81,8 @@ class ModelConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 fail(f"{name} must be a positive integer or None, got {value!r}")
         if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
-            fail(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                "set d_k and d_v explicitly"
-            )
+            fail(f"d_model (--d-model) {self.d_model} is not divisible by n_heads (--n-heads) {self.n_heads}; "
+                 "set d_k and d_v (--d-k, --d-v) explicitly")
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -208,6 +206,11 @@ PRECISIONS = ("fp32", "bf16", "fp16")  # training and decoding
 DECODE_PRECISIONS = (*PRECISIONS, "int8")  # int8 weights: decoding on a CPU only (aiayn.kernels)
 
 
+# α past this gains nothing and overflows: ((5 + |Y|)/6)^α passes fp32's range near α = 17 for
+# outputs of 1,000 tokens, and every hypothesis then scores -0 (found in review: --alpha 100).
+MAX_ALPHA = 10.0
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """How a trained model decodes. The defaults are §6.1's for translation ("beam search with a
@@ -217,7 +220,8 @@ class DecodeConfig:
     (their `help` and `least` metadata), so the two cannot drift apart."""
 
     beam: int = field(default=4, metadata={"least": 1, "help": "beam size; 1 is greedy"})
-    alpha: float = field(default=0.6, metadata={"least": 0, "help": "length penalty α of lp(Y) = ((5 + |Y|) / 6)^α"})
+    alpha: float = field(default=0.6, metadata={"least": 0, "most": MAX_ALPHA,
+                                                "help": "length penalty α of lp(Y) = ((5 + |Y|) / 6)^α"})
     extra_len: int = field(default=50, metadata={"least": 0, "help": "output tokens at most: source tokens + this"})
     # 1, as fairseq's default (§6.1 says nothing): a weak model's EOS at once outscores, with α's
     # length penalty, the whole translation of a one-word source (found in review: "God" -> "").
@@ -250,11 +254,14 @@ class DecodeConfig:
 def decode_field_problem(name: str, value) -> Optional[str]:
     """What is wrong with `value` for DecodeConfig field `name` ("must be at least 1, got 0"),
     or None; the CLI names the flag, the dataclass the field."""
-    least = next(f for f in dataclasses.fields(DecodeConfig) if f.name == name).metadata.get("least")
+    meta = next(f for f in dataclasses.fields(DecodeConfig) if f.name == name).metadata
+    least, most = meta.get("least"), meta.get("most")
     if isinstance(value, float) and not math.isfinite(value):
         return f"must be a finite number, got {value}"
     if least is not None and value is not None and not value >= least:
         return f"must be at least {least}, got {value}"
+    if most is not None and value is not None and not value <= most:
+        return f"must be at most {most:g}, got {value}"
     return None
 
 
@@ -284,7 +291,7 @@ def _check_types(config) -> None:
     (`"dropout": "0.1"`), before any check compares them."""
     hints = _type_hints(type(config))
     for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
+        value = given = getattr(config, f.name)
         # A Path where text goes, numpy's numbers where Python's go: taken as what they are (found
         # in review: TrainConfig(corpus=Path(...)) and ModelConfig(vocab_size=np.int64(8000)) refused)
         taken = os.fspath(value) if isinstance(value, os.PathLike) and _fits("", hints[f.name]) else \
@@ -293,7 +300,7 @@ def _check_types(config) -> None:
         if taken is not value:
             object.__setattr__(config, f.name, value := taken)
         if not _fits(value, hints[f.name]):
-            raise ValueError(f"invalid {type(config).__name__}: {f.name} must be {_describe(hints[f.name])}, got {value!r}")
+            raise ValueError(f"invalid {type(config).__name__}: {f.name} must be {_describe(hints[f.name])}, got {given!r}")
 
 
 def _from_dict(cls, values):

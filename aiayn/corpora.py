@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from aiayn.config import is_language_code
 from aiayn.files import atomic_write, output_lock, refuse_to_replace
-from aiayn.lines import Pair, aligned_pairs, read_lines, tsv_pairs
+from aiayn.lines import Pair, aligned_pairs, read_lines, tsv_pairs, visible
 
 CORPORA_DIR = Path(__file__).parent / "corpora"
 BIBLE_FILE = "bible-en-es.tsv.xz"
@@ -138,7 +138,9 @@ def clean_pairs(pairs: Sequence[Pair]) -> tuple[list[Pair], int]:
 
 def _clean(text: str) -> str:
     # A line break inside a sentence would misalign the plain-text files that export_split writes.
-    return " ".join(text.strip().splitlines())
+    # A side of control or format characters only is empty, as translation reads it (`visible`):
+    # trained on, the model would learn to invent a sentence from byte pieces.
+    return visible(" ".join(text.strip().splitlines()))
 
 
 def corpus_names() -> list[str]:

@@ -33,7 +33,8 @@ import torch
 
 from aiayn.config import CT2_QUANTIZATIONS, ModelConfig, is_language_code
 from aiayn.corpora import language_name
-from aiayn.files import atomic_dir, atomic_write, output_lock, refuse_to_replace, undo_new_parents, write_json
+from aiayn.files import (atomic_dir, atomic_write, output_lock, refuse_to_replace, remove_unfinished, undo_new_parents,
+                         write_json)
 from aiayn.marian import BARRED_LOGIT, exported_positions
 from aiayn.model import Transformer, sinusoidal_positions
 from aiayn.run import check_vocabulary, languages_of, model_inputs, resolve_model_dir, run_files, tokenizer_folder
@@ -224,7 +225,10 @@ def _write_argos(model_dir: Path, folder: Path, tokenizer, out_file: Path, sourc
     """`export_argos`'s work, under the output's lock: the package of the model in `model_dir` and
     the tokenizer in `folder`."""
     name = f"{source}_{target}"
-    with tempfile.TemporaryDirectory(prefix=".argos.", dir=out_file.parent if out_file.parent.exists() else None) as tmp:
+    # Staged under a name the next writer's remove_unfinished knows, as the zip's own temporary
+    # file is: a writer killed mid-way left both for good (found in review: 28 MB each, a toy model).
+    remove_unfinished(out_file)
+    with tempfile.TemporaryDirectory(prefix=f".{out_file.name}.", suffix=".tmp", dir=out_file.parent) as tmp:
         package = Path(tmp) / name
         _write_ct2(model_dir, tokenizer, package / "model", None)
         (package / "sentencepiece.model").write_bytes((folder / MODEL_FILE).read_bytes())

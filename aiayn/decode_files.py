@@ -14,10 +14,10 @@ from aiayn.checkpoint import WEIGHTS
 from aiayn.config import AttentionOptions, DecodeConfig, FileDecodeOptions, TranslateFileOptions
 from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep
-from aiayn.lines import iter_lines, open_input
+from aiayn.lines import iter_lines, open_input, visible
 from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
 from aiayn.run import languages_of, model_inputs, run_files
-from aiayn.sentences import split_sentences, visible
+from aiayn.sentences import split_sentences
 from aiayn.translate import CHUNK_LINES, Translator, cut_at_limit
 from aiayn.visualize import attention_figures
 

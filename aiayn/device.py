@@ -17,6 +17,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from aiayn.errors import environment_count
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -271,27 +273,52 @@ def init_distributed(device: str = "auto") -> tuple[int, int]:
     machine with a GPU all-reduces CPU tensors, which NCCL cannot."""
     if process_group_joined():
         return dist.get_rank(), dist.get_world_size()
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not launched_by_torchrun():
+    if environment_count("WORLD_SIZE", 1) == 1 and not launched_by_torchrun():
         return 0, 1
     _stop_with_launcher()
     if resolve_device(device).type == "cuda":
         # before NCCL starts: its communicator, and every object collective, use the current GPU
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(local_gpu())
         dist.init_process_group("nccl")
     else:
         dist.init_process_group("gloo")
+    _joined.append(dist.group.WORLD)
     return dist.get_rank(), dist.get_world_size()
 
 
+def local_gpu() -> int:
+    """The index of this worker's GPU: its LOCAL_RANK among the GPUs it sees, or the one it sees
+    where a launcher gives each process a GPU of its own (SLURM's per-task CUDA_VISIBLE_DEVICES)
+    while LOCAL_RANK still counts the node's processes."""
+    local, seen = environment_count("LOCAL_RANK", 0), torch.cuda.device_count()
+    if seen == 1:
+        return 0
+    if not 0 <= local < seen:
+        raise ValueError(f"LOCAL_RANK is {local} but this process sees {seen} GPU(s) (CUDA_VISIBLE_DEVICES="
+                         f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): start at most {seen} processes a node")
+    return local
+
+
 def rank_gpu(device: torch.device) -> torch.device:
-    """The GPU of this torchrun worker, its LOCAL_RANK (made current): `device` may name no
+    """The GPU of this torchrun worker, `local_gpu()` (made current): `device` may name no
     other, since NCCL's communicator was made on that one (`init_distributed`)."""
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = local_gpu()
     if device.index not in (None, local):
         raise ValueError(f"under torchrun each process trains on the GPU of its LOCAL_RANK (cuda:{local}), not "
                          f"{device}: give --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")
     torch.cuda.set_device(local)
     return torch.device("cuda", local)
+
+
+_joined: list = []  # the process group init_distributed made, if it made one
+
+
+def leave_process_group() -> None:
+    """Leaves the process group `init_distributed` joined, not a caller's own (NCCL warns of one
+    still open at exit). Called after success only: a rank that failed leaves it to torchrun, as
+    the others may be inside a collective."""
+    if _joined and process_group_joined() and dist.group.WORLD is _joined.pop():
+        dist.destroy_process_group()
 
 
 def process_group_joined() -> bool:

@@ -64,3 +64,14 @@ def ask_for_less(command: str) -> str:
             "serve": "a smaller --max-batch-mib, fewer --workers"}.get(
         command, "a smaller --batch-tokens (a --resume may change it), or a smaller --extra-len or "
                  "--max-output-len, batch or model")
+
+
+def environment_count(name: str, default: int) -> int:
+    """A count a launcher sets in the environment (torchrun's WORLD_SIZE, LOCAL_RANK): a value
+    that is not one is said by its name (found in review: "invalid literal for int()")."""
+    value = os.environ.get(name, str(default))
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"the environment's {name} is {value!r}, not a whole number (torchrun sets it; "
+                         f"unset it to run one process)") from None

@@ -61,6 +61,8 @@ def _check_corpus(hypotheses: Sequence[str], references: Sequence[str]) -> None:
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     if not references:
         raise ValueError("no sentences to score")
+    if not any(reference.strip() for reference in references):  # (found in review: BLEU 0, chrF 0 or 100)
+        raise ValueError("the references are all blank: no sentences to score")
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str], lang: Optional[str] = None) -> tuple[float, str]:
@@ -121,6 +123,7 @@ def check_moses_language(lang: str) -> None:
     found in review)."""
     from sacremoses.corpus import NonbreakingPrefixes
 
+    lang = sacrebleu_language(lang)  # es-ES is es (found in review: refused on the command line)
     if not moses_splits(lang):
         raise ValueError(f"the Moses tokenizer does not split {lang} into words")
     known = sorted(set(NonbreakingPrefixes().available_langs.values()))
@@ -253,6 +256,8 @@ def score_files(options, echo=print) -> None:
         raise ValueError(f"{len(hypotheses)} hypothesis lines but {len(references)} reference lines")
     if not references:
         raise ValueError(f"{options.ref} is empty: no sentences to score")
+    if not any(reference.strip() for reference in references):
+        raise ValueError(f"{options.ref} holds only blank lines: no sentences to score")
     value, signature = bleu(hypotheses, references, options.lang)
     echo(f"sacreBLEU       {value:.2f}  {signature}")
     echo("chrF            {:.2f}  {}".format(*chrf(hypotheses, references)))
@@ -260,4 +265,4 @@ def score_files(options, echo=print) -> None:
         echo(f"paper protocol  -      (the Moses tokenizer does not split {options.lang} into words)")
         return
     echo(f"paper protocol  {paper_bleu(hypotheses, references, options.lang):.2f}  "
-         f"(Moses tokenizer -l {options.lang}, compounds split, multi-bleu: as Table 2; not comparable with sacreBLEU)")
+         f"(Moses tokenizer -l {sacrebleu_language(options.lang)}, compounds split, multi-bleu: as Table 2; not comparable with sacreBLEU)")

@@ -85,9 +85,10 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
     if out == here or out in here.parents:  # replaced whole, it would take the shell's folder with it
         raise ValueError(f"{path} is {'the current folder' if out == here else 'a folder that holds the current one'}; "
                          "choose another output")
-    if path.is_dir() and (path / WORK_LOCK).exists():
-        raise ValueError(f"{path} is a training run or an experiment (it holds {WORK_LOCK}): --force replaces "
-                         "outputs, never a run; choose another output")
+    if path.is_dir() and (run := _work_inside(path)) is not None:  # the folder, or one it holds (found in review)
+        what = f"{path} is a training run or an experiment" if run == path else \
+            f"{path} holds a training run or an experiment, {run}"
+        raise ValueError(f"{what} (it holds {WORK_LOCK}): --force replaces outputs, never a run; choose another output")
     for source in inputs:
         read = Path(source).resolve()
         if out == read:
@@ -107,6 +108,9 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
     if folder is not None and path.exists() and path.is_dir() != folder:
         raise ValueError(f"{path} is a {'folder' if path.is_dir() else 'file'}, and this output is a "
                          f"{'folder' if folder else 'file'}; choose another path")
+    if not force and path.is_symlink() and not path.exists():  # a link to nothing is still replaced (found in review)
+        raise FileExistsError(f"{path} already exists (a symbolic link to {os.readlink(path)}, which does not); "
+                              "pass --force (in Python: force=True) to replace it")
     if not force and path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(f"{path} already exists; pass --force (in Python: force=True) to replace it")
     _check_writable(out.parent)
@@ -184,6 +188,15 @@ def writer_lock(lock_file: Union[str, Path], what: Union[str, Path], remove: boo
                 lock_file.unlink(missing_ok=True)
 
 
+def _work_inside(folder: Path) -> Optional[Path]:
+    """The first working folder (`WORK_LOCK`) at or below `folder`, as replacing it would delete
+    it: links are not followed, as the deletion follows none."""
+    for parent, _, files in os.walk(folder):
+        if WORK_LOCK in files:
+            return Path(parent)
+    return None
+
+
 def output_lock(out: Union[str, Path]) -> AbstractContextManager:
     """The writer lock of an output folder that is built elsewhere and renamed into place
     (`atomic_dir`, as `average` writes): a hidden `.NAME.lock` beside it, removed when done."""
@@ -193,19 +206,23 @@ def output_lock(out: Union[str, Path]) -> AbstractContextManager:
 
 def remove_unfinished(out: Path) -> None:
     """Delete the hidden folders `atomic_dir` builds `out` in (`.NAME.XXXXXXXX.tmp`, and the old
-    `out` moved aside, `.NAME.XXXXXXXX.old.tmp`) that a writer killed mid-way left: they never
-    load, but they take disk. A writer killed between moving the old `out` aside and renaming
-    the new one in left no `out`: the old one is put back first (found in review: it was
-    deleted). Only under `out`'s writer lock, so none is another writer's."""
+    `out` moved aside, `.NAME.XXXXXXXX.old.tmp`), and the files `atomic_write` writes it as,
+    that a writer killed mid-way left: they never load, but they take disk. A writer killed
+    between moving the old `out` aside and renaming the new one in left no `out`: the old one is
+    put back first (found in review: it was deleted). Only under `out`'s writer lock, so none is
+    another writer's."""
     pattern = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}(\.old)?\.tmp")  # mkdtemp's 8 random characters
     if not out.parent.is_dir():
         return
-    left = [path for path in out.parent.iterdir() if pattern.fullmatch(path.name) and path.is_dir()]
+    left = [path for path in out.parent.iterdir() if pattern.fullmatch(path.name) and not path.is_symlink()]
     moved_aside = [path / out.name for path in left if path.name.endswith(".old.tmp") and (path / out.name).exists()]
     if moved_aside and not os.path.lexists(out):
         os.replace(max(moved_aside, key=lambda path: path.stat().st_mtime_ns), out)
     for path in left:
-        shutil.rmtree(path, ignore_errors=True)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: bool = False) -> None:
@@ -371,6 +388,9 @@ class PartialOutput:
         refuse_to_replace(self.final, force or resume, inputs, kept=kept)  # before anything is read or written
         for written in (self.partial, self.record):  # written before the output is: never an input either
             refuse_to_replace(written, True, inputs, kept=kept)
+            if written.is_symlink():  # written through, it would fill the file it names (found in review)
+                raise ValueError(f"{written} is a symbolic link (to {os.readlink(written)}); the translation is "
+                                 "written there as a file of its own: remove the link")
 
     def _open(self, input: Optional[str], resume: bool, force: bool, model: Sequence[Path], settings: dict,
               kept: Sequence[Path], loose: dict, older: dict) -> None:

@@ -26,11 +26,19 @@ def iter_lines(handle: BinaryIO, name: str) -> Iterator[str]:
             # utf-8-sig on line 1: a byte-order mark is not part of the first sentence.
             line = raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\n").removesuffix("\r")
         except UnicodeDecodeError as error:
-            raise ValueError(f"{name}, line {number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
+            if number == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):  # (found in review: "invalid start byte")
+                raise ValueError(f"{name} is UTF-16 (it begins with UTF-16's byte-order mark); convert it to UTF-8, "
+                                 "e.g. iconv -f UTF-16 -t UTF-8") from None
+            raise ValueError(f"{name}, line {number}: invalid UTF-8 ({error.reason} at byte {error.start}); convert "
+                             "it to UTF-8, e.g. iconv -f latin1 -t UTF-8 for Latin-1") from None
         yield line
     if number == 1 and "\r" in line:
-        raise ValueError(f"{name} ends its lines with \\r alone (classic Mac OS), so it is one line by \\n; "
-                         "convert it first, e.g. tr '\\r' '\\n'")
+        raise lone_carriage_returns(name)
+
+
+def lone_carriage_returns(name: str) -> ValueError:
+    return ValueError(f"{name} ends its lines with \\r alone (classic Mac OS), so it is one line by \\n; "
+                      "convert it first, e.g. tr '\\r' '\\n'")
 
 
 def file_lines(path: Path) -> Iterator[str]:
@@ -59,6 +67,8 @@ def tsv_pairs(path: Union[str, Path]) -> Iterator[Pair]:
     for number, line in enumerate(file_lines(Path(path)), start=1):
         columns = line.split("\t")
         if len(columns) != 2:
+            if number == 1 and "\r" in line:  # its pairs, one line by \n: said as such, not as columns (found in review)
+                raise lone_carriage_returns(str(path))
             raise ValueError(
                 f"{path}, line {number}: expected 2 tab-separated columns (source, target), found {len(columns)}"
             )
@@ -96,3 +106,11 @@ def open_input(path: Optional[str]) -> tuple[BinaryIO, str]:
         return open(path, "rb"), path
     except FileNotFoundError:
         raise FileNotFoundError(f"no such file: {path}") from None
+
+
+def visible(text: str) -> str:
+    """`text` stripped, or "" where no character of it is visible (control and format characters
+    only: U+0001, a zero-width space). Such a text is translated as empty, as a blank one is:
+    encoded, it is byte pieces, from which the model invents a sentence (found in review)."""
+    text = text.strip()
+    return text if any(character.isprintable() and not character.isspace() for character in text) else ""

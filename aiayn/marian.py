@@ -15,6 +15,7 @@ not needed here (the tests use it to check the results). A `pytorch_model.bin` i
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 from typing import Callable, Iterator, Union
@@ -182,7 +183,7 @@ def import_marian(
     except ValueError as error:
         raise ValueError(f"{hf_dir}: vocab.json and config.json disagree: {error}") from None
 
-    state = _state_of(hf_dir, config)
+    state, config = _state_of(hf_dir, config)
     model = build_model(Transformer, config, hf_dir / "config.json")
     try:
         missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
@@ -203,8 +204,9 @@ def import_marian(
     return model_dir
 
 
-def _state_of(hf_dir: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """aiayn's state dict from the weights of the HF Marian folder `hf_dir`, described by `config`."""
+def _state_of(hf_dir: Path, config: ModelConfig) -> tuple[dict[str, torch.Tensor], ModelConfig]:
+    """aiayn's state dict from the weights of the HF Marian folder `hf_dir`, described by `config`,
+    and the config, unshared where the weights' own tables are (below)."""
     weights = _read_weights(hf_dir)
     if "model.shared.weight" not in weights and "shared.weight" in weights:
         # A MarianModel's folder (no LM head): its keys lack MarianMTModel's "model." prefix, which
@@ -221,6 +223,12 @@ def _state_of(hf_dir: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
 
     state = {ours: get(theirs) for ours, theirs in _pairs(config)}
     shared = get("model.shared.weight", "model.encoder.embed_tokens.weight")
+    own = [weights.get(f"model.{side}.embed_tokens.weight") for side in ("encoder", "decoder")]
+    if config.share_embeddings and all(table is not None and table.shape == shared.shape for table in own) and \
+            not all(torch.equal(table, shared) for table in own):
+        # transformers 5 ties the encoder's and decoder's tables to the shared one only with
+        # tie_word_embeddings, and computes with their own where it is false (found in review: refused)
+        config = dataclasses.replace(config, share_embeddings=False)
     state["encoder.embed.lookup.weight"] = shared if config.share_embeddings else get("model.encoder.embed_tokens.weight")
     state["decoder.embed.lookup.weight"] = shared if config.share_embeddings else get("model.decoder.embed_tokens.weight")
     if not config.tie_output:
@@ -233,7 +241,7 @@ def _state_of(hf_dir: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     if unread:
         raise ValueError(f"{hf_dir} holds {len(unread)} weights its config.json does not describe ({', '.join(unread[:3])}"
                          f"{', ...' if len(unread) > 3 else ''}): they are of another model")
-    return state
+    return state, config
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from aiayn.files import (WORK_LOCK, atomic_dir, atomic_text, output_lock, read_j
                          writer_lock)
 from aiayn import model as models
 from aiayn.model import Transformer
-from aiayn.tokenizer import copy_tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
+from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
 from aiayn.visualize import plot_losses
 
 MODEL_CONFIG = "model_config.json"
@@ -59,6 +59,7 @@ class RunDir:
 
     def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
+        self.started_before: Optional[bool] = None  # whether `lock` found the folder's lock already there
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -132,18 +133,21 @@ class RunDir:
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """The run's writer lock (train, experiment, demo): RUN_DIR/.lock, which stays. A start
-        that fails before writing anything (an unknown corpus, a vocabulary too large) leaves no
-        folder of its own behind, where a folder holding only the lock would be in the way."""
+        """The run's writer lock (train, experiment, demo): RUN_DIR/.lock, which stays, and marks
+        the folder as a run's. A start that fails before writing anything (an unknown corpus, a
+        vocabulary too large, a refusal) leaves no lock, nor a folder of its own, behind: a folder
+        holding only the lock would be in the way, and one of the user's would pass for a run's."""
         new, emptied = not self.path.exists(), False
+        found = self.started_before = (self.path / LOCK).exists()
+        held = set() if new else {path.name for path in self.path.iterdir()}
         try:
             with writer_lock(self.path / LOCK, self.path):
                 try:
                     yield
                 except BaseException:
-                    if new and [path.name for path in self.path.iterdir()] == [LOCK]:
+                    if not found and {path.name for path in self.path.iterdir()} - {LOCK} == held:
                         (self.path / LOCK).unlink()  # while held: a writer waiting on it takes a new one
-                        emptied = True
+                        emptied = new
                     raise
         finally:
             if emptied:
@@ -168,6 +172,14 @@ class RunDir:
             raise ValueError(f"{self.path} already holds a run ({held[0]}); pass --resume or choose another --out")
         if (self.path / EXPERIMENT).exists():  # its rows share its DATA, which a run would make anew (found in review)
             raise ValueError(f"{self.path} holds a Table 3 experiment ({EXPERIMENT}); choose another --out")
+        # What a start writes, found where no start has been (no lock): the user's own files, which
+        # the run would replace (found in review: a loss.png and configs were, said to be an earlier start's).
+        started = self.started_before if self.started_before is not None else (self.path / LOCK).exists()
+        if not started and (theirs := [name for name in (MODEL_CONFIG, TRAIN_CONFIG, PLOT, *TOKENIZER_FILES)
+                                       if (self.path / name).exists()]):
+            raise ValueError(f"{self.path} holds {', '.join(theirs)}, which a new run there would replace, and no "
+                             f"earlier start of one ({LOCK}); choose another --out")
+        self.started_before = True  # this start's own files, from here on (the Trainer checks again)
 
     def remove_litter(self) -> list[Path]:
         """Delete what an interrupted write left: the hidden temporary files and folders of
@@ -215,6 +227,10 @@ class RunDir:
             return found[-1]
         if not self.path.exists():
             raise FileNotFoundError(f"no such model or run folder: {self.path}")
+        for folder in (self.path, self.final):  # half a model folder: the file it lacks (found in review: unsaid)
+            if (has := [name for name in (CONFIG, WEIGHTS) if (folder / name).is_file()]) and len(has) == 1:
+                lacks = WEIGHTS if has == [CONFIG] else CONFIG
+                raise FileNotFoundError(f"{folder} lacks {lacks} (it holds {has[0]}): a model folder holds both")
         raise FileNotFoundError(f"{self.path} is neither a model folder nor a run folder with a model or checkpoints")
 
 

@@ -42,14 +42,6 @@ def has_words(text: str) -> bool:
     return any(character.isalpha() for character in text)
 
 
-def visible(text: str) -> str:
-    """`text` stripped, or "" where no character of it is visible (control and format characters
-    only: U+0001, a zero-width space). Such a text is translated as empty, as a blank one is:
-    encoded, it is byte pieces, from which the model invents a sentence (found in review)."""
-    text = text.strip()
-    return text if any(character.isprintable() and not character.isspace() for character in text) else ""
-
-
 def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
     """Where each sentence of `text` starts and ends, by sentencex's rules for `lang`."""
     try:

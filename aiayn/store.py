@@ -174,8 +174,10 @@ def load_store(folder: Union[str, Path], verify: bool = False) -> Store:
     folder = Path(folder)
     path = folder / MANIFEST
     if folder.exists() and not folder.is_dir():  # a corpus file given where its preprocessed folder goes
-        raise ValueError(f"{folder} is a file, not a data folder; make one from it with: aiayn preprocess "
-                         f"--corpus {folder} --out DATA_DIR")
+        corpus = folder.name.removesuffix(".xz").endswith((".tsv", ".parquet", ".mrg"))  # a file `--corpus` reads
+        raise ValueError(f"{folder} is a file, not a data folder; make one " + (
+            f"from it with: aiayn preprocess --corpus {folder} --out DATA_DIR" if corpus else
+            "with: aiayn preprocess --corpus SPEC --out DATA_DIR"))
     if not folder.is_dir():
         raise FileNotFoundError(f"no data folder {folder}; make one with: aiayn preprocess --corpus SPEC --out {folder}")
     if not path.is_file():

@@ -25,12 +25,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.fx.experimental._config
 from torch import Tensor
 
 from aiayn.batching import Batch, BatchStream, check_tokens, collate, make_batches, to_device
@@ -42,7 +41,7 @@ from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, deterministic_fro
 from aiayn.errors import Terminated
 from aiayn.evaluate import score
 from aiayn.flops import memory_warning, training_flops
-from aiayn.train_kernels import Bf16Twin, fp32_linears
+from aiayn.train_kernels import Bf16Twin, compiled_graphs, fp32_linears, reproducible_compilation
 from aiayn.loss import label_smoothed_nll, perplexity
 from aiayn.model import Transformer
 from aiayn.optim import make_optimizer, noam_lr, set_lr
@@ -72,7 +71,9 @@ class TrainStep:
         self.device = device
         if device.type == "cpu":
             keep_freed_memory()  # a step's large activations reuse the last step's pages
-        self.scaler = torch.amp.GradScaler("cuda") if recipe.precision == "fp16" else None
+        # fp16's loss scale, which checkpoints keep (`Trainer.loss_scale`): a resumed run would
+        # otherwise start again at 65536 and skip steps to overflow while it halves back down.
+        self.scaler = torch.amp.GradScaler(device.type) if recipe.precision == "fp16" else None
         # bf16 weights: the step runs on a bf16 copy, the fp32 model stays the master
         self.twin = Bf16Twin(model) if recipe.bf16_weights else None
         if self.twin and world > 1:
@@ -140,53 +141,6 @@ class TrainStep:
         if self.twin:
             self.twin.weights_from_master()
         return totals
-
-
-@contextlib.contextmanager
-def reproducible_compilation(cpu: bool = True) -> Iterator[None]:
-    """While it lasts, torch.compile makes graphs whose results depend on the batch alone, so
-    that a resumed run repeats the uninterrupted one bit for bit:
-    - no duck shaping: sizes that happen to be equal in the batch that compiles a graph (rows =
-      length, say) would become one symbol, and a later batch would compile another graph, so
-      which graph serves a batch would depend on the batches before it;
-    - deterministic algorithms, warn-only unless strict ones were asked for (AIAYN_DETERMINISTIC):
-      Inductor then leaves the embedding's backward (an indexed accumulation) to ATen instead of
-      adding with atomics from several threads, in an order that changes from run to run. On a
-      GPU (not `cpu`) only if strict: warn-only keeps the fused attention's atomics there anyway,
-      and would only cost Inductor its autotuning. Memory is not filled on allocation;
-    - no graphs from Inductor's on-disk caches (the FX graph and AOTAutograd caches): an entry
-      written by another process is served on a key that leaves out state the compiled code
-      depends on (on an AMD EPYC Zen 5, torch 2.13: a graph cached by a process with other
-      settings gave a first loss 3e-5 off a fresh compile's; one cached under
-      ATEN_CPU_CAPABILITY=avx2 corrupted the heap of a later run without it). The C++ kernels'
-      cache, keyed by their source and compiler flags, still serves;
-    - and, for compiling time only, floats (dropout's p) as the graph's constants: as symbols, the
-      trace would restart at a rounding that needs them (Zen 3: the tiny model's 28 s became 16 s)."""
-    import torch._dynamo.config
-    import torch._functorch.config
-    import torch._inductor.config  # here, not at the top: it takes most of a second to import
-
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                torch.utils.deterministic.fill_uninitialized_memory)
-    if cpu:  # on a GPU they stay as they were: strict where asked for, else off
-        torch.use_deterministic_algorithms(True, warn_only=not previous[0] or previous[1])
-    torch.utils.deterministic.fill_uninitialized_memory = False
-    try:
-        with torch.fx.experimental._config.patch(use_duck_shape=False), \
-                torch._dynamo.config.patch(specialize_float=True), \
-                torch._inductor.config.patch(fx_graph_cache=False), \
-                torch._functorch.config.patch(enable_autograd_cache=False):
-            yield
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-        torch.utils.deterministic.fill_uninitialized_memory = previous[2]
-
-
-def compiled_graphs() -> int:
-    """The graphs torch.compile has made in this process so far."""
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
 
 
 class StopSignals:
@@ -258,6 +212,7 @@ class Trainer:
             shard=(self.rank, self.world),
         )
         self.step, self.elapsed, self.stopping = 0, 0.0, False
+        self.loss_scale: Optional[dict] = None  # fp16's GradScaler state, from a checkpoint
         # Sums since the last log boundary, in checkpoints: a resumed run logs as one uninterrupted (found in review)
         self.window = dict.fromkeys(("loss", "nll", "tokens", "flops", "seconds"), 0.0)
         self.compiles_told = 0  # graphs of the compiled step reported so far
@@ -274,6 +229,8 @@ class Trainer:
             self._keep_log_until(0)  # the steps of an earlier start are done again
         self.stream.epoch_batches()  # cut now, so that a step's time is the step's (4.5M pairs: ~1 s)
         self.train_step = TrainStep(self.model, self.optimizer, train_config, self.device)  # after any resume
+        if self.train_step.scaler and self.loss_scale:
+            self.train_step.scaler.load_state_dict(self.loss_scale)
 
     def _device(self) -> torch.device:
         device = resolve_device(self.recipe.device)
@@ -298,6 +255,7 @@ class Trainer:
                     self.echo(f"note: {moved}")
                 self.step, self.elapsed = state["step"], state["elapsed"]
                 self.window.update(state.get("window", {}))  # (none in checkpoints of before)
+                self.loss_scale = state.get("loss_scale")  # fp16's, for the TrainStep made after this
             except (ValueError, KeyError, TypeError, FileNotFoundError) as error:  # (another rank set it aside)
                 skipped.append(checkpoint)
                 self.echo(f"warning: skipping unreadable checkpoint {checkpoint}: {error}")
@@ -348,6 +306,8 @@ class Trainer:
             raise self._diverged("its weights are no longer finite")
         if self.rank == 0:
             state = {"elapsed": self.elapsed, "data": self.stream.state_dict(), "window": dict(self.window)}
+            if self.train_step.scaler:
+                state["loss_scale"] = self.train_step.scaler.state_dict()
             self.run.save_checkpoint(self.step, self.model, self.optimizer, state, self.recipe.keep_last)
 
     def _log(self, record: dict) -> None:

@@ -8,16 +8,20 @@ module of their own, each held to the reference math by tests/test_kernels.py.
   epyc-zen5.json). Off inside `kernels.reference_math()`.
 - `Bf16Twin`: bf16 training with fp32 master weights (`--bf16-weights`): a bf16 copy of the model
   runs the step, the fp32 model takes Adam's update.
+- `reproducible_compilation`: the compiled step (`--compile true`) made to give the eager step's
+  losses from any batch it first compiles on, so that a resumed run repeats an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from contextlib import nullcontext
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
+import torch.fx.experimental._config
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
@@ -116,3 +120,54 @@ class Bf16Twin:
         """The master's weights, rounded to bf16, into the copy."""
         for master, low in self.pairs:
             low.copy_(master)
+
+
+# --------------------------------------------------------------------------------------------
+# the compiled step
+
+
+@contextlib.contextmanager
+def reproducible_compilation(cpu: bool = True) -> Iterator[None]:
+    """While it lasts, torch.compile makes graphs whose results depend on the batch alone, so
+    that a resumed run repeats the uninterrupted one bit for bit:
+    - no duck shaping: sizes that happen to be equal in the batch that compiles a graph (rows =
+      length, say) would become one symbol, and a later batch would compile another graph, so
+      which graph serves a batch would depend on the batches before it;
+    - deterministic algorithms, warn-only unless strict ones were asked for (AIAYN_DETERMINISTIC):
+      Inductor then leaves the embedding's backward (an indexed accumulation) to ATen instead of
+      adding with atomics from several threads, in an order that changes from run to run. On a
+      GPU (not `cpu`) only if strict: warn-only keeps the fused attention's atomics there anyway,
+      and would only cost Inductor its autotuning. Memory is not filled on allocation;
+    - no graphs from Inductor's on-disk caches (the FX graph and AOTAutograd caches): an entry
+      written by another process is served on a key that leaves out state the compiled code
+      depends on (on an AMD EPYC Zen 5, torch 2.13: a graph cached by a process with other
+      settings gave a first loss 3e-5 off a fresh compile's; one cached under
+      ATEN_CPU_CAPABILITY=avx2 corrupted the heap of a later run without it). The C++ kernels'
+      cache, keyed by their source and compiler flags, still serves;
+    - and, for compiling time only, floats (dropout's p) as the graph's constants: as symbols, the
+      trace would restart at a rounding that needs them (Zen 3: the tiny model's 28 s became 16 s)."""
+    import torch._dynamo.config
+    import torch._functorch.config
+    import torch._inductor.config  # here, not at the top: it takes most of a second to import
+
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.utils.deterministic.fill_uninitialized_memory)
+    if cpu:  # on a GPU they stay as they were: strict where asked for, else off
+        torch.use_deterministic_algorithms(True, warn_only=not previous[0] or previous[1])
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        with torch.fx.experimental._config.patch(use_duck_shape=False), \
+                torch._dynamo.config.patch(specialize_float=True), \
+                torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.utils.deterministic.fill_uninitialized_memory = previous[2]
+
+
+def compiled_graphs() -> int:
+    """The graphs torch.compile has made in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]

@@ -23,7 +23,8 @@ from aiayn.inference import inference_copy
 from aiayn.model import Transformer
 from aiayn.run import check_vocabulary, load_for_inference
 from aiayn.search import BeamSearch, Hypothesis, beam_search
-from aiayn.sentences import interleave, visible
+from aiayn.lines import visible
+from aiayn.sentences import interleave
 
 
 class ModelStep:

@@ -196,3 +196,7 @@ def test_configs_take_paths_and_numpys_numbers_as_what_they_are():
     assert type(DecodeConfig(beam=np.int64(2)).beam) is int
     with pytest.raises(ValueError, match="vocab_size must be an integer, got np.float64"):
         ModelConfig(vocab_size=np.float64(3.5))
+    from fractions import Fraction
+
+    with pytest.raises(ValueError, match=r"d_model must be an integer, got Fraction\(512, 1\)"):  # (it said 512.0)
+        ModelConfig(d_model=Fraction(512))

@@ -151,7 +151,7 @@ def test_info_counts_any_depth_as_the_whole_model_does_and_refuses_sizes_past_py
     "argv, message",
     [
         (["info", "--preset", "huge"], "unknown preset 'huge'"),
-        (["info", "--d-model", "100", "--n-heads", "3"], "not divisible by n_heads"),
+        (["info", "--d-model", "100", "--n-heads", "3"], "not divisible by n_heads (--n-heads) 3; set d_k and d_v (--d-k, --d-v)"),
         (["info", "--length", "0"], "--length must be at least 1"),
         (["translate", "/nonexistent/run", "--output", "out.txt", "--resume", "--force"], "give one of them"),
         # An empty --output wrote to stdout; "." and "/" named no file (a raw PosixPath repr); "x/" wrote x.

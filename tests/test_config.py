@@ -75,7 +75,7 @@ def test_from_dict_round_trip():
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"d_model": 100, "n_heads": 3}, "not divisible by n_heads"),
+        ({"d_model": 100, "n_heads": 3}, "not divisible by n_heads \\(--n-heads\\) 3"),
         ({"d_model": 0}, "d_model must be a positive integer"),
         ({"dropout": 1.5}, r"dropout must be in \[0, 1\)"),
         ({"activation": "tanh"}, "activation must be one of"),

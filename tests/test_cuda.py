@@ -290,19 +290,57 @@ def test_a_torchrun_worker_refuses_another_gpu_than_its_own(monkeypatch):
     from aiayn.device import rank_gpu
 
     monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ValueError, match=r"LOCAL_RANK \(cuda:0\), not cuda:1: give --device cuda"):
         rank_gpu(torch.device("cuda", 1))
+
+
+def test_a_worker_takes_the_one_gpu_it_sees_or_that_of_its_local_rank(monkeypatch):
+    """A launcher that gives each process a GPU of its own (SLURM's per-task CUDA_VISIBLE_DEVICES)
+    leaves LOCAL_RANK counting the node's processes: the one GPU seen is cuda:0, whatever it says.
+    Where several are seen, LOCAL_RANK picks one, and one past them is refused in a line."""
+    from aiayn.device import local_gpu
+
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert local_gpu() == 0
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert local_gpu() == 3
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"LOCAL_RANK is 3 but this process sees 2 GPU\(s\)"):
+        local_gpu()
+
+
+def test_a_command_leaves_the_process_group_it_joined_and_no_other(tmp_path):
+    """After a command succeeds, the group init_distributed joined for it is destroyed (NCCL
+    warns at exit of one left open); a group the caller made itself stays."""
+    script = """
+import torch.distributed as dist
+from aiayn.device import init_distributed, leave_process_group
+print(init_distributed("cpu"), end=" ")
+leave_process_group()
+print(dist.is_initialized(), end=" ")
+dist.init_process_group("gloo")
+leave_process_group()
+print(dist.is_initialized())
+"""
+    launcher = torchrun()
+    env = environment(tmp_path, "cpu", TORCHELASTIC_RUN_ID="test", WORLD_SIZE="1", RANK="0", LOCAL_RANK="0",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=launcher[launcher.index("--master-port") + 1])
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["(0,", "1)", "False", "True"]
 
 
 @pytest.mark.parametrize("cpu", [True, False], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("asked", [None, "strict", "warn-only"])
 def test_the_compiled_step_keeps_deterministic_algorithms_as_strict_as_asked(asked, cpu):
-    """aiayn.train.reproducible_compilation compiles a CPU step under deterministic algorithms,
+    """aiayn.train_kernels.reproducible_compilation compiles a CPU step under deterministic algorithms,
     warn-only (an operation without one only warns), unless strict ones were asked for already
     (AIAYN_DETERMINISTIC=1): warn-only would give the fused attention's backward its atomics back
     on a GPU. A GPU step compiles under them only where strict ones were asked for. Afterwards
     the setting is as it was."""
-    from aiayn.train import reproducible_compilation
+    from aiayn.train_kernels import reproducible_compilation
 
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     try:

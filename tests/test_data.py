@@ -89,14 +89,14 @@ def test_export_notes_the_test_pairs_left_out_for_an_empty_side(tmp_path):
     folder = tmp_path / "c.en-es"
     write(folder / "train.en", "Hello\n")
     write(folder / "train.es", "Hola\n")
-    write(folder / "test.en", "one\n\nthree\n")
-    write(folder / "test.es", "uno\ndos\ntres\n")
+    write(folder / "test.en", "one\n\nthree\nfour\n")
+    write(folder / "test.es", "uno\ndos\ntres\n\u200b\x01\n")  # invisible only: empty, as translation reads it
     (folder / "dev.en").write_bytes(b"\xff\n")  # not read: only the split exported is (it was all of them)
     write(folder / "dev.es", "x\n")
     said = []
     src, tgt = export_split(stream_corpus(str(folder)), "test", tmp_path / "out", note=said.append)
     assert src.read_text() == "one\nthree\n" and tgt.read_text() == "uno\ntres\n"
-    assert said == ["left out 1 test pairs with an empty side"]  # was silent: 2 lines for the corpus's 3
+    assert said == ["left out 2 test pairs with an empty side"]  # was silent: 2 lines for the corpus's 4
     with pytest.raises(ValueError, match="dev.en, line 1: invalid UTF-8"):
         export_split(stream_corpus(str(folder)), "dev", tmp_path / "out")
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["test.en", "test.es"]  # nothing half written
@@ -130,6 +130,9 @@ def test_folders_of_xz_files_and_of_two_kinds_and_files_with_lone_carriage_retur
     write(mac / "train.es", "uno\rdos\r")
     with pytest.raises(ValueError, match=r"train.en ends its lines with \\r alone \(classic Mac OS\)"):
         load_corpus(str(mac), "en", "es")  # (found in review: one pair of the whole files)
+    write(mac / "pairs.tsv", "one\tuno\rtwo\tdos\r")  # (found in review: "3 tab-separated columns")
+    with pytest.raises(ValueError, match=r"pairs.tsv ends its lines with \\r alone \(classic Mac OS\)"):
+        load_corpus(str(mac / "pairs.tsv"))
     write(mac / "one.txt", "one line\r\n")  # a Windows line end is one line's end
     assert read_lines(mac / "one.txt") == ["one line"]
 

@@ -140,6 +140,32 @@ def test_force_never_replaces_the_current_folder_a_folder_above_it_or_a_run(tmp_
         pass  # a run keeps its lock file
     one_line_error(*cli(capsys, *attention, run)[::2], "is a training run or an experiment", "never a run")
     assert (work / "notes.txt").read_text() == "mine" and RunDir(run).has_configs() and not list(work.glob(".*"))
+    # A run one level down is deleted with its folder as surely (found in review: export-ct2, average
+    # and preprocess --force into the folder above a run deleted it, exit 0)
+    outer = tmp_path / "outer"
+    shutil.copytree(run, outer / "run")
+    one_line_error(*cli(capsys, *attention, outer)[::2], f"holds a training run or an experiment, {outer / 'run'}",
+                   "never a run")
+    assert RunDir(outer / "run").has_configs()
+
+
+def test_a_new_run_refuses_a_folder_of_the_users_files_it_would_replace(tmp_path, corpus_tsv, capsys):
+    """Found in review: `train --out FOLDER` over a folder of the user's replaced its loss.png,
+    configs and tokenizer.model, saying "replacing the tokenizer ..., left by an earlier start".
+    What an earlier start left (its lock is there) is still taken over without --resume."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("loss.png", "tokenizer.model"):
+        (mine / name).write_text("theirs")
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, mine, "--max-steps", "1"))[::2],
+                   "holds loss.png, tokenizer.model, which a new run there would replace", "choose another --out")
+    assert all((mine / name).read_text() == "theirs" for name in ("loss.png", "tokenizer.model"))
+    assert sorted(path.name for path in mine.iterdir()) == ["loss.png", "tokenizer.model"]
+    started = tmp_path / "started"  # a start that failed after writing its tokenizer
+    with RunDir(started).lock():
+        (started / "tokenizer.model").write_text("an earlier start's")
+    assert cli(capsys, *train_argv(corpus_tsv, started, "--max-steps", "1"))[0] == 0
+    assert (started / "model" / "model.safetensors").exists()
 
 
 def test_resume_and_demo_refuse_a_folder_that_is_not_their_run(tmp_path, corpus_tsv, capsys):
@@ -266,7 +292,8 @@ def test_a_new_run_never_replaces_data_it_did_not_make(tmp_path, model_dir, corp
     one_line_error(*cli(capsys, "demo", "--out", tmp_path / "t3", "--minutes", "0.05")[::2],
                    "holds a Table 3 experiment (experiment.json); choose another --out")
     assert sorted(p.name for p in (project / "data").iterdir()) == ["mine.txt"]
-    assert sorted(p.name for p in (tmp_path / "t3").iterdir()) == [".lock", "data", "experiment.json"]  # its own lock, as ever
+    # A refused start leaves no lock of its own: a folder holding one passes for a run's (RunDir.lock)
+    assert sorted(p.name for p in (tmp_path / "t3").iterdir()) == ["data", "experiment.json"]
     for argv in (["demo", "--out", ""], ["experiment", "table3", "--out", ""], train_argv(corpus_tsv, "")):
         one_line_error(*cli(capsys, *argv)[::2], "--out is empty")
     one_line_error(*cli(capsys, "attention", model_dir, "--sentence", "caf\udce9 latte", "--out", tmp_path / "maps")[::2],
@@ -381,6 +408,25 @@ def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_
     assert cli(capsys, *argv, "--force")[0] == 0
 
 
+def test_translate_writes_no_file_through_a_symbolic_link_nor_replaces_one_without_force(tmp_path, model_dir, capsys):
+    """Found in review: a link at OUT.partial had the file it names truncated and filled with the
+    translation, --force or not; a link to nothing at OUT was replaced without --force."""
+    source = tmp_path / "in.txt"
+    source.write_text("the cat\n")
+    precious = tmp_path / "precious.txt"
+    precious.write_text("precious\n")
+    (tmp_path / "out.txt.partial").symlink_to(precious)
+    argv = ["translate", model_dir, "--input", source, "--beam", "1", "--output"]
+    one_line_error(*cli(capsys, *argv, tmp_path / "out.txt", "--force")[::2], "out.txt.partial is a symbolic link",
+                   "remove the link")
+    assert precious.read_text() == "precious\n" and not (tmp_path / "out.txt").exists()
+    (tmp_path / "dangling.txt").symlink_to(tmp_path / "nowhere.txt")
+    one_line_error(*cli(capsys, *argv, tmp_path / "dangling.txt")[::2], "a symbolic link to", "pass --force")
+    assert (tmp_path / "dangling.txt").is_symlink()
+    assert cli(capsys, *argv, tmp_path / "dangling.txt", "--force")[0] == 0
+    assert not (tmp_path / "dangling.txt").is_symlink() and not (tmp_path / "nowhere.txt").exists()
+
+
 def tree_of(folder: Path) -> dict:
     """Every file under `folder` with its bytes."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -461,6 +507,14 @@ def hold_lock(path: Path, lock: str = "run") -> subprocess.Popen:
     holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder
+
+
+def test_a_launcher_count_that_is_no_number_is_said_by_its_name(tmp_path, corpus_tsv, capsys, monkeypatch):
+    """Found in review: WORLD_SIZE=abc was "invalid literal for int() with base 10: 'abc'"."""
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    one_line_error(*cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", "--max-steps", "1"))[::2],
+                   "the environment's WORLD_SIZE is 'abc', not a whole number", "unset it")
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_start_that_fails_before_any_work_leaves_no_folder_of_its_own(tmp_path, capsys):
@@ -626,9 +680,10 @@ def test_a_tokenizer_from_other_data_is_not_reused(tmp_path, corpus_tsv, capsys)
     one_line_error(*cli(capsys, *train_argv(corpus_tsv, run, "--device", "cuda"))[::2], "no CUDA GPU")
     assert not (run / "tokenizer.model").exists()
     # A start that failed later (here: stopped after preprocessing) left the toy corpus's data
-    # and tokenizer.
-    preprocess(load_corpus(str(corpus_tsv)), run / "data", 300, spec=str(corpus_tsv), echo=lambda _: None)
-    copy_tokenizer(run / "data", run)
+    # and tokenizer, and its lock, which says they are a start's.
+    with RunDir(run).lock():
+        preprocess(load_corpus(str(corpus_tsv)), run / "data", 300, spec=str(corpus_tsv), echo=lambda _: None)
+        copy_tokenizer(run / "data", run)
     toy = (run / "tokenizer.model").read_bytes()
     chinese = tmp_path / "zh.tsv"
     chinese.write_text("".join(f"猫在河边看见狗{i}\t狗在桥下吃鱼{i}\n" for i in range(200)), encoding="utf-8")
@@ -901,6 +956,10 @@ def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys,
     code, _, err = cli(capsys, "experiment", "table3", "--out", tmp_path / "in.txt" / "table3")
     one_line_error(code, err, f"{tmp_path / 'in.txt'} is a file, not a folder")
     one_line_error(*cli(capsys, "translate", tmp_path / "nope")[::2], f"no such model or run folder: {tmp_path / 'nope'}")
+    half = tmp_path / "half"  # a model folder copied without its weights (found in review: "neither a model folder ...")
+    half.mkdir()
+    shutil.copy(model_dir / "config.json", half)
+    one_line_error(*cli(capsys, "translate", half)[::2], f"{half} lacks model.safetensors (it holds config.json)")
     one_line_error(*cli(capsys, "average", tmp_path / "nope", "--out", tmp_path / "avg")[::2],
                    f"no such run folder: {tmp_path / 'nope'}")
 
@@ -1196,6 +1255,12 @@ def test_score_of_empty_files_and_an_unknown_language(tmp_path, capsys):
     (tmp_path / "one").write_text("a line\n")
     one_line_error(*cli(capsys, "score", "--ref", tmp_path / "one", "--hyp", tmp_path / "one", "--lang", "xx")[::2],
                    "--lang xx", "de")
+    (tmp_path / "blank").write_text("\n \t\n")  # (found in review: BLEU 0.00, chrF 100.00, exit 0)
+    one_line_error(*cli(capsys, "score", "--ref", tmp_path / "blank", "--hyp", tmp_path / "blank")[::2],
+                   "holds only blank lines: no sentences to score")
+    (tmp_path / "five").write_text("la casa es muy pequeña\n")
+    code, out, err = cli(capsys, "score", "--ref", tmp_path / "five", "--hyp", tmp_path / "five", "--lang", "es-ES")
+    assert code in (0, None) and "paper protocol  100.00  (Moses tokenizer -l es," in out, err  # (found in review: refused)
     (tmp_path / "tree").write_text("(S (NP (DT a) (NN cat)) (VP (VBZ sits)))\n")
     (tmp_path / "open").write_text("(S (NP (DT a) (NN cat)) (VP (VBZ sits))\n")
     one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "empty", "--hyp", tmp_path / "tree")[::2],
@@ -1229,11 +1294,13 @@ def test_invalid_utf8_on_stdin(model_dir, capsys, monkeypatch):
     code, _, err = cli(capsys, "translate", model_dir, stdin=b"fine\n\xff\xfe\n", monkeypatch=monkeypatch)
     one_line_error(code, err, "stdin, line 2: invalid UTF-8")
     code, _, err = cli(capsys, "score", "--ref", "/dev/null", stdin=b"\xc3\n", monkeypatch=monkeypatch)
-    one_line_error(code, err, "stdin, line 1: invalid UTF-8")
+    one_line_error(code, err, "stdin, line 1: invalid UTF-8", "iconv -f latin1 -t UTF-8")
+    code, _, err = cli(capsys, "translate", model_dir, stdin="fine\n".encode("utf-16"), monkeypatch=monkeypatch)
+    one_line_error(code, err, "stdin is UTF-16 (it begins with UTF-16's byte-order mark)", "iconv -f UTF-16 -t UTF-8")
 
 
 @pytest.mark.parametrize("option, value", [("--max-input-tokens", "0"), ("--max-input-tokens", "-2"),
-                                           ("--alpha", "-1"), ("--beam", "0"), ("--batch-tokens", "0"),
+                                           ("--alpha", "-1"), ("--alpha", "100"), ("--beam", "0"), ("--batch-tokens", "0"),
                                            ("--extra-len", "-1"), ("--min-len", "-3"), ("--max-output-len", "0"),
                                            ("--alpha", "inf"), ("--repetition-penalty", "nan")])
 def test_decoding_options_out_of_range(model_dir, capsys, option, value):

@@ -495,6 +495,7 @@ def score_inputs(draw) -> tuple[bytes, bytes]:
 @example(files=(b"", b""), stdin=None, lang="en")
 @example(files=(b"a\x0cb\nc\n", b"a b\nc\n"), stdin=None, lang="en")
 @example(files=(b"ref\n", b"\xffhyp\n"), stdin="surrogateescape", lang="en")
+@example(files=(b"\n \t\n", b"a\nb\n"), stdin=None, lang="en")
 def test_score(base, files, stdin, lang):
     ref, hyp = files
     with scratch(base) as folder:
@@ -510,6 +511,8 @@ def test_score(base, files, stdin, lang):
     if is_utf8(ref) and is_utf8(hyp) and lang in ("en", "de", "zh"):  # "xx" may be refused first
         if n_ref != n_hyp:
             assert status != 0 and f"{n_hyp}" in err and f"{n_ref}" in err, (n_hyp, n_ref, err)
+        elif n_ref and not any(line.strip() for line in ref.decode("utf-8-sig").split("\n")):
+            assert status != 0 and "holds only blank lines" in err, err
         elif n_ref:
             assert status == 0, f"{n_ref} lines each failed to score: {err!r}"
     if status == 0:

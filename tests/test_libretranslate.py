@@ -267,14 +267,15 @@ def test_html_pieces_join_back_to_the_page():
 def test_html_a_browser_reads_so_comes_back_so():
     """Found in review: an unclosed <script> or <style> dropped the rest of the page; comments a
     browser hides (unclosed, "<!--->", "--!>") were translated and shown; a <pre>'s lines were
-    joined into one sentence; "<!x>" was rewritten as "<!--x-->"."""
+    joined into one sentence; "<!x>" was rewritten as "<!--x-->", "</ p>" as "</p>"."""
     for page, texts in [('<p>Hello.</p><script>var g = "hi"; if (a < b) { go(); }', ["Hello."]),
                         ("<p>Hello.</p><style>p { color: red }", ["Hello."]),
                         ("<p>Hello.</p><!-- internal: do not publish", ["Hello."]),
                         ("<p>Hello.</p><!--->Good night.", ["Hello.", "Good night."]),
                         ("<!--a--!>after words<!---->", ["after words"]),
                         ("<pre>def f():\n    return 1\n</pre><textarea>a\n  b</textarea>", []),
-                        ("<!x><p>Good night.</p>", ["Good night."])]:
+                        ("<!x><p>Good night.</p>", ["Good night."]),
+                        ("<p>Good night.</ p> Sleep well.", ["Good night.", "Sleep well."])]:  # "</ p>": no end tag
         found, rest = split_html(page, "en")
         assert found == texts and join_html(found, rest) == page, page
 

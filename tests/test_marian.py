@@ -50,14 +50,18 @@ def write_marian_tokenizer(directory):
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("opus-mt-tiny")
+    return random_marian(tmp_path_factory.mktemp("opus-mt-tiny"))
+
+
+def random_marian(directory, **changes):
+    """A random MarianMTModel of OPUS-MT's options (but `changes`) saved in `directory`, with its tokenizer."""
     vocab_size = write_marian_tokenizer(directory)
-    config = transformers.MarianConfig(
-        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=32, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        activation_function="swish", scale_embedding=True, max_position_embeddings=128,
-        pad_token_id=vocab_size - 1, eos_token_id=0, decoder_start_token_id=vocab_size - 1, forced_eos_token_id=0,
-    )
+    config = transformers.MarianConfig(**{
+        "vocab_size": vocab_size, "decoder_vocab_size": vocab_size, "d_model": 32, "encoder_layers": 2,
+        "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64, "activation_function": "swish", "scale_embedding": True, "max_position_embeddings": 128,
+        "pad_token_id": vocab_size - 1, "eos_token_id": 0, "decoder_start_token_id": vocab_size - 1,
+        "forced_eos_token_id": 0, **changes})
     torch.manual_seed(0)
     model = transformers.MarianMTModel(config).eval()
     with torch.no_grad():
@@ -313,6 +317,29 @@ def test_unscaled_embeddings_import_equal_hf(hf_dir, tmp_path):
         scaled = hf_model(hf_dir)(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=tgt).logits
     torch.testing.assert_close(model(src, tgt), expected, atol=1e-4, rtol=1e-4)
     assert (expected - scaled).abs().max() > 0.1  # the switch changes the model
+
+
+def test_a_shared_but_untied_marian_imports_with_the_tables_transformers_computes_with(tmp_path):
+    """share_encoder_decoder_embeddings with tie_word_embeddings false: transformers 5 keeps the
+    encoder's and decoder's tables apart from `shared` and computes with them (found in review:
+    refused as "weights its config.json does not describe"). Imported unshared and untied, the
+    logits are transformers'."""
+    folder = tmp_path / "untied"
+    folder.mkdir()
+    random_marian(folder, tie_word_embeddings=False)
+    reference = hf_model(folder)
+    vocab_size = reference.config.vocab_size
+    tables = [reference.model.shared.weight, reference.model.encoder.embed_tokens.weight,
+              reference.model.decoder.embed_tokens.weight]
+    if all(torch.equal(table, tables[0]) for table in tables):
+        pytest.skip(f"transformers {transformers.__version__} ties the tables to `shared` whatever tie_word_embeddings says")
+    imported = Transformer.load(import_marian(folder, tmp_path / "out", echo=lambda _: None)).eval()
+    assert not imported.config.share_embeddings and not imported.config.tie_output
+    src, pad = sources(vocab_size, 0)
+    tgt = torch.cat([torch.full((3, 1), pad), torch.randint(3, pad, (3, 6))], dim=1)
+    with torch.no_grad():
+        expected = reference(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=tgt).logits
+    torch.testing.assert_close(imported(src, tgt), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_a_marian_model_folder_without_lm_head_and_a_null_decoder_start_import_as_transformers_loads_them(hf_dir, tmp_path):

@@ -751,6 +751,15 @@ def test_a_server_beyond_loopback_without_keys_says_it_is_open(model_dir):
     assert code == 0 and "aiayn: note: any client that reaches this address may translate; --api-keys FILE" in err
 
 
+def test_a_server_of_one_language_is_refused_before_the_model_loads(model_dir):
+    """As train and export-argos refuse it (found in review: it served, /languages a pair of one)."""
+    done = subprocess.run([sys.executable, "-m", "aiayn", "serve", str(model_dir), "--port", "0", "--source-lang", "en",
+                           "--target-lang", "EN"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr == ("aiayn: error: the server's source and target language are both "
+                                                    "'en'; give the model's two languages with --source-lang and "
+                                                    "--target-lang\n")
+
+
 def _memory(pid: int) -> tuple[int, int]:
     """(resident set, its peak since the last reset) of a process, in bytes."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())

@@ -91,6 +91,30 @@ def test_workers_translate_as_one_process_does(workers_server, model_dir):
     assert all(abs(sum(row) - 1) < 1e-2 for head in cross[0] for row in head)
 
 
+def test_a_stopped_worker_makes_health_say_stalled_and_its_request_waits_for_it(workers_server):
+    """A worker stopped by SIGSTOP is alive but answers nothing: /health says "stalled", naming
+    it (found in review: "ok", while its lane's requests waited); a request it holds is answered
+    once it continues, and /health is "ok" again."""
+    port = workers_server.port
+    worker = _workers(workers_server.pid)[1]
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        wait_for(lambda: request(port, "GET", "/health")[0] == 503, "/health saying the worker is stopped", 10)
+        body = request(port, "GET", "/health")[1]
+        assert body["status"] == "stalled" and body["error"].startswith("worker 1 is stopped (SIGSTOP)")
+        with ThreadPoolExecutor(1) as pool:  # 2 lanes: the even share puts texts on the stopped worker's too
+            answer = pool.submit(request, port, "POST", "/translate", {"text": SENTENCES * 2}, timeout=60)
+            wait_for(lambda: health(port)["queued_texts"] == 0 and health(port)["requests"] >= 1, "the texts taken", 10)
+            time.sleep(0.5)
+            assert not answer.done()
+            os.kill(worker, signal.SIGCONT)
+            status, body, _ = answer.result()
+        assert status == 200 and len(body["translations"]) == 2 * len(SENTENCES)
+        assert request(port, "GET", "/health")[1]["status"] == "ok"
+    finally:
+        os.kill(worker, signal.SIGCONT)
+
+
 def test_an_error_in_a_worker_reaches_its_caller_and_the_worker_decodes_on(model_dir):
     """What the server checks never reaches a worker; an error raised there (more outputs than
     the beam keeps) comes back as itself, and the worker's next search decodes."""

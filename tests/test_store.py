@@ -214,6 +214,9 @@ def test_a_file_changed_in_place_is_noticed(tmp_path, data_dir, capsys, monkeypa
     (tmp_path / "pairs.tsv").write_text("a\tb\n")  # a corpus, not the folder made from it: not --out over it
     one_line_error(*cli(capsys, "preprocess", "--verify", tmp_path / "pairs.tsv")[::2], "is a file, not a data folder",
                    f"--corpus {tmp_path / 'pairs.tsv'} --out DATA_DIR")
+    (tmp_path / "notes.txt").write_text("a\n")  # no corpus either (found in review: "--corpus notes.txt" advised)
+    one_line_error(*cli(capsys, "preprocess", "--verify", tmp_path / "notes.txt")[::2], "is a file, not a data folder",
+                   "--corpus SPEC --out DATA_DIR")
     # One id changed between the sampled blocks: the quick check at a start misses it, --verify does not.
     monkeypatch.setattr(stores, "SAMPLED_BLOCKS", 2)
     monkeypatch.setattr(stores, "BLOCK_BYTES", 16)

@@ -191,6 +191,36 @@ def test_bf16_weights_train_a_bf16_copy_and_keep_fp32_weights_in_checkpoints_and
         TrainConfig(bf16_weights=True)
 
 
+def test_fp16_runs_keep_their_loss_scale_in_checkpoints_and_resume_with_it(tmp_path, monkeypatch):
+    """fp16 (a GPU's) scales the loss (GradScaler); the scale and its growth count are in each
+    checkpoint, so a resumed run goes on with the uninterrupted run's scale and losses rather than
+    65536 again. Run on the CPU, whose autocast and GradScaler compute fp16 as a GPU does (slowly):
+    the refusal of fp16 there is lifted for the test. The scale starts off the default (2^12,
+    doubling every 2 clean steps), so that one a resume made afresh would differ."""
+    for module in ("aiayn.device", "aiayn.prepare"):
+        monkeypatch.setattr(f"{module}.check_precision", lambda *args, **kwargs: None)
+    monkeypatch.setattr("aiayn.train.matmul_peak_flops", lambda *args: 1e12)  # fp16 products emulated: minutes
+    recipe = TrainConfig(max_tokens=256, warmup_steps=10, max_steps=6, save_every=3, log_every=1, eval_every=10_000,
+                         precision="fp16", seed=0)
+    scale = dict(init_scale=2.0 ** 12, growth_interval=2)
+
+    def fit(run: str, steps: int, resume: bool = False) -> Trainer:
+        trainer = Trainer(COPY_MODEL, dataclasses.replace(recipe, max_steps=steps), tmp_path / run,
+                          TrainData(copy_pairs(200, 0)), resume=resume, echo=lambda _: None)
+        if not resume:
+            trainer.train_step.scaler = torch.amp.GradScaler("cpu", **scale)
+        trainer.fit()
+        return trainer
+
+    whole = fit("whole", 6)
+    fit("cut", 3)
+    saved = json.loads((tmp_path / "cut" / "checkpoints" / "step_00000003" / "trainer.json").read_text())
+    assert saved["loss_scale"]["growth_interval"] == 2
+    resumed = fit("cut", 6, resume=True)
+    assert resumed.train_step.scaler.state_dict() == whole.train_step.scaler.state_dict()
+    assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
+
+
 @pytest.mark.bf16
 def test_a_compiled_step_makes_the_eager_update_within_bf16_rounding_and_compiles_once():
     """TrainConfig.compile: torch.compile of the model in the pure step, in bf16 with dropout on.
@@ -203,7 +233,7 @@ def test_a_compiled_step_makes_the_eager_update_within_bf16_rounding_and_compile
     shapes reuse the one graph. Inductor's on-disk graph caches are never asked: the model is the
     one `train_argv` trains, and a graph cached here (one thread, this process's settings) served
     to the compiled resume test below gave its first loss 3e-5 away from a fresh compile's
-    (aiayn.train.reproducible_compilation)."""
+    (aiayn.train_kernels.reproducible_compilation)."""
     from torch._dynamo.utils import counters
 
     from aiayn.config import PRESETS
@@ -501,6 +531,11 @@ def test_average_is_the_mean_of_the_last_checkpoints(tmp_path, corpus_tsv):
     assert load_file(str(tmp_path / "avg2" / "model.safetensors")).keys() == mean.keys()
     negative = average("--steps", "-2", "--out", str(tmp_path / "avg3"))
     assert (negative.returncode, negative.stderr) == (2, "aiayn: error: --steps must be at least 0, got -2\n")
+    config = kept[-2] / "config.json"  # same shapes, another model: never averaged
+    written = json.loads(config.read_text())
+    config.write_text(json.dumps({**written, "norm_first": not written["norm_first"]}))
+    mixed = average("--last", "2", "--out", str(tmp_path / "avg5"))
+    assert mixed.returncode == 2 and f"{kept[-2]} holds another model than {kept[-1]}; cannot average" in mixed.stderr
     config = kept[-1] / "config.json"  # found in review: an unknown architecture was an AttributeError
     config.write_text(json.dumps({**json.loads(config.read_text()), "architecture": "Encoder"}))
     foreign = average("--last", "1", "--out", str(tmp_path / "avg4"))

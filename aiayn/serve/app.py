@@ -32,10 +32,11 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from aiayn.config import DECODE_PRESETS, MAX_OUTPUT_LEN, SERVE, ServeOptions
+from aiayn.config import DECODE_PRESETS, MAX_ALPHA, MAX_OUTPUT_LEN, SERVE, ServeOptions
 from starlette.requests import ClientDisconnect
 
-from aiayn.sentences import interleave, split_sentences, visible
+from aiayn.lines import visible
+from aiayn.sentences import interleave, split_sentences
 from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, Options, QueueFull, unless_gone
 from aiayn.serve import libre
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
@@ -56,7 +57,7 @@ class TranslateRequest(BaseModel):
     text: Union[str, list[str]] = Field(description="a sentence, or a list of sentences translated in order")
     beam: int = Field(SECTION_6_1.beam, ge=1, le=MAX_BEAM, strict=True,
                       description=f"beam size (§6.1: {SECTION_6_1.beam}); 1 is greedy")
-    alpha: float = Field(SECTION_6_1.alpha, ge=0.0, le=10.0, allow_inf_nan=False,
+    alpha: float = Field(SECTION_6_1.alpha, ge=0.0, le=MAX_ALPHA, allow_inf_nan=False,
                          description=f"length penalty α (§6.1: {SECTION_6_1.alpha})")
     max_length: Optional[int] = Field(None, ge=1, le=MAX_OUTPUT_LEN, strict=True, description=(
         f"output tokens at most (default: source length + {SECTION_6_1.extra_len})"))
@@ -409,6 +410,8 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
         if batcher.failure is not None:  # the decoding thread died: translations would never come
             return JSONResponse({"status": "failed", "error": f"the decoder has stopped ({batcher.failure})", **figures},
                                 status_code=503)
+        if stopped := next(filter(None, (lane.stopped() for lane in batcher.lanes)), None):
+            return JSONResponse({"status": "stalled", "error": stopped, **figures}, status_code=503)
         return {"status": "ok", **figures}
 
     @app.get("/info")

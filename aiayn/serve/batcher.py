@@ -114,6 +114,10 @@ class Lane:
         """Raise if the engine's process has gone (an engine with one, aiayn.serve.workers')."""
         getattr(self.engine, "check_alive", lambda: None)()
 
+    def stopped(self) -> Optional[str]:
+        """Why the engine's process is stopped, if it has one that is."""
+        return getattr(self.engine, "stopped", lambda: None)()
+
 
 @dataclass
 class Stats:

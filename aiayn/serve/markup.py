@@ -99,6 +99,13 @@ class _Pieces(HTMLParser):
         self._text(written + ";" if self.page.startswith(written + ";", at) or not self.page.startswith(written, at)
                    else written)
 
+    def parse_endtag(self, i):
+        """`</ p>`: a "</" and a space open no end tag but a bogus comment, as a browser reads it
+        (Python's parser made it `</p>`, a real end tag)."""
+        if self.rawdata[i + 2:i + 3].isspace():
+            return self.parse_bogus_comment(i)
+        return super().parse_endtag(i)
+
     def parse_bogus_comment(self, i, report=1):
         """`<!x>`, `</ p>` and the like, which a browser reads as comments: kept as written (they
         were rewritten as `<!--x-->`, `</p>`, the last a real end tag; found in review)."""

@@ -43,7 +43,11 @@ def _listen(host: str, port: int) -> socket.socket:
 def _languages(options: ServeOptions) -> Languages:
     """The model's pair: as given, else as its run folder recorded it."""
     source, target = languages_of(options.run_dir)
-    return Languages(options.source_lang or source, options.target_lang or target)
+    source, target = options.source_lang or source, options.target_lang or target
+    if source and target and source.lower() == target.lower():  # as train and export-argos refuse it (found in review)
+        raise ValueError(f"the server's source and target language are both {source!r}; give the model's two "
+                         "languages with --source-lang and --target-lang")
+    return Languages(source, target)
 
 
 def _load(options: ServeOptions, precision: str, listener: socket.socket):
@@ -104,6 +108,7 @@ def _say_if_open(allowed_hosts, keys) -> None:
 def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     keys = read_keys(options.api_keys) if options.api_keys else None
     proxies = _proxies(options.forwarded_allow_ips)
+    languages = _languages(options)  # before the model loads
     listener = _listen(options.host, options.port)
     device, model, tokenizer, workers = _load(options, decode.precision, listener)
     with workers or contextlib.nullcontext():  # stopped however serving ends
@@ -112,7 +117,7 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
                          max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
                          max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
                          max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib,
-                         languages=_languages(options), admission=Admission(keys, options.req_limit),
+                         languages=languages, admission=Admission(keys, options.req_limit),
                          decode_on_caller=True, engines=workers and workers.engines)
         parameters = model.num_parameters()
         del model  # a bf16 or int8 server keeps only its decoding copy (with workers, none here), not the fp32 weights as well

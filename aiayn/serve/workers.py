@@ -33,6 +33,7 @@ import signal
 import time
 from collections import deque
 from itertools import count
+from pathlib import Path
 from typing import Any, Optional
 
 from aiayn.serve.batcher import Options
@@ -204,6 +205,19 @@ class Worker:
         request failed)."""
         if not self.process.is_alive():
             raise WorkerLost(f"worker {self.number} has exited (exit code {self.process.exitcode})")
+
+    def stopped(self) -> Optional[str]:
+        """Why the process is stopped, if it is (SIGSTOP, Ctrl-Z's SIGTSTP to it alone, a debugger):
+        it keeps its lane's requests waiting until it continues, so /health says so meanwhile
+        (found in review: "ok"). Linux only (/proc); elsewhere None."""
+        try:
+            stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+        except OSError:
+            return None
+        state = stat[stat.rindex(")") + 2]  # the field after the command's name, which may hold ")"
+        if state in "Tt":
+            return f"worker {self.number} is stopped ({'traced' if state == 't' else 'SIGSTOP'}); its requests wait until it continues"
+        return None
 
     def close(self, deadline: float) -> None:
         """Wait until `deadline` (time.monotonic) for the process to exit, then kill it."""
