@@ -136,8 +136,8 @@ class TrainConfig:
     corpus: str = _option("bible-en-es",
                           "a built-in corpus name or a path (see `aiayn corpus`; aiayn.corpora.load_corpus)")
     data: Optional[str] = _option(None, "instead of --corpus: a DATA_DIR made by `aiayn preprocess`")
-    src_lang: Optional[str] = _option(None, "for a folder of aligned files: the file suffix of the source side")
-    tgt_lang: Optional[str] = _option(None, "for a folder of aligned files: the file suffix of the target side")
+    src_lang: Optional[str] = _option(None, "the source language: a folder's file suffix, a TSV's first column")
+    tgt_lang: Optional[str] = _option(None, "the target language: a folder's file suffix, a TSV's second column")
     max_tokens: int = _option(25000, "padded tokens per batch, source and target each (§5.1: about 25,000 + 25,000; "
                                      "base with a vocabulary of 8,000 then peaked at 18.5 GiB in fp32, 14.9 in bf16, on an AMD EPYC, "
                                      "and aiayn.flops puts its 37,000 at about 25 GiB in fp32: --accumulate N "
@@ -754,8 +754,8 @@ class CorpusExportOptions:
     name: str = _option(help="a built-in corpus name or a path", positional=True)
     split: str = _option("test", "train, dev or test")
     out: str = _option(help="folder for SPLIT.SRC and SPLIT.TGT")
-    src_lang: Optional[str] = _option(None, "source suffix, for a folder of aligned files")
-    tgt_lang: Optional[str] = _option(None, "target suffix, for a folder of aligned files")
+    src_lang: Optional[str] = _option(None, "the source language: a folder's file suffix, a TSV's first column")
+    tgt_lang: Optional[str] = _option(None, "the target language: a folder's file suffix, a TSV's second column")
     force: bool = _option(False, "replace existing files")
 
 

@@ -92,13 +92,19 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=DTYPES[precision])
 
 
-@functools.lru_cache(maxsize=None)
 def matmul_peak_flops(device: torch.device, precision: str, seconds: float = 0.5) -> float:
     """Measured FLOP/s of a large square matrix product in `precision`: the roof that model FLOPs
     utilisation is reported against. Measured rather than looked up, since CPUs vary widely;
-    once per process, since every `Trainer.fit` asks. In fp32 on a CPU, the faster of MKL's
-    product (`a @ b`) and oneDNN's, which fp32 training takes on an AMD CPU with AVX-512, where
-    MKL runs its AVX2 code (aiayn.train_kernels)."""
+    once per process and thread count, since every `Trainer.fit` asks, and a roof measured on
+    other threads than the work's is another roof (found in review: a benchmark's --threads 1
+    kept a 2-thread peak). In fp32 on a CPU, the faster of MKL's product (`a @ b`) and oneDNN's,
+    which fp32 training takes on an AMD CPU with AVX-512, where MKL runs its AVX2 code
+    (aiayn.train_kernels)."""
+    return _matmul_peak_flops(device, precision, seconds, torch.get_num_threads() if device.type == "cpu" else 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _matmul_peak_flops(device: torch.device, precision: str, seconds: float, threads: int) -> float:
     n = 8192 if device.type == "cuda" else 2048
     dtype = DTYPES[precision]
     # A private generator: measuring must not move the global RNG that dropout draws from.

@@ -157,6 +157,14 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def peak_share(tflops: dict, roof: dict) -> float:
+    """A system's median TFLOP/s (a `spread`) as a share of the matmul peak measured in the same
+    run: of the highest of the peak's repetitions, the least the device is known to reach. The
+    median was taken before, and a run whose peak measurements spread 0.12 to 0.18 TFLOP/s put
+    aiayn at 113% of it (found in review)."""
+    return tflops["median"] / roof["max"]
+
+
 def _version(package: str) -> Optional[str]:
     try:
         return importlib.metadata.version(package)
@@ -166,8 +174,8 @@ def _version(package: str) -> Optional[str]:
 
 def machine(device: torch.device, threads: int) -> dict:
     """What the numbers were measured on, with the device's matmul peak in fp32 (and bf16 where
-    it is hardware) measured now, on this process's threads (aiayn.device.matmul_peak_flops, once
-    per process): a CPU of one name can be twice as fast as another, so every result file says
+    it is hardware) measured now, on `threads` threads (aiayn.device.matmul_peak_flops, once per
+    process and thread count): a CPU of one name can be twice as fast as another, so every result file says
     how fast its machine was. Call it while nothing else runs (before servers or peers start, or
     after they stop)."""
     cpu = next(
@@ -175,6 +183,14 @@ def machine(device: torch.device, threads: int) -> dict:
         platform.processor() or "unknown",
     )
     flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), [])
+    before = torch.get_num_threads()
+    if device.type == "cpu":  # the roof of the threads the work runs on (found in review: all cores' for --threads 1)
+        torch.set_num_threads(threads)
+    try:
+        peaks = {precision: round(matmul_peak_flops(device, precision) / 1e12, 3)
+                 for precision in ("fp32", "bf16") if precision == "fp32" or fast_bf16(device)}
+    finally:
+        torch.set_num_threads(before)
     return {
         "cpu": cpu,
         "cpu_kind": cpu_kind(),  # the name results and docs' tables go by (found in review: not recorded)
@@ -182,9 +198,8 @@ def machine(device: torch.device, threads: int) -> dict:
         "logical_cpus": os.cpu_count(),
         "cpus_available": default_threads(),
         "threads_used": threads,
-        "matmul_peak_tflops": {precision: round(matmul_peak_flops(device, precision) / 1e12, 3)
-                               for precision in ("fp32", "bf16") if precision == "fp32" or fast_bf16(device)},
-        "peak_threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "matmul_peak_tflops": peaks,
+        "peak_threads": threads if device.type == "cpu" else None,
         "device": device.type,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "python": platform.python_version(),

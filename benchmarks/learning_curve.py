@@ -59,7 +59,7 @@ from aiayn.run import LOG, RunDir, average_checkpoints, read_log
 from aiayn.translate import Translator
 from common import (RESULTS, command_line, machine, parse_args, positive_float, positive_int, require_precision,
                     write_results)
-from peers.harness import run_for, thread_env
+from peers.harness import run_for, stop_children_on_signals, thread_env
 from quality_per_hour import peer, write_pieces
 
 PRESET, PRECISION, SEED = "small", "bf16", 1
@@ -353,6 +353,7 @@ def main() -> None:
     parser.add_argument("--guards", nargs=2, metavar=("VARIANT", "STEP"),
                         help="only decode that aiayn run's checkpoint with each of the decoding guards (GUARDS) and score it")
     args = parse_args(parser)
+    stop_children_on_signals()
     if args.guards:
         return score_guards(args.runs, args.guards[0], int(args.guards[1]), args.sentences, args.threads, args.out)
     if args.score_run:

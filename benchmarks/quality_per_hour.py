@@ -50,7 +50,7 @@ from aiayn.run import RunDir
 from aiayn.translate import Translator
 from common import (PEER_ENVS, RESULTS, command_line, default_threads, machine, parse_args, positive_float,
                     positive_int, require_precision, write_results)
-from peers.harness import run_for, thread_env
+from peers.harness import run_for, stop_children_on_signals, thread_env
 
 # The precisions each peer trains in on a CPU (see its harness's docstring): Eole in bf16 or fp32, OpenNMT-py in fp32 only.
 PEER_PRECISIONS = {"eole": ("bf16", "fp32"), "onmt": ("fp32",)}
@@ -126,6 +126,7 @@ def main() -> None:
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                         help="aiayn's and Eole's (default: bf16 where the CPU computes it in hardware, else fp32)")
     args = parse_args(parser)
+    stop_children_on_signals()
     precision = resolve_precision(args.precision, torch.device("cpu"))
     if not args.minutes > 0:
         sys.exit("--minutes must be positive")

@@ -21,7 +21,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from aiayn.files import atomic_text, read_json  # noqa: E402
-from common import RESULTS, command_line, or_exit, parse_args  # noqa: E402
+from common import RESULTS, command_line, or_exit, parse_args, peak_share  # noqa: E402
 from systems import PEER_NAMES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +77,8 @@ def machine_section(info: dict, settings_line: str) -> list[str]:
     v = info["versions"]
     flags = ", ".join(info["cpu_flags"]) or "none of avx2/avx512/amx"
     lines = [
-        f"- CPU: {info['cpu']} ({flags}); {info['logical_cpus']} logical CPUs, {info['cpus_available']} available, "
+        f"- CPU: {info['cpu']}{' (' + info['cpu_kind'] + ')' if info.get('cpu_kind') else ''} ({flags}); "
+        f"{info['logical_cpus']} logical CPUs, {info['cpus_available']} available, "
         f"**{info['threads_used']} threads** used",
     ]
     if info.get("gpu"):
@@ -128,12 +129,13 @@ def training_table(cases: list[dict], s: dict) -> list[str]:
                      f"the sentence lengths of {s['corpus']}, the same for every system), each timed once after "
                      f"{warmup} warm-up step{'s' if warmup != 1 else ''}; tokens/s count real (non-pad) target tokens.")
     lines += ["TFLOP/s count the same model FLOPs for every system (padding not counted); the share is of the "
-              "matmul peak of the same precision measured in this run.", ""]
+              "matmul peak of the same precision measured in this run, the highest of its repetitions.", ""]
     rows = []
     models = any(c.get("model", "base") != "base" for c in cases)
     for c in training:
         median, rng = spread(c.get("tokens_per_s"))
-        share = f"{c['peak_fraction']:.0%}" if "peak_fraction" in c else "–"
+        roof = next((p for p in cases if p["task"] == "peak" and p["precision"] == c["precision"] and "tflops" in p), None)
+        share = f"{peak_share(c['tflops'], roof['tflops']):.0%}" if roof and "tflops" in c else "–"  # (files of before: of the median)
         params = f"{c['parameters'] / 1e6:.2f}" if "parameters" in c else "–"
         batches = f"{c['budget']:,} tokens" if c.get("budget") else "fixed"
         rows.append([*(model_cell(c) if models else []), batches, system_name(c), params, PRECISIONS[c["precision"]],

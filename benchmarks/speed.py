@@ -44,7 +44,7 @@ import torch
 import systems
 from aiayn.device import fast_bf16
 from common import (PEER_ENVS, command_line, default_output, default_threads, device_or_exit, machine, parse_args,
-                    positive_int, run_case, spread, write_results)
+                    peak_share, positive_int, run_case, spread, write_results)
 
 PRECISIONS = ("fp32", "tf32", "bf16")  # of training and the peak; decoding adds its own (make_cases)
 
@@ -217,7 +217,7 @@ def summarize(cases: list[Case], runs: list[dict]) -> list[dict]:
                 row["memory_ratio"] = row["peak_mib"]["median"] / ref["peak_mib"]["median"]
         roof = find("tflops", task="peak", precision=row["precision"])
         if row["task"] == "train" and roof and "tflops" in row:
-            row["peak_fraction"] = row["tflops"]["median"] / roof["tflops"]["median"]
+            row["peak_fraction"] = peak_share(row["tflops"], roof["tflops"])
     return rows
 
 

@@ -153,6 +153,28 @@ def measure_speed(args: argparse.Namespace, steps: list[Callable[[], None]], tok
     }
 
 
+_running: set[int] = set()  # the process groups of the `run_for` children alive now
+
+
+def stop_children_on_signals() -> None:
+    """SIGTERM or SIGINT to this process (`timeout`, `kill`, Ctrl-C) SIGTERMs the process groups
+    of `run_for`'s children first, then ends this process as the signal would: they run in
+    sessions of their own, which a signal to this one does not reach, and a benchmark that runs
+    them on worker threads hears of it only in its main thread (found in review: a stopped
+    learning_curve.py left its trainings running). Call it from the main thread."""
+    def stop(signum: int, frame) -> None:
+        for group in list(_running):
+            try:
+                os.killpg(group, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+
+
 def run_for(command: list[str], minutes: float, log: Path, env: dict, grace_s: float = 30) -> tuple[bool, float]:
     """Run a training `command` (output into `log`) until it exits or `minutes` of wall clock have
     passed since its launch; then SIGTERM its process group, and SIGKILL after `grace_s`.
@@ -164,6 +186,7 @@ def run_for(command: list[str], minutes: float, log: Path, env: dict, grace_s: f
     with open(log, "w", encoding="utf-8") as handle:
         begin = time.monotonic()
         child = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        _running.add(child.pid)
 
         def stop() -> None:
             os.killpg(child.pid, signal.SIGTERM)
@@ -182,6 +205,8 @@ def run_for(command: list[str], minutes: float, log: Path, env: dict, grace_s: f
         except BaseException:
             stop()
             raise
+        finally:
+            _running.discard(child.pid)
         return finished, time.monotonic() - begin
 
 
