@@ -4,6 +4,7 @@ and post-norm models, each kind of positions, tied and untied projections, BOS a
 start; and the Argos Translate package LibreTranslate installs."""
 
 import json
+import math
 import shlex
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from aiayn.ct2 import transformer_spec
 from aiayn.model import Transformer
 from aiayn.search import greedy
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import ModelStep
+from aiayn.translate import ModelStep, translate_ids
 from test_faults import cli, make_model, one_line_error
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the `marian` extra (ctranslate2) is not installed")
@@ -92,6 +93,42 @@ def test_ctranslate2_computes_what_aiayn_computes(case, tmp_path):
     for src, out, score in zip(sources, ours, scored):
         expected = log_probs_of(model, src, out)
         assert torch.allclose(torch.tensor(score.log_probs), expected, atol=1e-4), (score.log_probs, expected)
+
+
+def test_without_a_length_penalty_ctranslate2_s_beam_search_finds_aiayn_s_best_hypothesis(tmp_path):
+    """Beam 4 at α = 0 on both sides (CTranslate2's length_penalty=0): the same scores, summed
+    log-probabilities, so the same best hypothesis wherever it wins by more than rounding and ends
+    before the length limit (where CTranslate2 scores no EOS and aiayn does; with α the two
+    penalties differ: the README says so). A bias toward EOS ends the random model's outputs."""
+    folder = make_model(tmp_path / "model", final_logits_bias=True)
+    model = Transformer.load(folder).eval()
+    randomize_biases(model)
+    with torch.no_grad():
+        model.logits_bias.zero_()
+        model.logits_bias[model.config.eos_id] = 1.5
+    tokenizer = Tokenizer.load(folder)
+    pieces = [tokenizer.id_to_piece(i) for i in range(model.config.vocab_size)]
+
+    class Converter(ctranslate2.converters.Converter):
+        def _load(self):
+            return transformer_spec(model, pieces)
+
+    Converter().convert(str(tmp_path / "ct2"))
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", compute_type="float32")
+    words = " ".join(SENTENCES).split()
+    texts = [" ".join(words[i:i + n]) for n in (2, 3, 5, 8) for i in range(0, len(words) - n, 3)]
+    sources = tokenizer.encode_batch(texts)
+    ours = translate_ids(model, sources, beam=4, alpha=0.0, min_len=1, max_output_len=LIMIT * 4)
+    theirs = translator.translate_batch([[pieces[i] for i in src] for src in sources], beam_size=4, length_penalty=0.0,
+                                        max_decoding_length=LIMIT * 4, min_decoding_length=1, num_hypotheses=2,
+                                        return_scores=True)
+    compared = 0
+    for out, result in zip(ours, theirs):
+        best, second = result.scores[0], result.scores[1] if len(result.scores) > 1 else -math.inf
+        if len(out) < LIMIT * 4 and best - second > DECISIVE:
+            assert [tokenizer.piece_to_id(p) for p in result.hypotheses[0]] == out
+            compared += 1
+    assert compared >= len(texts) // 2, (compared, len(texts))  # the test is well posed
 
 
 def test_export_ct2_writes_a_folder_ctranslate2_loads_and_keeps_what_is_there(tmp_path, capsys):
