@@ -62,6 +62,16 @@ def log_probs_of(model: Transformer, src: list[int], out: list[int]) -> torch.Te
     return log_probs.gather(1, torch.tensor(out + [model.config.eos_id])[:, None]).squeeze(1)
 
 
+def fp32_translator(model: Transformer, pieces: list[str], folder):
+    """CTranslate2's translator of `model` (its vocabulary `pieces`), converted into `folder`."""
+    class Converter(ctranslate2.converters.Converter):
+        def _load(self):
+            return transformer_spec(model, pieces)
+
+    Converter().convert(str(folder))
+    return ctranslate2.Translator(str(folder), device="cpu", compute_type="float32")
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_ctranslate2_computes_what_aiayn_computes(case, tmp_path):
     folder = make_model(tmp_path / "model", **CASES[case])
@@ -69,13 +79,7 @@ def test_ctranslate2_computes_what_aiayn_computes(case, tmp_path):
     randomize_biases(model)
     tokenizer = Tokenizer.load(folder)
     pieces = [tokenizer.id_to_piece(i) for i in range(model.config.vocab_size)]
-
-    class Converter(ctranslate2.converters.Converter):
-        def _load(self):
-            return transformer_spec(model, pieces)
-
-    Converter().convert(str(tmp_path / "ct2"))
-    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", compute_type="float32")
+    translator = fp32_translator(model, pieces, tmp_path / "ct2")
     sources = tokenizer.encode_batch(SENTENCES)
     ours = []
     for src in sources:  # aiayn's greedy tokens, each choice decisive
@@ -108,13 +112,7 @@ def test_without_a_length_penalty_ctranslate2_s_beam_search_finds_aiayn_s_best_h
         model.logits_bias[model.config.eos_id] = 1.5
     tokenizer = Tokenizer.load(folder)
     pieces = [tokenizer.id_to_piece(i) for i in range(model.config.vocab_size)]
-
-    class Converter(ctranslate2.converters.Converter):
-        def _load(self):
-            return transformer_spec(model, pieces)
-
-    Converter().convert(str(tmp_path / "ct2"))
-    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", compute_type="float32")
+    translator = fp32_translator(model, pieces, tmp_path / "ct2")
     words = " ".join(SENTENCES).split()
     texts = [" ".join(words[i:i + n]) for n in (2, 3, 5, 8) for i in range(0, len(words) - n, 3)]
     sources = tokenizer.encode_batch(texts)
