@@ -49,7 +49,7 @@ class ModelConfig:
     d_ff: int = _option(2048, "inner width of the feed-forward networks (§3.3)")
     n_layers: int = _option(6, "N, layers of the encoder and of the decoder (§3.1)")
     dropout: float = _option(0.1, "P_drop: residual and embedding dropout (§5.4)")
-    attention_dropout: float = _option(0.0, "dropout on attention weights (§5.4's translation models have none; §6.3 tuned it for parsing)")
+    attention_dropout: float = _option(0.0, "dropout on attention weights (§5.4 names residual dropout only, so none by default; §6.3 tuned both for parsing)")
     activation: Literal["relu", "gelu", "swish"] = _option("relu", "the feed-forward non-linearity (§3.3: ReLU)")
     norm_first: bool = _option(False, "true: pre-norm x + Sublayer(LayerNorm(x)); false: §3.1's post-norm")
     layer_norm_eps: float = _option(1e-6, "LayerNorm's ε")
@@ -138,7 +138,8 @@ class TrainConfig:
     data: Optional[str] = _option(None, "instead of --corpus: a DATA_DIR made by `aiayn preprocess`")
     src_lang: Optional[str] = _option(None, "the source language: a folder's file suffix, a TSV's first column")
     tgt_lang: Optional[str] = _option(None, "the target language: a folder's file suffix, a TSV's second column")
-    max_tokens: int = _option(25000, "padded tokens per batch, source and target each (§5.1: about 25,000 + 25,000; "
+    max_tokens: int = _option(25000, "padded tokens per batch and process, source and target each (§5.1: about "
+                                     "25,000 + 25,000 a step, so 3,125 under torchrun with 8 processes; "
                                      "base with a vocabulary of 8,000 then peaked at 18.5 GiB in fp32, 14.9 in bf16, on an AMD EPYC, "
                                      "and aiayn.flops puts its 37,000 at about 25 GiB in fp32: --accumulate N "
                                      "with 1/N of it makes the same batch in less memory)")
@@ -600,7 +601,8 @@ class AverageOptions:
     """`aiayn average`: §6.1's mean of a run's last checkpoints, or of those of given steps."""
 
     run_dir: str = _option(help="the run folder", positional=True)
-    last: Optional[int] = _option(None, "how many of the last (default 5; §6.1 averages 5 for base, 20 for big)",
+    last: Optional[int] = _option(None, "how many of the last (default: as many as the run keeps, --keep-last; "
+                                        "§6.1 averages 5 for base, 20 for big)",
                                   least=1)
     steps: Optional[list[int]] = _option(None, "the checkpoints of these steps instead, e.g. 98000 99000 100000",
                                          nargs="+", metavar="STEP", least=0)

@@ -531,6 +531,13 @@ def test_average_is_the_mean_of_the_last_checkpoints(tmp_path, corpus_tsv):
     assert load_file(str(tmp_path / "avg2" / "model.safetensors")).keys() == mean.keys()
     negative = average("--steps", "-2", "--out", str(tmp_path / "avg3"))
     assert (negative.returncode, negative.stderr) == (2, "aiayn: error: --steps must be at least 0, got -2\n")
+    recorded = tmp_path / "run" / "train_config.json"  # without --last, as many as the run keeps (a big run: 20)
+    recorded.write_text(json.dumps({**json.loads(recorded.read_text()), "keep_last": 2}))
+    default = average("--out", str(tmp_path / "avg-kept"))
+    assert default.returncode == 0, default.stderr
+    last_two = [load_file(str(d / "model.safetensors")) for d in kept[-2:]]
+    for name, value in load_file(str(tmp_path / "avg-kept" / "model.safetensors")).items():
+        torch.testing.assert_close(value, (last_two[0][name] + last_two[1][name]) / 2)
     config = kept[-2] / "config.json"  # same shapes, another model: never averaged
     written = json.loads(config.read_text())
     config.write_text(json.dumps({**written, "norm_first": not written["norm_first"]}))
