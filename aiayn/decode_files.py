@@ -16,7 +16,7 @@ from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep
 from aiayn.lines import iter_lines, open_input, visible
 from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
-from aiayn.run import languages_of, model_inputs, run_files
+from aiayn.run import languages_of, model_inputs, pinned_model_dir, run_files
 from aiayn.sentences import split_sentences
 from aiayn.translate import CHUNK_LINES, Translator, cut_at_limit
 from aiayn.visualize import attention_figures
@@ -57,6 +57,8 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
     chunks, to --output (through a `PartialOutput`) or stdout, with a progress bar on a terminal."""
     from tqdm.auto import tqdm
 
+    note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
+    options = dataclasses.replace(options, run_dir=str(pinned_model_dir(options.run_dir, note)))  # digest and load alike
     out = None
     paragraphs = isinstance(options, TranslateFileOptions) and options.split_sentences
     n_best = options.n_best if isinstance(options, TranslateFileOptions) else 1
@@ -84,7 +86,6 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
                 raise ValueError(f"{out.partial} holds {skip} lines but {name} has {total + skip}: "
                                  "--resume needs the same input")
         interactive = source is sys.stdin.buffer and sys.stdin.isatty()
-        note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
         on_gpu = translator.device.type == "cuda"
         if decode.cuda_graphs and not (on_gpu and GraphedStep.fits(translator.config)):  # a speed knob: said, not refused
             why = "with this model's restricted self-attention" if on_gpu else f"on the {translator.device.type.upper()}"

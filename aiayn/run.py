@@ -231,6 +231,8 @@ class RunDir:
             if (has := [name for name in (CONFIG, WEIGHTS) if (folder / name).is_file()]) and len(has) == 1:
                 lacks = WEIGHTS if has == [CONFIG] else CONFIG
                 raise FileNotFoundError(f"{folder} lacks {lacks} (it holds {has[0]}): a model folder holds both")
+        if (self.path / EXPERIMENT).exists():  # (found in review: said as any folder)
+            raise FileNotFoundError(f"{self.path} is a Table 3 experiment: give one of its rows, e.g. {self.path / 'base'}")
         raise FileNotFoundError(f"{self.path} is neither a model folder nor a run folder with a model or checkpoints")
 
 
@@ -315,12 +317,38 @@ def run_files(path: PathLike) -> list[Path]:
 
 def load_for_inference(path: PathLike, device: Union[str, torch.device] = "cpu"):
     """(model in eval mode, tokenizer) from a model folder, a checkpoint or a run folder; the
-    tokenizer is the model folder's, else the run folder's."""
+    tokenizer is the model folder's, else the run folder's. A run training meanwhile deletes all
+    but its newest checkpoints: one deleted while it was read is looked up again from a run folder,
+    and said as such of a checkpoint given (found in review: "no config.json", "cut short")."""
+    for _ in range(3):
+        model_dir = resolve_model_dir(path)
+        try:
+            model = Transformer.load(model_dir, device).eval()
+            tokenizer = load_tokenizer(tokenizer_folder(model_dir, path))
+        except (OSError, ValueError):
+            if model_dir.exists():
+                raise
+            if model_dir == Path(path):
+                raise ValueError(f"{model_dir} was deleted while it was read: a run training in {model_dir.parent.parent} "
+                                 "keeps only its newest checkpoints (--keep-last); read a copy, or its model/ when it "
+                                 "ends") from None
+            continue
+        check_vocabulary(tokenizer, model.config)
+        return model, tokenizer
+    raise ValueError(f"the newest checkpoint of {path} was deleted three times while it was read: a run is training "
+                     "there; read a copy, or its model/ when it ends")
+
+
+def pinned_model_dir(path: PathLike, note: Callable[[str], None]) -> Path:
+    """The model folder `path` names, looked up once for a command that reads it more than once
+    (its digest, then its weights; a server, then its workers), where a run training meanwhile
+    writes newer checkpoints (found in review: a translation's record named one checkpoint and its
+    lines came from the next; a server's workers decoded with another than the one it said). Says
+    which checkpoint a run folder without a final model gives."""
     model_dir = resolve_model_dir(path)
-    model = Transformer.load(model_dir, device).eval()
-    tokenizer = load_tokenizer(tokenizer_folder(model_dir, path))
-    check_vocabulary(tokenizer, model.config)
-    return model, tokenizer
+    if model_dir.parent.name == CHECKPOINTS and Path(path).resolve() != model_dir.resolve():
+        note(f"{path} has no {FINAL}/ (a run in progress?): using its newest checkpoint, {model_dir.name}")
+    return model_dir if has_tokenizer(model_dir) else Path(path)  # (else the run folder's tokenizer, found from it)
 
 
 def check_vocabulary(tokenizer, config: ModelConfig) -> None:

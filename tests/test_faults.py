@@ -509,6 +509,39 @@ def hold_lock(path: Path, lock: str = "run") -> subprocess.Popen:
     return holder
 
 
+def test_readers_of_a_run_in_progress_pin_one_checkpoint_and_survive_its_rotation(tmp_path, model_dir, capsys,
+                                                                                  monkeypatch):
+    """Found in review, with a run training beside the reader: a checkpoint deleted while it was
+    read failed as "no config.json" or "cut short"; a translation's record named one checkpoint
+    and its lines came from the next (a resume then took a mix); nothing said which was read; an
+    experiment folder was "neither a model folder nor a run folder"."""
+    import aiayn.run
+
+    run = tmp_path / "run"
+    for step in (2, 4):
+        shutil.copytree(model_dir, run / "checkpoints" / f"step_{step:08d}")
+    (tmp_path / "in.txt").write_text("the cat\n")
+    code, out, err = cli(capsys, "translate", run, "--input", tmp_path / "in.txt", "--beam", "1")
+    assert code in (0, None) and "has no model/ (a run in progress?): using its newest checkpoint, step_00000004" in err
+    real_load, deleted = aiayn.run.Transformer.load, []
+
+    def rotated(folder, *args, **kwargs):  # the trainer deletes the checkpoint as the reader opens it
+        if not deleted and Path(folder).name == "step_00000004":
+            deleted.append(shutil.rmtree(folder))
+        return real_load(folder, *args, **kwargs)
+
+    monkeypatch.setattr(aiayn.run.Transformer, "load", rotated)
+    model, _ = aiayn.run.load_for_inference(run)
+    assert deleted and model.config.vocab_size > 0  # step 2's, looked up again
+    deleted.clear()
+    shutil.copytree(model_dir, run / "checkpoints" / "step_00000004")
+    with pytest.raises(ValueError, match="step_00000004 was deleted while it was read: a run training in"):
+        aiayn.run.load_for_inference(run / "checkpoints" / "step_00000004")
+    (tmp_path / "table3").mkdir()
+    (tmp_path / "table3" / "experiment.json").write_text("{}")
+    one_line_error(*cli(capsys, "translate", tmp_path / "table3")[::2], "is a Table 3 experiment: give one of its rows")
+
+
 def test_a_launcher_count_that_is_no_number_is_said_by_its_name(tmp_path, corpus_tsv, capsys, monkeypatch):
     """Found in review: WORLD_SIZE=abc was "invalid literal for int() with base 10: 'abc'"."""
     monkeypatch.setenv("WORLD_SIZE", "abc")

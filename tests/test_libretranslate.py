@@ -236,6 +236,47 @@ def test_key_files_are_read_with_one_line_errors(tmp_path):
         read_keys(bad)
 
 
+def test_keys_rates_and_addresses_a_guesser_cannot_get_round():
+    """Found in a security review: wrong keys were never rate-limited; "pass#word" in a key file
+    was the key "pass"; a byte-order mark was part of the first key; each IPv6 address of a /64,
+    and each spelling of one address, had a rate of its own; the access log wrote keys sent in
+    the query; repeated q fields were gathered in time quadratic in their number, on the event
+    loop, before any key was checked."""
+    import logging
+
+    from aiayn.serve.libre import _add
+    from aiayn.serve.limits import client_address
+    from aiayn.serve.server import _allowed_hosts, _hide_keys
+
+    now = [0.0]
+    admission = Admission(keys={"secret": None}, per_address=2, clock=lambda: now[0])
+    for status in (403, 403, 429):  # a wrong key costs its address a request
+        with pytest.raises(Refused) as refused:
+            admission.admit("10.0.0.1", "guess")
+        assert refused.value.status_code == status
+    admission.admit("10.0.0.2", "secret")
+    same = ("2001:db8::aa", "2001:DB8::AA", "2001:0db8::00aa", "2001:db8::1:2")
+    assert {client_address(a) for a in same} == {"2001:db8::/64"}
+    assert client_address("::ffff:198.51.100.7") == client_address("198.51.100.7") == "198.51.100.7"
+    assert client_address("testclient") == "testclient"
+    assert _allowed_hosts("::ffff:127.0.0.1") is not None and _allowed_hosts("0.0.0.0") is None
+    record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5", "POST", "/detect?q=hi&api_key=secret&x=1", "1.1", 200), None)
+    assert _hide_keys(record) and record.getMessage() == '127.0.0.1:5 - "POST /detect?q=hi&api_key=***&x=1 HTTP/1.1" 200'
+    fields: dict = {}
+    for text in ("a", "b", "c"):
+        _add(fields, "q", text)
+    gathered = fields["q"]
+    _add(fields, "q", "d")
+    assert fields["q"] is gathered and gathered == ["a", "b", "c", "d"]  # appended in place: linear
+
+
+def test_key_files_keep_a_hash_inside_a_key_and_drop_a_byte_order_mark(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_bytes("\ufeffbom\npass#word 30  # a comment\n#whole line\nplain #note\n".encode())
+    assert read_keys(keys) == {"bom": None, "pass#word": 30.0, "plain": None}
+
+
 def test_html_pieces_join_back_to_the_page():
     page = "<!DOCTYPE html><html><body><h1 id=t>Title &eacute;t&#233;</h1><!-- note --><br/>x &lt; y</body></html>"
     texts, rest = split_html(page)

@@ -478,6 +478,9 @@ def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_di
     (b"x" * ((1 << 20) + 1), {"Content-Type": "application/json"}, 413, "over 1,048,576 bytes"),
     ({"text": ["a", "b\ud800c"]}, None, 422, "text 2 is not valid Unicode (it holds a lone surrogate)"),
     ({"text": "a"}, {"Host": "evil.example:8000"}, 421, "not to Host 'evil.example'"),  # DNS rebinding
+    # another site's page (found in review: a form POST from any page the user opened was served)
+    ({"text": "a"}, {"Origin": "http://evil.example"}, 403, "a page of 'http://evil.example' may not use this server"),
+    ({"text": "a"}, {"Origin": "null"}, 403, "a page of 'null'"),
     (b"[" * 100_000, {"Content-Type": "application/json"}, 400, "the body is not valid JSON"),  # Python's parser recurses
     (b"\xef\xbb\xbf" + b"[" * 100_000, {"Content-Type": "application/json"}, 400, "the body is not valid JSON: Recursion"),
 ])
@@ -485,6 +488,19 @@ def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(server, body
     got, answer, _ = request(server, "POST", "/translate", body, headers)
     assert got == status and fragment in answer["error"] and "\n" not in answer["error"], answer
     assert request(server, "POST", "/translate", {"text": "the cat"})[0] == 200
+
+
+def test_the_page_s_own_origin_is_served_and_two_host_headers_are_refused(server):
+    """The page's own requests name its origin; two Host headers are a 400 (found in review: the
+    last was judged, so "Host: evil" then "Host: localhost" passed)."""
+    for origin in (f"http://127.0.0.1:{server}", f"http://localhost:{server}"):
+        assert request(server, "POST", "/translate", {"text": "the cat"}, {"Origin": origin})[0] == 200
+    with socket.create_connection(("127.0.0.1", server), timeout=30) as connection:
+        connection.sendall(b"GET /health HTTP/1.1\r\nHost: evil.example\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        reply = b""
+        while chunk := connection.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 400") and b"more than one Host header" in reply
 
 
 class Hooked:

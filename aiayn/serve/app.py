@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Optional, Union
+from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -181,21 +182,41 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 class HostCheck:
     """Answer only requests whose Host header names this server (421 otherwise). A server on a
     loopback address is then out of reach of DNS rebinding: a page from evil.example whose name
-    has been pointed at 127.0.0.1 sends Host: evil.example. `allowed` None: any Host."""
+    has been pointed at 127.0.0.1 sends Host: evil.example. Nor does it answer another site's page
+    (403): a browser sends a page's form or text POST to any address without asking, and names the
+    page's site in Origin (found in review: any page the user opened could make a local server
+    translate). `allowed` None: any Host and Origin. Two Host headers are a 400 (RFC 9112)."""
 
     def __init__(self, app, allowed: Optional[frozenset] = LOOPBACK_NAMES) -> None:
         self.app, self.allowed = app, allowed
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and self.allowed is not None:
-            host = dict(scope["headers"]).get(b"host")
-            if host is not None:  # HTTP/1.0 may send none; a browser always does
-                name = host.decode("latin-1").lower()
+        if scope["type"] == "http":
+            hosts = [value for name, value in scope["headers"] if name == b"host"]
+            if len(hosts) > 1:  # (found in review: the last one was judged)
+                return await _error(400, "the request has more than one Host header")(scope, receive, send)
+            if self.allowed is not None and hosts:  # HTTP/1.0 may send none; a browser always does
+                name = hosts[0].decode("latin-1").lower()
                 name = name.rsplit(":", 1)[0] if not name.endswith("]") else name  # drop a port
                 if name not in self.allowed:
                     message = f"this server answers to {', '.join(sorted(self.allowed))}, not to Host {name!r}"
                     return await _error(421, message)(scope, receive, send)
+            origin = dict(scope["headers"]).get(b"origin")
+            if self.allowed is not None and origin is not None and _origin_host(origin) not in self.allowed:
+                message = (f"a page of {origin.decode('latin-1')!r} may not use this server; it answers its own "
+                           "page and clients that are no web page")
+                return await _error(403, message)(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+def _origin_host(origin: bytes) -> Optional[str]:
+    """The host an Origin header names, as a Host header would ("[::1]"); None for "null" (a
+    page of no site: a file, a sandbox) and for what is no origin."""
+    try:
+        host = urlsplit(origin.decode("latin-1")).hostname
+    except ValueError:
+        return None
+    return None if host is None else f"[{host}]" if ":" in host else host
 
 
 # What FastAPI answers for a JSON body it failed to read (not UTF-8, nested too deep for Python's

@@ -143,8 +143,12 @@ async def request_fields(request: Request) -> dict[str, Any]:
 
 
 def _add(fields: dict, key: str, value: str) -> None:
+    """A field into `fields`; repeated q fields into one list, appended in place (found in review:
+    a list made anew for each took time quadratic in their number, on the event loop)."""
     if key == "q" and key in fields:
-        fields[key] = (fields[key] if isinstance(fields[key], list) else [fields[key]]) + [value]
+        if not isinstance(fields[key], list):
+            fields[key] = [fields[key]]
+        fields[key].append(value)
     else:
         fields[key] = value
 

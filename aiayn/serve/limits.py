@@ -2,11 +2,16 @@
 --api-keys and --req-limit).
 
 - A key file (`aiayn serve --api-keys FILE`): one key a line, optionally followed by that key's
-  own limit in requests per minute; `#` starts a comment. With one, every translation request
+  own limit in requests per minute; `#` at a line's start or after a space starts a comment (a
+  key may hold one: found in review, "pass#word" was read as "pass"). With one, every translation request
   needs a key of the file (403 otherwise), from the LibreTranslate field `api_key`, the query
   parameter `api_key`, or the header `Authorization: Bearer KEY`.
 - A rate per address (`--req-limit N` requests per minute), and a key's own rate: over either,
-  429 with Retry-After, the seconds until one more request is allowed.
+  429 with Retry-After, the seconds until one more request is allowed. A request with a wrong
+  key or none costs its address a request too, so keys cannot be guessed faster than the rate.
+  An address is counted as what it is, however written: IPv4 (an IPv4-mapped IPv6 address as its
+  IPv4), IPv6 by its /64, the least a client is given (found in review: each of a /64's
+  addresses, and each spelling of one, had a rate of its own).
 
 Rates are token buckets: a client may send its minute's requests (at least one) at once, then one
 every 60 / N seconds. Without a key file and a rate, everything is open, as before.
@@ -14,7 +19,9 @@ every 60 / N seconds. Without a key file and a rate, everything is open, as befo
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,13 +42,13 @@ def read_keys(path: Union[str, Path]) -> dict[str, Optional[float]]:
     """key -> its requests per minute (None: the address rate only), from a key file."""
     keys: dict[str, Optional[float]] = {}
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark is no part of a key
     except FileNotFoundError:
         raise FileNotFoundError(f"no such key file: {path}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not UTF-8 text: a key file holds one key a line") from None
     for number, line in enumerate(lines, start=1):
-        words = line.split("#", 1)[0].split()
+        words = re.split(r"(?:^|\s)#", line, maxsplit=1)[0].split()
         if not words:
             continue
         if len(words) > 2:
@@ -58,6 +65,18 @@ def read_keys(path: Union[str, Path]) -> dict[str, Optional[float]]:
     if not keys:
         raise ValueError(f"{path} holds no key")
     return keys
+
+
+def client_address(address: str) -> str:
+    """The address a rate counts: IPv4 as is, an IPv4-mapped IPv6 address as its IPv4, IPv6 by its
+    /64; text that is no address (a test client's name) as given."""
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return address
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.ip_network(f"{ip}/64", strict=False)) if ip.version == 6 else str(ip)
 
 
 def _room(per_minute: float) -> float:
@@ -88,17 +107,19 @@ class Admission:
         return self.keys is not None
 
     def admit(self, address: str, key: object) -> None:
-        """Take one request from the address's and the key's allowance, or raise `Refused`."""
-        limits = []
+        """Take one request from the address's and the key's allowance, or raise `Refused`: a
+        request without a valid key is refused after it has taken its address's (403, or 429
+        where that is spent)."""
+        limits, refused = [], None
         if self.keys is not None:
             if not key:
-                raise Refused(403, "Please provide an API key (api_key)")
-            if not isinstance(key, str) or key not in self.keys:  # a JSON body may send any type
-                raise Refused(403, "Invalid API key")
-            if self.keys[key] is not None:
+                refused = Refused(403, "Please provide an API key (api_key)")
+            elif not isinstance(key, str) or key not in self.keys:  # a JSON body may send any type
+                refused = Refused(403, "Invalid API key")
+            elif self.keys[key] is not None:
                 limits.append((("key", key), self.keys[key]))
         if self.per_address is not None:
-            limits.append((("address", address), self.per_address))
+            limits.append((("address", client_address(address)), self.per_address))
         with self._lock:
             now = self.clock()
             if len(self._buckets) > MAX_BUCKETS:
@@ -112,6 +133,8 @@ class Admission:
                               headers={"Retry-After": str(max(1, math.ceil(wait)))})
             for name, _ in limits:  # taken only when every bucket has one
                 self._buckets[name].tokens -= 1
+        if refused is not None:
+            raise refused
 
     def _wait(self, name: tuple, per_minute: float, now: float) -> float:
         """Seconds until `name`'s bucket holds a request (0: it holds one now), refilled first."""

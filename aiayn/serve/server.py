@@ -11,8 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
+import os
+import re
 import signal
 import socket
+import stat
 import sys
 import threading
 
@@ -21,7 +25,7 @@ import uvicorn
 from aiayn.config import DecodeConfig, ServeOptions
 from aiayn.device import check_precision, resolve_device
 from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
-from aiayn.run import languages_of, load_for_inference
+from aiayn.run import languages_of, load_for_inference, pinned_model_dir
 from aiayn.serve.app import LOOPBACK_NAMES, create_app
 from aiayn.serve.connections import guarded_protocol
 from aiayn.serve.libre import Languages
@@ -57,8 +61,10 @@ def _load(options: ServeOptions, precision: str, listener: socket.socket):
     try:
         device = resolve_device(options.device)
         check_precision(device, precision)  # here, before N workers would each load the model to refuse it
-        model, tokenizer = load_for_inference(options.run_dir, device)
-        workers = Workers(str(options.run_dir), str(device), precision, options.workers) if options.workers > 1 else None
+        # One folder for this process and its workers, whatever a run training there writes meanwhile
+        model_dir = pinned_model_dir(options.run_dir, lambda text: print(f"aiayn: note: {text}", file=sys.stderr))
+        model, tokenizer = load_for_inference(model_dir, device)
+        workers = Workers(str(model_dir), str(device), precision, options.workers) if options.workers > 1 else None
         return device, model, tokenizer, workers
     except BaseException:
         listener.close()
@@ -68,7 +74,8 @@ def _load(options: ServeOptions, precision: str, listener: socket.socket):
 def _allowed_hosts(address: str):
     """On a loopback address only loopback names are answered (no DNS rebinding); a server on
     another address is meant to be reached by names this process cannot know (None: any)."""
-    if not ipaddress.ip_address(address).is_loopback:
+    ip = ipaddress.ip_address(address)
+    if not (ip.is_loopback or getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback):  # ::ffff:127.0.0.1 (found in review)
         return None
     return LOOPBACK_NAMES | {address if ":" not in address else f"[{address}]"}
 
@@ -91,10 +98,23 @@ def _proxies(forwarded_allow_ips: str | None) -> str | None:
 def _uvicorn_config(app, options: ServeOptions, proxies: str | None) -> uvicorn.Config:
     # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
     # little later, only ever cancels the one batch being decoded then.
-    return uvicorn.Config(app, log_level="info" if options.access_log else "warning", access_log=options.access_log,
-                          http=guarded_protocol(options.read_timeout, options.max_connections),
-                          timeout_graceful_shutdown=options.drain_seconds + 10,
-                          proxy_headers=proxies is not None, forwarded_allow_ips=proxies)
+    config = uvicorn.Config(app, log_level="info" if options.access_log else "warning", access_log=options.access_log,
+                            http=guarded_protocol(options.read_timeout, options.max_connections),
+                            timeout_graceful_shutdown=options.drain_seconds + 10,
+                            proxy_headers=proxies is not None, forwarded_allow_ips=proxies)
+    logging.getLogger("uvicorn.access").addFilter(_hide_keys)  # after the Config, which sets the loggers up
+    return config
+
+
+def _hide_keys(record: logging.LogRecord) -> bool:
+    """The access log's line with `?api_key=...` written as `api_key=...` hidden (found in review:
+    --access-log wrote every key sent in the query)."""
+    if isinstance(record.args, tuple) and len(record.args) > 2 and isinstance(record.args[2], str):
+        record.args = (*record.args[:2], _KEY_IN_QUERY.sub(r"\1***", record.args[2]), *record.args[3:])
+    return True
+
+
+_KEY_IN_QUERY = re.compile(r"([?&]api_key=)[^&#\s]*")
 
 
 def _say_if_open(allowed_hosts, keys) -> None:
@@ -107,6 +127,9 @@ def _say_if_open(allowed_hosts, keys) -> None:
 
 def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     keys = read_keys(options.api_keys) if options.api_keys else None
+    if keys is not None and os.stat(options.api_keys).st_mode & stat.S_IROTH:  # (found in review: unsaid)
+        print(f"aiayn: note: {options.api_keys} may be read by every user of this machine; chmod o-r {options.api_keys}",
+              file=sys.stderr, flush=True)
     proxies = _proxies(options.forwarded_allow_ips)
     languages = _languages(options)  # before the model loads
     listener = _listen(options.host, options.port)
