@@ -271,10 +271,13 @@ def test_keys_rates_and_addresses_a_guesser_cannot_get_round():
     assert fields["q"] is gathered and gathered == ["a", "b", "c", "d"]  # appended in place: linear
 
 
-def test_key_files_keep_a_hash_inside_a_key_and_drop_a_byte_order_mark(tmp_path):
+def test_key_files_keep_a_hash_inside_a_key_and_drop_a_byte_order_mark(tmp_path, model_dir):
     keys = tmp_path / "keys"
     keys.write_bytes("\ufeffbom\npass#word 30  # a comment\n#whole line\nplain #note\n".encode())
     assert read_keys(keys) == {"bom": None, "pass#word": 30.0, "plain": None}
+    keys.chmod(0o644)  # every user may read it: said (found in review)
+    code, _, err = ServerProcess(model_dir, "--api-keys", str(keys)).stop()
+    assert code == 0 and f"aiayn: note: {keys} may be read by every user of this machine; chmod o-r" in err
 
 
 def test_html_pieces_join_back_to_the_page():

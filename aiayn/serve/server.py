@@ -117,6 +117,15 @@ def _hide_keys(record: logging.LogRecord) -> bool:
 _KEY_IN_QUERY = re.compile(r"([?&]api_key=)[^&#\s]*")
 
 
+def _keys(path: str) -> dict:
+    """The key file's keys, and a note where every user of the machine may read it (found in
+    review: unsaid)."""
+    keys = read_keys(path)
+    if os.stat(path).st_mode & stat.S_IROTH:
+        print(f"aiayn: note: {path} may be read by every user of this machine; chmod o-r {path}", file=sys.stderr, flush=True)
+    return keys
+
+
 def _say_if_open(allowed_hosts, keys) -> None:
     """A server beyond loopback without keys is open to whoever reaches it (as LibreTranslate's
     default is): allowed, but said."""
@@ -126,10 +135,7 @@ def _say_if_open(allowed_hosts, keys) -> None:
 
 
 def serve(options: ServeOptions, decode: DecodeConfig) -> None:
-    keys = read_keys(options.api_keys) if options.api_keys else None
-    if keys is not None and os.stat(options.api_keys).st_mode & stat.S_IROTH:  # (found in review: unsaid)
-        print(f"aiayn: note: {options.api_keys} may be read by every user of this machine; chmod o-r {options.api_keys}",
-              file=sys.stderr, flush=True)
+    keys = _keys(options.api_keys) if options.api_keys else None
     proxies = _proxies(options.forwarded_allow_ips)
     languages = _languages(options)  # before the model loads
     listener = _listen(options.host, options.port)
