@@ -138,7 +138,9 @@ class RunDir:
         vocabulary too large, a refusal) leaves no lock, nor a folder of its own, behind: a folder
         holding only the lock would be in the way, and one of the user's would pass for a run's."""
         new, emptied = not self.path.exists(), False
-        found = self.started_before = (self.path / LOCK).exists()
+        found = (self.path / LOCK).exists()
+        if self.started_before is None:  # an outer lock of this start (demo, then train) said it first (found in review)
+            self.started_before = found
         held = set() if new else {path.name for path in self.path.iterdir()}
         try:
             with writer_lock(self.path / LOCK, self.path):

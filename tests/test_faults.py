@@ -161,6 +161,9 @@ def test_a_new_run_refuses_a_folder_of_the_users_files_it_would_replace(tmp_path
                    "holds loss.png, tokenizer.model, which a new run there would replace", "choose another --out")
     assert all((mine / name).read_text() == "theirs" for name in ("loss.png", "tokenizer.model"))
     assert sorted(path.name for path in mine.iterdir()) == ["loss.png", "tokenizer.model"]
+    one_line_error(*cli(capsys, "demo", "--out", mine, "--minutes", "0.05")[::2],  # (its outer lock hid them: found in review)
+                   "holds loss.png, tokenizer.model, which a new run there would replace")
+    assert sorted(path.name for path in mine.iterdir()) == ["loss.png", "tokenizer.model"]
     started = tmp_path / "started"  # a start that failed after writing its tokenizer
     with RunDir(started).lock():
         (started / "tokenizer.model").write_text("an earlier start's")

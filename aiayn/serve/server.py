@@ -19,6 +19,7 @@ import socket
 import stat
 import sys
 import threading
+from urllib.parse import unquote_plus
 
 import uvicorn
 
@@ -77,7 +78,7 @@ def _allowed_hosts(address: str):
     ip = ipaddress.ip_address(address)
     if not (ip.is_loopback or getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback):  # ::ffff:127.0.0.1 (found in review)
         return None
-    return LOOPBACK_NAMES | {address if ":" not in address else f"[{address}]"}
+    return LOOPBACK_NAMES | {address if ":" not in address else f"[{ip}]"}  # as HostCheck writes it: ::ffff:7f00:1
 
 
 def _proxies(forwarded_allow_ips: str | None) -> str | None:
@@ -110,11 +111,16 @@ def _hide_keys(record: logging.LogRecord) -> bool:
     """The access log's line with `?api_key=...` written as `api_key=...` hidden (found in review:
     --access-log wrote every key sent in the query)."""
     if isinstance(record.args, tuple) and len(record.args) > 2 and isinstance(record.args[2], str):
-        record.args = (*record.args[:2], _KEY_IN_QUERY.sub(r"\1***", record.args[2]), *record.args[3:])
+        record.args = (*record.args[:2], _QUERY_FIELD.sub(_hidden, record.args[2]), *record.args[3:])
     return True
 
 
-_KEY_IN_QUERY = re.compile(r"([?&]api_key=)[^&#\s]*")
+_QUERY_FIELD = re.compile(r"([?&])([^=&#\s]*)=([^&#\s]*)")
+
+
+def _hidden(field: re.Match) -> str:
+    """A query field as logged: api_key's value hidden, however its name is escaped (api%5Fkey)."""
+    return f"{field[1]}{field[2]}=***" if unquote_plus(field[2]) == "api_key" else field[0]
 
 
 def _keys(path: str) -> dict:
