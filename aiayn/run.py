@@ -328,7 +328,7 @@ def load_for_inference(path: PathLike, device: Union[str, torch.device] = "cpu")
             model = Transformer.load(model_dir, device).eval()
             tokenizer = load_tokenizer(tokenizer_folder(model_dir, path))
         except (OSError, ValueError):
-            if model_dir.exists():
+            if model_dir.exists() or model_dir == Path(path) and model_dir.parent.name != CHECKPOINTS:
                 raise
             if model_dir == Path(path):
                 raise ValueError(f"{model_dir} was deleted while it was read: a run training in {model_dir.parent.parent} "
@@ -412,10 +412,9 @@ def _kept_by(run: RunDir) -> int:
     """How many checkpoints the run keeps, as its train_config.json records (§6.1 averages as many:
     5 for base, 20 for big; found in review: a big run was averaged over 5); 5 where it says none."""
     try:
-        kept = read_json(run.train_config).get("keep_last")
-    except (OSError, ValueError, AttributeError):
-        return 5
-    return kept if isinstance(kept, int) and not isinstance(kept, bool) and kept >= 1 else 5
+        return run.configs()[1].keep_last
+    except (OSError, ValueError):
+        return TrainConfig.keep_last
 
 
 def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -> None:

@@ -14,10 +14,9 @@ module of their own, each held to the reference math by tests/test_kernels.py.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Iterator, Optional
 
 import torch
@@ -126,7 +125,7 @@ class Bf16Twin:
 # the compiled step
 
 
-@contextlib.contextmanager
+@contextmanager
 def reproducible_compilation(cpu: bool = True) -> Iterator[None]:
     """While it lasts, torch.compile makes graphs whose results depend on the batch alone, so
     that a resumed run repeats the uninterrupted one bit for bit:

@@ -244,7 +244,7 @@ def test_keys_rates_and_addresses_a_guesser_cannot_get_round():
     loop, before any key was checked."""
     import logging
 
-    from aiayn.serve.app import _ipv6_name
+    from aiayn.serve.app import ipv6_name
     from aiayn.serve.libre import _add
     from aiayn.serve.limits import client_address
     from aiayn.serve.server import _allowed_hosts, _hide_keys
@@ -261,7 +261,7 @@ def test_keys_rates_and_addresses_a_guesser_cannot_get_round():
     assert client_address("::ffff:198.51.100.7") == client_address("198.51.100.7") == "198.51.100.7"
     assert client_address("testclient") == "testclient"
     assert "[::ffff:7f00:1]" in _allowed_hosts("::ffff:127.0.0.1") and _allowed_hosts("0.0.0.0") is None
-    assert _ipv6_name("[::FFFF:127.0.0.1]") == "[::ffff:7f00:1]"  # as a browser writes it, in Host and Origin
+    assert ipv6_name("[::FFFF:127.0.0.1]") == "[::ffff:7f00:1]"  # as a browser writes it, in Host and Origin
     for query, logged in (("q=hi&api_key=secret&x=1", "q=hi&api_key=***&x=1"), ("api%5Fkey=secret", "api%5Fkey=***")):
         record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
                                    ("127.0.0.1:5", "POST", f"/detect?{query}", "1.1", 200), None)

@@ -198,7 +198,7 @@ class HostCheck:
                 return await _error(400, "the request has more than one Host header")(scope, receive, send)
             if self.allowed is not None and hosts:  # HTTP/1.0 may send none; a browser always does
                 name = hosts[0].decode("latin-1").lower()
-                name = _ipv6_name(name.rsplit(":", 1)[0] if not name.endswith("]") else name)  # no port
+                name = ipv6_name(name.rsplit(":", 1)[0] if not name.endswith("]") else name)  # no port
                 if name not in self.allowed:
                     message = f"this server answers to {', '.join(sorted(self.allowed))}, not to Host {name!r}"
                     return await _error(421, message)(scope, receive, send)
@@ -217,10 +217,10 @@ def _origin_host(origin: bytes) -> Optional[str]:
         host = urlsplit(origin.decode("latin-1")).hostname
     except ValueError:
         return None
-    return None if host is None else _ipv6_name(f"[{host}]") if ":" in host else host
+    return None if host is None else ipv6_name(f"[{host}]") if ":" in host else host
 
 
-def _ipv6_name(name: str) -> str:
+def ipv6_name(name: str) -> str:
     """A bracketed IPv6 address in one spelling, Python's (a browser writes ::ffff:127.0.0.1 as
     ::ffff:7f00:1: found in review); any other name as it is."""
     if name.startswith("[") and name.endswith("]"):

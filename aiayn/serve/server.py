@@ -27,7 +27,7 @@ from aiayn.config import DecodeConfig, ServeOptions
 from aiayn.device import check_precision, resolve_device
 from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
 from aiayn.run import languages_of, load_for_inference, pinned_model_dir
-from aiayn.serve.app import LOOPBACK_NAMES, create_app
+from aiayn.serve.app import LOOPBACK_NAMES, create_app, ipv6_name
 from aiayn.serve.connections import guarded_protocol
 from aiayn.serve.libre import Languages
 from aiayn.serve.limits import Admission, read_keys
@@ -78,7 +78,7 @@ def _allowed_hosts(address: str):
     ip = ipaddress.ip_address(address)
     if not (ip.is_loopback or getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback):  # ::ffff:127.0.0.1 (found in review)
         return None
-    return LOOPBACK_NAMES | {address if ":" not in address else f"[{ip}]"}  # as HostCheck writes it: ::ffff:7f00:1
+    return LOOPBACK_NAMES | {ipv6_name(f"[{address}]") if ":" in address else address}  # as HostCheck reads Host
 
 
 def _proxies(forwarded_allow_ips: str | None) -> str | None:
