@@ -186,8 +186,8 @@ def main() -> None:
         parser.exit(2, f"error: {args.run_dir} does not exist\n")
     torch.set_num_threads(args.threads)
     bound_kernel_cache(SERVING_KERNEL_CACHE_CAPACITY)  # as `aiayn serve` does, before the first product
-    decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=args.precision)
-    translator = or_exit(lambda: Translator.load(args.run_dir, decode=decode))  # a folder of no model: one line
+    settings = dataclasses.replace(DECODE_PRESETS["translate"], precision=args.precision)
+    translator = or_exit(lambda: Translator.load(args.run_dir, decode=settings))  # a folder of no model: one line
     verses = [source for source, _ in load_corpus("bible-en-es").splits["test"]]
     random.Random(0).shuffle(verses)
     sources = translator.tokenizer.encode_batch(verses[: args.sentences])

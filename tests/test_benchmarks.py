@@ -131,3 +131,27 @@ def _state(proc: Path) -> str:
         return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "Z"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The tiny run of tests/fixtures (12 steps on a toy corpus): a real model folder to decode."""
+    import tarfile
+
+    folder = tmp_path_factory.mktemp("tiny")
+    with tarfile.open(Path(__file__).parent / "fixtures" / "run-c08bdea.tar.xz") as archive:
+        archive.extractall(folder, filter="data")
+    return folder / "run"
+
+
+def test_decode_steps_measures_a_model_end_to_end(tiny_run, tmp_path):
+    """Found in session: a review's change named a local `decode` after the script's own function,
+    and every run of decode_steps.py failed at its warm-up with a TypeError."""
+    import json
+
+    out = tmp_path / "steps.json"
+    done = run_script("decode_steps", tiny_run, "--precision", "fp32", "--sentences", "6", "--live", "2",
+                      "--reps", "1", "--threads", "1", "--profile", "--out", out)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["step_ms_1"]["median"] > 0 and summary["step_ms_2"]["median"] > 0 and summary["ceiling"]["median"] > 0
