@@ -150,8 +150,8 @@ def test_decode_steps_measures_a_model_end_to_end(tiny_run, tmp_path):
     import json
 
     out = tmp_path / "steps.json"
-    done = run_script("decode_steps", tiny_run, "--precision", "fp32", "--sentences", "6", "--live", "2",
-                      "--reps", "1", "--threads", "1", "--profile", "--out", out)
+    done = run_script("decode_steps", tiny_run, "--precision", "fp32", "--sentences", "3", "--live", "2",
+                      "--reps", "1", "--threads", "1", "--out", out)
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())["summary"]
     assert summary["step_ms_1"]["median"] > 0 and summary["step_ms_2"]["median"] > 0 and summary["ceiling"]["median"] > 0
