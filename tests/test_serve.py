@@ -195,7 +195,8 @@ def test_close_finishes_the_queue_then_refuses():
         pending = [asyncio.ensure_future(batcher.submit([[i]], Options())) for i in range(3)]
         await asyncio.sleep(0.05)
         closing = asyncio.ensure_future(asyncio.to_thread(batcher.close))
-        await asyncio.sleep(0.05)
+        while not batcher._closing:  # the close has begun in its thread (a fixed sleep raced it)
+            await asyncio.sleep(0.01)
         with pytest.raises(Closed):
             await batcher.submit([[9]], Options())
         gate.set()
