@@ -384,7 +384,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not out_of_memory(error):
             raise
         ask = ask_for_less(args.command)
-        parser.exit(2, f"aiayn: error: out of memory ({type(error).__name__}); ask for less: {ask}\n")
+        parser.exit(2, f"aiayn: error: out of memory ({type(error).__name__}); {ask}\n")
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

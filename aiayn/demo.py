@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
@@ -20,7 +21,7 @@ from aiayn.files import read_json, write_json
 from aiayn.model import Transformer
 from aiayn.run import DEMO_RESULT, RunDir, average_checkpoints
 from aiayn.train import RERUN_HINT, train_run
-from aiayn.translate import Translator
+from aiayn.translate import Translator, cut_at_limit
 from aiayn.visualize import attention_figures
 
 
@@ -100,6 +101,14 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
     for i in samples:
         print(f"\n  source     {test[i][0]}\n  reference  {test[i][1]}\n  aiayn      {result.hypotheses[i]}")
     shortest = min(samples, key=lambda i: len(result.hypotheses[i]))
-    target = translator.translate_ids([tokenizer.encode(test[shortest][0])])[0]
-    paths = attention_figures(model, tokenizer, test[shortest][0], target, run.attention, force=True)
+    paths = _attention_maps(translator, test[shortest][0], run.attention)
     print(f"\nattention maps of test verse {shortest + 1}: {paths[-1].parent}/ ({len(paths)} files)")
+
+
+def _attention_maps(translator: Translator, source: str, out: Path) -> list[Path]:
+    """The maps of `source` and its translation, drawn with the weights the search saw, a
+    translation cut at its length limit named so (found in review: neither was)."""
+    ids = translator.tokenizer.encode(source)
+    target = translator.translate_ids([ids])[0]
+    return attention_figures(translator.model, translator.tokenizer, source, target, out, force=True,
+                             cut=cut_at_limit(translator.model.config, ids, target, translator.decode))

@@ -58,12 +58,17 @@ def out_of_memory(error: BaseException) -> bool:
 
 
 def ask_for_less(command: str) -> str:
-    """The options of `command` that make it need less memory, for its out-of-memory error."""
-    return {"train": "a smaller --max-tokens (--accumulate N keeps the batch) or model",
+    """What to do about an out-of-memory error of `command`: the options it has that make it need
+    less (found in review: every command but five was told translate's), else free memory."""
+    decoding = ("a smaller --batch-tokens (a --resume may change it), or a smaller --extra-len or --max-output-len, "
+                "batch or model")
+    less = {"train": "a smaller --max-tokens (--accumulate N keeps the batch) or model",
             "demo": "a smaller --preset", "experiment": "a smaller --scale",
-            "serve": "a smaller --max-batch-mib, fewer --workers"}.get(
-        command, "a smaller --batch-tokens (a --resume may change it), or a smaller --extra-len or "
-                 "--max-output-len, batch or model")
+            "serve": "a smaller --max-batch-mib, fewer --workers",
+            "attention": "a shorter --sentence or a smaller --max-tokens",
+            "translate": decoding, "parse": decoding,
+            "preprocess": "a smaller --sample-sentences or fewer --workers"}.get(command)
+    return f"ask for less: {less}" if less else "close other programs, or run it on a machine with more memory"
 
 
 def environment_count(name: str, default: int) -> int:

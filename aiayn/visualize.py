@@ -149,7 +149,7 @@ def attention_figures(
     families, undrawn = label_fonts([*src_labels, *produced, *fed])
     if undrawn:
         note(f"no installed font draws {undrawn[:20]}{'...' if len(undrawn) > 20 else ''}: those labels show as boxes "
-             "boxes (a Noto font draws them: apt-get install fonts-noto-core fonts-noto-cjk)")
+             "(a Noto font draws them: apt-get install fonts-noto-core fonts-noto-cjk)")
 
     def build(folder: Path) -> None:
         import matplotlib

@@ -38,7 +38,8 @@ from pathlib import Path
 import torch
 
 from aiayn.corpora import load_corpus
-from common import RESULTS, command_line, cpu_kind, machine, parse_args, positive_int, spread, write_results
+from common import (RESULTS, command_line, cpu_kind, machine, non_negative_int, or_exit, parse_args, positive_int, spread,
+                    write_results)
 
 # Run by torchrun (or alone): aiayn's CLI, then this process's peak resident set, on every rank.
 CHILD = Path(__file__).resolve().parent / "peak_rss_child.py"
@@ -131,11 +132,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=positive_int, nargs="+", default=[1_000_000, 4_500_000], help="corpus sizes")
     parser.add_argument("--reps", type=positive_int, default=3, help="training starts per size and process count")
-    parser.add_argument("--compare-pairs", type=positive_int, default=1_000_000,
+    parser.add_argument("--compare-pairs", type=non_negative_int, default=1_000_000,
                         help="corpus size (one of --pairs) for the comparison with onmt_build_vocab; 0: none")
     parser.add_argument("--work", type=Path, default=None, help="folder for corpora and data (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=None, help="result file (default results/data-scale-KIND.json)")
     args = parse_args(parser)
+    # Found in review: both were found out only after every corpus was preprocessed.
+    if args.compare_pairs and args.compare_pairs not in args.pairs:
+        parser.error("--compare-pairs must be one of --pairs")
+    if args.compare_pairs and not ONMT_BUILD_VOCAB.exists():
+        parser.exit(2, f"no {ONMT_BUILD_VOCAB}: run benchmarks/setup_preprocess_peers.sh, or --compare-pairs 0\n")
+    if args.work:  # the docstring's own --work /tmp/quick was a traceback where it did not exist yet
+        or_exit(lambda: args.work.mkdir(parents=True, exist_ok=True))
     threads = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
@@ -164,10 +172,6 @@ def main() -> None:
                   flush=True)
         peers = None
         if args.compare_pairs:
-            if args.compare_pairs not in args.pairs:
-                raise SystemExit("--compare-pairs must be one of --pairs")
-            if not ONMT_BUILD_VOCAB.exists():
-                raise SystemExit(f"no {ONMT_BUILD_VOCAB}: run benchmarks/setup_preprocess_peers.sh, or --compare-pairs 0")
             peers = {"pairs": args.compare_pairs, **compare_encoding(work, args.compare_pairs, args.reps, threads)}
         runs = {(pairs, nproc): [] for pairs in args.pairs for nproc in (1, 2)}
         for rep in range(args.reps):

@@ -8,7 +8,8 @@ Each run is the demo's training (aiayn.config.demo_model and demo_training, bf16
 2026-11-25 a bf16 copy of the model, the fast recipe's) for
 --steps steps in a fresh process; the second one is given ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024. Both read the
 `rss_mib` that `aiayn train` writes into every training record of log.jsonl. Prints each run's
-first, last and largest reading and writes results/train-memory-KIND.json.
+first, last and largest reading and writes results/train-memory-KIND.json (with --out, the JSON
+beside the PNG: OUT with .json for .png).
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from aiayn.files import atomic_write
+from aiayn.files import atomic_write, refuse_to_replace
 from aiayn.device import cpu_kind
 from aiayn.kernel_cache import KERNEL_CACHE_CAPACITY
 from aiayn.run import LOG, read_log
-from common import (RESULTS, command_line, machine, parse_args, positive_float, positive_int, require_precision,
-                    write_results)
+from common import (RESULTS, _committed, command_line, machine, or_exit, parse_args, positive_float, positive_int,
+                    require_precision, write_results)
 
 # Each variant's size of oneDNN's kernel cache, given to a fresh process before it imports aiayn.
 VARIANTS = {"bounded": (str(KERNEL_CACHE_CAPACITY), f"{KERNEL_CACHE_CAPACITY} kernels cached (aiayn's default)"),
@@ -105,10 +106,15 @@ def main() -> None:
     parser.add_argument("--labels", nargs="+", help="with --plot: the runs' names in the legend (default: their folder names)")
     parser.add_argument("--from-minutes", nargs="+", type=positive_float, default=[], metavar="M",
                         help="with --plot: also print each run's smallest and largest reading from minute M of training on")
-    parser.add_argument("--out", type=Path, help=f"the PNG (default docs/train-memory-{cpu_kind()}.png)")
+    parser.add_argument("--out", type=Path, help=f"the PNG (default docs/train-memory-{cpu_kind()}.png); "
+                                                 "the results go beside it, .json for .png")
     parser.add_argument("--force", action="store_true", help="replace the run folders of an earlier call")
     args = parse_args(parser)
     out = args.out or Path("docs") / f"train-memory-{cpu_kind()}.png"
+    # Found in review: the results went to results/ whatever --out said, over the committed file.
+    results = out.with_suffix(".json") if args.out else RESULTS / f"train-memory-{cpu_kind()}.json"
+    if args.out and not args.plot:
+        or_exit(lambda: refuse_to_replace(results, args.force or _committed(results), folder=False))
     if args.labels and (not args.plot or len(args.labels) != len(args.plot)):
         sys.exit("--labels needs --plot and one label per run folder")
     if args.from_minutes and not args.plot:
@@ -138,7 +144,7 @@ def main() -> None:
             print(f"{label}: from minute {minute:g}: {low:,.0f}-{high:,.0f} MiB")
     plot(curves, out, "Resident memory of the demo's training")
     if not args.plot:
-        write_results(RESULTS / f"train-memory-{cpu_kind()}.json", {
+        write_results(results, {
             "benchmark": "train-memory", "command": command_line(), "machine": machine(torch.device("cpu"), torch.get_num_threads()),
             "settings": {"steps": args.steps, "preset": "small", "precision": "bf16"},
             "runs": {label: {**summary(points), "readings": points} for label, points in curves.items()},

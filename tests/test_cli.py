@@ -115,6 +115,26 @@ def test_out_of_memory_in_training_names_the_options_of_training(tmp_path, monke
     assert "--max-tokens" in err and "--accumulate" in err and "--batch-tokens" not in err
 
 
+def test_every_command_s_out_of_memory_advice_names_only_options_it_has():
+    """Found in review: `attention`, `average`, `preprocess` and the others were told to lower
+    translate's --batch-tokens, an option they do not have."""
+    import argparse
+    import re
+
+    from aiayn.cli import build_parser
+    from aiayn.errors import ask_for_less
+
+    def flags(parser) -> set:
+        nested = [p for a in parser._actions if isinstance(a, argparse._SubParsersAction) for p in a.choices.values()]
+        return {o for a in parser._actions for o in a.option_strings}.union(*map(flags, nested))
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, parser in commands.items():
+        named = set(re.findall(r"--[a-z-]*[a-z]", ask_for_less(name)))
+        assert named <= flags(parser), (name, named - flags(parser))
+    assert "--max-tokens" in ask_for_less("attention") and "--batch-tokens" in ask_for_less("parse")
+
+
 def test_info_takes_config_overrides(capsys):
     _, out, _ = run(capsys, "info", "--preset", "base", "--vocab-size", "8000", "--positional", "learned",
                     "--share-embeddings", "false")

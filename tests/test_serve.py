@@ -438,12 +438,15 @@ def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_di
     config = Transformer.load(model_dir).config
     status, body, _ = request(server, "POST", "/translate", {"text": [SENTENCES[1], " "], "attention": True, "beam": 2})
     assert status == 200 and body["translations"][1] == ""
-    assert body["details"][1] == {"source_tokens": [], "target_tokens": [], "attention": {}}  # nothing to attend
+    assert body["details"][1] == {"source_tokens": [], "target_tokens": [], "fed_tokens": [], "attention": {}}  # nothing to attend
     detail = body["details"][0]
     S, T = len(detail["source_tokens"]), len(detail["target_tokens"])
     # </s> where the search scored EOS; this random model's output may run to its length limit instead
     limit = output_limit(S - 1, batcher_module.SECTION_6_1.extra_len, None) - 1
     assert detail["source_tokens"][-1] == "</s>" and detail["target_tokens"][-1] == ("(cut)" if T - 1 >= limit else "</s>")
+    # The decoder's keys as fed: the model's start token (found in review: the page wrote "<s>", an
+    # imported Marian model's is <pad>), then the outputs.
+    assert detail["fed_tokens"] == [Tokenizer.load(model_dir).id_to_piece(config.bos_id), *detail["target_tokens"][:-1]]
     shapes = {"encoder": (S, S), "decoder": (T, T), "cross": (T, S)}
     for kind, (rows, columns) in shapes.items():
         layers = detail["attention"][kind]

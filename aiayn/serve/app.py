@@ -76,10 +76,11 @@ class Details(BaseModel):
     source_tokens: list[str] = Field(description="source pieces, ending with </s>")
     target_tokens: list[str] = Field(description="output pieces, ending with </s>, or (cut) where the output reached "
                                      "its length limit: row t of a decoder map produced token t")
+    fed_tokens: list[str] = Field(description="the decoder's inputs: its start token (the model's own: <s>, or an "
+                                  "imported Marian model's <pad>), then the outputs; key t of a decoder map")
     attention: dict[str, list[list[list[list[float]]]]] = Field(
         description='{"encoder": [layer][head][source][source], "decoder": [layer][head][target][target], '
-                    '"cross": [layer][head][target][source]}; a decoder key t is the token fed at step t '
-                    "(<s>, then the outputs)")
+                    '"cross": [layer][head][target][source]}; a decoder key t is fed_tokens[t]')
 
 
 class TranslateResponse(BaseModel):
@@ -111,7 +112,7 @@ class ServedModel:
         return result
 
     def attention(self, source: list[int], output: list[int], max_output_len: Optional[int] = None) -> dict:
-        maps, src, _ = pair_attention(self.model, source, output)
+        maps, src, fed = pair_attention(self.model, source, output)
         # (h, L_q, L_k) per layer, rounded to 3 decimals in float64 (so that 0.001 prints as 0.001, not
         # as float32's 0.0010000000474974513): the JSON stays small.
         rounded = {kind: [(layer[0].double() * 1000).round().div(1000).tolist() for layer in layers]
@@ -120,6 +121,7 @@ class ServedModel:
         decode = dataclasses.replace(self.translator.decode, max_output_len=max_output_len)
         last = CUT if cut_at_limit(self.model.config, source, output, decode) else piece(self.model.config.eos_id)
         return {"source_tokens": [piece(i) for i in src], "target_tokens": [piece(i) for i in output] + [last],
+                "fed_tokens": [piece(i) for i in fed],
                 "attention": rounded}
 
 
@@ -150,7 +152,7 @@ class ServedSearch:
         return finished
 
 
-EMPTY = {"translation": "", "details": {"source_tokens": [], "target_tokens": [], "attention": {}}}
+EMPTY = {"translation": "", "details": {"source_tokens": [], "target_tokens": [], "fed_tokens": [], "attention": {}}}
 
 
 def _error(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:

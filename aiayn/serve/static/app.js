@@ -23,10 +23,10 @@ function fillSelect(select, options) {
 }
 
 // The (queries, keys) labels of each kind: source pieces; decoder queries are the steps, named by
-// the token each produced; decoder keys are the tokens fed in (<s>, then the outputs).
+// the token each produced; decoder keys are the tokens fed in (the model's start token, then the
+// outputs), as the server names them.
 function axes(detail, kind) {
-  const src = detail.source_tokens, tgt = detail.target_tokens;
-  const fed = ["<s>", ...tgt.slice(0, -1)];
+  const src = detail.source_tokens, tgt = detail.target_tokens, fed = detail.fed_tokens;
   return { cross: [tgt, src], encoder: [src, src], decoder: [tgt, fed] }[kind];
 }
 
