@@ -114,6 +114,93 @@ def test_max_len_forces_eos_and_finished_sentences_leave():
     assert tokens.tolist() == [BOS, BOS]
 
 
+class Hashed:
+    """A step function whose log-probabilities are random but fixed per (sentence, prefix): a
+    distribution over VOCAB + 2 tokens, sharp enough that beams end at different steps. Rows are
+    tracked as the search moves them; `join` adds a sentence's rows as the search asks."""
+
+    VOCAB = VOCAB + 2
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.prefixes = seed, []
+
+    def log_probs(self, prefix: tuple) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(hash((self.seed, prefix)) % 2**62)
+        return torch.log_softmax(torch.randn(self.VOCAB, generator=generator) * 3, dim=-1)  # (V,) fp32
+
+    def join(self, sentence: int, rows: int) -> None:
+        self.prefixes += [(sentence,)] * rows
+
+    def step(self, tokens):
+        self.prefixes = [p + (int(t),) for p, t in zip(self.prefixes, tokens, strict=True)]
+        return torch.stack([self.log_probs(p) for p in self.prefixes])  # (B, V)
+
+    def reorder(self, rows, sentences, beam):
+        self.prefixes = [self.prefixes[i] for i in rows.tolist()]
+
+
+def reference_beam_search(model: Hashed, sentence: int, beam: int, max_len: int, alpha: float, min_len: int,
+                          n_best: int) -> list:
+    """§6.1's search for one sentence, written plainly: every candidate of every beam ranked in
+    Python; an EOS among the k best finishes a hypothesis (up to k are kept, in the order found),
+    the k best others go on; the sentence ends with k finished or at max_len, where only EOS may
+    follow (greedy: a hypothesis at max_len finishes there); EOS barred before min_len unless at
+    max_len; the best
+    by log P / lp(|Y| + 1), then the next n_best - 1. Returns [(tokens, log P)] best first."""
+    beams, finished = [((), torch.tensor(0.0))], []
+    for t in range(max_len + 1):
+        candidates = []
+        for j, (tokens, score) in enumerate(beams):
+            log_probs = model.log_probs((sentence, BOS) + tokens)
+            for v in range(model.VOCAB):
+                barred = v != EOS if t == max_len else v == EOS and t < min_len  # the limit before min_len
+                candidates.append((float("-inf") if barred else (score + log_probs[v]).item(), j, v))
+        top = sorted(candidates, key=lambda c: -c[0])[: 2 * beam]
+        finished += [(beams[j][0], c) for c, j, v in top[:beam] if v == EOS and c > float("-inf")]
+        if len(finished) >= beam or t == max_len:
+            break
+        beams = [(beams[j][0] + (v,), torch.tensor(c)) for c, j, v in top if v != EOS][:beam]
+        if beam == 1 and t + 1 == max_len:
+            finished.append((beams[0][0], beams[0][1].item()))
+            break
+    kept = finished[:beam]
+    scores = [torch.tensor(c) / ((5 + len(tokens) + 1) / 6) ** alpha for tokens, c in kept]
+    order = sorted(range(len(kept)), key=lambda i: -scores[i].item())  # stable: the first of equals first
+    return [(list(kept[i][0]), kept[i][1]) for i in order[:n_best]]
+
+
+@pytest.mark.parametrize("beam, alpha, min_len", [(1, 0.0, 0), (2, 0.6, 0), (3, 0.6, 2), (4, 1.0, 0), (4, 0.6, 3)])
+def test_the_search_finds_what_a_plain_beam_search_finds_with_sentences_joining_as_it_runs(beam, alpha, min_len):
+    """BeamSearch keeps every sentence's state in tensors and lets sentences join between steps;
+    each sentence must get what the plain search above gets for it alone: the same outputs, best
+    and alternatives, with the same log-probabilities (the same fp32 sums)."""
+    from aiayn.search import BeamSearch
+
+    ended = 0
+    for seed in range(4):
+        model = Hashed(seed)
+        search = BeamSearch(model.step, model.reorder, BOS, EOS, torch.device("cpu"), beam, min_len)
+        limits = {0: 6, 1: 3, 2: 9, 3: 1, 4: 7, 5: 5}
+        joining, got, step = {0: [0, 1], 1: [2], 3: [3, 4], 9: [5]}, {}, 0
+        while joining or search.live:
+            due = joining.pop(step, []) if search.live else joining.pop(min(joining))
+            if not search.live:  # the rows of sentences that all left (no reorder told of it)
+                model.prefixes = []
+            for sentence in due:
+                model.join(sentence, search.width)
+            if due:
+                search.join(torch.tensor([limits[s] for s in due]), due, alpha, n_best=beam)
+            got.update(search.step())
+            step += 1
+        assert sorted(got) == list(limits)
+        for sentence, hypothesis in got.items():
+            expected = reference_beam_search(model, sentence, beam, limits[sentence], alpha, min_len, beam)
+            found = [hypothesis] + hypothesis.alternatives
+            assert [(h.tokens, h.log_prob) for h in found] == expected, (seed, sentence)
+            ended += len(hypothesis.tokens) < limits[sentence]
+    assert ended  # some outputs ended by EOS, not only at their limits
+
+
 # --- Against the model -----------------------------------------------------------------------
 
 CONFIG = ModelConfig(vocab_size=30, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0)
