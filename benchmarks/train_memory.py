@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -95,6 +96,12 @@ def summary(points: list[tuple[int, float]]) -> dict:
             "largest_mib": round(max(m for _, m in points))}
 
 
+def results_file(out: Optional[Path]) -> Path:
+    """Where the JSON goes: beside a given --out (found in review: it went to results/ whatever
+    --out said, over the committed file), else results/."""
+    return out.with_suffix(".json") if out else RESULTS / f"train-memory-{cpu_kind()}.json"
+
+
 def main() -> None:
     if sys.argv[1:2] == ["_child"]:  # _child RUN STEPS
         child(Path(sys.argv[2]), int(sys.argv[3]))
@@ -111,8 +118,7 @@ def main() -> None:
     parser.add_argument("--force", action="store_true", help="replace the run folders of an earlier call")
     args = parse_args(parser)
     out = args.out or Path("docs") / f"train-memory-{cpu_kind()}.png"
-    # Found in review: the results went to results/ whatever --out said, over the committed file.
-    results = out.with_suffix(".json") if args.out else RESULTS / f"train-memory-{cpu_kind()}.json"
+    results = results_file(args.out)
     if args.out and not args.plot:
         or_exit(lambda: refuse_to_replace(results, args.force or _committed(results), folder=False))
     if args.labels and (not args.plot or len(args.labels) != len(args.plot)):
