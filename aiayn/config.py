@@ -688,6 +688,11 @@ class ServeOptions:
                                                  "--req-limit, comma-separated, e.g. 127.0.0.1 behind a proxy on this "
                                                  "machine (default: none, every request's own address counts)",
                                                  metavar="IPS")
+    # LibreTranslate answers every site's pages; aiayn those named (aiayn.serve.origins).
+    cors_origins: Optional[str] = _option(None, "sites whose web pages may call this server from a browser (CORS), "
+                                          "comma-separated origins, e.g. http://localhost:3000, or * for every site "
+                                          "(default: none; browser extensions and non-browser clients need none)",
+                                          metavar="ORIGINS")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -244,7 +244,7 @@ def test_keys_rates_and_addresses_a_guesser_cannot_get_round():
     loop, before any key was checked."""
     import logging
 
-    from aiayn.serve.app import ipv6_name
+    from aiayn.serve.origins import ipv6_name
     from aiayn.serve.libre import _add
     from aiayn.serve.limits import client_address
     from aiayn.serve.server import _allowed_hosts, _hide_keys

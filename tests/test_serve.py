@@ -507,6 +507,43 @@ def test_the_page_s_own_origin_is_served_and_two_host_headers_are_refused(server
     assert reply.startswith(b"HTTP/1.1 400") and b"more than one Host header" in reply
 
 
+def test_a_browser_extension_is_served_on_loopback_and_no_site_is_told_it_may_read(server):
+    """A LibreTranslate browser extension pointed at a local server names itself in Origin, which
+    no web page can send: served. No answer carries CORS headers unless --cors-origins names the site."""
+    for origin in ("chrome-extension://abcdefghijklmnop", "moz-extension://0d4c1f5e-6b1a-4c8f-9e2d-1a2b3c4d5e6f"):
+        status, _, headers = request(server, "POST", "/translate", {"text": "the cat"}, {"Origin": origin})
+        assert status == 200 and "access-control-allow-origin" not in headers
+    status, _, headers = request(server, "OPTIONS", "/translate", headers={
+        "Origin": f"http://localhost:{server + 1}", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in headers
+
+
+def test_cors_origins_let_the_sites_named_call_the_server_from_a_browser(model_dir):
+    """--cors-origins: a named site's JSON POST is preflighted and answered with its origin in
+    Access-Control-Allow-Origin, as LibreTranslate answers (its own default is every site);
+    another site is still refused; a malformed list is a one-line error before the model loads."""
+    site = "http://app.example:3000"
+    with ServerProcess(model_dir, "--cors-origins", f"{site}, https://other.example", "--source-lang", "en",
+                       "--target-lang", "es") as process:
+        status, _, headers = request(process.port, "OPTIONS", "/translate", headers={
+            "Origin": site, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+        assert status == 200 and headers["access-control-allow-origin"] == site
+        assert "POST" in headers["access-control-allow-methods"] and "content-type" in headers["access-control-allow-headers"].lower()
+        for path, body in (("/translate", {"q": "the cat", "source": "en", "target": "es"}), ("/languages", None)):
+            status, _, headers = request(process.port, "POST" if body else "GET", path, body, {"Origin": site})
+            assert status == 200 and headers["access-control-allow-origin"] == site
+        status, answer, _ = request(process.port, "POST", "/translate", {"text": "a"}, {"Origin": "http://evil.example"})
+        assert status == 403 and "--cors-origins" in answer["error"]
+    every = ServerProcess(model_dir, "--cors-origins", "*")  # LibreTranslate's own default
+    status, _, headers = request(every.port, "POST", "/translate", {"text": "a"}, {"Origin": "http://any.example"})
+    code, _, err = every.stop()
+    assert status == 200 and headers["access-control-allow-origin"] == "*" and code == 0
+    assert "--cors-origins '*': any web page opened on this machine may translate" in err
+    done = subprocess.run([sys.executable, "-m", "aiayn", "serve", str(model_dir), "--cors-origins", "app.example/"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not an origin" in done.stderr
+
+
 class Hooked:
     """A server's search whose steps first wait for `gate`, and raise the errors of `failures`
     one a step while there are any."""
@@ -1026,6 +1063,45 @@ def test_the_page_translates_and_draws_the_attention_in_chromium(server, tmp_pat
     assert seen["numbers"] == [1, 3] and seen["sentences"] == ["1", "3"] and seen["focus"] == "translate"
     seen = tools.drive_page(f"http://127.0.0.1:{server}/", "   ", shot, chromium)
     assert seen["translations"] == [""] and seen["status"] == "Nothing to translate: the lines are blank."
+
+
+def test_a_web_app_of_another_site_translates_in_chromium_only_where_cors_origins_names_it(model_dir, server, tmp_path):
+    """A page of another origin (http://localhost:OTHER) calls the server with fetch, in
+    LibreTranslate's request shape, as a web app would: the browser preflights the JSON POST and
+    lets the page read the answer only where --cors-origins names the site."""
+    import functools
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from playwright.sync_api import sync_playwright
+
+    _, chromium = _page_tools()
+    (tmp_path / "index.html").write_text("<!doctype html><title>a web app</title>")
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    site = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    origin = f"http://localhost:{site.server_address[1]}"
+    call = """async (url) => {
+        try {
+            const answer = await fetch(url, {method: "POST", headers: {"Content-Type": "application/json"},
+                                             body: JSON.stringify({q: "the cat", source: "en", target: "es"})});
+            return [answer.status, await answer.json()];
+        } catch (error) { return ["refused", String(error)]; }
+    }"""
+    try:
+        with ServerProcess(model_dir, "--cors-origins", origin, "--source-lang", "en", "--target-lang", "es") as named, \
+                sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(origin + "/")
+                status, answer = page.evaluate(call, f"http://127.0.0.1:{named.port}/translate")
+                assert status == 200 and isinstance(answer["translatedText"], str), answer
+                status, answer = page.evaluate(call, f"http://127.0.0.1:{server}/translate")  # no --cors-origins
+                assert status == "refused" and "Failed to fetch" in answer
+            finally:
+                browser.close()
+    finally:
+        site.shutdown()
 
 
 def test_the_page_translates_without_maps_past_the_limit_and_asks_for_a_key_where_one_is_needed(model_dir, tmp_path):

@@ -9,8 +9,9 @@
 
 Every error is JSON, {"error": "one line"}: 400 invalid JSON, 408 a request not sent whole in
 time, 411 a body without a Content-Length, 413 a body over 1 MiB or a request whose decoding
-state or attention maps would be over the server's memory limits (aiayn.serve.cost), 421 a Host
-that is not this server's, 422 a field of the wrong type or out of range (beam 0, too many
+state or attention maps would be over the server's memory limits (aiayn.serve.cost), 403 a
+page of a site the server does not answer, 421 a Host that is not this server's
+(aiayn.serve.origins), 422 a field of the wrong type or out of range (beam 0, too many
 texts, a text over the token limit), 500 a batch whose decoding failed, 503 a full queue, too
 many connections or a server shutting down (with Retry-After).
 """
@@ -19,13 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ipaddress
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Optional, Union
-from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,6 +42,7 @@ from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, Options, QueueFull
 from aiayn.serve import libre
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.libre import Languages, LibreDispatch
+from aiayn.serve.origins import LOOPBACK_NAMES, add_origin_checks, error as _error
 from aiayn.serve.limits import Admission
 from aiayn.translate import ContinuousDecoding, Translator, cut_at_limit, input_token_limit
 from aiayn.visualize import CUT, pair_attention
@@ -155,10 +155,6 @@ class ServedSearch:
 EMPTY = {"translation": "", "details": {"source_tokens": [], "target_tokens": [], "fed_tokens": [], "attention": {}}}
 
 
-def _error(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
 class BodyLimit:
     """Refuse a request body over `limit` bytes from its Content-Length, before it is read. A body
     sent in chunks could grow without bound, so it is refused too (411), whatever Content-Length
@@ -177,60 +173,6 @@ class BodyLimit:
             if length is not None and int(length) > self.limit:  # the HTTP parser has checked it is a number
                 return await _error(413, f"the request body is over {self.limit:,} bytes")(scope, receive, send)
         await self.app(scope, receive, send)
-
-
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
-
-
-class HostCheck:
-    """Answer only requests whose Host header names this server (421 otherwise). A server on a
-    loopback address is then out of reach of DNS rebinding: a page from evil.example whose name
-    has been pointed at 127.0.0.1 sends Host: evil.example. Nor does it answer another site's page
-    (403): a browser sends a page's form or text POST to any address without asking, and names the
-    page's site in Origin (found in review: any page the user opened could make a local server
-    translate). `allowed` None: any Host and Origin. Two Host headers are a 400 (RFC 9112)."""
-
-    def __init__(self, app, allowed: Optional[frozenset] = LOOPBACK_NAMES) -> None:
-        self.app, self.allowed = app, allowed
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            hosts = [value for name, value in scope["headers"] if name == b"host"]
-            if len(hosts) > 1:  # (found in review: the last one was judged)
-                return await _error(400, "the request has more than one Host header")(scope, receive, send)
-            if self.allowed is not None and hosts:  # HTTP/1.0 may send none; a browser always does
-                name = hosts[0].decode("latin-1").lower()
-                name = ipv6_name(name.rsplit(":", 1)[0] if not name.endswith("]") else name)  # no port
-                if name not in self.allowed:
-                    message = f"this server answers to {', '.join(sorted(self.allowed))}, not to Host {name!r}"
-                    return await _error(421, message)(scope, receive, send)
-            origin = dict(scope["headers"]).get(b"origin")
-            if self.allowed is not None and origin is not None and _origin_host(origin) not in self.allowed:
-                message = (f"a page of {origin.decode('latin-1')!r} may not use this server; it answers its own "
-                           "page and clients that are no web page")
-                return await _error(403, message)(scope, receive, send)
-        await self.app(scope, receive, send)
-
-
-def _origin_host(origin: bytes) -> Optional[str]:
-    """The host an Origin header names, as a Host header would ("[::1]"); None for "null" (a
-    page of no site: a file, a sandbox) and for what is no origin."""
-    try:
-        host = urlsplit(origin.decode("latin-1")).hostname
-    except ValueError:
-        return None
-    return None if host is None else ipv6_name(f"[{host}]") if ":" in host else host
-
-
-def ipv6_name(name: str) -> str:
-    """A bracketed IPv6 address in one spelling, Python's (a browser writes ::ffff:127.0.0.1 as
-    ::ffff:7f00:1: found in review); any other name as it is."""
-    if name.startswith("[") and name.endswith("]"):
-        try:
-            return f"[{ipaddress.ip_address(name[1:-1])}]"
-        except ValueError:
-            pass
-    return name
 
 
 # What FastAPI answers for a JSON body it failed to read (not UTF-8, nested too deep for Python's
@@ -362,13 +304,15 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
                max_input_tokens: int = SERVE.max_input_tokens, allowed_hosts: Optional[frozenset] = LOOPBACK_NAMES,
                max_batch_mib: float = SERVE.max_batch_mib, max_attention_mib: float = SERVE.max_attention_mib,
                languages: Languages = Languages(), admission: Optional[Admission] = None,
-               decode_on_caller: bool = False, engines: Optional[list] = None) -> FastAPI:
+               decode_on_caller: bool = False, engines: Optional[list] = None,
+               cors_origins: tuple[str, ...] = ()) -> FastAPI:
     """The ASGI app serving `model` (put in eval mode: it decodes without dropout) with its
     `tokenizer`; its batcher's thread starts now and stops, after finishing
     the queued requests, when the server shuts down (with `decode_on_caller`, there is no such
     thread: the caller runs `app.state.batcher.run()`, as `aiayn serve` does on its main
     thread). `allowed_hosts`: the Host names it answers
-    to (None: any, for a server meant to be reached by other names). `max_batch_mib` bounds the
+    to (None: any, for a server meant to be reached by other names); `cors_origins` the sites whose
+    pages may call it from a browser (aiayn.serve.origins). `max_batch_mib` bounds the
     decoding state of the texts decoding at once and `max_attention_mib` the attention maps of one answer
     (aiayn.serve.cost). `languages`: the model's pair, for the LibreTranslate API
     (aiayn.serve.libre); `admission`: keys and request rates (aiayn.serve.limits), none by default.
@@ -430,7 +374,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     app.state.drain = drain
     app.add_middleware(LibreDispatch)  # inside BodyLimit: it reads bodies already bounded
     app.add_middleware(BodyLimit)
-    app.add_middleware(HostCheck, allowed=allowed_hosts)  # added last, so it runs first
+    add_origin_checks(app, allowed_hosts, cors_origins)  # added last, so they run first
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     _add_error_handlers(app)

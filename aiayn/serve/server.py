@@ -27,7 +27,8 @@ from aiayn.config import DecodeConfig, ServeOptions
 from aiayn.device import check_precision, resolve_device
 from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
 from aiayn.run import languages_of, load_for_inference, pinned_model_dir
-from aiayn.serve.app import LOOPBACK_NAMES, create_app, ipv6_name
+from aiayn.serve.app import create_app
+from aiayn.serve.origins import LOOPBACK_NAMES, cors_origins, ipv6_name
 from aiayn.serve.connections import guarded_protocol
 from aiayn.serve.libre import Languages
 from aiayn.serve.limits import Admission, read_keys
@@ -132,17 +133,25 @@ def _keys(path: str) -> dict:
     return keys
 
 
-def _say_if_open(allowed_hosts, keys) -> None:
+def _start_up_notes(options: ServeOptions, allowed_hosts, keys, origins: tuple[str, ...]) -> None:
     """A server beyond loopback without keys is open to whoever reaches it (as LibreTranslate's
-    default is): allowed, but said."""
+    default is), and one whose --cors-origins is * to every page its users open: allowed, but
+    said; and so is a --max-texts that --max-queue cuts."""
+    if options.max_texts > options.max_queue:
+        print(f"aiayn: note: a request may hold {options.max_queue} texts, --max-queue's size, not --max-texts "
+              f"{options.max_texts}", file=sys.stderr, flush=True)
     if allowed_hosts is None and keys is None:
         print("aiayn: note: any client that reaches this address may translate; --api-keys FILE asks for a key",
+              file=sys.stderr, flush=True)
+    elif "*" in origins and keys is None:
+        print("aiayn: note: --cors-origins '*': any web page opened on this machine may translate with this server",
               file=sys.stderr, flush=True)
 
 
 def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     keys = _keys(options.api_keys) if options.api_keys else None
     proxies = _proxies(options.forwarded_allow_ips)
+    origins = cors_origins(options.cors_origins)
     languages = _languages(options)  # before the model loads
     listener = _listen(options.host, options.port)
     device, model, tokenizer, workers = _load(options, decode.precision, listener)
@@ -153,7 +162,7 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
                          max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
                          max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib,
                          languages=languages, admission=Admission(keys, options.req_limit),
-                         decode_on_caller=True, engines=workers and workers.engines)
+                         decode_on_caller=True, engines=workers and workers.engines, cors_origins=origins)
         parameters = model.num_parameters()
         del model  # a bf16 or int8 server keeps only its decoding copy (with workers, none here), not the fp32 weights as well
         host, port = listener.getsockname()[:2]
@@ -162,10 +171,7 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
         print(f"serving {options.run_dir} ({parameters:,} parameters, {decode.precision} on {on}) at "
               f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json; "
               f"LibreTranslate: POST /translate with q, GET /languages, POST /detect)", flush=True)
-        _say_if_open(allowed, keys)
-        if options.max_texts > options.max_queue:
-            print(f"aiayn: note: a request may hold {options.max_queue} texts, --max-queue's size, not --max-texts "
-                  f"{options.max_texts}", file=sys.stderr, flush=True)
+        _start_up_notes(options, allowed, keys, origins)
         config = _uvicorn_config(app, options, proxies)
         loop = None
 
