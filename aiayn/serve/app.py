@@ -13,13 +13,15 @@ state or attention maps would be over the server's memory limits (aiayn.serve.co
 page of a site the server does not answer, 421 a Host that is not this server's
 (aiayn.serve.origins), 422 a field of the wrong type or out of range (beam 0, too many
 texts, a text over the token limit), 500 a batch whose decoding failed, 503 a full queue, too
-many connections or a server shutting down (with Retry-After).
+many connections or a server shutting down (with Retry-After). The one exception: a browser's
+CORS preflight that asks for what --cors-origins does not allow gets Starlette's plain-text 400.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -38,7 +40,7 @@ from starlette.requests import ClientDisconnect
 
 from aiayn.lines import visible
 from aiayn.sentences import interleave, split_sentences
-from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, Options, QueueFull, unless_gone
+from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, DecodingFailed, Options, QueueFull, unless_gone
 from aiayn.serve import libre
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.libre import Languages, LibreDispatch
@@ -217,9 +219,15 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def gone(request: Request, error: ClientDisconnect) -> Response:  # its connection was closed: no one reads this
         return Response(status_code=499)
 
+    @app.exception_handler(DecodingFailed)
+    async def failed(request: Request, error: DecodingFailed) -> JSONResponse:
+        cause = error.__cause__
+        logging.getLogger("uvicorn.error").error("decoding failed", exc_info=cause)
+        return _error(500, f"decoding failed: {type(cause).__name__}: {' '.join(str(cause).split())}")
+
     @app.exception_handler(Exception)
-    async def failed(request: Request, error: Exception) -> JSONResponse:  # uvicorn logs the traceback
-        return _error(500, f"decoding failed: {type(error).__name__}: {' '.join(str(error).split())}")
+    async def broken(request: Request, error: Exception) -> JSONResponse:  # a fault of the server's: uvicorn logs it
+        return _error(500, f"the server failed: {type(error).__name__}: {' '.join(str(error).split())}")
 
 
 @dataclass

@@ -43,6 +43,12 @@ class Closed(Exception):
     """The batcher is shutting down and takes no new requests."""
 
 
+class DecodingFailed(Exception):
+    """Decoding a request's texts raised its cause: the request gets a 500 from the app's handler
+    of this class, which runs inside the middleware (an exception no handler names is answered
+    outside it, without the CORS headers a web app needs to read the error: found in review)."""
+
+
 @dataclass(frozen=True)
 class Options:
     """The decoding options of a request's texts (§6.1: beam 4, α 0.6, output ≤ input + 50)."""
@@ -474,4 +480,9 @@ async def unless_gone(submission, request) -> Optional[list]:
     if not decoding.done():
         decoding.cancel()
         return None
-    return decoding.result()
+    try:
+        return decoding.result()
+    except (QueueFull, Closed):
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever decoding raised, this request's answer says
+        raise DecodingFailed() from error

@@ -90,15 +90,29 @@ def ipv6_name(name: str) -> str:
 
 def cors_origins(text: Optional[str]) -> tuple[str, ...]:
     """--cors-origins checked: origins (scheme://host[:port], as a browser sends them in Origin),
-    comma-separated, or * for every site; none by default."""
+    comma-separated, or * for every site; none by default. An origin is written as a browser
+    writes it: lower case, without its scheme's default port (found in review: https://a:443
+    was taken and then matched nothing); one no browser sends (a wildcard, a user, a name not in
+    ASCII, which a browser sends as punycode) is refused, not left to match nothing."""
     if text is None:
         return ()
-    origins = tuple(origin.strip().lower() for origin in text.split(","))
-    for origin in origins:
-        if origin != "*" and not _ORIGIN.fullmatch(origin):
-            raise ValueError(f"--cors-origins: {origin!r} is not an origin: scheme://host[:port] as a browser "
-                             "sends it (no path, no trailing /), e.g. http://localhost:3000, or * for every site")
-    return origins
+    return tuple(_origin(origin.strip().lower()) for origin in text.split(","))
+
+
+def _origin(origin: str) -> str:
+    if origin == "*":
+        return origin
+    parts = urlsplit(origin) if _ORIGIN.fullmatch(origin) and origin.isascii() else None
+    try:
+        port = parts and parts.port
+    except ValueError:  # a port that is no number, or past 65535
+        parts = None
+    if not parts or not parts.hostname or "@" in parts.netloc or "*" in parts.netloc:
+        raise ValueError(f"--cors-origins: {origin!r} is not an origin: scheme://host[:port] as a browser sends it "
+                         "(no path, no trailing /, no wildcard), e.g. http://localhost:3000, or * for every site")
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return f"{parts.scheme}://{parts.netloc.rsplit(':', 1)[0] if port else parts.netloc}" + (
+        f":{port}" if port and port != default else "")
 
 
 def add_origin_checks(app, allowed_hosts: Optional[frozenset], origins: tuple[str, ...]) -> None:
@@ -106,5 +120,6 @@ def add_origin_checks(app, allowed_hosts: Optional[frozenset], origins: tuple[st
     of a page's JSON POST answered, and every answer to those pages readable by them."""
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Content-Type", "Authorization"], max_age=86400)
+                           allow_headers=["Content-Type", "Authorization"], expose_headers=["Retry-After"],
+                           max_age=86400)
     app.add_middleware(HostCheck, allowed=allowed_hosts, origins=origins)  # added last, so it runs first
