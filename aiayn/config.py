@@ -688,6 +688,12 @@ class ServeOptions:
                                                  "--req-limit, comma-separated, e.g. 127.0.0.1 behind a proxy on this "
                                                  "machine (default: none, every request's own address counts)",
                                                  metavar="IPS")
+    # A reverse proxy on this machine that passes its clients' Host on (Caddy's default) reaches a
+    # loopback server by a name it must be told (aiayn.serve.origins).
+    allowed_hosts: Optional[str] = _option(None, "host names the server also answers to, comma-separated, e.g. "
+                                           "translate.example.com behind a proxy that passes its Host on (default: "
+                                           "loopback names on a loopback address, any name on another)",
+                                           metavar="NAMES")
     # LibreTranslate answers every site's pages; aiayn those named (aiayn.serve.origins).
     cors_origins: Optional[str] = _option(None, "sites whose web pages may call this server from a browser (CORS), "
                                           "comma-separated origins, e.g. http://localhost:3000, or * for every site "

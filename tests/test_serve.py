@@ -518,6 +518,25 @@ def test_a_browser_extension_is_served_on_loopback_and_no_site_is_told_it_may_re
     assert "access-control-allow-origin" not in headers
 
 
+def test_allowed_hosts_let_a_proxy_that_passes_its_host_on_reach_a_loopback_server(model_dir):
+    """Found in review: behind a reverse proxy on the same machine that passes its clients' Host on
+    (Caddy's default), every request was a 421. --allowed-hosts names the proxy's name; the page
+    of that site is the server's own; other names are still refused, and a name with a port or a
+    scheme is a one-line error."""
+    from aiayn.serve.origins import host_names
+    from aiayn.serve.server import _allowed_hosts
+
+    with ServerProcess(model_dir, "--allowed-hosts", "Translate.Example.com") as process:
+        proxied = {"Host": "translate.example.com", "Origin": "https://translate.example.com"}
+        assert request(process.port, "POST", "/translate", {"text": "the cat"}, proxied)[0] == 200
+        status, answer, _ = request(process.port, "GET", "/health", headers={"Host": "evil.example"})
+        assert status == 421 and "--allowed-hosts" in answer["error"]
+    assert _allowed_hosts("10.0.0.5", ("translate.example.com",)) == {"10.0.0.5", "translate.example.com"}
+    for wrong in ("https://translate.example.com", "translate.example.com:443", "a b"):
+        with pytest.raises(ValueError, match="is not a host name"):
+            host_names(wrong)
+
+
 def test_cors_origins_let_the_sites_named_call_the_server_from_a_browser(model_dir):
     """--cors-origins: a named site's JSON POST is preflighted and answered with its origin in
     Access-Control-Allow-Origin, as LibreTranslate answers (its own default is every site);

@@ -51,7 +51,8 @@ class HostCheck:
                 name = hosts[0].decode("latin-1").lower()
                 name = ipv6_name(name.rsplit(":", 1)[0] if not name.endswith("]") else name)  # no port
                 if name not in self.allowed:
-                    message = f"this server answers to {', '.join(sorted(self.allowed))}, not to Host {name!r}"
+                    message = (f"this server answers to {', '.join(sorted(self.allowed))}, not to Host {name!r} "
+                               "(a proxy that passes its Host on: aiayn serve --allowed-hosts NAME)")
                     return await error(421, message)(scope, receive, send)
             origin = dict(scope["headers"]).get(b"origin")
             if self.allowed is not None and origin is not None and not self._may_call(origin):
@@ -86,6 +87,29 @@ def ipv6_name(name: str) -> str:
         except ValueError:
             pass
     return name
+
+
+_HOST = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*\.?")
+
+
+def host_names(text: Optional[str]) -> tuple[str, ...]:
+    """--allowed-hosts checked: names a Host header may give (no port), comma-separated."""
+    if text is None:
+        return ()
+    names = []
+    for name in (part.strip().lower() for part in text.split(",")):
+        if not (_HOST.fullmatch(name) or name.startswith("[") and name.endswith("]") and _ipv6(name[1:-1])):
+            raise ValueError(f"--allowed-hosts: {name!r} is not a host name: give names as a Host header holds them, "
+                             "without a port, e.g. translate.example.com or [2001:db8::1]")
+        names.append(ipv6_name(name))
+    return tuple(names)
+
+
+def _ipv6(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
 
 
 def cors_origins(text: Optional[str]) -> tuple[str, ...]:

@@ -28,7 +28,7 @@ from aiayn.device import check_precision, resolve_device
 from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
 from aiayn.run import languages_of, load_for_inference, pinned_model_dir
 from aiayn.serve.app import create_app
-from aiayn.serve.origins import LOOPBACK_NAMES, cors_origins, ipv6_name
+from aiayn.serve.origins import LOOPBACK_NAMES, cors_origins, host_names, ipv6_name
 from aiayn.serve.connections import guarded_protocol
 from aiayn.serve.libre import Languages
 from aiayn.serve.limits import Admission, read_keys
@@ -73,13 +73,21 @@ def _load(options: ServeOptions, precision: str, listener: socket.socket):
         raise
 
 
-def _allowed_hosts(address: str):
-    """On a loopback address only loopback names are answered (no DNS rebinding); a server on
-    another address is meant to be reached by names this process cannot know (None: any)."""
+def _allowed_hosts(address: str, named: tuple[str, ...] = ()):
+    """On a loopback address only loopback names are answered (no DNS rebinding), and the names
+    --allowed-hosts adds: a reverse proxy on this machine that passes its clients' Host on (Caddy's
+    default; found in review: every request through it was a 421). A server on another address is
+    meant to be reached by names this process cannot know (None: any), unless --allowed-hosts
+    names them."""
+    own = {ipv6_name(f"[{address}]") if ":" in address else address}  # as HostCheck reads Host
+    if _loopback(address):
+        return LOOPBACK_NAMES | own | set(named)
+    return frozenset(own | set(named)) if named else None
+
+
+def _loopback(address: str) -> bool:
     ip = ipaddress.ip_address(address)
-    if not (ip.is_loopback or getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback):  # ::ffff:127.0.0.1 (found in review)
-        return None
-    return LOOPBACK_NAMES | {ipv6_name(f"[{address}]") if ":" in address else address}  # as HostCheck reads Host
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)  # ::ffff:127.0.0.1 (found in review)
 
 
 def _proxies(forwarded_allow_ips: str | None) -> str | None:
@@ -133,14 +141,14 @@ def _keys(path: str) -> dict:
     return keys
 
 
-def _start_up_notes(options: ServeOptions, allowed_hosts, keys, origins: tuple[str, ...]) -> None:
+def _start_up_notes(options: ServeOptions, loopback: bool, keys, origins: tuple[str, ...]) -> None:
     """A server beyond loopback without keys is open to whoever reaches it (as LibreTranslate's
     default is), and one whose --cors-origins is * to every page its users open: allowed, but
     said; and so is a --max-texts that --max-queue cuts."""
     if options.max_texts > options.max_queue:
         print(f"aiayn: note: a request may hold {options.max_queue} texts, --max-queue's size, not --max-texts "
               f"{options.max_texts}", file=sys.stderr, flush=True)
-    if allowed_hosts is None and keys is None:
+    if not loopback and keys is None:
         print("aiayn: note: any client that reaches this address may translate; --api-keys FILE asks for a key",
               file=sys.stderr, flush=True)
     elif "*" in origins and keys is None:
@@ -151,12 +159,12 @@ def _start_up_notes(options: ServeOptions, allowed_hosts, keys, origins: tuple[s
 def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     keys = _keys(options.api_keys) if options.api_keys else None
     proxies = _proxies(options.forwarded_allow_ips)
-    origins = cors_origins(options.cors_origins)
+    origins, hosts = cors_origins(options.cors_origins), host_names(options.allowed_hosts)
     languages = _languages(options)  # before the model loads
     listener = _listen(options.host, options.port)
     device, model, tokenizer, workers = _load(options, decode.precision, listener)
     with workers or contextlib.nullcontext():  # stopped however serving ends
-        allowed = _allowed_hosts(listener.getsockname()[0])
+        allowed = _allowed_hosts(listener.getsockname()[0], hosts)
         app = create_app(model, tokenizer, precision=decode.precision, source=str(options.run_dir),
                          max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
                          max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
@@ -171,7 +179,7 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
         print(f"serving {options.run_dir} ({parameters:,} parameters, {decode.precision} on {on}) at "
               f"http://{shown}:{port}/  (API: POST /translate, GET /health, /info, /openapi.json; "
               f"LibreTranslate: POST /translate with q, GET /languages, POST /detect)", flush=True)
-        _start_up_notes(options, allowed, keys, origins)
+        _start_up_notes(options, _loopback(listener.getsockname()[0]), keys, origins)
         config = _uvicorn_config(app, options, proxies)
         loop = None
 
