@@ -16,6 +16,7 @@ from deep_translator.exceptions import LanguageNotSupportedException, ServerExce
 from libretranslatepy import LibreTranslateAPI
 
 from aiayn.sentences import interleave, split_sentences
+from aiayn.serve.libre import ALIASES, _code, distinct
 from aiayn.serve.limits import Admission, Refused, read_keys
 from aiayn.serve.markup import join_html, split_html
 from aiayn.serve.process import ServerProcess
@@ -67,6 +68,23 @@ def test_deep_translator_translates_one_text_and_a_batch(server, translator):
         LibreTranslator(source="en", target="klingon", custom_url=server.url, use_free_api=False, api_key="unused")
 
 
+def test_what_libretranslate_takes_leniently_is_taken(server, translator):
+    """Found in review, against LibreTranslate 1.9's code: it compares language codes in lower
+    case and takes zh-Hans, zh-Hant and pt-BR for Argos's zh, zt and pb; a negative alternatives
+    count for 0; an empty or null format for text; and it never repeats the translation, or an
+    alternative, among the alternatives."""
+    expected = translator.translate(["the cat"])[0]
+    for fields in ({"source": "EN", "target": "Es"}, {"source": "AUTO", "target": "es", "format": None},
+                   {"source": "en", "target": "es", "format": "", "alternatives": -2}):
+        status, answer, _ = request(server.port, "POST", "/translate", {"q": "the cat", **fields})
+        assert status == 200 and answer["translatedText"] == expected and "alternatives" not in answer, (fields, answer)
+    status, answer, _ = request(server.port, "POST", "/translate",
+                                {"q": "the cat", "source": "en", "target": "es", "alternatives": 9})
+    assert status == 200 and len(answer["alternatives"]) <= 3 and expected not in answer["alternatives"]
+    assert {_code(alias) for alias in ("ZH-Hans", "zh-hant", "pt-BR")} == set(ALIASES.values())
+    assert distinct(["b", "", "a", "b", "c"], "a") == ["b", "c"]
+
+
 def test_a_list_alternatives_and_auto_source_as_json(server, translator, model_dir):
     status, answer, _ = request(server.port, "POST", "/translate",
                                 {"q": SENTENCES[:3], "source": "auto", "target": "es", "alternatives": 2})
@@ -74,7 +92,9 @@ def test_a_list_alternatives_and_auto_source_as_json(server, translator, model_d
     assert answer["translatedText"] == translator.translate(SENTENCES[:3])
     tokenizer = Tokenizer.load(model_dir)
     ranked = translator.translate_nbest(tokenizer.encode_batch(SENTENCES[:3]), 3)
-    assert answer["alternatives"] == [[tokenizer.decode(ids) for ids in outputs[1:]] for outputs in ranked]
+    # The beam's next best, as LibreTranslate keeps them: none empty, none the translation, none twice.
+    assert answer["alternatives"] == [distinct([tokenizer.decode(ids) for ids in outputs[1:]], tokenizer.decode(outputs[0]))
+                                      for outputs in ranked]
     assert [d["language"] for d in answer["detectedLanguage"]] == ["en"] * 3
     # a form body and query parameters, as the clients above send them
     for path, body, headers in (("/translate", f"q={SENTENCES[0].replace(' ', '+')}&source=en&target=es".encode(),
@@ -134,7 +154,6 @@ def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, transl
     ({"q": "the cat", "source": "en"}, "missing target"),
     ({"q": "the cat", "source": "de", "target": "es"}, "de is not supported as a source"),
     ({"q": "the cat", "source": "en", "target": "es", "format": "pdf"}, "format must be text or html"),
-    ({"q": "the cat", "source": "en", "target": "es", "alternatives": 9}, "alternatives must be between 0 and 3"),
     # Python's JSON reads Infinity (and 1e400) as an infinite float, which int() cannot take.
     ({"q": "the cat", "source": "en", "target": "es", "alternatives": float("inf")}, "must be a whole number"),
     ({"q": "the cat", "source": "en", "target": "es", "alternatives": 1.7}, "must be a whole number, got 1.7"),

@@ -41,7 +41,9 @@ from aiayn.serve.markup import join_html, split_html
 
 ROUTE = "/libretranslate/translate"  # where LibreDispatch sends LibreTranslate's POST /translate
 LIBRE_FIELDS = frozenset({"q", "source", "target", "format", "alternatives", "api_key"})  # none is aiayn's
-MAX_ALTERNATIVES = 3  # asked for more, the beam would have to widen beyond what decodes fast
+MAX_ALTERNATIVES = 3  # asked for more, the beam would have to widen beyond what decodes fast: more get 3
+# LibreTranslate's codes for three of Argos's languages since its 1.7 (a client may send either).
+ALIASES = {"zh-hans": "zh", "zh-hant": "zt", "pt-br": "pb"}
 
 @dataclass(frozen=True)
 class Languages:
@@ -177,11 +179,18 @@ def check_languages(fields: dict, languages: Languages) -> bool:
     if target is None:
         raise error(400, "Invalid request: missing target parameter")
     pair = f"{languages.source} to {languages.target}"
-    if source not in ("auto", languages.source):
+    if _code(source) not in ("auto", _code(languages.source)):
         raise error(400, f"{source!s} is not supported as a source: this server translates {pair}")
-    if target != languages.target:
+    if _code(target) != _code(languages.target):
         raise error(400, f"{target!s} is not supported as a target: this server translates {pair}")
-    return source == "auto"
+    return _code(source) == "auto"
+
+
+def _code(code) -> str:
+    """A language code as LibreTranslate compares them: in lower case, an alias as its Argos code
+    (found in review: "EN" and "zh-Hans" were refused where LibreTranslate takes them)."""
+    text = str(code).lower()
+    return ALIASES.get(text, text)
 
 
 def alternatives_of(fields: dict) -> int:
@@ -192,16 +201,22 @@ def alternatives_of(fields: dict) -> int:
             raise ValueError
     except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e400 is an infinite float
         raise error(400, f"Invalid request: alternatives must be a whole number, got {value!r}") from None
-    if not 0 <= count <= MAX_ALTERNATIVES:
-        raise error(400, f"Invalid request: alternatives must be between 0 and {MAX_ALTERNATIVES}, got {count}")
-    return count
+    return min(max(count, 0), MAX_ALTERNATIVES)  # LibreTranslate takes a negative count for 0 (found in review)
 
 
 def format_of(fields: dict) -> str:
-    value = fields.get("format", "text")
+    value = fields.get("format") or "text"  # an empty or null format is text, as LibreTranslate takes it
     if value not in ("text", "html"):
         raise error(400, f"Invalid request: format must be text or html, got {value!r}")
     return value
+
+
+def distinct(alternatives: list[str], translation: str) -> list[str]:
+    """The alternatives a reader can use, as LibreTranslate keeps them: none empty, none the
+    translation itself, none twice (found in review: a text's best filled the gaps of a paragraph's
+    alternatives, and searxng showed the translation again as an example)."""
+    seen = {translation, ""}
+    return [a for a in alternatives if not (a in seen or seen.add(a))]
 
 
 def coverage(tokenizer, text: str) -> float:
@@ -279,6 +294,7 @@ def add_routes(app: FastAPI, tokenizer, languages: Languages, translate, admit, 
         results = await translate(texts, html, alternatives, request)
         if results is None:  # the client went away
             return Response(status_code=499)
+        results = [(text, distinct(others, text)) for text, others in results]
         answer: dict[str, Any] = {"translatedText": [t for t, _ in results] if listed else results[0][0]}
         if alternatives:
             answer["alternatives"] = [a for _, a in results] if listed else results[0][1]
