@@ -45,7 +45,7 @@ from aiayn.serve import libre
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.libre import Languages, LibreDispatch
 from aiayn.serve.origins import LOOPBACK_NAMES, add_origin_checks, error as _error
-from aiayn.serve.limits import Admission
+from aiayn.serve.limits import Admission, bearer_key
 from aiayn.translate import ContinuousDecoding, Translator, cut_at_limit, input_token_limit
 from aiayn.visualize import CUT, pair_attention
 
@@ -419,8 +419,8 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     def admit_bearer(request: Request) -> None:
         """aiayn's own API takes its key from `Authorization: Bearer KEY` or `?api_key=`: checked,
         as a dependency, before the body is (a request without a key learns 403, not 422)."""
-        bearer = request.headers.get("authorization", "")
-        admit(request, bearer[7:].strip() if bearer.lower().startswith("bearer ") else request.query_params.get("api_key"))
+        key = bearer_key(request.headers)
+        admit(request, key if key is not None else request.query_params.get("api_key"))
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True, dependencies=[Depends(admit_bearer)],
               responses={400: {"description": "invalid JSON"}, 413: {"description": "body too large"},

@@ -37,6 +37,7 @@ from aiayn.serve.batcher import SECTION_6_1, Options, unless_gone
 from aiayn.serve.cost import MIB
 from aiayn.corpora import language_name
 from aiayn.sentences import interleave, split_sentences
+from aiayn.serve.limits import bearer_key
 from aiayn.serve.markup import join_html, split_html
 
 ROUTE = "/libretranslate/translate"  # where LibreDispatch sends LibreTranslate's POST /translate
@@ -287,7 +288,7 @@ def add_routes(app: FastAPI, tokenizer, languages: Languages, translate, admit, 
     @app.post(ROUTE, include_in_schema=False)
     async def libre_translate(request: Request) -> JSONResponse:
         fields = await request_fields(request)
-        admit(request, fields.get("api_key"))
+        admit(request, fields.get("api_key") or bearer_key(request.headers))
         texts, listed = texts_of(fields)
         auto = check_languages(fields, languages)
         alternatives, html = alternatives_of(fields), format_of(fields) == "html"
@@ -316,7 +317,7 @@ def add_routes(app: FastAPI, tokenizer, languages: Languages, translate, admit, 
     async def libre_detect(request: Request) -> list:
         """The model's source language, with the share of the text its vocabulary covers."""
         fields = await request_fields(request)
-        admit(request, fields.get("api_key"))
+        admit(request, fields.get("api_key") or bearer_key(request.headers))
         texts, _ = texts_of(fields)
         if not languages.known:
             raise error(400, "this server does not know its model's languages; start it with --source-lang")

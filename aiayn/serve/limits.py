@@ -67,6 +67,12 @@ def read_keys(path: Union[str, Path]) -> dict[str, Optional[float]]:
     return keys
 
 
+def bearer_key(headers) -> Optional[str]:
+    """The key of an `Authorization: Bearer KEY` header, or None."""
+    value = headers.get("authorization", "")
+    return value[7:].strip() if value.lower().startswith("bearer ") else None
+
+
 def client_address(address: str) -> str:
     """The address a rate counts: IPv4 as is, an IPv4-mapped IPv6 address as its IPv4, IPv6 by its
     /64; text that is no address (a test client's name) as given."""
