@@ -690,9 +690,9 @@ class ServeOptions:
                                                  metavar="IPS")
     # A reverse proxy on this machine that passes its clients' Host on (Caddy's default) reaches a
     # loopback server by a name it must be told (aiayn.serve.origins).
-    allowed_hosts: Optional[str] = _option(None, "host names the server also answers to, comma-separated, e.g. "
-                                           "translate.example.com behind a proxy that passes its Host on (default: "
-                                           "loopback names on a loopback address, any name on another)",
+    allowed_hosts: Optional[str] = _option(None, "host names a server on a loopback address also answers to, "
+                                           "comma-separated, e.g. translate.example.com behind a proxy on this machine "
+                                           "that passes its Host on (on another address any name is answered)",
                                            metavar="NAMES")
     # LibreTranslate answers every site's pages; aiayn those named (aiayn.serve.origins).
     cors_origins: Optional[str] = _option(None, "sites whose web pages may call this server from a browser (CORS), "

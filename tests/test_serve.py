@@ -526,12 +526,15 @@ def test_allowed_hosts_let_a_proxy_that_passes_its_host_on_reach_a_loopback_serv
     from aiayn.serve.origins import host_names
     from aiayn.serve.server import _allowed_hosts
 
-    with ServerProcess(model_dir, "--allowed-hosts", "Translate.Example.com") as process:
-        proxied = {"Host": "translate.example.com", "Origin": "https://translate.example.com"}
-        assert request(process.port, "POST", "/translate", {"text": "the cat"}, proxied)[0] == 200
-        status, answer, _ = request(process.port, "GET", "/health", headers={"Host": "evil.example"})
-        assert status == 421 and "--allowed-hosts" in answer["error"]
-    assert _allowed_hosts("10.0.0.5", ("translate.example.com",)) == {"10.0.0.5", "translate.example.com"}
+    process = ServerProcess(model_dir, "--allowed-hosts", "Translate.Example.com.")
+    proxied = {"Host": "translate.example.com", "Origin": "https://translate.example.com"}
+    assert request(process.port, "POST", "/translate", {"text": "the cat"}, proxied)[0] == 200
+    assert request(process.port, "GET", "/health", headers={"Host": "TRANSLATE.example.com.:443"})[0] == 200
+    status, answer, _ = request(process.port, "GET", "/health", headers={"Host": "evil.example"})
+    code, _, err = process.stop()
+    assert status == 421 and "--allowed-hosts" in answer["error"] and code == 0
+    assert "any client that reaches this address may translate" in err  # through the proxy: open without keys
+    assert _allowed_hosts("0.0.0.0", ("translate.example.com",)) is None  # any Host beyond loopback, as before
     for wrong in ("https://translate.example.com", "translate.example.com:443", "a b"):
         with pytest.raises(ValueError, match="is not a host name"):
             host_names(wrong)

@@ -49,7 +49,7 @@ class HostCheck:
                 return await error(400, "the request has more than one Host header")(scope, receive, send)
             if self.allowed is not None and hosts:  # HTTP/1.0 may send none; a browser always does
                 name = hosts[0].decode("latin-1").lower()
-                name = ipv6_name(name.rsplit(":", 1)[0] if not name.endswith("]") else name)  # no port
+                name = ipv6_name(name.rsplit(":", 1)[0] if not name.endswith("]") else name).rstrip(".")  # no port, no root dot
                 if name not in self.allowed:
                     message = (f"this server answers to {', '.join(sorted(self.allowed))}, not to Host {name!r} "
                                "(a proxy that passes its Host on: aiayn serve --allowed-hosts NAME)")
@@ -75,7 +75,7 @@ def _origin_host(origin: bytes) -> Optional[str]:
         host = urlsplit(origin.decode("latin-1")).hostname
     except ValueError:
         return None
-    return None if host is None else ipv6_name(f"[{host}]") if ":" in host else host
+    return None if host is None else ipv6_name(f"[{host}]") if ":" in host else host.rstrip(".")
 
 
 def ipv6_name(name: str) -> str:
@@ -97,7 +97,7 @@ def host_names(text: Optional[str]) -> tuple[str, ...]:
     if text is None:
         return ()
     names = []
-    for name in (part.strip().lower() for part in text.split(",")):
+    for name in (part.strip().lower().rstrip(".") for part in text.split(",")):
         if not (_HOST.fullmatch(name) or name.startswith("[") and name.endswith("]") and _ipv6(name[1:-1])):
             raise ValueError(f"--allowed-hosts: {name!r} is not a host name: give names as a Host header holds them, "
                              "without a port, e.g. translate.example.com or [2001:db8::1]")

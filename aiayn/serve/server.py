@@ -77,12 +77,11 @@ def _allowed_hosts(address: str, named: tuple[str, ...] = ()):
     """On a loopback address only loopback names are answered (no DNS rebinding), and the names
     --allowed-hosts adds: a reverse proxy on this machine that passes its clients' Host on (Caddy's
     default; found in review: every request through it was a 421). A server on another address is
-    meant to be reached by names this process cannot know (None: any), unless --allowed-hosts
-    names them."""
-    own = {ipv6_name(f"[{address}]") if ":" in address else address}  # as HostCheck reads Host
-    if _loopback(address):
-        return LOOPBACK_NAMES | own | set(named)
-    return frozenset(own | set(named)) if named else None
+    meant to be reached by names this process cannot know (None: any; --allowed-hosts is not
+    needed there, and a list of it would leave out the addresses of a 0.0.0.0 server)."""
+    if not _loopback(address):
+        return None
+    return LOOPBACK_NAMES | {ipv6_name(f"[{address}]") if ":" in address else address} | set(named)  # as HostCheck reads Host
 
 
 def _loopback(address: str) -> bool:
@@ -143,12 +142,13 @@ def _keys(path: str) -> dict:
 
 def _start_up_notes(options: ServeOptions, loopback: bool, keys, origins: tuple[str, ...]) -> None:
     """A server beyond loopback without keys is open to whoever reaches it (as LibreTranslate's
-    default is), and one whose --cors-origins is * to every page its users open: allowed, but
-    said; and so is a --max-texts that --max-queue cuts."""
+    default is), and so is one on loopback behind a proxy (--allowed-hosts), and one whose
+    --cors-origins is * to every page its users open: allowed, but said; and so is a --max-texts
+    that --max-queue cuts."""
     if options.max_texts > options.max_queue:
         print(f"aiayn: note: a request may hold {options.max_queue} texts, --max-queue's size, not --max-texts "
               f"{options.max_texts}", file=sys.stderr, flush=True)
-    if not loopback and keys is None:
+    if (not loopback or options.allowed_hosts) and keys is None:
         print("aiayn: note: any client that reaches this address may translate; --api-keys FILE asks for a key",
               file=sys.stderr, flush=True)
     elif "*" in origins and keys is None:
