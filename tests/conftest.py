@@ -60,3 +60,15 @@ def pytest_report_header(config):
     requested = os.environ.get("ATEN_CPU_CAPABILITY")
     line = f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}"
     return line + (f" (ATEN_CPU_CAPABILITY={requested})" if requested else "")
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """The tiny run of tests/fixtures (a model trained 12 steps on a toy corpus, with its
+    tokenizer and averaged/), unpacked once, for tests that only read it."""
+    import tarfile
+
+    folder = tmp_path_factory.mktemp("tiny")
+    with tarfile.open(Path(__file__).parent / "fixtures" / "run-c08bdea.tar.xz") as archive:
+        archive.extractall(folder, filter="data")
+    return folder / "run"

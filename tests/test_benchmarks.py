@@ -133,17 +133,6 @@ def _state(proc: Path) -> str:
         return "Z"
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """The tiny run of tests/fixtures (12 steps on a toy corpus): a real model folder to decode."""
-    import tarfile
-
-    folder = tmp_path_factory.mktemp("tiny")
-    with tarfile.open(Path(__file__).parent / "fixtures" / "run-c08bdea.tar.xz") as archive:
-        archive.extractall(folder, filter="data")
-    return folder / "run"
-
-
 def test_decode_steps_measures_a_model_end_to_end(tiny_run, tmp_path):
     """Found in session: a review's change named a local `decode` after the script's own function,
     and every run of decode_steps.py failed at its warm-up with a TypeError."""

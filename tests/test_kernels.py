@@ -513,7 +513,7 @@ def test_fp32_linears_take_every_fp32_linear_layer_and_train_as_closely_as_f_lin
     assert sorted(taken) == sorted(linears + [model.decoder.embed.weight.shape])
     # Both are fp32 sums, in their own orders, of products at most d_ff = 64 long, through about
     # 16 stages forward and back (as in the bf16 test above): within 16 × 64 fp32 roundings of
-    # float64, normwise, whatever order a CPU's kernels take; a product in bf16 (2^-9 = 2^15 u
+    # float64, normwise, whatever order a CPU's kernels take; a product in bf16 (2^-8 = 2^16 u
     # a rounding) would not be.
     error = lambda got: ((got - exact).norm() / exact.norm()).item()  # noqa: E731
     assert error(plain) < 16 * 64 * U and error(onednn) < 16 * 64 * U

@@ -5,7 +5,6 @@ in place of runs/demo, which a checkout does not have)."""
 import ast
 import importlib
 import re
-import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,10 +37,8 @@ def test_the_model_example_runs_as_printed(tmp_path, monkeypatch):
     assert not names["model"].training
 
 
-def test_the_translator_example_runs_on_a_model_folder(tmp_path):
-    with tarfile.open(ROOT / "tests" / "fixtures" / "run-c08bdea.tar.xz") as archive:
-        archive.extractall(tmp_path, filter="data")
-    block = block_that("Translator.load").replace('"runs/demo/averaged"', repr(str(tmp_path / "run" / "averaged")))
+def test_the_translator_example_runs_on_a_model_folder(tiny_run):
+    block = block_that("Translator.load").replace('"runs/demo/averaged"', repr(str(tiny_run / "averaged")))
     names: dict = {}
     exec(block.replace("progress=True", "progress=False"), names)
     result = names["result"]

@@ -12,7 +12,8 @@ time, 411 a body without a Content-Length, 413 a body over 1 MiB or a request wh
 state or attention maps would be over the server's memory limits (aiayn.serve.cost), 403 a
 page of a site the server does not answer, 421 a Host that is not this server's
 (aiayn.serve.origins), 422 a field of the wrong type or out of range (beam 0, too many
-texts, a text over the token limit), 500 a batch whose decoding failed, 503 a full queue, too
+texts, a text over the token limit), 500 a batch whose decoding failed ("decoding failed: ...") or
+a fault of the server's own ("the server failed: ..."), 503 a full queue, too
 many connections or a server shutting down (with Retry-After). The one exception: a browser's
 CORS preflight that asks for what --cors-origins does not allow gets Starlette's plain-text 400.
 """
