@@ -294,8 +294,14 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     args = parser.parse_args()
     out = getattr(args, "out", None)
     if out is not None and out != parser.get_default("out"):
-        or_exit(lambda: refuse_to_replace(out, args.force or _committed(out), folder=False))
+        check_output(out, args.force)
     return args
+
+
+def check_output(path: Path, force: bool) -> None:
+    """A results file a run will write, checked before it measures: one line and exit 2 where it
+    exists (unless `force`, or git holds it unchanged) or cannot be written."""
+    or_exit(lambda: refuse_to_replace(path, force or _committed(path), folder=False))
 
 
 def _committed(path: Path) -> bool:

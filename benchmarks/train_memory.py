@@ -24,11 +24,11 @@ from typing import Optional
 
 import torch
 
-from aiayn.files import atomic_write, refuse_to_replace
+from aiayn.files import atomic_write
 from aiayn.device import cpu_kind
 from aiayn.kernel_cache import KERNEL_CACHE_CAPACITY
 from aiayn.run import LOG, read_log
-from common import (RESULTS, _committed, command_line, machine, or_exit, parse_args, positive_float, positive_int,
+from common import (RESULTS, check_output, command_line, machine, parse_args, positive_float, positive_int,
                     require_precision, write_results)
 
 # Each variant's size of oneDNN's kernel cache, given to a fresh process before it imports aiayn.
@@ -120,7 +120,7 @@ def main() -> None:
     out = args.out or Path("docs") / f"train-memory-{cpu_kind()}.png"
     results = results_file(args.out)
     if args.out and not args.plot:
-        or_exit(lambda: refuse_to_replace(results, args.force or _committed(results), folder=False))
+        check_output(results, args.force)
     if args.labels and (not args.plot or len(args.labels) != len(args.plot)):
         sys.exit("--labels needs --plot and one label per run folder")
     if args.from_minutes and not args.plot:

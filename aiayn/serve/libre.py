@@ -180,11 +180,12 @@ def check_languages(fields: dict, languages: Languages) -> bool:
     if target is None:
         raise error(400, "Invalid request: missing target parameter")
     pair = f"{languages.source} to {languages.target}"
-    if _code(source) not in ("auto", _code(languages.source)):
+    auto = _code(source) == "auto"
+    if not auto and _code(source) != _code(languages.source):
         raise error(400, f"{source!s} is not supported as a source: this server translates {pair}")
     if _code(target) != _code(languages.target):
         raise error(400, f"{target!s} is not supported as a target: this server translates {pair}")
-    return _code(source) == "auto"
+    return auto
 
 
 def _code(code) -> str:
