@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -122,14 +121,8 @@ def compare_encoding(work: Path, pairs: int, reps: int, threads: int) -> dict:
             for name, values in seconds.items()}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=positive_int, nargs="+", default=[1_000_000, 4_500_000], help="corpus sizes")
     parser.add_argument("--reps", type=positive_int, default=3, help="training starts per size and process count")
     parser.add_argument("--compare-pairs", type=non_negative_int, default=1_000_000,
@@ -177,8 +170,8 @@ def main() -> None:
         for rep in range(args.reps):
             for (pairs, nproc), results in runs.items():
                 run = work / f"run-{pairs}-{nproc}-{rep}"
-                launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                            "--master-addr", "127.0.0.1", "--master-port", str(free_port())] if nproc > 1 else [sys.executable]
+                launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",  # a port of its own
+                            "--nproc-per-node", str(nproc)] if nproc > 1 else [sys.executable]
                 argv = launcher + [str(CHILD), "train", "--data", str(work / f"data-{pairs}"), "--out", str(run), *TRAIN_ARGS]
                 measured = run_measured(argv, run / "log.jsonl", threads // nproc)
                 results.append(measured)

@@ -78,7 +78,7 @@ def arrow_pass(path: Path, batches: np.ndarray) -> tuple[float, float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--reps", type=positive_int, default=5)
     parser.add_argument("--out", type=Path, default=None)

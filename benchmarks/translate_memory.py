@@ -65,7 +65,7 @@ def peak_mib(model: Path, source: Path, output: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=positive_int, nargs="+", default=[2000, 20000], help="input sizes, in lines")
     parser.add_argument("--reps", type=positive_int, default=3, help="repetitions of every size, interleaved")
     parser.add_argument("--out", type=Path, default=RESULTS / "translate-memory-cpu.json")

@@ -638,14 +638,11 @@ def running(pid: int) -> bool:
 
 
 def torchrun(argv: list, **kwargs) -> subprocess.Popen:
-    """`aiayn ARGV` under torchrun, 2 gloo workers of one thread each, in a process group of its own."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                             "127.0.0.1", "--master-port", str(port), "-m", "aiayn", *map(str, argv)],
+    """`aiayn ARGV` under torchrun, 2 gloo workers of one thread each, in a process group of its own.
+    --standalone: the rendezvous store binds a port of the OS's choosing itself (a port chosen free
+    here could be taken before torchrun bound it)."""
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "aiayn", *map(str, argv)],
                             start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, **kwargs)
 

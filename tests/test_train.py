@@ -457,19 +457,13 @@ def first_moments(run_dir: Path) -> dict:
 
 @pytest.mark.numeric
 def test_two_gloo_processes_make_the_update_of_one_with_the_combined_batch(tmp_path, corpus_tsv):
-    import socket
-
     from safetensors.torch import load_file
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     common = ["--max-steps", "1", "--dropout", "0", "--save-every", "1"]
     single = subprocess.run(train_argv(corpus_tsv, tmp_path / "one", *common, "--accumulate", "2"),
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                "--master-port", str(port)]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]  # a port of its own
     argv = train_argv(corpus_tsv, tmp_path / "two", *common)
     ddp = subprocess.run(launcher + argv[1:], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})

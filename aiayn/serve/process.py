@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Union
 
+PORT_TRIES = 3
+
 
 def free_port() -> int:
     """A loopback port nothing listens on now (the OS's pick)."""
@@ -28,19 +30,34 @@ class ServerProcess:
 
     def __init__(self, run_dir: Union[str, Path], *options: str, timeout: float = 300,
                  checkout: Optional[Path] = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
         self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "aiayn", "serve", str(Path(run_dir).resolve()), "--port", str(self.port), *options],
-            stdout=self._out, stderr=self._err, text=True, cwd=checkout)  # -m imports from the working directory first
+        argv = [sys.executable, "-m", "aiayn", "serve", str(Path(run_dir).resolve()), *options]
+        # The port is free when chosen, but the server binds it seconds later, after importing
+        # PyTorch: a connection of another program may take it in between (an ephemeral port
+        # is drawn from the same range). Such a start is tried again on another port.
+        for attempt in range(PORT_TRIES):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}/"
+            self.process = subprocess.Popen(argv + ["--port", str(self.port)], stdout=self._out, stderr=self._err,
+                                            text=True, cwd=checkout)  # -m imports from the working directory first
+            error = self._wait_for_health(timeout)
+            if error is None:
+                return
+            if "Address already in use" not in error or attempt == PORT_TRIES - 1:
+                raise RuntimeError(f"aiayn serve exited: {error}")
+            for handle in (self._out, self._err):
+                handle.seek(0)
+                handle.truncate()
+
+    def _wait_for_health(self, timeout: float) -> Optional[str]:
+        """None once /health answers; the server's error output if it exits first."""
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"aiayn serve exited: {self._read(self._err).strip()}")
+                return self._read(self._err).strip()
             try:
                 with urllib.request.urlopen(self.url + "health", timeout=5):
-                    return
+                    return None
             except OSError:
                 if time.monotonic() > deadline:
                     self.process.kill()
