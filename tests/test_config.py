@@ -148,3 +148,14 @@ def test_the_fast_recipe_trains_a_bf16_copy_only_when_the_run_trains_in_bf16():
     assert demo_training("fast", precision="fp32").bf16_weights is False
     assert demo_training("paper", precision="bf16").bf16_weights is False
     assert recipe("fast").train_changes({}, {"precision": "bf16"}, processes=2) == {}  # the copy trains in one process
+
+
+def test_translation_decodes_as_section_6_1_by_default():
+    """§6.1: "beam search with a beam size of 4 and length penalty α = 0.6 ... maximum output
+    length to input length + 50, but terminate early when possible"; no guard against loops, which
+    the paper's search has not (found by mutation: extra_len 49 passed every test)."""
+    from aiayn.config import DECODE_PRESETS, DecodeConfig
+
+    for decode in (DecodeConfig(), DECODE_PRESETS["translate"]):
+        assert (decode.beam, decode.alpha, decode.extra_len, decode.max_output_len) == (4, 0.6, 50, None)
+        assert (decode.no_repeat_ngram_size, decode.repetition_penalty) == (0, 1.0)

@@ -13,6 +13,7 @@ from aiayn.model import (
     DecoderModel,
     EncoderModel,
     FeedForward,
+    Residual,
     Transformer,
     sinusoidal_positions,
 )
@@ -160,6 +161,61 @@ def test_dropout_sits_on_embeddings_and_every_sublayer():
     assert not torch.equal(model(src, tgt), model(src, tgt))
     model.eval()
     assert torch.equal(model(src, tgt), model(src, tgt))
+
+
+
+def _dropping_all(module: torch.nn.Module, where) -> None:
+    """Train mode, P_drop 1 in the Dropout modules `where` picks and 0 in every other one."""
+    module.train()
+    for name, sub in module.named_modules():
+        if isinstance(sub, torch.nn.Dropout):
+            sub.p = 1.0 if where(name) else 0.0
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_residual_dropout_drops_the_sublayer_output(norm_first):
+    """§5.4: "We apply dropout to the output of each sub-layer, before it is added to the sub-layer
+    input and normalized". With every output dropped, what is left is the input: LayerNorm(x)
+    post-norm, x itself pre-norm (found by mutation: norm(x + out) passed the count of modules)."""
+    residual = Residual(dataclasses.replace(TINY, dropout=0.1, norm_first=norm_first))
+    _dropping_all(residual, lambda name: True)
+    x = torch.randn(2, 5, TINY.d_model)
+    out, _ = residual(x, lambda h: (torch.randn_like(h) + 3.0, None))
+    torch.testing.assert_close(out, x if norm_first else residual.norm(x), rtol=0, atol=0)
+
+
+def test_embedding_dropout_drops_the_sum_of_embeddings_and_positions():
+    """§5.4: dropout "to the sums of the embeddings and the positional encodings" of both stacks.
+    With that sum dropped whole, a stack's output no longer depends on which tokens it was given;
+    the rest of the model's dropout is off (found by mutation: the encoder's could be removed)."""
+    model = tiny(dropout=0.1)
+    _dropping_all(model, lambda name: name in ("encoder.dropout", "decoder.dropout"))
+    src_a, src_b = torch.randint(4, 50, (2, 6)), torch.randint(4, 50, (2, 6))
+    assert not torch.equal(src_a, src_b)
+    memory_a, _ = model.encoder(src_a, None)
+    memory_b, _ = model.encoder(src_b, None)
+    torch.testing.assert_close(memory_a, memory_b, rtol=0, atol=0)
+    tgt_a, tgt_b = torch.randint(4, 50, (2, 5)), torch.randint(4, 50, (2, 5))
+    hidden_a, _ = model.decoder(tgt_a, memory_a)
+    hidden_b, _ = model.decoder(tgt_b, memory_a)
+    torch.testing.assert_close(hidden_a, hidden_b, rtol=0, atol=0)
+    _dropping_all(model, lambda name: False)  # the check itself can fail: tokens matter without it
+    assert not torch.allclose(model.encoder(src_a, None)[0], model.encoder(src_b, None)[0])
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("positional", ["sinusoidal", "sinusoidal_concat"])
+def test_sinusoids_past_max_len_are_the_same_function(positional):
+    """§3.5: sinusoids "may allow the model to extrapolate to sequence lengths longer than the ones
+    encountered". A model of max_len 16 given 30 positions computes what a model of max_len 64
+    with the same weights computes (found by mutation: the grown table's layout was not checked)."""
+    short = tiny(max_len=16, positional=positional)
+    long = tiny(max_len=64, positional=positional)
+    long.load_state_dict(short.state_dict())
+    src, tgt = torch.randint(4, 50, (2, 30)), torch.randint(4, 50, (2, 30))
+    torch.testing.assert_close(short(src, tgt), long(src, tgt), rtol=0, atol=0)
+    expected = sinusoidal_positions(30, TINY.d_model, concat=positional == "sinusoidal_concat")
+    torch.testing.assert_close(short.encoder.positions.table[:30], expected, rtol=0, atol=0)
 
 
 # --- The whole model -------------------------------------------------------------------------

@@ -329,6 +329,21 @@ def test_scores_that_are_not_numbers_are_an_error_not_empty_lines(beam, monkeypa
 
 
 @pytest.mark.parametrize("beam", [1, 4])
+def test_an_output_that_never_ends_stops_at_the_source_length_plus_50(beam):
+    """§6.1: "maximum output length to input length + 50". A model whose EOS never wins decodes a
+    source of 3 tokens to 53, and the EOS the search is then forced to is not an output token."""
+    from aiayn.translate import translate_ids
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0, final_logits_bias=True)
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        model.logits_bias[config.eos_id] = -1e4
+    out = translate_ids(model, [[5, 6, 7], [8, 9, 10, 11, 12]], beam=beam)
+    assert [len(o) for o in out] == [53, 55] and all(config.eos_id not in o for o in out)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
 def test_a_non_empty_source_gets_a_non_empty_translation_by_default(beam):
     """Found in review: with α = 0.6 a weak model's EOS at once outscored a one-word source's whole
     translation ("God" -> ""). By default, as fairseq's min_len, EOS is barred at the first step;
