@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -30,13 +30,27 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 OPTIMIZER = "optimizer.safetensors"
 TRAINER = "trainer.json"
+STEP_KEY = "step"  # of the weights' safetensors metadata: the training step they are of
 
 
-def save_model(model: torch.nn.Module, directory: Union[str, Path]) -> None:
-    """Write `model.safetensors` and `config.json` into `directory` (created if missing)."""
+def save_model(model: torch.nn.Module, directory: Union[str, Path], step: Optional[int] = None) -> None:
+    """Write `model.safetensors` and `config.json` into `directory` (created if missing); `step`,
+    the training step of the weights, goes into the safetensors header's metadata."""
     directory = Path(directory)
-    atomic_write(directory / WEIGHTS, lambda tmp: _save_safetensors(model, tmp))
+    metadata = None if step is None else {STEP_KEY: str(step)}
+    atomic_write(directory / WEIGHTS, lambda tmp: _save_safetensors(model, tmp, metadata=metadata))
     write_json(directory / CONFIG, {"architecture": type(model).__name__, **model.config.to_dict()})
+
+
+def saved_step(directory: Union[str, Path]) -> Optional[int]:
+    """The training step `save_model` recorded in `directory`'s weights (their header alone is
+    read), or None: none recorded, or no readable weights."""
+    try:
+        with safe_open(str(Path(directory) / WEIGHTS), "pt") as weights:
+            value = (weights.metadata() or {}).get(STEP_KEY, "")
+    except (OSError, SafetensorError):
+        return None
+    return int(value) if value.isdigit() else None
 
 
 def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:

@@ -80,17 +80,17 @@ def options(args: argparse.Namespace, cls):
 
 
 def add_overrides(parser: argparse.ArgumentParser, cls, title: str) -> None:
-    """One `--field-name VALUE` option per field of `cls` (default: unset, the preset's value)."""
-    group = parser.add_argument_group(title)
+    """One `--field-name VALUE` option per field of `cls` (unset: the preset's; TrainConfig's own said)."""
+    group = parser.add_argument_group(title, " ".join(cls.__doc__.split()) if (train := cls is TrainConfig) else None)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        hint = hints[f.name]
+        shown = f" (default {str(f.default).lower()})" if train and f.default is not None else ""  # true, not True
         kwargs: dict = {"dest": f"{cls.__name__}.{f.name}", "default": None, "metavar": f.name.upper(),
-                        "help": f.metadata.get("help")}
-        if typing.get_origin(hint) is typing.Literal:
-            kwargs.update(choices=typing.get_args(hint), metavar=None)
+                        "help": f.metadata.get("help", "") + shown}
+        if typing.get_origin(hints[f.name]) is typing.Literal:
+            kwargs.update(choices=typing.get_args(hints[f.name]), metavar=None)
         else:
-            kwargs["type"] = _value_type(hint)
+            kwargs["type"] = _value_type(hints[f.name])
         group.add_argument(f"--{f.name.replace('_', '-')}", **kwargs)
 
 
@@ -109,7 +109,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser, preset_name: str, name
         if f.name not in names:
             continue
         default = getattr(decode, f.name)
-        shown = "none" if default is None else default
+        shown = "none" if default is None else str(default).lower() if isinstance(default, bool) else default  # as flags take it
         kwargs: dict = {"default": default, "help": f"{f.metadata['help']} (default {shown})"}
         if f.name == "precision":
             kwargs["choices"] = DECODE_PRECISIONS

@@ -131,7 +131,8 @@ class TrainConfig:
     """The training recipe of §5. Defaults are the paper's base model's (`--preset big` sets its
     300K steps and 20 checkpoints kept: TRAIN_OVERRIDES), but for checkpoints: every `save_every`
     steps, where the paper wrote one every 10 minutes (`--save-minutes 10`). A 2-core CPU wants
-    smaller batches (`max_tokens`) and a shorter warm-up, which the demo sets."""
+    smaller batches (`max_tokens`) and a shorter warm-up, which the demo sets. A resumed run keeps
+    its own, but for what its command line sets."""
 
     corpus: str = _option("bible-en-es",
                           "a built-in corpus name or a path (see `aiayn corpus`; aiayn.corpora.load_corpus)")
@@ -537,8 +538,8 @@ class FileDecodeOptions:
     """`aiayn translate` and `aiayn parse`: one sentence a line, streamed through a model."""
 
     run_dir: str = _option(help="a run folder, a checkpoint or an averaged model folder", positional=True)
-    input: Optional[str] = _option(None, "input file (default, or -: stdin)")
-    output: Optional[str] = _option(None, "output file (default, or -: stdout)")
+    input: Optional[str] = _option(None, "input file; stdin when not given, or -")
+    output: Optional[str] = _option(None, "output file; stdout when not given, or -")
     max_input_tokens: int = _option(MAX_INPUT_TOKENS, "longer lines are cut", least=1)
     device: str = _option("auto", "auto, cpu, cuda, cuda:N")
     resume: bool = _option(False, "continue OUTPUT.partial, left by an interrupted run, with the same input")

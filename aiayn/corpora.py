@@ -162,9 +162,14 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
     named = {**_BIBLE, **_WMT14}
     if spec in named:
         src, tgt = named[spec]
-        if (src_lang or src, tgt_lang or tgt) != (src, tgt):
+        given = (src_lang or src, tgt_lang or tgt)
+        if given != (src, tgt):
             reverse = f"{spec.split('-')[0]}-{tgt}-{src}"
-            raise ValueError(f"{spec} translates {src} to {tgt}; the reverse direction is {reverse}")
+            if given == (tgt, src):
+                raise ValueError(f"{spec} translates {src} to {tgt}; the reverse direction is {reverse}")
+            # (found in review: --src-lang de was told of the reverse direction, which has no de either)
+            raise ValueError(f"{spec} translates {src} to {tgt} (and {reverse} {tgt} to {src}); it has no "
+                             f"{' or '.join(lang for lang in given if lang not in (src, tgt)) or '-'.join(given)} text")
         if spec in _BIBLE:
             path = CORPORA_DIR / BIBLE_FILE
             if not path.is_file():

@@ -65,7 +65,7 @@ def check_precision(device: torch.device, precision: str, tf32: bool = False) ->
         raise ValueError("tf32 is a CUDA GPU's format (Ampere and newer); a CPU computes fp32 products in fp32")
     if precision == "fp16" and device.type != "cuda":
         instead = "bf16 or fp32" if fast_bf16(device) else "fp32 (this CPU has no hardware bf16)"
-        raise ValueError(f"fp16 needs a CUDA GPU (it needs loss scaling and CPUs lack fast fp16); on this CPU use {instead}")
+        raise ValueError(f"fp16 needs a CUDA GPU (a CPU has no fast fp16); on this CPU use {instead}")  # not "loss scaling" to a decoder (found in review)
     if precision == "int8" and device.type != "cpu":
         raise ValueError("int8 decoding runs on a CPU; use bf16 or fp16 on a GPU")
     if precision == "bf16" and not fast_bf16(device):

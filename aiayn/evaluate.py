@@ -221,7 +221,10 @@ def _read_trees(path: Optional[str]) -> list:
     try:
         return read_trees(text)
     except ValueError as error:
-        raise ValueError(f"{path or 'stdin'}: {error}") from None
+        # (found in review: corpus export's .tree file, scored as it stands, was "a word beside other elements")
+        linearized = "; these are linearized trees, (S (NP XX )NP )S, the parser's targets that `corpus export` " \
+            "writes: score the trees `aiayn parse` writes" if re.search(r"\)[^\s()]", text) else ""
+        raise ValueError(f"{path or 'stdin'}: {error}{linearized}") from None
 
 
 def score_files(options, echo=print) -> None:

@@ -225,6 +225,16 @@ def remove_unfinished(out: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def discard_dir(path: Union[str, Path]) -> None:
+    """Delete the folder `path` by moving it into a hidden `.NAME.XXXXXXXX.tmp` first, so that a
+    kill midway leaves litter that `remove_unfinished` (and a run's `remove_litter`) clears, never
+    half a folder under its own name that would pass for a whole one."""
+    path = Path(path)
+    hidden = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.replace(path, hidden / path.name)
+    shutil.rmtree(hidden)
+
+
 def atomic_dir(path: Union[str, Path], build: Callable[[Path], None], force: bool = False) -> None:
     """Call `build(tmp_dir)` on a new hidden folder beside `path`, then rename it to `path`, so a
     crash never leaves half a folder (weights without their tokenizer). An existing `path` (but
@@ -395,6 +405,7 @@ class PartialOutput:
     def _open(self, input: Optional[str], resume: bool, force: bool, model: Sequence[Path], settings: dict,
               kept: Sequence[Path], loose: dict, older: dict) -> None:
         self._refuse(input, resume, force, model, kept)
+        remove_unfinished(self.record)  # a record a kill left half rewritten (found in review: it stayed for good)
         digest = None if input in (None, "-") else _digest(input)
         self.skip, self.changed = 0, []
         if resume and self.partial.exists():

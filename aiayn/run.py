@@ -25,11 +25,11 @@ from typing import Callable, Iterator, Optional, Union
 
 import torch
 
-from aiayn.checkpoint import CONFIG, WEIGHTS, load_model, read_config, save_model, write_checkpoint
+from aiayn.checkpoint import CONFIG, WEIGHTS, load_model, read_config, save_model, saved_step, write_checkpoint
 from aiayn.config import AverageOptions, ModelConfig, TrainConfig
 from aiayn.corpora import UNNAMED
-from aiayn.files import (WORK_LOCK, atomic_dir, atomic_text, output_lock, read_json, refuse_to_replace, write_json,
-                         writer_lock)
+from aiayn.files import (WORK_LOCK, atomic_dir, atomic_text, discard_dir, output_lock, read_json, refuse_to_replace,
+                         write_json, writer_lock)
 from aiayn import model as models
 from aiayn.model import Transformer
 from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
@@ -117,13 +117,14 @@ class RunDir:
         folder = self.checkpoint(step)
         write_checkpoint(folder, model, optimizer, {**trainer_state, "step": step}, self.path)
         for old in self.checkpoints()[:-keep_last]:
-            shutil.rmtree(old)
+            discard_dir(old)  # a kill midway leaves hidden litter, not a checkpoint without its weights (found in review)
         return folder
 
-    def save_final(self, model: torch.nn.Module, tokenizer=None) -> None:
-        """RUN_DIR/model: the weights as a model folder with the tokenizer, replaced whole."""
+    def save_final(self, model: torch.nn.Module, tokenizer=None, step: Optional[int] = None) -> None:
+        """RUN_DIR/model: the weights as a model folder with the tokenizer, replaced whole; `step`,
+        the training step they are of, in their file (`model_dir` tells a stale model/ by it)."""
         def build(folder: Path) -> None:
-            save_model(model, folder)
+            save_model(model, folder, step)
             if tokenizer is not None:
                 tokenizer.save(folder)
 
@@ -220,11 +221,21 @@ class RunDir:
 
     # -- inference --------------------------------------------------------------------------
 
+    def stale_final(self, found: Optional[list[Path]] = None) -> bool:
+        """Whether `model/` is of an earlier step than the newest of the checkpoints `found` (all
+        of them when None); a model/ that records no step (imported, or saved before steps were
+        kept) is taken as the run's."""
+        found = self.checkpoints() if found is None else found
+        step = saved_step(self.final)
+        return bool(found) and step is not None and int(_STEP_NAME.fullmatch(found[-1].name)[1]) > step
+
     def model_dir(self) -> Path:
-        """The folder to translate with: the final `model/`, else the newest checkpoint."""
-        if (self.final / CONFIG).is_file():
-            return self.final
+        """The folder to translate with: the final `model/`, else the newest checkpoint, and that
+        also where it is of a later step than `model/`: a run that stopped, was resumed, and was
+        killed before it wrote model/ again (found in review: the first stop's was taken)."""
         found = self.checkpoints()
+        if (self.final / CONFIG).is_file() and not self.stale_final(found):
+            return self.final
         if found:
             return found[-1]
         if not self.path.exists():
@@ -349,7 +360,12 @@ def pinned_model_dir(path: PathLike, note: Callable[[str], None]) -> Path:
     which checkpoint a run folder without a final model gives."""
     model_dir = resolve_model_dir(path)
     if model_dir.parent.name == CHECKPOINTS and Path(path).resolve() != model_dir.resolve():
-        note(f"{path} has no {FINAL}/ (a run in progress?): using its newest checkpoint, {model_dir.name}")
+        run = RunDir(path)
+        if (run.final / CONFIG).is_file():
+            note(f"{path}: its {FINAL}/ is of step {saved_step(run.final)}, older than its newest checkpoint (a resumed "
+                 f"run still training, or killed before it wrote {FINAL}/ again): using {model_dir.name}")
+        else:
+            note(f"{path} has no {FINAL}/ (a run in progress?): using its newest checkpoint, {model_dir.name}")
     return model_dir if has_tokenizer(model_dir) else Path(path)  # (else the run folder's tokenizer, found from it)
 
 

@@ -394,7 +394,7 @@ class Trainer:
             if not self.run.checkpoints() or self.run.checkpoints()[-1] != self.run.checkpoint(self.step):
                 self._save()
             if self.rank == 0:
-                self.run.save_final(self.model, self.tokenizer)
+                self.run.save_final(self.model, self.tokenizer, self.step)
                 self.plot()
             if self.distributed:
                 dist.barrier()

@@ -50,6 +50,9 @@ def test_built_in_names_resolve_to_the_packaged_file(monkeypatch, tmp_path):
     assert backward.splits["dev"] == [(t, s) for s, t in forward.splits["dev"]]
     with pytest.raises(ValueError, match="the reverse direction is bible-es-en"):
         load_corpus("bible-en-es", src_lang="es", tgt_lang="en")
+    with pytest.raises(ValueError, match=r"^bible-en-es translates en to es \(and bible-es-en es to en\); it has no de "
+                                         "text$"):  # not told of the reverse direction, which has none either (found in review)
+        load_corpus("bible-en-es", src_lang="de")
     monkeypatch.setattr(data, "CORPORA_DIR", tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="built-in corpus file .* is missing"):
         load_corpus("bible-en-es")

@@ -545,6 +545,50 @@ def test_readers_of_a_run_in_progress_pin_one_checkpoint_and_survive_its_rotatio
     one_line_error(*cli(capsys, "translate", tmp_path / "table3")[::2], "is a Table 3 experiment: give one of its rows")
 
 
+def test_a_model_folder_older_than_the_runs_newest_checkpoint_is_passed_over(tmp_path, corpus_tsv, capsys):
+    """Found in review: a run stopped at step 2 (its model/ written then), resumed, and killed at
+    step 4 before it wrote model/ again; translate took the model/ of step 2 without a word. Now
+    model/ records its step, and a newer checkpoint is taken instead, with a note saying why."""
+    from aiayn.checkpoint import saved_step
+
+    run = RunDir(tmp_path / "run")
+    assert cli(capsys, *train_argv(corpus_tsv, run.path, "--max-steps", "2", "--save-every", "1"))[0] == 0
+    assert saved_step(run.final) == 2 and run.model_dir() == run.final
+    shutil.copytree(run.final, tmp_path / "model-2")
+    assert cli(capsys, *train_argv(corpus_tsv, run.path, "--resume", "--max-steps", "4", "--save-every", "1"))[0] == 0
+    assert saved_step(run.final) == 4 and run.model_dir() == run.final  # the run's own, of its last step
+    shutil.rmtree(run.final)
+    shutil.copytree(tmp_path / "model-2", run.final)  # what the kill would have left
+    assert run.model_dir() == run.checkpoint(4)
+    (tmp_path / "in.txt").write_text("the cat\n")
+    code, _, err = cli(capsys, "translate", run.path, "--input", tmp_path / "in.txt", "--beam", "1")
+    assert code in (0, None) and (f"{run.path}: its model/ is of step 2, older than its newest checkpoint (a resumed run "
+                                  "still training, or killed before it wrote model/ again): using step_00000004") in err
+    for old in run.checkpoints()[1:]:  # a model/ of the newest step, or of none recorded (imported), is the run's
+        shutil.rmtree(old)
+    assert run.model_dir() == run.final
+
+
+def test_a_checkpoint_pruned_midway_leaves_litter_not_a_checkpoint(tmp_path, corpus_tsv, capsys, monkeypatch):
+    """Found in review: the oldest checkpoint was deleted under its own name, so a kill midway left
+    a step_N without its weights that `average` and --resume took for a checkpoint."""
+    import aiayn.files
+
+    run = RunDir(tmp_path / "run")
+    assert cli(capsys, *train_argv(corpus_tsv, run.path, "--max-steps", "2", "--save-every", "1", "--keep-last", "2"))[0] == 0
+
+    def killed(path, *args, **kwargs):
+        raise KeyboardInterrupt  # as a Ctrl-C while the files are deleted
+
+    monkeypatch.setattr(aiayn.files.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run.save_checkpoint(3, Transformer.load(run.checkpoint(2)), torch.optim.Adam(Transformer.load(
+            run.checkpoint(2)).parameters()), {}, keep_last=2)
+    monkeypatch.undo()
+    assert [c.name for c in run.checkpoints()] == ["step_00000002", "step_00000003"]
+    assert [p.name for p in run.remove_litter()] and not any(p.name.startswith(".") for p in run.checkpoint_root.iterdir())
+
+
 def test_a_launcher_count_that_is_no_number_is_said_by_its_name(tmp_path, corpus_tsv, capsys, monkeypatch):
     """Found in review: WORLD_SIZE=abc was "invalid literal for int() with base 10: 'abc'"."""
     monkeypatch.setenv("WORLD_SIZE", "abc")
@@ -795,8 +839,11 @@ def test_translate_streams_chunks_to_a_partial_file_that_resume_completes(tmp_pa
     monkeypatch.setattr(translate_module, "translate_nbest", real)
     with open(tmp_path / "out.txt.partial", "ab") as handle:
         handle.write(b"a whole line written after the record\n")  # a kill between the lines and their record
+    litter = tmp_path / ".out.txt.partial.json.k1389ia9.tmp"
+    litter.write_text("{")  # a kill while the record was rewritten (found in review: it stayed for good)
     assert cli(capsys, *argv, "--output", out, "--resume")[0] == 0
     assert out.read_text(encoding="utf-8") == straight and not (tmp_path / "out.txt.partial").exists()
+    assert not litter.exists()
     assert not (tmp_path / "out.txt.partial.json").exists()
     one_line_error(*cli(capsys, *argv, "--output", out)[::2], "already exists", "--force")
     one_line_error(*cli(capsys, *argv, "--output", out, "--resume")[::2], "is complete")
@@ -1302,6 +1349,9 @@ def test_score_of_empty_files_and_an_unknown_language(tmp_path, capsys):
                    "holds no trees")  # whatever the hypotheses hold (found in review: their error came first)
     one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "tree", "--hyp", tmp_path / "open")[::2],
                    f"{tmp_path / 'open'}: ")
+    (tmp_path / "linearized").write_text("(S (NP XX XX )NP (VP XX )VP )S\n")  # corpus export's test.tree
+    one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "tree", "--hyp", tmp_path / "linearized")[::2],
+                   "holds a word beside other elements; these are linearized trees", "score the trees `aiayn parse` writes")
     for parse in ((), ("--parse",)):  # found in review: "I/O operation on closed file"
         one_line_error(*cli(capsys, "score", *parse, "--ref", "-")[::2], "--ref and --hyp are both stdin")
 
