@@ -459,6 +459,21 @@ def test_batch_stream_runs_over_epochs_within_budget():
     assert stream.state_dict() == {"epoch": 1, "index": 1, "world_size": 1, "pairs": 40}
 
 
+def test_each_epoch_is_cut_and_ordered_afresh_from_the_seed_and_its_number():
+    """An epoch's batches are make_batches(seed, epoch): the second epoch's are not the first's
+    again (found by mutation: every epoch drawn with epoch 0 passed every test)."""
+    pairs = pairs_of(40)
+    stream = make_stream(pairs)
+    lengths = [(len(s) + 1, len(t) + 1) for s, t in pairs]
+    epochs = []
+    for epoch in range(2):
+        drawn = [next(stream) for _ in range(len(make_batches(lengths, 60, 5, epoch)))]
+        expected = [collate([pairs[i] for i in b], 0, 1, 2) for b in make_batches(lengths, 60, 5, epoch)]
+        assert stream.epoch == epoch and all(same(a, b) for a, b in zip(drawn, expected, strict=True))
+        epochs.append([b.tolist() for b in make_batches(lengths, 60, 5, epoch)])
+    assert epochs[0] != epochs[1]
+
+
 def test_batch_stream_resumes_exactly():
     pairs = pairs_of(40)
     uninterrupted = make_stream(pairs)

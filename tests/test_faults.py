@@ -569,6 +569,32 @@ def test_a_model_folder_older_than_the_runs_newest_checkpoint_is_passed_over(tmp
     assert run.model_dir() == run.final
 
 
+def test_each_step_has_its_own_rate_and_seed_its_loss_is_per_token_and_the_last_is_saved(tmp_path, corpus_tsv, capsys,
+                                                                                          monkeypatch):
+    """§5.3's rate at step_num = 1, 2, ... (as logged), dropout drawn from a seed of each step's
+    own, the loss per target token, a checkpoint at a last step between --save-every boundaries,
+    and a resumed run going on with each (found by mutation: the rate a step off, one seed for
+    every step, the loss per sentence and no last checkpoint each passed every test)."""
+    import aiayn.train
+    from aiayn.optim import noam_lr
+
+    seeds, real = [], aiayn.train.step_seed
+    monkeypatch.setattr(aiayn.train, "step_seed", lambda *key: (seeds.append(key), real(*key))[1])
+    run, common = RunDir(tmp_path / "run"), ("--save-every", "2", "--dropout", "0.1", "--label-smoothing", "0")
+    assert cli(capsys, *train_argv(corpus_tsv, run.path, "--max-steps", "3", *common))[0] == 0
+    assert [c.name for c in run.checkpoints()] == ["step_00000002", "step_00000003"]
+    assert cli(capsys, *train_argv(corpus_tsv, run.path, "--max-steps", "5", "--resume", *common))[0] == 0
+    assert [c.name for c in run.checkpoints()] == [f"step_{k:08d}" for k in (2, 3, 4, 5)]
+    assert seeds == [(3, 0, k) for k in range(5)]  # train_argv's --seed 3, rank 0, steps counted from 0
+    records = [r for r in run.read_log() if r["split"] == "train"]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert [r["lr"] for r in records] == pytest.approx([noam_lr(k, 32, 20) for k in range(1, 6)], rel=1e-12)
+    # Untrained, with logits of variance about 1 (hidden states of unit variance per dimension, a
+    # table of d_model^-0.5), the loss per target token is ln V plus about half a nat; per
+    # sentence it would be several times that (5 to 9 tokens a sentence here).
+    assert math.log(300) < records[0]["loss"] < 1.5 * math.log(300)
+
+
 def test_a_checkpoint_pruned_midway_leaves_litter_not_a_checkpoint(tmp_path, corpus_tsv, capsys, monkeypatch):
     """Found in review: the oldest checkpoint was deleted under its own name, so a kill midway left
     a step_N without its weights that `average` and --resume took for a checkpoint."""

@@ -456,3 +456,23 @@ def test_preprocess_refuses_inputs_that_would_leave_an_unusable_folder(tmp_path,
     one_line_error(*cli(capsys, *labelled, "--src-lang", "../x")[::2], "'../x' cannot name a language's files")
     one_line_error(*cli(capsys, "preprocess", "--corpus", "", "--out", out)[::2], "--corpus is empty")
     assert not out.exists()
+
+
+def test_training_validates_on_the_dev_pairs_each_with_its_own_reference(tmp_path, data_dir):
+    """Dev loss, BLEU and chrF read the dev split, each sentence beside its own reference, also when
+    --max-sentence-tokens leaves out a dev pair before the last (found by mutation: validating on
+    the training split, or references taken from the front of the list, passed every test)."""
+    from aiayn.batching import within_length
+    from aiayn.config import TrainConfig
+    from aiayn.prepare import prepare_data
+    from aiayn.run import RunDir
+
+    dev = load_store(data_dir).split("dev")
+    limit = next(n for n in range(int(dev.lengths.max()) + 1, 0, -1)  # the largest that drops a pair before the last
+                 if (rows := within_length(dev.lengths, n)).size and set(range(len(dev) - 1)) - set(rows.tolist()))
+    recipe = TrainConfig(data=str(data_dir), max_sentence_tokens=limit, device="cpu")
+    tokenizer, data, _ = prepare_data(ModelConfig(vocab_size=300), recipe, RunDir(tmp_path / "run"), echo=lambda _: None)
+    assert 0 < len(data.dev) == len(within_length(dev.lengths, limit)) < len(dev)
+    assert len(data.dev_text) == len(data.dev)
+    for (src, tgt), (src_text, reference) in zip((data.dev[i] for i in range(len(data.dev))), data.dev_text):
+        assert src.tolist() == tokenizer.encode(src_text) and tgt.tolist() == tokenizer.encode_target_batch([reference])[0]
