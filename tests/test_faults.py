@@ -54,8 +54,8 @@ def make_model(folder: Path, **overrides) -> Path:
     """A random model with a real tokenizer in `folder`: translations are nonsense, the plumbing real."""
     tokenizer = Tokenizer.train(SENTENCES, 300, folder)
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.0,
-                         **overrides)
+    config = ModelConfig(**{"vocab_size": tokenizer.vocab_size, "d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 1,
+                            "dropout": 0.0, **overrides})
     Transformer(config).save(folder)
     return folder
 

@@ -445,3 +445,17 @@ def test_a_model_and_tokenizer_of_other_sizes_are_refused_by_every_export_and_by
     with pytest.raises(ValueError, match=f"vocab.json and config.json disagree: the tokenizer has {rows - 4} tokens, the model {rows}"):
         import_marian(larger, tmp_path / "out", echo=lambda _: None)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("changes", [{}, {"scale_embedding": False}, {"share_embeddings": False, "tie_output": False},
+                                     {"activation": "gelu", "dropout": 0.3, "attention_dropout": 0.1}])
+def test_the_config_an_export_writes_reads_back_as_the_model(changes):
+    """Every setting an exported config.json states comes back on import (found by mutation: an
+    export that always wrote scale_embedding true passed, as every export test's model scaled)."""
+    from aiayn.marian import config_from_marian, marian_config
+
+    config = ModelConfig(vocab_size=60, d_model=16, n_heads=2, d_ff=32, n_layers=2, positional="sinusoidal_concat",
+                         final_logits_bias=True, layer_norm_eps=1e-5, **changes)
+    back = config_from_marian({**marian_config(config), "model_type": "marian"}, config.unk_id)
+    assert dataclasses.replace(back, max_len=config.max_len) == config  # sinusoids are exported longer (exported_positions)
+    assert back.max_len >= config.max_len

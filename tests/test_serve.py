@@ -434,6 +434,26 @@ def test_translate_returns_what_the_python_api_returns_in_order(server, model_di
     assert Translator(model, tokenizer).translate(["\x01\x02"]) == [""]
 
 
+def test_the_served_attention_is_the_models_own_layer_by_layer(tmp_path):
+    """The fp32 model teacher-forced on its output, as the figures are, each weight within the 3
+    decimals' rounding (found by mutation: layers sent in reverse order passed, as the served
+    test model has one layer)."""
+    from aiayn.serve.app import create_app
+    from aiayn.visualize import pair_attention
+
+    model_dir = make_model(tmp_path, n_layers=2)
+    with in_process(create_app(Transformer.load(model_dir), Tokenizer.load(model_dir))) as port:
+        status, body, _ = request(port, "POST", "/translate", {"text": SENTENCES[1], "attention": True})
+    assert status == 200
+    detail, tokenizer = body["details"][0], Tokenizer.load(model_dir)
+    output = [tokenizer.piece_to_id(piece) for piece in detail["target_tokens"][:-1]]
+    maps, _, _ = pair_attention(Transformer.load(model_dir).eval(), tokenizer.encode(SENTENCES[1]), output)
+    for kind, layers in maps.items():
+        assert len(layers) == 2
+        for served, weights in zip(detail["attention"][kind], layers, strict=True):
+            torch.testing.assert_close(torch.tensor(served, dtype=torch.float64), weights[0].double(), rtol=0, atol=6e-4)
+
+
 def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_dir):
     config = Transformer.load(model_dir).config
     status, body, _ = request(server, "POST", "/translate", {"text": [SENTENCES[1], " "], "attention": True, "beam": 2})

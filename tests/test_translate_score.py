@@ -48,6 +48,11 @@ def test_translate_keeps_lines_in_order_with_documented_edge_cases(tmp_path, mod
     assert len(out) == len(lines) + 1 and out[-1] == ""
     assert out[1] == "" and out[2] == "" and out[6] == ""  # empty lines stay empty, and those of invisible characters
     assert "line 5 has" in done.stderr and "first 50" in done.stderr  # long lines are cut, with a note
+    # Each line has its own translation, as decoded alone in fp32 (found by mutation: outputs given
+    # to the lines in the order of their lengths passed).
+    alone = [translate_ids(Transformer.load(model_dir), [Tokenizer.load(model_dir).encode(lines[i])], beam=2)[0]
+             for i in (0, 3, 5)]
+    assert [out[i] for i in (0, 3, 5)] == [" ".join(Tokenizer.load(model_dir).decode(ids).splitlines()) for ids in alone]
     # Unseen characters go through SentencePiece's byte fallback, never <unk>.
     tokenizer = Tokenizer.load(model_dir)
     assert tokenizer.unk_id not in tokenizer.encode("🐈 猫 ölçü")
@@ -176,6 +181,10 @@ def test_score_agrees_with_sacrebleu_and_the_compound_split_script(tmp_path):
     chrf_cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp_path / "ref"), "-i", str(tmp_path / "hyp"),
                                "-m", "chrf", "-b", "-w", "4"], capture_output=True, text=True)
     assert f"chrF            {float(chrf_cli.stdout):.2f}  nrefs:1|case:mixed|eff:yes|nc:6|nw:0" in done.stdout
+    # The chrF that the demo, training's validation and the benchmarks report (found by mutation:
+    # its hypotheses and references swapped passed; chrF's β = 2 weighs recall, so the two differ).
+    assert evaluate.score_hypotheses(HYP, REF).chrf == pytest.approx(float(chrf_cli.stdout), abs=1e-4)
+    assert evaluate.score_hypotheses(REF, HYP).chrf != pytest.approx(float(chrf_cli.stdout), abs=1e-4)
 
     # The reference pipeline: Moses-tokenize, split compounds with tensor2tensor's perl one-liner,
     # then BLEU on tokens with no smoothing.
@@ -214,14 +223,21 @@ def test_attention_figures_name_each_decoder_position_by_the_token_it_produced(t
 
     model, tokenizer = Transformer.load(model_dir).eval(), Tokenizer.load(model_dir)
     target = translate_ids(model, [tokenizer.encode("the cat")], beam=1)[0]
-    seen, plot = {}, visualize.plot_heads
+    seen, drawn, plot = {}, {}, visualize.plot_heads
     monkeypatch.setattr(visualize, "plot_heads", lambda weights, queries, keys, title, path: (
-        seen.setdefault(path.stem.split("-")[0], (list(queries), list(keys))), plot(weights, queries, keys, title, path))[1])
+        seen.setdefault(path.stem.split("-")[0], (list(queries), list(keys))), drawn.setdefault(path.stem, (weights, title)),
+        plot(weights, queries, keys, title, path))[2])
     visualize.attention_figures(model, tokenizer, "the cat", target, tmp_path / "maps")
     produced = [tokenizer.id_to_piece(i) for i in target] + ["</s>"]
     source = [tokenizer.id_to_piece(i) for i in tokenizer.encode("the cat")] + ["</s>"]
     fed = ["<s>"] + produced[:-1]
     assert seen == {"cross": (produced, source), "decoder": (produced, fed), "encoder": (source, source)}
+    # Each figure draws its own layer's weights (found by mutation: layers drawn in reverse passed).
+    maps, _, _ = visualize.pair_attention(model, tokenizer.encode("the cat"), target)
+    for kind, layers in maps.items():
+        for number, weights in enumerate(layers, start=1):
+            figure, title = drawn[f"{kind}-layer{number}"]
+            assert torch.equal(figure, weights[0]) and title == f"{visualize.KINDS[kind]}, layer {number} of 2"
 
 
 def test_a_translation_cut_at_the_length_limit_names_its_last_row_cut(tmp_path, model_dir, monkeypatch):
