@@ -224,14 +224,21 @@ def test_the_address_limit_believes_x_forwarded_for_only_from_the_proxies_named(
         assert statuses(server, "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.1", "10.0.0.1") == [200] * 4 + [429]
 
 
-def test_a_token_bucket_allows_a_minutes_requests_then_one_every_60_over_n_seconds():
-    now = [0.0]
-    admission = Admission(per_address=3, clock=lambda: now[0])
-    for _ in range(3):
+def spent(per_address: int, now: list) -> tuple[Admission, Refused]:
+    """An admission of `per_address` requests a minute whose address "a" has sent them all at
+    time now[0], and how it refuses the next."""
+    admission = Admission(per_address=per_address, clock=lambda: now[0])
+    for _ in range(per_address):
         admission.admit("a", None)
     with pytest.raises(Refused) as refused:
         admission.admit("a", None)
-    assert refused.value.status_code == 429 and refused.value.headers["Retry-After"] == "20"  # 60 / 3 s
+    return admission, refused.value
+
+
+def test_a_token_bucket_allows_a_minutes_requests_then_one_every_60_over_n_seconds():
+    now = [0.0]
+    admission, refused = spent(3, now)
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "20"  # 60 / 3 s
     admission.admit("b", None)  # another address has its own
     now[0] = 19.9
     with pytest.raises(Refused):
@@ -256,12 +263,7 @@ def test_retry_after_is_the_wait_rounded_up_and_a_keys_rate_is_the_keys_from_any
     """Found by mutation: Retry-After rounded down (60 / 3 s is whole, so the test above could not
     tell) and a key's rate counted per address (the real clients send from one) both passed."""
     now = [0.0]
-    admission = Admission(per_address=7, clock=lambda: now[0])
-    for _ in range(7):
-        admission.admit("a", None)
-    with pytest.raises(Refused) as refused:
-        admission.admit("a", None)
-    assert refused.value.headers["Retry-After"] == "9"  # 60 / 7 = 8.57 s: a client back after 8 s is refused again
+    assert spent(7, now)[1].headers["Retry-After"] == "9"  # 60 / 7 = 8.57 s: a client back after 8 s is refused again
     keyed = Admission(keys={"slow": 2}, clock=lambda: now[0])
     keyed.admit("10.0.0.1", "slow")
     keyed.admit("10.0.0.2", "slow")
