@@ -279,6 +279,11 @@ def _check_index(store: Store, name: str) -> None:
 # Writing a DATA_DIR
 
 
+def ids_dtype(vocab_size: int) -> np.dtype:
+    """uint16 where every id of the vocabulary (0 .. vocab_size - 1) fits in 16 bits, else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
 def preprocess(
     corpus,
     out: Union[str, Path],
@@ -334,7 +339,7 @@ def preprocess(
         tokenizer = load_tokenizer(tmp)
         if tokenizer_from is not None and tokenizer.vocab_size != vocab_size:
             raise ValueError(f"the tokenizer of {tokenizer_from} has {tokenizer.vocab_size} tokens, not {vocab_size}")
-        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+        dtype = ids_dtype(tokenizer.vocab_size)
         splits = {}
         with tqdm(desc="encode", unit="pair", unit_scale=True, dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
             for name, read in stream.splits.items():

@@ -476,3 +476,12 @@ def test_training_validates_on_the_dev_pairs_each_with_its_own_reference(tmp_pat
     assert len(data.dev_text) == len(data.dev)
     for (src, tgt), (src_text, reference) in zip((data.dev[i] for i in range(len(data.dev))), data.dev_text):
         assert src.tolist() == tokenizer.encode(src_text) and tgt.tolist() == tokenizer.encode_target_batch([reference])[0]
+
+
+def test_ids_are_stored_in_16_bits_exactly_when_every_id_fits():
+    """Found by mutation: uint16 for a vocabulary of 65,537 (id 65,536 wraps to 0) passed."""
+    from aiayn.store import ids_dtype
+
+    assert [ids_dtype(n).name for n in (300, 1 << 16, (1 << 16) + 1, 37_000 * 4)] == ["uint16", "uint16", "uint32", "uint32"]
+    for n in (1 << 16, (1 << 16) + 1):
+        assert int(np.array([n - 1]).astype(ids_dtype(n))[0]) == n - 1  # the largest id reads back as itself
