@@ -283,11 +283,30 @@ def test_detect_confidence_is_the_share_of_the_text_the_vocabulary_spells(transl
     assert coverage(translator.tokenizer, f"{SENTENCES[0]} 猫が鳴く") == round(100 * known / (known + 12), 1)
 
 
+def test_the_buckets_of_many_addresses_are_forgotten_once_full_never_while_spent(monkeypatch):
+    """Past MAX_BUCKETS entries the refilled buckets go and the spent ones stay (found by
+    mutation: forgetting every bucket, which resets a spent address's allowance, and forgetting
+    none, which lets the table grow with every new address, both passed)."""
+    from aiayn.serve import limits
+
+    monkeypatch.setattr(limits, "MAX_BUCKETS", 3)
+    now = [0.0]
+    admission = Admission(per_address=1, clock=lambda: now[0])
+    for address in "abcde":
+        admission.admit(address, None)
+    with pytest.raises(Refused):
+        admission.admit("a", None)  # still spent: its bucket was kept
+    now[0] = 120.0  # every bucket full again
+    admission.admit("f", None)
+    assert len(admission._buckets) <= 2
+
+
 def test_key_files_are_read_with_one_line_errors(tmp_path):
     good = tmp_path / "good"
     good.write_text("a\nb 30\n\n# c\n")
     assert read_keys(good) == {"a": None, "b": 30.0}
-    for text, says in (("", "holds no key"), ("a 0\n", "positive number"), ("a b c\n", "line 1"), ("a x\n", "line 1")):
+    for text, says in (("", "holds no key"), ("a 0\n", "positive number"), ("a inf\n", "positive number"),  # inf: no limit
+                       ("a nan\n", "positive number"), ("a b c\n", "line 1"), ("a x\n", "line 1")):
         bad = tmp_path / "bad"
         bad.write_text(text)
         with pytest.raises(ValueError, match=says):

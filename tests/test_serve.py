@@ -22,7 +22,7 @@ import torch
 from aiayn.model import Transformer
 from aiayn.serve import batcher as batcher_module
 from aiayn.serve.batcher import Batcher, Closed, Options, QueueFull
-from aiayn.config import DECODE_PRESETS, SERVE
+from aiayn.config import DECODE_PRESETS, SERVE, ModelConfig
 from aiayn.device import DTYPES
 from aiayn.inference import packs
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
@@ -1242,3 +1242,72 @@ def test_an_app_keeps_no_second_copy_of_the_weights(model_dir, precision):
         assert precision == "int8" or all(p.dtype == DTYPES[precision] for p in served.parameters())
     finally:
         app.state.batcher.close()
+
+
+def host_status(host: bytes, allowed: frozenset) -> int:
+    """The status HostCheck answers a GET with this Host header (200: passed on to the app)."""
+    from aiayn.serve.origins import HostCheck
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/", "raw_path": b"/", "query_string": b"", "headers": [(b"host", host)]}
+    asyncio.run(HostCheck(app, allowed)(scope, receive, send))
+    return sent[0]["status"]
+
+
+def test_the_host_check_takes_this_servers_names_in_every_spelling_and_no_other():
+    """Found by mutation: a Host ending in "localhost" let through, IPv6 hosts left in the
+    browser's spelling and a bare "[::1]" cut at its last colon all passed."""
+    from aiayn.serve.origins import LOOPBACK_NAMES
+    from aiayn.serve.server import _allowed_hosts
+
+    for host in (b"localhost", b"LOCALHOST:8080", b"localhost.", b"127.0.0.1:80", b"[::1]", b"[::1]:8080",
+                 b"[0:0:0:0:0:0:0:1]:8000"):
+        assert host_status(host, LOOPBACK_NAMES) == 200, host
+    for host in (b"evillocalhost", b"localhost.evil.example", b"evil.example", b"127.0.0.2", b"[::2]", b"[::1"):
+        assert host_status(host, LOOPBACK_NAMES) == 421, host
+    mapped = _allowed_hosts("::ffff:127.0.0.1", ())
+    assert host_status(b"[::FFFF:127.0.0.1]:8080", mapped) == host_status(b"[::ffff:7f00:1]", mapped) == 200
+
+
+def test_a_request_at_each_limit_is_taken_and_one_past_it_refused(server, model_dir):
+    """Found by mutation: max_texts and max_input_tokens compared with >= (a request at the limit
+    refused) passed, as every test sent requests well under or well over them."""
+    limits = request(server, "GET", "/info")[1]["limits"]
+    tokenizer = Tokenizer.load(model_dir)
+    words = " ".join(SENTENCES).split()
+    text = next(" ".join(words[:n]) for n in range(1, len(words)) if len(tokenizer.encode(" ".join(words[:n])))
+                >= limits["max_input_tokens"])  # the limit exactly (or past it, then cut below), EOS not counted
+    while len(tokenizer.encode(text)) > limits["max_input_tokens"]:
+        text = text[:-1]
+    assert len(tokenizer.encode(text)) == limits["max_input_tokens"]
+    assert request(server, "POST", "/translate", {"text": text, "beam": 1, "max_length": 1})[0] == 200
+    status, body, _ = request(server, "POST", "/translate", {"text": text + " cat", "beam": 1, "max_length": 1})
+    assert status == 422 and "tokens; the limit is" in body["error"]
+    texts = ["a"] * limits["max_texts"]
+    assert request(server, "POST", "/translate", {"text": texts, "beam": 1, "max_length": 1})[0] == 200
+    assert request(server, "POST", "/translate", {"text": texts + ["a"], "beam": 1, "max_length": 1})[0] == 422
+
+
+def test_the_cost_of_a_text_is_counted_as_the_docstrings_say():
+    """Found by mutation: output_limit without the EOS and attention_bytes without the source's
+    EOS passed, and the beam in decoding_bytes was checked only by a test's loop that then never
+    ended."""
+    from aiayn.serve.cost import ATTENTION_VALUE_BYTES, CACHE_BYTES, LOGIT_ROWS
+
+    config = ModelConfig(vocab_size=100, d_model=16, n_heads=4, d_ff=32, n_layers=2)
+    assert (output_limit(10, 50, None), output_limit(10, 50, 5)) == (61, 6)  # source + 50, or the cap; + EOS
+    s, t = 3 + 1, 5  # the source's 3 tokens and EOS; the output's 5 with its EOS
+    assert attention_bytes(config, 3, 5) == 2 * 4 * (s * s + t * t + t * s) * ATTENTION_VALUE_BYTES
+    one = (s + t) * 2 * 2 * 16 * CACHE_BYTES["fp32"] + LOGIT_ROWS * 100 * 4
+    assert decoding_bytes(config, "fp32", 3, 5, 1) == one and decoding_bytes(config, "fp32", 3, 5, 4) == 4 * one
