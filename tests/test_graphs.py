@@ -130,3 +130,15 @@ def test_while_every_sentence_decodes_a_step_reads_and_moves_the_state_whole():
         state.reorder(torch.tensor([4, 5, 6, 7]), torch.tensor([1]), 4)  # the first sentence has left
         assert not state.dense and state.slots.tolist() == [4, 5, 6, 7]
         assert state.step(torch.arange(4, 8)).shape == (4, model.config.vocab_size)
+
+
+def test_a_static_cache_refilled_for_new_sentences_holds_no_old_keys():
+    """refill zeroes every column and starts again at step 0 (found by mutation: keys and values
+    left from the last batch passed, as each test's batch filled a fresh cache)."""
+    keys, mask = torch.zeros(1, 1, 3, 4), torch.ones(1, 1, 1, 3, dtype=torch.bool)
+    cache = StaticCache(1, 2, 1, 4, 4, 8, torch.float32, torch.device("cpu"), [(keys, keys)], mask)
+    cache.keys.fill_(float("inf"))
+    cache.values.fill_(float("inf"))
+    cache.t += 5
+    cache.refill([(keys, keys)], mask)
+    assert not cache.keys.any() and not cache.values.any() and cache.t.item() == 0

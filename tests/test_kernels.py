@@ -656,3 +656,53 @@ def test_a_continuous_batch_keeps_its_memory_at_a_few_widths():
     decoding = ContinuousDecoding(learned, dataclasses.replace(DECODE_PRESETS["translate"], max_output_len=2))
     decoding.join([list(range(5, 24))], ["longest"], alpha=0.6)  # 20 positions with EOS
     assert decoding.state.cache.cross[0][0].size(2) == 20
+
+
+def test_cpu_dropout_drops_exactly_round_p_of_every_16_bit_draw(monkeypatch):
+    """Each element's 16 random bits are dropped below round(p · 2^16) - 2^15: given every 16-bit
+    value once, exactly round(0.1 · 65536) = 6554 of 65536 elements drop (found by mutation: the
+    threshold one off, P_drop moved by 2^-16, passed the statistical test's 0.002)."""
+    every = torch.arange(-2**15, 2**15, dtype=torch.int64).to(torch.int16).view(torch.int64)  # each 16-bit value once
+    monkeypatch.setattr(torch, "randint", lambda *args, **kwargs: every.clone())
+    dropped = kernels.Dropout(0.1).train()(torch.ones(65536))
+    assert int((dropped == 0).sum()) == round(0.1 * 65536)
+
+
+def test_a_compiled_dropout_drops_exactly_what_the_eager_one_drops():
+    """The compiled step draws from the same generator and compares as the eager step does (found
+    by mutation: the compiled mask's threshold one off passed; the compiled-step tests compare
+    within bf16 rounding, which a few changed elements of a million stay under)."""
+    drop, x = kernels.Dropout(0.1).train(), torch.ones(1000, 1000)
+    torch.manual_seed(0)
+    eager = drop(x)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    assert torch.equal(torch.compile(drop, backend="eager", fullgraph=True)(x), eager)
+
+
+def test_folded_queries_of_several_positions_attend_as_rows_with_copied_keys():
+    """fold_queries with L_q > 1 (a latent path: decoding folds one query a row; found by mutation:
+    (L_q, g) ordered as (g, L_q) passed)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 2, 3, 8, generator=g)  # 2 sentences × 3 beams, 2 heads, 3 queries each
+    k, v = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    folded = kernels.unfold_queries(scaled_dot_product_attention(kernels.fold_queries(q, 2), k, v)[0], 6)
+    torch.testing.assert_close(folded, scaled_dot_product_attention(q, k.repeat_interleave(3, 0), v.repeat_interleave(3, 0))[0])
+
+
+def test_bf16_weights_accumulate_the_gradients_of_two_batches_in_the_master():
+    """--accumulate with --bf16-weights: each backward's bf16 gradients add to the fp32 master's
+    (found by mutation: copied over them passed; no test accumulated). The same batch twice gives
+    exactly twice the gradient: the bf16 gradients are the same both times, and doubling is exact."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.0,
+                                    max_len=64)).train()
+    twin = train_kernels.Bf16Twin(model)
+    src, tgt = torch.tensor([[5, 6, 7, 8]]), torch.tensor([[1, 14, 15, 16]])
+    twin.model(src, tgt).float().logsumexp(-1).mean().backward()
+    twin.grads_to_master()
+    once = [p.grad.clone() for p in model.parameters()]
+    twin.model(src, tgt).float().logsumexp(-1).mean().backward()
+    twin.grads_to_master()
+    for p, grad in zip(model.parameters(), once):
+        torch.testing.assert_close(p.grad, 2 * grad, rtol=0, atol=0)

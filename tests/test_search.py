@@ -412,3 +412,28 @@ def test_a_source_past_the_learned_positions_is_refused_by_name_when_joining():
     decoding.join([[5] * 10], [0], alpha=0.6)  # one that fits decodes
     while decoding.live:
         decoding.step()
+
+
+def test_a_join_that_moves_the_cache_reads_nothing_of_the_spare_storage():
+    """A sentence that joins when the buffers have no room left (a reorder left room for one more
+    position, and it was taken) is moved into the other storage: every row there must be
+    written or zeroed (found by mutation: new rows left as the spare storage held them passed;
+    only the in-place join was tested). NaN in the spare storage would reach the outputs."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0,
+                                    max_len=64)).eval()
+    with torch.no_grad():
+        src, later, tgt = torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[15, 16, 17, 18]]), torch.randint(4, 50, (2, 5))
+        memory, mask = model.encode(src)
+        cache = model.init_cache(memory, mask, max_len=8)
+        model.decode(tgt[:1, :2], cache=cache)
+        cache.reorder(torch.tensor([0]), torch.tensor([0]), beam=1)  # room for one more position
+        model.decode(tgt[:1, 2:3], cache=cache)  # taken: the join must move the buffers
+        for store in cache._stores:
+            store[1].fill_(float("nan"))
+        later_memory, later_mask = model.encode(later)
+        cache.join(model.memory_keys_values(later_memory), later_mask, rows_each=1, max_len=4)
+        for t in range(2):
+            step = model.decode(torch.stack([tgt[0, 3 + t], tgt[1, t]]).unsqueeze(1), cache=cache)
+            torch.testing.assert_close(step[0, 0], model(src, tgt[:1, : 4 + t])[0, -1], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(step[1, 0], model(later, tgt[1:, : 1 + t])[0, -1], atol=1e-5, rtol=1e-5)
