@@ -494,6 +494,7 @@ def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_di
     ({"text": "a", "beam": 0}, None, 422, "beam: Input should be greater than or equal to 1"),
     ({"text": "a", "beam": "four"}, None, 422, "beam: Input should be a valid integer"),
     ({"text": 5}, None, 422, "text: give a string or a list of strings"),
+    ({"beam": 4}, None, 422, "text: Field required"),  # not "give a string" (found by mutation: unchecked)
     ({"text": []}, None, 422, "give at least one text"),
     ({"text": ["a"] * 65}, None, 422, "65 texts in one request; the limit is 64"),
     ({"text": "the small cat " * 30}, None, 422, "text 1 has"),

@@ -169,6 +169,9 @@ def test_a_worker_steps_on_its_own_and_reports_each_search(model_dir):
         assert sorted(finished) == ["a", "b"] and all("translation" in result for result in finished.values())
     finally:
         workers.close()
+    # Its pipe closed, the worker ends on its own (found by mutation: a close that left the pipes
+    # open, so each worker was killed at the deadline, passed).
+    assert worker.process.exitcode == 0
 
 
 def test_a_lost_worker_is_reported_and_the_server_still_stops_cleanly(model_dir):
