@@ -50,7 +50,7 @@ def saved_step(directory: Union[str, Path]) -> Optional[int]:
             value = (weights.metadata() or {}).get(STEP_KEY, "")
     except (OSError, SafetensorError):
         return None
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isdecimal() else None  # (isdigit() takes "²", which int() refuses)
 
 
 def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:

@@ -84,7 +84,7 @@ def add_overrides(parser: argparse.ArgumentParser, cls, title: str) -> None:
     group = parser.add_argument_group(title, " ".join(cls.__doc__.split()) if (train := cls is TrainConfig) else None)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        shown = f" (default {str(f.default).lower()})" if train and f.default is not None else ""  # true, not True
+        shown = f" (default {str(f.default).lower() if isinstance(f.default, bool) else f.default})" if train and f.default is not None else ""
         kwargs: dict = {"dest": f"{cls.__name__}.{f.name}", "default": None, "metavar": f.name.upper(),
                         "help": f.metadata.get("help", "") + shown}
         if typing.get_origin(hints[f.name]) is typing.Literal:

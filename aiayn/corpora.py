@@ -165,11 +165,12 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
         given = (src_lang or src, tgt_lang or tgt)
         if given != (src, tgt):
             reverse = f"{spec.split('-')[0]}-{tgt}-{src}"
-            if given == (tgt, src):
+            lacks = [lang for lang in given if lang not in (src, tgt)]
+            if not lacks:  # its own languages, the other way round (one flag or both)
                 raise ValueError(f"{spec} translates {src} to {tgt}; the reverse direction is {reverse}")
             # (found in review: --src-lang de was told of the reverse direction, which has no de either)
             raise ValueError(f"{spec} translates {src} to {tgt} (and {reverse} {tgt} to {src}); it has no "
-                             f"{' or '.join(lang for lang in given if lang not in (src, tgt)) or '-'.join(given)} text")
+                             f"{' or '.join(lacks)} text (codes are lower case)")
         if spec in _BIBLE:
             path = CORPORA_DIR / BIBLE_FILE
             if not path.is_file():

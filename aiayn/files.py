@@ -231,7 +231,11 @@ def discard_dir(path: Union[str, Path]) -> None:
     half a folder under its own name that would pass for a whole one."""
     path = Path(path)
     hidden = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    os.replace(path, hidden / path.name)
+    try:
+        os.replace(path, hidden / path.name)
+    except BaseException:
+        hidden.rmdir()  # not moved (a mount point, another file system): no empty litter either
+        raise
     shutil.rmtree(hidden)
 
 

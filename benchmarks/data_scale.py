@@ -171,7 +171,7 @@ def main() -> None:
             for (pairs, nproc), results in runs.items():
                 run = work / f"run-{pairs}-{nproc}-{rep}"
                 launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",  # a port of its own
-                            "--nproc-per-node", str(nproc)] if nproc > 1 else [sys.executable]
+                            "--local-addr", "127.0.0.1", "--nproc-per-node", str(nproc)] if nproc > 1 else [sys.executable]
                 argv = launcher + [str(CHILD), "train", "--data", str(work / f"data-{pairs}"), "--out", str(run), *TRAIN_ARGS]
                 measured = run_measured(argv, run / "log.jsonl", threads // nproc)
                 results.append(measured)

@@ -463,7 +463,8 @@ def test_two_gloo_processes_make_the_update_of_one_with_the_combined_batch(tmp_p
     single = subprocess.run(train_argv(corpus_tsv, tmp_path / "one", *common, "--accumulate", "2"),
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]  # a port of its own
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
+                "--nproc-per-node", "2"]  # a port of its own
     argv = train_argv(corpus_tsv, tmp_path / "two", *common)
     ddp = subprocess.run(launcher + argv[1:], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})

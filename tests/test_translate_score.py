@@ -48,13 +48,17 @@ def test_translate_keeps_lines_in_order_with_documented_edge_cases(tmp_path, mod
     assert len(out) == len(lines) + 1 and out[-1] == ""
     assert out[1] == "" and out[2] == "" and out[6] == ""  # empty lines stay empty, and those of invisible characters
     assert "line 5 has" in done.stderr and "first 50" in done.stderr  # long lines are cut, with a note
-    # Each line has its own translation, as decoded alone in fp32 (found by mutation: outputs given
-    # to the lines in the order of their lengths passed).
-    alone = [translate_ids(Transformer.load(model_dir), [Tokenizer.load(model_dir).encode(lines[i])], beam=2)[0]
-             for i in (0, 3, 5)]
-    assert [out[i] for i in (0, 3, 5)] == [" ".join(Tokenizer.load(model_dir).decode(ids).splitlines()) for ids in alone]
+    # Each line has its own translation, as decoded alone (found by mutation: outputs given to the
+    # lines in the order of their lengths passed). Compared where decoding is batch-invariant here,
+    # as test_serve's _batch_invariant: padding changes fp32's order of sums, and on a random model
+    # a near-tie could flip a token on another CPU; two of the three lines at least.
+    model, tokenizer = Transformer.load(model_dir), Tokenizer.load(model_dir)
+    checked = [0, 3, 5]
+    together = translate_ids(model, [tokenizer.encode(lines[i]) for i in checked], beam=2)
+    alone = [translate_ids(model, [tokenizer.encode(lines[i])], beam=2)[0] for i in checked]
+    kept = [(i, ids) for i, ids, batched in zip(checked, alone, together) if ids == batched]
+    assert len(kept) >= 2 and all(out[i] == " ".join(tokenizer.decode(ids).splitlines()) for i, ids in kept)
     # Unseen characters go through SentencePiece's byte fallback, never <unk>.
-    tokenizer = Tokenizer.load(model_dir)
     assert tokenizer.unk_id not in tokenizer.encode("🐈 猫 ölçü")
     # stdin works, and greedy from the CLI is the API's greedy.
     piped = aiayn("translate", model_dir, "--beam", "1", stdin="the small cat\na red bird\n")

@@ -3,6 +3,8 @@ would (SIGTERM): what the tests, the load benchmark and the page's screenshot sc
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Union
 
-PORT_TRIES = 3
+SERVING_AT = re.compile(r" at http://[^ ]*:(\d+)/ ")  # the line `aiayn serve` prints once it listens
 
 
 def free_port() -> int:
@@ -24,45 +26,39 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m aiayn serve RUN_DIR --port PORT OPTIONS...`, returned once /health answers.
+    """`python -m aiayn serve RUN_DIR OPTIONS... --port 0`, returned once /health answers on the
+    port it says it bound (`port`, `url`).
     Its output goes to temporary files, not pipes: a pipe nobody reads could fill and stall it.
     With `checkout`, the aiayn of that source tree is run (another revision, for a benchmark)."""
 
     def __init__(self, run_dir: Union[str, Path], *options: str, timeout: float = 300,
                  checkout: Optional[Path] = None) -> None:
+        # --port 0: the server binds a port of the OS's choosing and says which, so no other
+        # program can take it between a choice here and the bind (after PyTorch loads, seconds
+        # later), and no other server's /health can answer for this one.
         self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        argv = [sys.executable, "-m", "aiayn", "serve", str(Path(run_dir).resolve()), *options]
-        # The port is free when chosen, but the server binds it seconds later, after importing
-        # PyTorch: a connection of another program may take it in between (an ephemeral port
-        # is drawn from the same range). Such a start is tried again on another port.
-        for attempt in range(PORT_TRIES):
-            self.port = free_port()
-            self.url = f"http://127.0.0.1:{self.port}/"
-            self.process = subprocess.Popen(argv + ["--port", str(self.port)], stdout=self._out, stderr=self._err,
-                                            text=True, cwd=checkout)  # -m imports from the working directory first
-            error = self._wait_for_health(timeout)
-            if error is None:
-                return
-            if "Address already in use" not in error or attempt == PORT_TRIES - 1:
-                raise RuntimeError(f"aiayn serve exited: {error}")
-            for handle in (self._out, self._err):
-                handle.seek(0)
-                handle.truncate()
-
-    def _wait_for_health(self, timeout: float) -> Optional[str]:
-        """None once /health answers; the server's error output if it exits first."""
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "aiayn", "serve", str(Path(run_dir).resolve()), *options, "--port", "0"],
+            stdout=self._out, stderr=self._err, text=True, cwd=checkout)  # -m imports from the working directory first
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
-                return self._read(self._err).strip()
-            try:
-                with urllib.request.urlopen(self.url + "health", timeout=5):
-                    return None
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.process.kill()
-                    raise RuntimeError(f"aiayn serve did not answer within {timeout:.0f} s") from None
-                time.sleep(0.1)
+                raise RuntimeError(f"aiayn serve exited: {self._read(self._err).strip()}")
+            # pread: the child writes through the same file offset, which a seek here would move
+            bound = SERVING_AT.search(os.pread(self._out.fileno(), 1 << 16, 0).decode("utf-8", "replace"))
+            if bound:
+                self.port = int(bound[1])
+                self.url = f"http://127.0.0.1:{self.port}/"
+                try:
+                    with urllib.request.urlopen(self.url + "health", timeout=5):
+                        return
+                except OSError:
+                    pass
+            if time.monotonic() > deadline:
+                self.process.kill()
+                self.process.wait()
+                raise RuntimeError(f"aiayn serve did not answer within {timeout:.0f} s")
+            time.sleep(0.1)
 
     @property
     def pid(self) -> int:
