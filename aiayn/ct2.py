@@ -37,7 +37,7 @@ from aiayn.files import (atomic_dir, atomic_write, output_lock, refuse_to_replac
                          write_json)
 from aiayn.marian import BARRED_LOGIT, exported_positions
 from aiayn.model import Transformer, sinusoidal_positions
-from aiayn.run import check_vocabulary, languages_of, model_inputs, resolve_model_dir, run_files, tokenizer_folder
+from aiayn.run import check_vocabulary, languages_of, model_inputs, run_files, said_model_dir, tokenizer_folder
 from aiayn.tokenizer import MODEL_FILE, Tokenizer, load_tokenizer
 
 ARGOS_VERSION = "1.9"  # the package format of argostranslate 1.9 and later
@@ -163,7 +163,7 @@ def export_ct2(model_path: Union[str, Path], out_dir: Union[str, Path], quantiza
     as `tokenizer.model`, atomically; an existing `out_dir` only with `force`."""
     if quantization is not None and quantization not in CT2_QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}: one of {', '.join(CT2_QUANTIZATIONS)}")
-    model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
+    model_dir, out_dir = said_model_dir(model_path), Path(out_dir)
     refuse_to_replace(out_dir, force, inputs=model_inputs(model_path), folder=True, kept=run_files(out_dir))
     folder, tokenizer = native_tokenizer(model_dir, model_path)
 
@@ -185,7 +185,7 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     The languages are the run's, unless given. Argos splits sentences itself, with a model it
     downloads on first use (MiniSBD), or with spaCy (ARGOS_CHUNK_TYPE=SPACY) from a pipeline in
     the package's spacy/ folder (benchmarks/libretranslate_load.py adds one)."""
-    model_dir, out_file = resolve_model_dir(model_path), Path(out_file)
+    model_dir, out_file = said_model_dir(model_path), Path(out_file)
     refuse_to_replace(out_file, force, inputs=model_inputs(model_path), folder=False, kept=run_files(out_file))
     source, target = _package_languages(model_path, source_lang, target_lang)
     folder, tokenizer = native_tokenizer(model_dir, model_path)  # refused before the lock makes any folder

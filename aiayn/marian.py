@@ -28,7 +28,7 @@ from aiayn.checkpoint import build_model
 from aiayn.files import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
 from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, MAX_OUTPUT_LEN, ModelConfig
 from aiayn.model import Transformer
-from aiayn.run import RunDir, check_vocabulary, model_inputs, resolve_model_dir, run_files, tokenizer_folder
+from aiayn.run import RunDir, check_vocabulary, model_inputs, run_files, said_model_dir, tokenizer_folder
 from aiayn.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
@@ -353,7 +353,7 @@ def export_marian(
     """Write an HF Marian folder (config, safetensors weights, SentencePiece models, vocab.json)
     from an aiayn model or run folder, atomically; an existing `out_dir` only with `force`.
     Returns `out_dir`."""
-    model_dir, out_dir = resolve_model_dir(model_path), Path(out_dir)
+    model_dir, out_dir = said_model_dir(model_path), Path(out_dir)
     tokenizer_dir = tokenizer_folder(model_dir, model_path)
     refuse_to_replace(out_dir, force, inputs=model_inputs(model_path), folder=True, kept=run_files(out_dir))
     model = Transformer.load(model_dir)

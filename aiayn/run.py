@@ -19,6 +19,7 @@ import dataclasses
 import json
 import re
 import shutil
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
@@ -352,12 +353,13 @@ def load_for_inference(path: PathLike, device: Union[str, torch.device] = "cpu")
                      "there; read a copy, or its model/ when it ends")
 
 
-def pinned_model_dir(path: PathLike, note: Callable[[str], None]) -> Path:
-    """The model folder `path` names, looked up once for a command that reads it more than once
-    (its digest, then its weights; a server, then its workers), where a run training meanwhile
-    writes newer checkpoints (found in review: a translation's record named one checkpoint and its
-    lines came from the next; a server's workers decoded with another than the one it said). Says
-    which checkpoint a run folder without a final model gives."""
+def stderr_note(text: str) -> None:
+    print(f"aiayn: note: {text}", file=sys.stderr)
+
+
+def said_model_dir(path: PathLike, note: Callable[[str], None] = stderr_note) -> Path:
+    """`resolve_model_dir`, saying which checkpoint a run folder gives where it has no final
+    model, or one older than its newest checkpoint (the exports too: found in review)."""
     model_dir = resolve_model_dir(path)
     if model_dir.parent.name == CHECKPOINTS and Path(path).resolve() != model_dir.resolve():
         run = RunDir(path)
@@ -366,6 +368,16 @@ def pinned_model_dir(path: PathLike, note: Callable[[str], None]) -> Path:
                  f"run still training, or killed before it wrote {FINAL}/ again): using {model_dir.name}")
         else:
             note(f"{path} has no {FINAL}/ (a run in progress?): using its newest checkpoint, {model_dir.name}")
+    return model_dir
+
+
+def pinned_model_dir(path: PathLike, note: Callable[[str], None]) -> Path:
+    """The model folder `path` names, looked up once for a command that reads it more than once
+    (its digest, then its weights; a server, then its workers), where a run training meanwhile
+    writes newer checkpoints (found in review: a translation's record named one checkpoint and its
+    lines came from the next; a server's workers decoded with another than the one it said). Says
+    which checkpoint a run folder without a final model gives."""
+    model_dir = said_model_dir(path, note)
     return model_dir if has_tokenizer(model_dir) else Path(path)  # (else the run folder's tokenizer, found from it)
 
 

@@ -564,6 +564,8 @@ def test_a_model_folder_older_than_the_runs_newest_checkpoint_is_passed_over(tmp
     code, _, err = cli(capsys, "translate", run.path, "--input", tmp_path / "in.txt", "--beam", "1")
     assert code in (0, None) and (f"{run.path}: its model/ is of step 2, older than its newest checkpoint (a resumed run "
                                   "still training, or killed before it wrote model/ again): using step_00000004") in err
+    code, _, err = cli(capsys, "export-ct2", run.path, tmp_path / "ct2")  # the exports say it too (found in review)
+    assert code in (0, None) and "its model/ is of step 2, older than its newest checkpoint" in err
     save_model(Transformer.load(run.final), run.final)  # no step recorded: an imported model, or an older run's
     assert saved_step(run.final) is None and run.model_dir() == run.final
 
