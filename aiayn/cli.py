@@ -220,13 +220,12 @@ def cmd_ct2(args: argparse.Namespace) -> None:
 def cmd_corpus_export(args: argparse.Namespace) -> None:
     """Write one split of a corpus as two plain-text files."""
     from aiayn.corpora import export_split, stream_corpus
-    from aiayn.run import run_files
+    from aiayn.run import run_files, stderr_note
 
     export = options(args, CorpusExportOptions)
     read = [export.name] if Path(export.name).exists() else []
-    note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
     print(*export_split(stream_corpus(export.name, export.src_lang, export.tgt_lang), export.split, export.out,
-                        export.force, read, note, kept=run_files(export.out)), sep="\n")
+                        export.force, read, stderr_note, kept=run_files(export.out)), sep="\n")
 
 
 def cmd_translate(args: argparse.Namespace) -> None:

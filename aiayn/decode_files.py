@@ -16,7 +16,7 @@ from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep
 from aiayn.lines import iter_lines, open_input, visible
 from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
-from aiayn.run import languages_of, model_inputs, pinned_model_dir, run_files
+from aiayn.run import languages_of, model_inputs, pinned_model_dir, run_files, stderr_note
 from aiayn.sentences import split_sentences
 from aiayn.translate import CHUNK_LINES, Translator, cut_at_limit
 from aiayn.visualize import attention_figures
@@ -57,8 +57,7 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
     chunks, to --output (through a `PartialOutput`) or stdout, with a progress bar on a terminal."""
     from tqdm.auto import tqdm
 
-    note = lambda text: print(f"aiayn: note: {text}", file=sys.stderr)  # noqa: E731
-    options = dataclasses.replace(options, run_dir=str(pinned_model_dir(options.run_dir, note)))  # digest and load alike
+    options = dataclasses.replace(options, run_dir=str(pinned_model_dir(options.run_dir, stderr_note)))  # digest and load alike
     out = None
     paragraphs = isinstance(options, TranslateFileOptions) and options.split_sentences
     n_best = options.n_best if isinstance(options, TranslateFileOptions) else 1
@@ -89,16 +88,16 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         on_gpu = translator.device.type == "cuda"
         if decode.cuda_graphs and not (on_gpu and GraphedStep.fits(translator.config)):  # a speed knob: said, not refused
             why = "with this model's restricted self-attention" if on_gpu else f"on the {translator.device.type.upper()}"
-            note(f"--cuda-graphs needs a CUDA GPU and full self-attention: {why}, each step runs as without it")
+            stderr_note(f"--cuda-graphs needs a CUDA GPU and full self-attention: {why}, each step runs as without it")
         if command == "parse" and not parser_vocabulary(translator.tokenizer):
-            note(f"{options.run_dir} looks like no parsing model: {WORD_PLACEHOLDER}, the word of a linearized tree, is no piece "
+            stderr_note(f"{options.run_dir} looks like no parsing model: {WORD_PLACEHOLDER}, the word of a linearized tree, is no piece "
                  "of its vocabulary (a translation model's outputs come out as flat trees of XX-tagged words)")
         with source, tqdm(total=total, desc=command, unit="line", disable=not sys.stderr.isatty()) as bar:
             split = functools.partial(split_sentences, lang=options.lang or languages_of(options.run_dir)[0] or "en") \
                 if paragraphs else None
             lines = iter_lines(source, name) if out is None else out.lines(iter_lines(source, name), name)
             translator.stream(lines, write, max_input_tokens=options.max_input_tokens,
-                              finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=note,
+                              finish=finish, chunk_lines=1 if interactive else CHUNK_LINES, note=stderr_note,
                               first_line=skip + 1, progress=bar, split=split, n_best=n_best)
     except BaseException as error:
         if out is not None:

@@ -222,11 +222,9 @@ class RunDir:
 
     # -- inference --------------------------------------------------------------------------
 
-    def stale_final(self, found: Optional[list[Path]] = None) -> bool:
-        """Whether `model/` is of an earlier step than the newest of the checkpoints `found` (all
-        of them when None); a model/ that records no step (imported, or saved before steps were
-        kept) is taken as the run's."""
-        found = self.checkpoints() if found is None else found
+    def stale_final(self, found: list[Path]) -> bool:
+        """Whether `model/` is of an earlier step than the newest of the checkpoints `found`; a
+        model/ that records no step (imported, or saved before steps were kept) is the run's."""
         step = saved_step(self.final)
         return bool(found) and step is not None and int(_STEP_NAME.fullmatch(found[-1].name)[1]) > step
 
@@ -354,6 +352,7 @@ def load_for_inference(path: PathLike, device: Union[str, torch.device] = "cpu")
 
 
 def stderr_note(text: str) -> None:
+    """A note to the user, as every command writes them: one line on stderr."""
     print(f"aiayn: note: {text}", file=sys.stderr)
 
 

@@ -26,7 +26,7 @@ import uvicorn
 from aiayn.config import DecodeConfig, ServeOptions
 from aiayn.device import check_precision, resolve_device
 from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
-from aiayn.run import languages_of, load_for_inference, pinned_model_dir
+from aiayn.run import languages_of, load_for_inference, pinned_model_dir, stderr_note
 from aiayn.serve.app import create_app
 from aiayn.serve.origins import LOOPBACK_NAMES, cors_origins, host_names, ipv6_name
 from aiayn.serve.connections import guarded_protocol
@@ -64,7 +64,7 @@ def _load(options: ServeOptions, precision: str, listener: socket.socket):
         device = resolve_device(options.device)
         check_precision(device, precision)  # here, before N workers would each load the model to refuse it
         # One folder for this process and its workers, whatever a run training there writes meanwhile
-        model_dir = pinned_model_dir(options.run_dir, lambda text: print(f"aiayn: note: {text}", file=sys.stderr))
+        model_dir = pinned_model_dir(options.run_dir, stderr_note)
         model, tokenizer = load_for_inference(model_dir, device)
         workers = Workers(str(model_dir), str(device), precision, options.workers) if options.workers > 1 else None
         return device, model, tokenizer, workers
