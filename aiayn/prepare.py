@@ -18,7 +18,7 @@ from aiayn.config import ModelConfig, TrainConfig, check_resumed
 from aiayn.corpora import stream_corpus
 from aiayn.device import check_precision, init_distributed, resolve_device
 from aiayn.evaluate import bleu_metric
-from aiayn.run import SPECIAL_IDS, RunDir, resolve_model_dir
+from aiayn.run import SPECIAL_IDS, RunDir, resolve_model_dir, said_model_dir
 from aiayn.store import MANIFEST, Store, load_store, preprocess, text_digest, tokenizer_digest
 from aiayn.tokenizer import EOS_ID, PAD_ID, TOKENIZER_FILES, UNK_ID, copy_tokenizer, has_tokenizer, load_tokenizer
 
@@ -213,7 +213,10 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
         return _resumed_configs(run, model_overrides, train_overrides, given_preset, given_recipe, echo)
     training = {**recipe_train, **train_overrides}
     if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
-        _, model_config = read_config(resolve_model_dir(train_overrides["init_from"]))
+        # Looked up once, with a note where a run folder gives a checkpoint, and recorded so: each
+        # later lookup of a run still training could give a newer one (found in review).
+        training["init_from"] = str(said_model_dir(training["init_from"], lambda text: echo(f"note: {text}")))
+        _, model_config = read_config(training["init_from"])
         # A named preset and the recipe are held to the model too (found in review: ignored without
         # a word); the preset's vocabulary and special ids are the data's, not a shape.
         named = {f.name: getattr(preset_config, f.name) for f in dataclasses.fields(preset_config) if f.name not in

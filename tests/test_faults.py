@@ -566,6 +566,12 @@ def test_a_model_folder_older_than_the_runs_newest_checkpoint_is_passed_over(tmp
                                   "still training, or killed before it wrote model/ again): using step_00000004") in err
     code, _, err = cli(capsys, "export-ct2", run.path, tmp_path / "ct2")  # the exports say it too (found in review)
     assert code in (0, None) and "its model/ is of step 2, older than its newest checkpoint" in err
+    # Fine-tuning says it too, and records the checkpoint it started from: a later lookup of a run
+    # still training could give another (found in review: resolved three times, without a word).
+    code, out, err = cli(capsys, "train", "--init-from", run.path, "--corpus", corpus_tsv, "--out", tmp_path / "tuned",
+                         "--max-steps", "1", "--max-tokens", "300", "--device", "cpu", "--eval-every", "1000")
+    assert code == 0 and "its model/ is of step 2, older than its newest checkpoint" in out + err, err
+    assert json.loads((tmp_path / "tuned" / "train_config.json").read_text())["init_from"] == str(run.checkpoint(4))
     save_model(Transformer.load(run.final), run.final)  # no step recorded: an imported model, or an older run's
     assert saved_step(run.final) is None and run.model_dir() == run.final
 
