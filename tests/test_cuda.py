@@ -60,11 +60,9 @@ def environment(tmp_path: Path, device: str, **extra: str) -> dict:
 
 
 def torchrun() -> list[str]:
-    """torchrun on a free port of this machine; the number of processes is the caller's to add."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    """torchrun with a rendezvous of its own on this machine (a port chosen free here could be
+    taken before torchrun binds it); the number of processes is the caller's to add."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1"]
 
 
 def weights(run: Path) -> dict:
@@ -324,9 +322,11 @@ dist.init_process_group("gloo")
 leave_process_group()
 print(dist.is_initialized())
 """
-    launcher = torchrun()
+    with socket.socket() as s:  # the one process binds it at once, as rank 0 of its group
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     env = environment(tmp_path, "cpu", TORCHELASTIC_RUN_ID="test", WORLD_SIZE="1", RANK="0", LOCAL_RANK="0",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=launcher[launcher.index("--master-port") + 1])
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["(0,", "1)", "False", "True"]
