@@ -2,6 +2,7 @@
 paragraph's own spaces and line breaks, by the library and through `aiayn translate
 --split-sentences`."""
 
+import re
 import subprocess
 import sys
 
@@ -29,6 +30,20 @@ def test_a_paragraph_splits_into_sentences_and_joins_back_byte_for_byte():
 
 def test_spans_of_a_splitter_that_changes_the_text_keep_what_is_left():
     assert spans_from_strings("one. two. three", ["one.", "TWO."]) == [(0, 4), (5, 15)]
+
+
+def test_sentencex_is_handed_one_byte_spaces_only_and_the_offsets_stay_the_texts(monkeypatch):
+    """sentencex 1.0.32's Rust code panics on a letter, a space of several UTF-8 bytes and a "."
+    (the server test sends such a text): it is handed every space as " ", whatever its version
+    does with the others, and the spans are still offsets into the text as given."""
+    import sentencex
+
+    handed = []
+    monkeypatch.setattr(sentencex, "segment", lambda lang, text: handed.append(text) or re.split(r"(?<=\.) ", text))
+    text = "C\u00a0. the\u2009cat.\u3000A dog."
+    assert split_sentences(text, "en", lines=False) == (["C\u00a0.", "the\u2009cat.", "A dog."],
+                                                               ["", " ", "\u3000", ""])
+    assert handed == ["C . the cat. A dog."]
 
 
 def test_translate_split_sentences_puts_each_paragraph_on_one_line(tmp_path):
