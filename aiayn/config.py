@@ -129,10 +129,10 @@ def _flag(name: str) -> str:
 @dataclass(frozen=True)
 class TrainConfig:
     """The training recipe of §5. Defaults are the paper's base model's (`--preset big` sets its
-    300K steps and 20 checkpoints kept: TRAIN_OVERRIDES), but for checkpoints: every `save_every`
-    steps, where the paper wrote one every 10 minutes (`--save-minutes 10`). A 2-core CPU wants
-    smaller batches (`max_tokens`) and a shorter warm-up, which the demo sets. A resumed run keeps
-    its own, but for what its command line sets."""
+    300K steps and 20 checkpoints kept, D3 and D4 their ε_ls: TRAIN_OVERRIDES), but for
+    checkpoints: every `save_every` steps, where the paper wrote one every 10 minutes
+    (`--save-minutes 10`). A 2-core CPU wants smaller batches (`max_tokens`) and a shorter
+    warm-up, which the demo sets. A resumed run keeps its own, but for what its command line sets."""
 
     corpus: str = _option("bible-en-es",
                           "a built-in corpus name or a path (see `aiayn corpus`; aiayn.corpora.load_corpus)")
