@@ -18,6 +18,7 @@ from aiayn.parsing import (
     linearize,
     load_treebank_pairs,
     read_trees,
+    strip_function_tags,
     tree_to_string,
 )
 
@@ -427,6 +428,60 @@ def test_load_treebank_pairs_feeds_a_parallel_corpus(tmp_path):
         load_treebank_pairs(tmp_path / "bad.mrg")
     (tmp_path / "bom.mrg").write_bytes(b"\xef\xbb\xbf" + TOY.read_bytes())  # was "text outside brackets: '\ufeff'"
     assert load_treebank_pairs(tmp_path / "bom.mrg") == pairs
+
+
+@pytest.mark.parametrize("tag", [",", ":", "``", "''", "."])
+def test_every_punctuation_tag_of_collins_prm_is_deleted(tag):
+    """COLLINS.prm deletes , : `` '' . before scoring: a word of any of them outside the VP in the
+    gold tree and inside it in the parse makes no difference (found by mutation: '' counted as a
+    word, and , and :, passed every test)."""
+    result = evalb([one(f"(S (NP (NNP John)) (VP (VBD slept)) ({tag} x))")], [one("(S (NP (XX John)) (VP (XX slept) (XX x)))")])
+    assert (result["matched"], result["gold"], result["test"]) == (3, 3, 3)
+
+
+def test_function_tags_are_cut_at_a_dash_or_equals_but_a_label_that_starts_with_a_dash_stays():
+    """WSJ's NP=2 (gapping index) is an NP, and -NONE-, -LRB-, -RRB- are labels of their own;
+    evalb cuts the tags of trees handed to it, not only of those read (found by mutation: NP=2
+    kept whole, -LRB- cut to "", and NP-SBJ-1 scored against NP passed every test)."""
+    assert [strip_function_tags(label) for label in ("NP=2", "PP-LOC=2", "NP-SBJ-1", "-NONE-", "-LRB-", "-RRB-")] == \
+        ["NP", "PP", "NP", "-NONE-", "-LRB-", "-RRB-"]
+    assert one("(S (NP=2 (NN a)))") == Tree("S", (Tree("NP", (Leaf("NN", "a"),)),))
+    gold = Tree("S", (Tree("NP-SBJ-1", (Leaf("NN", "a"),)), Tree("VP", (Leaf("VB", "b"),))))
+    assert evalb([gold], [Tree("S", (Tree("NP", (Leaf("XX", "a"),)), Tree("VP", (Leaf("XX", "b"),))))])["f1"] == 100.0
+
+
+def test_trees_nested_past_the_depth_limit_are_refused_and_a_deep_parse_with_a_stray_word_reads_back():
+    """read_trees refuses nesting past MAX_DEPTH in one line (not a RecursionError), and
+    delinearize keeps a looping parse within it even where a stray word makes it wrap the parse
+    in an S (found by mutation: the limit 100 deeper, and the wrap one level too deep, so that
+    `aiayn parse` wrote a line `aiayn score --parse` refused, passed every test)."""
+    with pytest.raises(ValueError, match=f"nested deeper than {parsing.MAX_DEPTH} brackets"):
+        read_trees("(X " * parsing.MAX_DEPTH + "(NN a)" + ")" * parsing.MAX_DEPTH)
+    assert len(read_trees("(X " * (parsing.MAX_DEPTH - 1) + "(NN a)" + ")" * (parsing.MAX_DEPTH - 1))) == 1
+    tree = delinearize("XX " + "(NP " * 250 + "XX", ["a", "b"])
+    assert read_trees(tree_to_string(tree))[0].words() == ["a", "b"]
+
+
+def test_score_parse_prints_the_hand_counted_scores_and_names_the_line_of_a_bad_tree(tmp_path, capsys):
+    """`aiayn score --parse` on cases D and B above: gold first, punctuation deleted by the gold
+    tags, precision and recall each in its place; a tree file's error names its line, and only a
+    file of linearized trees gets the hint that it is one (found by mutation: gold and parse
+    swapped, precision and recall swapped, lines joined with spaces (every error at line 1), and
+    the hint on any "))" passed every test)."""
+    from test_faults import cli, one_line_error
+
+    (tmp_path / "gold").write_text(f"{GOLD_D}\n{GOLD_B}\n")
+    (tmp_path / "parsed").write_text(f"{TEST_D}\n{TEST_B}\n")
+    code, out, err = cli(capsys, "score", "--parse", "--ref", tmp_path / "gold", "--hyp", tmp_path / "parsed")
+    # matched 5 + 3 of gold 6 + 3 and test 7 + 3: P = 8/10, R = 8/9, F1 = 16/19
+    assert code in (0, None) and "bracketing precision 80.00  recall 88.89  F1 84.21  complete match 50.00  (2 sentences;" in out, err
+    (tmp_path / "open").write_text(f"{TEST_B}\n(S (NP (XX John)) (VP (XX slept) (XX .))\n")
+    code, _, err = cli(capsys, "score", "--parse", "--ref", tmp_path / "gold", "--hyp", tmp_path / "open")
+    one_line_error(code, err, f"{tmp_path / 'open'}: unbalanced brackets: '(' at line 2, column 1 is never closed")
+    assert "linearized" not in err
+    (tmp_path / "twice").write_text(f"{TEST_B}\n{TEST_B}\n{TEST_B}\n")
+    one_line_error(*cli(capsys, "score", "--parse", "--ref", tmp_path / "gold", "--hyp", tmp_path / "twice")[::2],
+                   "3 test trees but 2 gold trees")
 
 
 def test_decoding_settings_of_section_6_3():

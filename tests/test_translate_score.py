@@ -133,6 +133,36 @@ def test_length_ratio_and_repetition_rate():
     assert repetition_rate(["a a a"], 1) == pytest.approx(2 / 3) and repetition_rate([], 4) == 0.0
     with pytest.raises(ValueError, match="n must be at least 1"):
         repetition_rate(["a"], 0)
+    # What `aiayn score` reports as repetition_4gram (found by mutation: 3-grams by default passed)
+    result = evaluate.score_hypotheses(["x y x y x y"], ["x y x y x y"])
+    assert result.repetition == pytest.approx(1 / 3) and result.to_dict()["repetition_4gram"] == 0.333
+
+
+def test_every_scorer_refuses_corpora_of_other_lengths_or_blank_references():
+    """sacreBLEU checks neither: it scores the hypotheses that have a reference (chrF 100 for two
+    hypotheses against one) and gives BLEU 0 against blank references. The API refuses both, not
+    only `aiayn score` (found by mutation: either check removed passed every test)."""
+    scorers = {"bleu": evaluate.bleu, "chrf": evaluate.chrf, "paper_bleu": evaluate.paper_bleu,
+               "length_ratio": evaluate.length_ratio, "score_hypotheses": evaluate.score_hypotheses}
+    for name, scorer in scorers.items():
+        with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+            scorer(["a b", "c d"], ["a b"])
+        if name != "length_ratio":
+            with pytest.raises(ValueError, match="the references are all blank"):
+                scorer(["a"], [" \t"])
+
+
+def test_language_codes_in_any_spelling_get_their_tokenizer_and_the_paper_protocol_is_unsmoothed():
+    """zh_TW, ZH, zh-Hant and Yue are Chinese to sacreBLEU (its zh tokenizer, not 13a's BLEU near
+    0 on unsegmented text); zh, ja and ko in any spelling get no Moses protocol (Moses has no
+    rules for them); the paper protocol is multi-bleu.perl's, unsmoothed: no 4-gram in common is
+    BLEU 0 (found by mutation: each passed every test)."""
+    for code in ("zh_TW", "ZH", "zh-Hant", "Yue"):
+        assert evaluate.sacrebleu_language(code) == "zh", code
+    references, hypotheses = ["我喜欢猫。", "今天天气很好。"], ["我喜欢猫。", "今天天气好。"]
+    assert all(bleu(hypotheses, references, code) == bleu(hypotheses, references, "zh") for code in ("zh_TW", "ZH"))
+    assert not any(evaluate.moses_splits(code) for code in ("zh", "ja", "ko", "ko-KR", "ja_JP"))
+    assert paper_bleu(["the cat sat on a mat"], ["the cat lay on the mat"], "en") == 0.0
 
 
 def test_translate_errors_are_one_line(tmp_path, model_dir):
