@@ -273,8 +273,8 @@ def _run_rows(out: Path, chosen: list[str], scale: Scale, scale_name: str, preci
     todo = [row for row in chosen if row not in done]
     echo(f"Table 3 at scale {scale_name}: {len(chosen) - len(todo)} of {len(chosen)} rows done, "
          f"{scale.steps} steps each, in {out}")
-    for number, row in enumerate(todo, 1):
-        prefix = f"[{row} {number}/{len(todo)}] "
+    for row in todo:
+        prefix = f"[{row} {chosen.index(row) + 1}/{len(chosen)}] "  # as a first start numbers it
         echo(f"{prefix}training {scale.steps} steps")
         try:
             done[row] = run_row(row, out, scale, precision, seed, corpus, echo=lambda line: echo(prefix + line))

@@ -85,6 +85,15 @@ def test_from_dict_round_trip():
         ({"unk_id": 0}, "must differ"),
         ({"d_k": -1}, "d_k must be a positive integer"),
         ({"layer_norm_eps": float("inf")}, "layer_norm_eps must be positive and finite"),  # found in review: trained
+        # Each bound exactly (found by mutation: each check loosened by one, or by a case, passed every test)
+        ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),  # zeroes every activation
+        ({"attention_dropout": 1.0}, r"attention_dropout must be in \[0, 1\)"),
+        ({"d_k": 0}, "d_k must be a positive integer"),
+        ({"neighborhood": 0}, "neighborhood must be"),
+        ({"d_model": 100, "n_heads": 3, "d_k": 40}, "not divisible"),  # d_v would be d_model // h without a word
+        ({"d_model": 101, "n_heads": 1, "positional": "sinusoidal_concat"}, "even d_model"),
+        ({"eos_id": 37000}, "outside the vocabulary"),  # the vocabulary's size itself
+        ({"bos_id": 3}, "must differ"),  # BOS = UNK
     ],
 )
 def test_invalid_configs_are_rejected(changes, message):
@@ -96,6 +105,10 @@ def test_invalid_configs_are_rejected(changes, message):
     # Found in review: -1 failed after the data loaded, 10^23 as torch's overflow. (An empty --corpus: test_faults.)
     ({"seed": -1}, r"seed \(--seed\) must be in \[0, 2\^64\), got -1"),
     ({"seed": 10**23}, r"must be in \[0, 2\^64\)"),
+    # Each bound exactly (found by mutation: each loosened passed every test)
+    ({"seed": 2**64}, r"must be in \[0, 2\^64\)"),
+    ({"label_smoothing": 1.0}, "label_smoothing"), ({"label_smoothing": -0.1}, "label_smoothing"),
+    ({"eval_bleu_sentences": -1}, "eval_bleu_sentences"),
 ])
 def test_invalid_training_configs_are_rejected(changes, message):
     from aiayn.config import SEED_LIMIT, TrainConfig
@@ -148,6 +161,16 @@ def test_the_fast_recipe_trains_a_bf16_copy_only_when_the_run_trains_in_bf16():
     assert demo_training("fast", precision="fp32").bf16_weights is False
     assert demo_training("paper", precision="bf16").bf16_weights is False
     assert recipe("fast").train_changes({}, {"precision": "bf16"}, processes=2) == {}  # the copy trains in one process
+
+
+def test_training_defaults_are_section_5s():
+    """§5.3's warmup_steps = 4000 and Adam's ε = 10^-9, §5.4's ε_ls = 0.1, §5.2's 100K steps of
+    the base model, §6.1's last 5 checkpoints (found by mutation: a warm-up of 4096 passed every test)."""
+    from aiayn.config import TrainConfig
+
+    recipe = TrainConfig()
+    assert (recipe.warmup_steps, recipe.adam_eps, recipe.label_smoothing, recipe.max_steps, recipe.keep_last) == \
+        (4000, 1e-9, 0.1, 100_000, 5)
 
 
 def test_translation_decodes_as_section_6_1_by_default():

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES
-from aiayn.experiment import (PAPER, REPEAT, ROWS, SCALES, _check_out, _settings, findings, miniature, noise_floor, paper_name,
-                              select_rows, table_figure, table_markdown)
+from aiayn.experiment import (CLAIMS, PAPER, REPEAT, ROWS, SCALES, _check_out, _settings, findings, miniature, noise_floor,
+                              paper_name, select_rows, table_figure, table_markdown)
 from aiayn.device import resolve_precision
+from aiayn.run import RunDir
 
 PAPER_ROWS = [row for row in ROWS if row != REPEAT]
 
@@ -51,12 +52,23 @@ def test_the_paper_values_cover_every_row_and_agree_with_the_presets():
     assert set(PAPER_PARAMS_M) - {"big"} <= set(PAPER)  # every printed parameter count has its row
 
 
+def test_the_paper_values_are_table_3s():
+    """Table 3's dev perplexity and BLEU, typed again from the paper: only the rows a claim
+    names were checked before (found by mutation: D4's 5.47 as 4.47 passed every test)."""
+    table_3 = {"base": (4.92, 25.8), "A1": (5.29, 24.9), "A2": (5.00, 25.5), "A3": (4.91, 25.8), "A4": (5.01, 25.4),
+               "B1": (5.16, 25.1), "B2": (5.01, 25.4), "C1": (6.11, 23.7), "C2": (5.19, 25.3), "C3": (4.88, 25.5),
+               "C4": (5.75, 24.5), "C5": (4.66, 26.0), "C6": (5.12, 25.4), "C7": (4.75, 26.2), "D1": (5.77, 24.6),
+               "D2": (4.95, 25.5), "D3": (4.67, 25.3), "D4": (5.47, 25.7), "E": (4.92, 25.7)}
+    assert {row: (paper.ppl, paper.bleu) for row, paper in PAPER.items()} == table_3
+
+
 def test_rows_are_chosen_by_name_or_group_in_the_papers_order():
     assert select_rows(None) == list(ROWS)
     assert select_rows(["C3", "A"]) == ["A1", "A2", "A3", "A4", "C3"]
     assert select_rows(["E", "base", "base"]) == ["base", "E"]
-    with pytest.raises(ValueError, match="unknown Table 3 row 'F1'"):
-        select_rows(["F1"])
+    for unknown in ("F1", "b"):  # a letter that is no group (found by mutation: "b" chose base and its repeat)
+        with pytest.raises(ValueError, match=f"unknown Table 3 row '{unknown}'"):
+            select_rows([unknown])
 
 
 def _result(row, ppl, bleu):
@@ -94,6 +106,17 @@ def test_a_conclusion_counts_only_beyond_the_two_seed_noise():
     assert learned["dev_ppl"] == "not judged (no noise floor) (E 20.20, base 20.00)"  # was "no": only 0.00 counted
 
 
+def test_a_claim_of_two_rows_holds_only_where_both_are_beyond_the_noise():
+    """Claims B (B1, B2 against base) and C (C5 and C7 against base: wider models) need every pair
+    (found by mutation: `any` for `all`, and C7 left out of its claim, passed every test)."""
+    wider = next(claim for claim in CLAIMS if claim.text.startswith("wider"))
+    assert wider.pairs == (("base", "C5"), ("base", "C7"))
+    results = {"base": _result("base", 20.0, 5.0), REPEAT: _result(REPEAT, 20.2, 5.2),
+               "B1": _result("B1", 25.0, 3.0), "B2": _result("B2", 20.05, 5.05)}  # B1 beyond the noise, B2 within
+    smaller_keys = next(f for f in findings(results) if f["claim"].startswith("smaller keys"))
+    assert smaller_keys["dev_ppl"].startswith("within noise") and smaller_keys["dev_bleu"].startswith("within noise")
+
+
 def test_the_papers_own_values_reproduce_every_conclusion():
     """Found in review: the paper's C3 is better by perplexity only (its BLEU is 0.3 lower), so a
     miniature matching the paper was told "no" by BLEU."""
@@ -114,6 +137,15 @@ def test_the_table_has_the_papers_layout_and_values():
     # Only the changed cells: d_model and d_k = d_v, halved as in the paper's C4 (256, 32).
     assert c4[1:9] == ["", "16", "", "", "2", "2", "", ""] and c4[-3:] == ["5.75", "24.5", "28"]
     assert lines[4].startswith("| E (learned positions) |")
+    # ε_ls is D3's and D4's change; the repeat row shows every setting of the base and no paper
+    # values (found by mutation: ε_ls always 0.1, the repeat row's settings blank and the paper's
+    # base values beside it each passed every test).
+    results = {"base": _result("base", 20.0, 5.0), REPEAT: _result(REPEAT, 20.1, 5.1), "D3": _result("D3", 19.0, 4.0),
+               "D4": _result("D4", 21.0, 5.5)}
+    rows = {cells[0]: cells for cells in ([cell.strip() for cell in line.split("|")[1:-1]]
+                                          for line in table_markdown(results).splitlines()[2:])}
+    assert rows["D3"][8] == "0.0" and rows["D4"][8] == "0.2"
+    assert rows[REPEAT][1:9] == rows["base"][1:9] and rows[REPEAT][-3:] == ["", "", ""]
 
 
 def _table3(out, *extra):
@@ -204,6 +236,83 @@ def test_a_start_that_failed_before_any_work_does_not_bind_its_settings(tmp_path
     (out / "base").mkdir()  # once a row has begun, they bind
     with pytest.raises(ValueError, match="holds an experiment with corpus='bible-en-es', not 'nope'"):
         _check_out(out, {**settings, "corpus": "nope"})
+
+
+@pytest.fixture
+def trained(monkeypatch):
+    """run_table3 with each row's training and scoring faked (a result of `_result`'s, its row
+    folder made as a real row makes it): the rows trained, in order. Row C2 is interrupted."""
+    import aiayn.experiment
+
+    rows = []
+
+    def run_row(row, out, scale, precision, seed, corpus, echo=print):
+        rows.append(row)
+        (out / row).mkdir(exist_ok=True)
+        if row == "C2":
+            raise KeyboardInterrupt
+        (out / row / "result.json").write_text(json.dumps(_result(row, 20.0, 5.0)))
+        return _result(row, 20.0, 5.0)
+
+    monkeypatch.setattr(aiayn.experiment, "run_row", run_row)
+    monkeypatch.setattr(aiayn.experiment, "_prepare_data", lambda *args: None)
+    monkeypatch.setattr(aiayn.experiment, "plot_table", lambda *args: None)
+    return rows
+
+
+def test_a_continued_experiment_trains_only_the_rows_without_a_result_and_writes_the_table(tmp_path, trained):
+    """A row killed midway (its folder, no result) is trained again, a finished one never; with
+    nothing left to train the table is written all the same; and a row keeps its number among
+    the rows asked for (found by mutation: the table not rewritten passed every test; found in
+    review: a continued experiment numbered the rows left "[C1 1/1]")."""
+    from aiayn.experiment import run_table3
+
+    out, said = tmp_path / "t3", []
+    run_table3(out, "tiny", rows=["base"], precision="fp32", echo=said.append)
+    (out / "C1").mkdir()
+    assert set(run_table3(out, "tiny", rows=["base", "C1"], precision="fp32", echo=said.append)) == {"base", "C1"}
+    assert trained == ["base", "C1"] and "[C1 2/2] training 4 steps" in said, said
+    (out / "table3.md").unlink()
+    run_table3(out, "tiny", rows=["base", "C1"], precision="fp32", echo=said.append)
+    assert trained == ["base", "C1"] and (out / "table3.md").exists()
+
+
+def test_an_experiment_interrupted_in_its_first_row_keeps_its_settings(tmp_path, trained):
+    """Once a row has begun, the settings bind: a start with another seed is refused rather than
+    mixed into the same table (found by mutation: the settings deleted on any interruption passed
+    every test)."""
+    from aiayn.experiment import run_table3
+
+    with pytest.raises(KeyboardInterrupt):
+        run_table3(tmp_path / "t3", "tiny", rows=["C2"], precision="fp32", echo=lambda line: None)
+    assert (tmp_path / "t3" / "experiment.json").exists()
+    with pytest.raises(ValueError, match="holds an experiment with seed=1, not 2"):
+        run_table3(tmp_path / "t3", "tiny", rows=["C2"], precision="fp32", seed=2, echo=lambda line: None)
+
+
+def test_the_repeat_row_trains_with_the_next_seed_and_a_begun_row_resumes(tmp_path, monkeypatch):
+    """base-seed2 is the base row with seed + 1: with the same seed it would repeat the base
+    exactly and the noise floor would be 0 (found by mutation: passed every fast test)."""
+    import aiayn.experiment
+    from aiayn.config import TrainConfig
+
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def train_run(config, recipe, run, resume, **options):
+        started.append((run.path.name, recipe.seed, resume))
+        raise Started
+
+    monkeypatch.setattr("aiayn.train.train_run", train_run)
+    RunDir(tmp_path / "C1").path.mkdir()
+    config, overrides = miniature("C1", "tiny")
+    RunDir(tmp_path / "C1").write_configs(config, TrainConfig(**overrides))
+    for row in ("base", REPEAT, "C1"):
+        with pytest.raises(Started):
+            aiayn.experiment.run_row(row, tmp_path, SCALES["tiny"], "fp32", 7, "bible-en-es", echo=lambda line: None)
+    assert started == [("base", 7, False), (REPEAT, 8, False), ("C1", 7, True)]
 
 
 @pytest.mark.parametrize("rows", [("base", "A1"), ROWS])

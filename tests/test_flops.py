@@ -88,11 +88,25 @@ def test_the_training_peak_estimate_meets_the_measured_peaks():
             assert 0.8 <= estimate / row["peak_mib"] <= 1.25, (path.name, row)
 
 
+def test_the_training_peak_holds_16_bytes_a_parameter_and_fewer_activations_under_autocast():
+    """fp32 weights, gradients and Adam's two moments whatever the precision; fp16's autocast
+    keeps activations as bf16's does (found by mutation: 12 bytes a parameter fit the measured
+    peaks' tolerance, and fp16 counted as fp32 passed every test)."""
+    from aiayn.checkpoint import meta_model
+    from aiayn.flops import PROCESS_BYTES
+
+    base = PRESETS["base"]
+    assert training_peak_bytes(base, 0) == PROCESS_BYTES + 16 * meta_model(Transformer, base).num_parameters()
+    assert training_peak_bytes(base, 1000, "fp16") == training_peak_bytes(base, 1000, "bf16") < training_peak_bytes(base, 1000)
+
+
 def test_a_run_that_would_not_fit_is_warned_with_the_batch_in_parts(monkeypatch):
     base, recipe = PRESETS["base"], TrainConfig()  # the paper's 25,000 tokens
     need = training_peak_bytes(base, recipe.max_tokens)
-    monkeypatch.setattr("aiayn.flops.available_bytes", lambda: need + 1)
+    monkeypatch.setattr("aiayn.flops.available_bytes", lambda: need)  # exactly enough (found by mutation: < passed)
     assert memory_warning(base, recipe, torch.device("cpu")) is None
+    monkeypatch.setattr("aiayn.flops.available_bytes", lambda: training_peak_bytes(base, recipe.max_tokens // 2))
+    assert "--accumulate 2 " in memory_warning(base, recipe, torch.device("cpu"))  # halves first (found by mutation)
     monkeypatch.setattr("aiayn.flops.available_bytes", lambda: need // 3)
     warning = memory_warning(base, recipe, torch.device("cpu"))
     assert warning.startswith("warning: this run may not fit in memory") and f"{need / 2**30:.1f} GiB" in warning
