@@ -300,9 +300,10 @@ def _build_in_place(path: Path, build: Callable[[Path], None], force: bool) -> N
             os.replace(old / path.name, path)  # the old output back, rather than none (found in review)
             shutil.rmtree(old, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(error, OSError):  # name the folder being written, not its hidden stand-in
+        if isinstance(error, OSError) and not isinstance(error, FileExistsError):  # (a refusal names `path`)
+            # The folder being written named, not its hidden stand-in (found in review: a full
+            # disk or `ulimit -f` said "File too large" and no more).
             message = str(error).replace(str(tmp), str(path))
-            # (found in review: a full disk or `ulimit -f` said "File too large" and no more)
             raise OSError(message if str(path) in message else f"cannot write {path}: {message}") from None
         raise
 

@@ -363,6 +363,96 @@ def test_a_folder_output_killed_between_its_renames_is_put_back_by_the_next_writ
     assert [path.name for path in out.iterdir()] == ["new.txt"]
 
 
+def test_a_folder_output_replaced_leaves_nothing_beside_it_and_one_made_meanwhile_is_not_replaced(tmp_path):
+    """With --force the old folder goes once the new one is in place (found by mutation: every
+    --force left its old copy in a hidden folder beside, passing every test); an output that a
+    writer taking no lock made while the build ran is refused, not moved aside and deleted (found
+    by mutation: the check after the build removed passed every test)."""
+    import aiayn.files
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    aiayn.files.atomic_dir(out, lambda tmp: (tmp / "new.txt").write_text("new"), force=True)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"] and [p.name for p in out.iterdir()] == ["new.txt"]
+
+    def build(tmp):
+        (tmp / "new.txt").write_text("new")
+        (tmp_path / "theirs").mkdir()
+        (tmp_path / "theirs" / "theirs.txt").write_text("theirs")
+
+    with pytest.raises(FileExistsError, match="theirs already exists; pass --force"):
+        aiayn.files.atomic_dir(tmp_path / "theirs", build)
+    assert [path.name for path in (tmp_path / "theirs").iterdir()] == ["theirs.txt"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out", "theirs"]
+
+
+def test_atomic_write_syncs_before_it_renames_and_a_failed_one_names_its_file_and_leaves_nothing(tmp_path, monkeypatch):
+    """The data reach the disk before the name does: renamed first, a power cut could leave the
+    name over an empty or cut file (found by mutation: the order swapped, and the error left
+    unnamed, each passed every test)."""
+    import aiayn.files
+
+    events, fsync, replace = [], os.fsync, os.replace
+    monkeypatch.setattr(aiayn.files.os, "fsync", lambda fd: (events.append("fsync"), fsync(fd))[1])
+    monkeypatch.setattr(aiayn.files.os, "replace", lambda a, b: (events.append("replace"), replace(a, b))[1])
+    aiayn.files.atomic_write(tmp_path / "x", lambda tmp: Path(tmp).write_text("x"))
+    assert events == ["fsync", "replace"] and (tmp_path / "x").read_text() == "x"
+
+    def full(tmp):
+        Path(tmp).write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match=f"cannot write {tmp_path / 'y'}: .*No space left"):
+        aiayn.files.atomic_write(tmp_path / "y", full)
+    assert [path.name for path in tmp_path.iterdir()] == ["x"]
+
+
+def test_checkpoints_are_folders_ordered_by_step_and_a_pruned_one_that_cannot_move_leaves_no_litter(tmp_path,
+                                                                                                   monkeypatch):
+    """Past eight digits names sort otherwise than steps; a file named like a checkpoint is none;
+    a checkpoint that cannot be moved aside (another file system) stays as it was, with no hidden
+    folder beside it (found by mutation: each passed every test)."""
+    import aiayn.files
+
+    run = RunDir(tmp_path / "run")
+    for step in (100_000_000, 99_999_999, 9):
+        run.checkpoint(step).mkdir(parents=True)
+    (run.path / "checkpoints" / "step_00000010").write_text("not a folder")
+    assert [path.name for path in run.checkpoints()] == ["step_00000009", "step_99999999", "step_100000000"]
+
+    def cross_device(source, target):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(aiayn.files.os, "replace", cross_device)
+    with pytest.raises(OSError):
+        aiayn.files.discard_dir(run.checkpoint(9))
+    monkeypatch.undo()
+    assert sorted(path.name for path in (run.path / "checkpoints").iterdir()) == \
+        ["step_00000009", "step_00000010", "step_100000000", "step_99999999"]
+
+
+def test_a_checkpoint_saved_again_is_replaced_whole_and_an_average_takes_the_newest_tokenizer(tiny_run, tmp_path):
+    """A checkpoint of a step already saved is replaced, none of its old files kept (found by
+    mutation: refusing it passed every test); an averaged model takes the newest checkpoint's
+    tokenizer, as its docstring says, not the run folder's (found by mutation)."""
+    from aiayn.checkpoint import load_checkpoint
+    from aiayn.run import average_checkpoints
+
+    shutil.copytree(tiny_run, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    newest = run.checkpoints()[-1]
+    (run.path / "tokenizer.model").write_bytes(b"another tokenizer")
+    average_checkpoints(run.checkpoints(), tmp_path / "averaged")
+    assert (tmp_path / "averaged" / "tokenizer.model").read_bytes() == (newest / "tokenizer.model").read_bytes()
+    model = Transformer.load(newest)
+    optimizer = torch.optim.Adam(model.parameters())
+    state = load_checkpoint(newest, model, optimizer)
+    (newest / "stale.txt").write_text("x")
+    run.save_checkpoint(int(newest.name.split("_")[1]), model, optimizer, state)
+    assert not (newest / "stale.txt").exists() and (newest / "model.safetensors").is_file()
+
+
 def test_an_interrupted_corpus_export_leaves_the_old_pair_or_none(tmp_path, capsys, monkeypatch):
     """Stopped while writing the reference side: with --force the old pair stays whole (a new
     source beside an old reference was a silently mismatched pair), without it nothing is left."""
