@@ -548,3 +548,28 @@ def test_language_names_cover_libretranslates_languages_and_say_a_region():
 
     assert [language_name(code) for code in ("en", "eu", "pt-BR", "zh_Hant", "xx")] == [
         "English", "Basque", "Portuguese (pt-BR)", "Chinese (zh_Hant)", "xx"]
+
+
+def test_a_built_in_corpus_keeps_its_count_of_pairs_left_out_through_load_and_export(monkeypatch, tmp_path):
+    """read_table's count of the pairs it left out survives load_corpus and is said by corpus export
+    (found by mutation: the count replaced on the way, and export counting from 0, each passed
+    every test)."""
+    (tmp_path / data.BIBLE_FILE).write_bytes((FIXTURES / "bible-mini.tsv.xz").read_bytes())
+    monkeypatch.setattr(data, "CORPORA_DIR", tmp_path)
+    assert load_corpus("bible-en-es").dropped["train"] == 1  # GEN 1:6 has no English
+    said = []
+    (tmp_path / "out").mkdir()
+    export_split(stream_corpus("bible-en-es"), "train", tmp_path / "out", note=said.append)
+    assert said == ["left out 1 train pairs with an empty side"]
+
+
+def test_a_truncated_xz_file_is_a_one_line_error(tmp_path):
+    """An interrupted download cuts a .xz short (found by mutation: nothing tested it)."""
+    import lzma
+
+    packed = lzma.compress("".join(f"line {i}\tzeile {i}\n" for i in range(2000)).encode())
+    (tmp_path / "corpus.tsv.xz").write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(ValueError, match=r"corpus\.tsv\.xz is not a complete \.xz file"):
+        read_lines(tmp_path / "corpus.tsv.xz")
+    with pytest.raises(ValueError, match=r"is not a complete \.xz file"):
+        load_corpus(str(tmp_path / "corpus.tsv.xz"))

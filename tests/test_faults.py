@@ -1636,3 +1636,35 @@ def test_fp16_on_a_cpu_fails_at_once(tmp_path, corpus_tsv, capsys):
     code, _, err = cli(capsys, *train_argv(corpus_tsv, tmp_path / "run", "--precision", "fp16"))
     one_line_error(code, err, "fp16 needs a CUDA GPU")
     assert time.perf_counter() - start < 10 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("data, lines", [(b"", 0), (b"\n", 1), (b"a\n", 1), (b"a\nb", 2), (b"a\n\n", 2), (b"a\r\nb\r\n", 2)])
+def test_an_inputs_lines_are_counted_with_a_last_line_without_a_newline_and_it_is_read_from_its_start(data, lines):
+    """The count is the progress bar's total and what a resume checks the partial against (found
+    by mutation: a last line without a newline left uncounted passed every test)."""
+    handle = io.BytesIO(data)
+    assert decode_files._count_lines(handle) == lines and handle.tell() == 0
+
+
+def test_translate_resume_refuses_every_setting_a_line_depends_on(tmp_path, model_dir, capsys, monkeypatch):
+    """Lines decoded with two settings would share one output: each decoding setting, and the
+    language paragraphs are split by, is held to the partial's record; a partial cut shorter than
+    its record says so (found by mutation: --extra-len and --lang left out of the record, and the
+    cut partial called another input, each passed every test)."""
+    (tmp_path / "in.txt").write_text("".join(f"{SENTENCES[i % 7]}. {SENTENCES[i % 5]}.\n" for i in range(9)),
+                                     encoding="utf-8")
+    monkeypatch.setattr(decode_files, "CHUNK_LINES", 3)
+    argv = ["translate", model_dir, "--input", tmp_path / "in.txt", "--beam", "2", "--output", tmp_path / "out.txt",
+            "--split-sentences", "--lang", "en"]
+    real = interrupt_on_chunk(2, monkeypatch)
+    assert cli(capsys, *argv)[0] == 130
+    monkeypatch.setattr(translate_module, "translate_nbest", real)
+    kept = (tmp_path / "out.txt.partial").read_bytes()
+    for flag, value, was in [("--extra-len", "7", "50"), ("--min-len", "0", "1"), ("--max-output-len", "5", "None"),
+                             ("--no-repeat-ngram-size", "2", "0"), ("--repetition-penalty", "1.5", "1.0"),
+                             ("--lang", "de", "en")]:
+        one_line_error(*cli(capsys, *argv, flag, value, "--resume")[::2], f"was translated with another {flag} ({was})",
+                       "same model and settings")
+    assert (tmp_path / "out.txt.partial").read_bytes() == kept
+    (tmp_path / "out.txt.partial").write_bytes(kept[: kept.index(b"\n") + 1])  # shorter than its record vouches for
+    one_line_error(*cli(capsys, *argv, "--resume")[::2], "holds 1 lines but its record says 3", "--force starts over")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_faults import WORDS, cli, one_line_error
 
-from aiayn.corpora import load_corpus
+from aiayn.corpora import load_corpus, stream_corpus
 from aiayn.batching import EncodedPairs
 from aiayn.store import load_store, preprocess
 from aiayn.config import ModelConfig
@@ -485,3 +485,26 @@ def test_ids_are_stored_in_16_bits_exactly_when_every_id_fits():
     assert [ids_dtype(n).name for n in (300, 1 << 16, (1 << 16) + 1, 37_000 * 4)] == ["uint16", "uint16", "uint32", "uint32"]
     for n in (1 << 16, (1 << 16) + 1):
         assert int(np.array([n - 1]).astype(ids_dtype(n))[0]) == n - 1  # the largest id reads back as itself
+
+
+def test_parquet_shards_are_read_in_order_one_flag_gives_the_direction_and_shards_that_disagree_are_refused(tmp_path):
+    """The hub's wmt14 has train-0000i-of-0000N shards, read in that order; --src-lang alone
+    names the source, the other language of the folder the target; a shard of other languages
+    is refused before preprocessing (found by mutation: shards read backwards, the direction
+    turned round with --src-lang alone, and the check removed (a KeyError midway) passed every test)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pairs = toy_pairs(30)
+    folder = write_wmt_parquet(tmp_path / "de-en", {"train": pairs})  # English sources, German targets
+    corpus = load_corpus(str(folder), src_lang="en")
+    assert (corpus.src_lang, corpus.tgt_lang) == ("en", "de") and corpus.splits["train"] == pairs
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(3):
+        rows = [{"translation": {"de": target, "en": source}} for source, target in pairs[10 * i: 10 * i + 10]]
+        pq.write_table(pa.Table.from_pylist(rows), shards / f"train-{i:05d}-of-00003.parquet")
+    assert load_corpus(str(shards), "en", "de").splits["train"] == pairs
+    pq.write_table(pa.Table.from_pylist([{"translation": {"en": "one", "fr": "un"}}]), shards / "train-00002-of-00003.parquet")
+    with pytest.raises(ValueError, match="the train files of .* disagree in their translation column"):
+        stream_corpus(str(shards), "en", "de")

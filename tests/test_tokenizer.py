@@ -124,3 +124,35 @@ def test_sentences_longer_than_sentencepieces_default_limit_are_learned(tmp_path
     assert len(paragraph.encode("utf-8")) > 4192
     tokenizer = Tokenizer.train(short + [paragraph] * 20, 400, tmp_path)
     assert [tokenizer.id_to_piece(i) for i in tokenizer.encode("жук щит")] == ["▁жук", "▁щит"]
+
+
+def test_marian_targets_are_encoded_with_the_target_model_and_its_vocabulary_needs_the_specials(tmp_path):
+    """Marian has a SentencePiece model per side and one vocab.json: a fine-tuning run's targets
+    are cut by the target's (the test fixture of test_marian.py has one model twice, so it cannot
+    tell); a vocab.json without <pad>, </s> or <unk> is refused on load, not a KeyError later
+    (found by mutation: both passed every test)."""
+    import json
+
+    import sentencepiece as spm
+
+    from aiayn.tokenizer import MarianTokenizer
+
+    models = {}
+    for name, texts in (("source", ENGLISH), ("target", SPANISH)):
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(texts * 20), model_prefix=str(tmp_path / name),
+                                       vocab_size=60, model_type="bpe", minloglevel=2, num_threads=1)
+        (tmp_path / f"{name}.model").rename(tmp_path / f"{name}.spm")
+        models[name] = spm.SentencePieceProcessor(model_file=str(tmp_path / f"{name}.spm"))
+    pieces = ["</s>", "<unk>"] + sorted({sp.id_to_piece(i) for sp in models.values() for i in range(3, sp.get_piece_size())})
+    vocab = {piece: i for i, piece in enumerate(pieces)} | {"<pad>": len(pieces)}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    tokenizer = MarianTokenizer.load(tmp_path)
+    for text in SPANISH:
+        expected = [vocab[piece] for piece in models["target"].encode(text, out_type=str)]
+        assert tokenizer.encode_target_batch([text])[0] == expected
+        assert tokenizer.decode(expected + [tokenizer.eos_id, tokenizer.pad_id]) == text
+    assert tokenizer.encode_target_batch(SPANISH) != tokenizer.encode_batch(SPANISH)
+    for special in ("<pad>", "</s>", "<unk>"):
+        (tmp_path / "vocab.json").write_text(json.dumps({k: v for k, v in vocab.items() if k != special}))
+        with pytest.raises(ValueError, match=f"vocab.json lacks the special token {special}"):
+            MarianTokenizer.load(tmp_path)
