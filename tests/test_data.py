@@ -573,3 +573,22 @@ def test_a_truncated_xz_file_is_a_one_line_error(tmp_path):
         read_lines(tmp_path / "corpus.tsv.xz")
     with pytest.raises(ValueError, match=r"is not a complete \.xz file"):
         load_corpus(str(tmp_path / "corpus.tsv.xz"))
+
+
+def test_encoded_pairs_count_from_the_end_as_a_list_does_and_lengths_must_count_eos_or_bos():
+    """Negative indices are supported, so they must give the pair a list would; make_batches takes
+    lengths that count EOS (source) and BOS (target), so a 0 is someone's raw length (found by
+    mutation: an index from the end one off, and 0 let through, each passed every test)."""
+    from aiayn.batching import EncodedPairs
+
+    lists = [([1, 2], [3]), ([4], [5, 6, 7]), ([8, 9, 10], [11, 12])]
+    pairs = EncodedPairs.from_lists(lists)
+    for i in range(-3, 3):
+        assert (pairs[i][0].tolist(), pairs[i][1].tolist()) == lists[i]
+    subset = pairs.subset([2, 0])
+    assert (subset[-1][0].tolist(), subset[-2][0].tolist()) == ([1, 2], [8, 9, 10])
+    for i in (-4, 3):
+        with pytest.raises(IndexError, match=f"pair {i} of 3"):
+            pairs[i]
+    with pytest.raises(ValueError, match="at least 1"):
+        make_batches([(3, 4), (0, 5)], 100, 0, 0)

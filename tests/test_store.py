@@ -508,3 +508,65 @@ def test_parquet_shards_are_read_in_order_one_flag_gives_the_direction_and_shard
     pq.write_table(pa.Table.from_pylist([{"translation": {"en": "one", "fr": "un"}}]), shards / "train-00002-of-00003.parquet")
     with pytest.raises(ValueError, match="the train files of .* disagree in their translation column"):
         stream_corpus(str(shards), "en", "de")
+
+
+def test_max_sentence_tokens_filters_train_at_its_boundary_and_keeps_dev_and_test_whole(tmp_path, data_dir):
+    """§5.1's data: a training pair is kept exactly when source + EOS and BOS + target fit in
+    --max-sentence-tokens; dev and test are kept whole, whatever their length, for scoring (found
+    by mutation: dev and test cut too, which scores an easier subset, and pairs a token over the
+    limit kept, each passed every test)."""
+    folder = tmp_path / "en-de"
+    folder.mkdir()
+    long_words = lambda rng: rng.integers(10, 16)
+    splits = {"train": toy_pairs(200, 3), "dev": toy_pairs(10, 4, long_words), "test": toy_pairs(10, 5, long_words)}
+    for split, pairs in splits.items():
+        for side, lang in enumerate(("en", "de")):
+            (folder / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+    tokenizer = Tokenizer.load(data_dir)
+    fits = lambda s, t: max(len(tokenizer.encode(s)), len(tokenizer.encode_target_batch([t])[0])) + 1
+    sizes = sorted(fits(s, t) for s, t in splits["train"])
+    limit = sizes[len(sizes) // 2]  # about half the training pairs are left out, some exactly at the limit
+    assert limit in sizes and limit + 1 in sizes
+    store = preprocess(load_corpus(str(folder)), tmp_path / "data", 300, tokenizer_from=data_dir,
+                       max_sentence_tokens=limit, echo=lambda _: None)
+    kept = [(s, t) for s, t in splits["train"] if fits(s, t) <= limit]
+    info = store.manifest["splits"]
+    assert info["train"]["pairs"] == len(kept) and info["train"]["dropped_long"] == len(splits["train"]) - len(kept)
+    train = store.split("train")
+    assert [train[i][0].tolist() for i in range(len(train))] == [tokenizer.encode(s) for s, _ in kept]
+    for split in ("dev", "test"):
+        assert max(fits(s, t) for s, t in splits[split]) > limit  # each would lose pairs to the limit
+        assert (info[split]["pairs"], info[split]["dropped_long"]) == (10, 0)
+        assert store.texts(split) == splits[split]
+
+
+def test_a_store_reads_its_ids_in_the_dtype_its_manifest_names(tmp_path):
+    """A vocabulary past 65,536 ids is stored in uint32; the ids read back are the ones written
+    (found by mutation: every store of the tests is uint16, and reading all as uint16 passed)."""
+    from aiayn.store import Store
+
+    ids = np.array([70_000, 5, 65_536, 1, 2], dtype=np.uint32)  # pair 0: ([70000, 5], [65536]); pair 1: ([1], [2])
+    ids.tofile(tmp_path / "train.bin")
+    np.save(tmp_path / "train.idx.npy", np.array([0, 3, 5], dtype=np.int64))
+    np.save(tmp_path / "train.len.npy", np.array([[2, 1], [1, 1]], dtype=np.int32))
+    manifest = {"src_lang": "en", "tgt_lang": "de", "dtype": "uint32", "splits": {"train": {"pairs": 2, "tokens": 5}}}
+    pairs = Store(tmp_path, manifest).split("train")
+    assert [(s.tolist(), t.tolist()) for s, t in (pairs[0], pairs[1])] == [([70_000, 5], [65_536]), ([1], [2])]
+
+
+def test_the_tokenizer_sample_gives_every_sentence_the_same_chance():
+    """Reservoir sampling: each of n sentences lands in a sample of k with probability k / n
+    (found by mutation: an off-by-one in the draw, which never picks the first sentence once the
+    sample is full, passed every test)."""
+    from types import SimpleNamespace
+
+    from aiayn.store import sample_training_sentences
+
+    pairs = [("a b", "c d"), ("e f", "g h")]
+    stream = SimpleNamespace(splits={"train": lambda: iter([pairs])})
+    counts = {}
+    for seed in range(400):
+        (sentence,), total = sample_training_sentences(stream, 1, seed=seed)
+        counts[sentence] = counts.get(sentence, 0) + 1
+    assert total == 4 and set(counts) == {"a b", "c d", "e f", "g h"}
+    assert all(60 < count < 140 for count in counts.values())  # 100 each expected
