@@ -34,6 +34,8 @@ CASES = {
     "post-norm (§3.1), [sin | cos]": {"norm_first": False, "positional": "sinusoidal_concat"},
     "learned positions, swish, untied, logits bias": {"positional": "learned", "activation": "swish", "tie_output": False,
                                                       "share_embeddings": False, "final_logits_bias": True},
+    # (found by mutation: the embeddings always scaled, and ε 1e-5 for the model's, passed every case)
+    "unscaled embeddings, another ε": {"scale_embedding": False, "layer_norm_eps": 1e-3},
 }
 
 
@@ -80,6 +82,8 @@ def test_ctranslate2_computes_what_aiayn_computes(case, tmp_path):
     tokenizer = Tokenizer.load(folder)
     pieces = [tokenizer.id_to_piece(i) for i in range(model.config.vocab_size)]
     translator = fp32_translator(model, pieces, tmp_path / "ct2")
+    written = json.loads((tmp_path / "ct2" / "config.json").read_text())
+    assert (written["unk_token"], written["layer_norm_epsilon"]) == (pieces[model.config.unk_id], model.config.layer_norm_eps)
     sources = tokenizer.encode_batch(SENTENCES)
     ours = []
     for src in sources:  # aiayn's greedy tokens, each choice decisive
@@ -137,6 +141,9 @@ def test_export_ct2_writes_a_folder_ctranslate2_loads_and_keeps_what_is_there(tm
     assert (out / "model.bin").exists() and (out / "tokenizer.model").read_bytes() == (folder / "tokenizer.model").read_bytes()
     config = json.loads((out / "config.json").read_text())
     assert config["add_source_eos"] is True and config["decoder_start_token"] == "<s>"
+    # The weights stored in int8: loaded as stored, not converted on load (found by mutation: an
+    # fp32 export passed, loaded with compute_type="int8")
+    assert ctranslate2.Translator(str(out), device="cpu").compute_type.startswith("int8")
     translator = ctranslate2.Translator(str(out), device="cpu", compute_type="int8")
     assert translator.translate_batch([["▁the", "▁cat"]], max_decoding_length=4)[0].hypotheses
     # Past the model's max_len (a source aiayn translates): the sinusoids cover every position it decodes.
@@ -174,7 +181,8 @@ def test_an_argos_package_holds_the_ctranslate2_model_its_tokenizer_and_language
         assert {"en_es/metadata.json", "en_es/sentencepiece.model", "en_es/model/model.bin"} <= names
         metadata = json.loads(archive.read("en_es/metadata.json"))
         archive.extractall(tmp_path / "unzipped")
-    assert (metadata["from_code"], metadata["to_code"], metadata["from_name"]) == ("en", "es", "English")
+    assert (metadata["from_code"], metadata["to_code"], metadata["from_name"], metadata["to_name"]) == \
+        ("en", "es", "English", "Spanish")
     package = tmp_path / "unzipped" / "en_es"
     assert (package / "sentencepiece.model").read_bytes() == (folder / "tokenizer.model").read_bytes()
     translator = ctranslate2.Translator(str(package / "model"), device="cpu")

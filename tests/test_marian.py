@@ -19,7 +19,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the `marian` extra (transformers) is not installed")
 
-from aiayn.config import ModelConfig  # noqa: E402
+from aiayn.config import DECODE_PRESETS, ModelConfig  # noqa: E402
 from aiayn.marian import BARRED_LOGIT, PAD_PIECE, export_marian, import_marian  # noqa: E402
 from aiayn.model import Transformer  # noqa: E402
 from aiayn.search import beam_search, greedy  # noqa: E402
@@ -69,6 +69,8 @@ def random_marian(directory, **changes):
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.5)
+            else:  # biases and LayerNorms: at HF's 0 and 1, one imported into another's place showed nothing
+                p.add_(0.2 * torch.randn_like(p))  # (found by mutation: two norms or two biases swapped passed)
         model.model.shared.weight[vocab_size - 1] = 0  # the pad row, where decoding starts
         model.final_logits_bias.normal_(0, 0.5)
     model.save_pretrained(directory)
@@ -172,9 +174,13 @@ def test_export_of_a_native_model_is_exact(tmp_path, share):
     embeddings export without Marian's shared table, which transformers would call unexpected."""
     tokenizer = Tokenizer.train(TEXT, 300, tmp_path / "model")
     config = ModelConfig(vocab_size=300, d_model=16, n_heads=4, d_ff=32, n_layers=2, layer_norm_eps=1e-5, dropout=0.0,
-                         share_embeddings=share, tie_output=share)
+                         share_embeddings=share, tie_output=share, max_len=32)
     torch.manual_seed(0)
     model = Transformer(config).eval()
+    with torch.no_grad():  # a trained model's biases and norms (found by mutation: those the re-indexing
+        for p in model.parameters():  # of the residual stream left out passed at their initial 0 and 1)
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
     model.save(tmp_path / "model")
     notes = []
     export_marian(tmp_path / "model", tmp_path / "hf", echo=notes.append)
@@ -194,9 +200,22 @@ def test_export_of_a_native_model_is_exact(tmp_path, share):
     assert torch.all(got[..., config.pad_id] <= BARRED_LOGIT + expected[..., config.pad_id].abs() + 1e-3)
     theirs = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
     assert theirs("the cat sat")["input_ids"] == src[0].tolist()
+    # Marian's <pad> row is zero (a model of BOS = pad starts decoding from it), and transformers'
+    # generate() decodes as aiayn: §6.1's beam, no EOS at the first step, neither pad ever (found
+    # by mutation: a row of ones, min_new_tokens 0 and aiayn's pad allowed each passed every test).
+    from safetensors.torch import load_file
+
+    table = [tensor for name, tensor in load_file(str(tmp_path / "hf" / "model.safetensors")).items()
+             if name.endswith("embed_tokens.weight") or name == "model.shared.weight"]
+    assert table and all(not tensor[-1].any() for tensor in table)
+    generation = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
+    assert (generation.num_beams, generation.min_new_tokens) == (DECODE_PRESETS["translate"].beam,
+                                                                 DECODE_PRESETS["translate"].min_len)
+    assert sorted(generation.bad_words_ids) == [[config.pad_id], [config.vocab_size]]
     # A line longer than max_len, which aiayn translates (its sinusoids go on), runs in transformers too
     # (found in review: an IndexError, its position table being max_len long)
     long = torch.tensor([tokenizer.encode("the cat sat " * 40)[: config.max_len + 20] + [2]])
+    assert long.size(1) > config.max_len  # (found by mutation: at the default max_len the line fell short of it)
     with torch.no_grad():
         torch.testing.assert_close(transformers.MarianMTModel.from_pretrained(tmp_path / "hf").eval()(
             input_ids=long, decoder_input_ids=tgt).logits[..., tokens], model(long, tgt)[..., tokens], atol=1e-4, rtol=1e-4)
@@ -459,3 +478,7 @@ def test_the_config_an_export_writes_reads_back_as_the_model(changes):
     back = config_from_marian({**marian_config(config), "model_type": "marian"}, config.unk_id)
     assert dataclasses.replace(back, max_len=config.max_len) == config  # sinusoids are exported longer (exported_positions)
     assert back.max_len >= config.max_len
+    # A config.json without scale_embedding is read as transformers reads it (found by mutation: scaled)
+    unsaid = {name: value for name, value in marian_config(config).items() if name != "scale_embedding"}
+    assert config_from_marian({**unsaid, "model_type": "marian"}, config.unk_id).scale_embedding is \
+        transformers.MarianConfig().scale_embedding is False

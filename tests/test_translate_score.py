@@ -312,6 +312,14 @@ def test_an_attention_figure_has_room_for_every_label_and_title(heads, queries, 
         assert sorted(t.get_text() for t in texts) == ["a title", "key", "query"]  # (axis titles: found in review)
         bar = fig.axes[-1]
         assert hasattr(bar, "_colorbar") and bar.get_ylim() == (0.0, 1.0)
+        # Each head its own weights, queries down and keys across as labelled (found by mutation:
+        # heads drawn in reverse, a map transposed, keys' labels reversed each passed every test).
+        shown = [ax for ax in fig.axes[:-1] if ax.axison]
+        assert [ax.get_title() for ax in shown] == [f"head {head + 1}" for head in range(heads)]
+        for head, ax in enumerate(shown):
+            assert torch.equal(torch.as_tensor(ax.images[0].get_array()), weights[head])
+            assert [t.get_text() for t in ax.get_xticklabels()] in ([], [f"▁key{i}" for i in range(keys)])
+            assert [t.get_text() for t in ax.get_yticklabels()] in ([], [f"▁query{i}" for i in range(queries)])
         texts += [t for ax in fig.axes if ax.axison for t in [ax.title, *ax.get_xticklabels(), *ax.get_yticklabels()]]
         texts.append(bar.yaxis.label)
         assert texts[-1].get_text() == "attention weight"
