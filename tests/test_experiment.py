@@ -292,7 +292,8 @@ def test_an_experiment_interrupted_in_its_first_row_keeps_its_settings(tmp_path,
 
 def test_the_repeat_row_trains_with_the_next_seed_and_a_begun_row_resumes(tmp_path, monkeypatch):
     """base-seed2 is the base row with seed + 1: with the same seed it would repeat the base
-    exactly and the noise floor would be 0 (found by mutation: passed every fast test)."""
+    exactly and the noise floor would be 0 (found by mutation: passed every fast test); a row
+    begun resumes its run folder."""
     import aiayn.experiment
     from aiayn.config import TrainConfig
 
@@ -303,6 +304,9 @@ def test_the_repeat_row_trains_with_the_next_seed_and_a_begun_row_resumes(tmp_pa
 
     def train_run(config, recipe, run, resume, **options):
         started.append((run.path.name, recipe.seed, resume))
+        # Checkpoints within the row, so that a row killed midway resumes (found by mutation: one
+        # checkpoint at the row's end passed every test)
+        assert recipe.max_steps == SCALES["tiny"].steps and 1 <= recipe.save_every < recipe.max_steps
         raise Started
 
     monkeypatch.setattr("aiayn.train.train_run", train_run)
