@@ -162,7 +162,7 @@ def test_table3_trains_scores_and_continues_where_it_stopped(tmp_path):
     kept = (out / "base" / "result.json").read_text()
     second = _table3(out, "--rows", "base", "C1")
     assert second.returncode == 0, second.stderr[-2000:]
-    assert "1 of 2 rows done" in second.stdout and "[C1 1/1] training" in second.stdout
+    assert "1 of 2 rows done" in second.stdout and "[C1 2/2] training" in second.stdout
     assert "[base" not in second.stdout and (out / "base" / "result.json").read_text() == kept
     # A row killed after training but before its result resumes from its checkpoint.
     (out / "C1" / "result.json").unlink()
