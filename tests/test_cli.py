@@ -290,3 +290,15 @@ def test_only_translate_offers_paragraphs(capsys, command, offered):
         with pytest.raises(SystemExit) as stopped:
             main([command, "run", "--split-sentences"])
         assert stopped.value.code == 2 and "unrecognized arguments: --split-sentences" in capsys.readouterr().err
+
+
+def test_a_recipe_trains_a_bf16_copy_only_in_one_process(tmp_path, monkeypatch, capsys):
+    """Under torchrun (WORLD_SIZE > 1) --recipe fast in bf16 trains with autocast, not a bf16 copy
+    (found by mutation: one process assumed passed every test)."""
+    made = []
+    monkeypatch.setattr("aiayn.train.train_run", lambda model, training, out, resume: made.append(training))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run(capsys, "train", "--recipe", "fast", "--precision", "bf16", "--out", str(tmp_path / "two"))[0] == 0
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert run(capsys, "train", "--recipe", "fast", "--precision", "bf16", "--out", str(tmp_path / "one"))[0] == 0
+    assert [training.bf16_weights for training in made] == [False, True]

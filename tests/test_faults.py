@@ -1668,3 +1668,115 @@ def test_translate_resume_refuses_every_setting_a_line_depends_on(tmp_path, mode
     assert (tmp_path / "out.txt.partial").read_bytes() == kept
     (tmp_path / "out.txt.partial").write_bytes(kept[: kept.index(b"\n") + 1])  # shorter than its record vouches for
     one_line_error(*cli(capsys, *argv, "--resume")[::2], "holds 1 lines but its record says 3", "--force starts over")
+
+
+def test_the_languages_of_a_checkpoint_or_model_inside_a_run_are_the_runs(tmp_path):
+    """export-argos of RUN/checkpoints/step_N (or RUN/model) finds the languages RUN recorded
+    (found by mutation: the run folder two levels up left out passed every test)."""
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "step_00000002"
+    checkpoint.mkdir(parents=True)
+    (run / "model").mkdir()
+    (run / "train_config.json").write_text(json.dumps({"src_lang": "en", "tgt_lang": "es"}))
+    assert languages_of(run / "model") == ("en", "es")
+    assert languages_of(checkpoint) == ("en", "es")
+
+
+def test_fine_tuning_may_change_dropout_and_attention_dropout_and_nothing_else(tmp_path, model_dir, corpus_tsv, capsys):
+    """--init-from keeps the model's shape, but --dropout and --attention-dropout apply and are
+    recorded (found by mutation: both ignored, or --attention-dropout refused, passed every test)."""
+    common = ["train", "--init-from", model_dir, "--corpus", corpus_tsv, "--max-steps", "1", "--max-tokens", "300",
+              "--device", "cpu", "--eval-every", "1000"]
+    code, out, err = cli(capsys, *common, "--out", tmp_path / "tuned", "--dropout", "0.2", "--attention-dropout", "0.1")
+    assert code == 0, err
+    config = json.loads((tmp_path / "tuned" / "model_config.json").read_text())
+    assert (config["dropout"], config["attention_dropout"]) == (0.2, 0.1)
+    one_line_error(*cli(capsys, *common, "--out", tmp_path / "other", "--n-heads", "2")[::2],
+                   "holds another model shape than --n-heads asks for")
+
+
+def test_corpus_export_never_replaces_the_corpus_it_reads(tmp_path, capsys):
+    """`corpus export DIR --out DIR --force` would write the split over the very files it reads
+    (found by mutation: the folder read left out of the inputs passed every test)."""
+    corpus = tmp_path / "en-de"
+    corpus.mkdir()
+    for split in ("train", "test"):
+        (corpus / f"{split}.en").write_text("a cat\n\nthe dog\n", encoding="utf-8")
+        (corpus / f"{split}.de").write_text("eine Katze\nleer\nder Hund\n", encoding="utf-8")
+    before = {path.name: path.read_bytes() for path in corpus.iterdir()}
+    code, out, err = cli(capsys, "corpus", "export", corpus, "--split", "test", "--out", corpus, "--force")
+    one_line_error(code, err, "an input of this command")
+    assert {path.name: path.read_bytes() for path in corpus.iterdir()} == before
+
+
+def test_a_resumed_run_keeps_its_languages_and_says_a_new_seed_batches_the_epoch_anew(tmp_path, corpus_tsv, capsys):
+    """A trained run goes on with the data it began with: --src-lang is not applied (nor recorded);
+    another --seed reorders the rest of the epoch, and says so (found by mutation: the languages
+    applied and recorded, and no word of the new order, each passed every test)."""
+    run = tmp_path / "run"
+    assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "1", "--src-lang", "en", "--tgt-lang", "es"))[0] == 0
+    code, out, err = cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--resume", "--src-lang", "fr",
+                                             "--tgt-lang", "es"))
+    assert code == 0, err
+    assert "note: --src-lang is not applied" in out
+    assert json.loads((run / "train_config.json").read_text())["src_lang"] == "en"
+    code, out, err = cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "3", "--resume", "--seed", "4"))
+    assert code == 0 and "--seed 3 → 4" in out and "the rest of this epoch is batched anew" in out, err
+
+
+def test_a_new_start_over_a_failed_starts_configs_takes_the_options_given(tmp_path, corpus_tsv, capsys):
+    """Without --resume, configs an earlier failed start left are replaced, not resumed (found by
+    mutation: resuming them passed every test)."""
+    import dataclasses
+
+    from aiayn.config import PRESETS, TrainConfig
+    from aiayn.run import RunDir
+
+    run = RunDir(tmp_path / "run")
+    with run.lock():
+        run.write_configs(dataclasses.replace(PRESETS["tiny"], d_model=64, vocab_size=300), TrainConfig(max_steps=9))
+    code, out, err = cli(capsys, *train_argv(corpus_tsv, run.path, "--max-steps", "1"))
+    assert code == 0, err
+    assert json.loads((run.path / "model_config.json").read_text())["d_model"] == 32
+    assert json.loads((run.path / "train_config.json").read_text())["max_steps"] == 1
+
+
+def test_a_checkpoint_without_its_tokenizer_translates_with_the_runs(tmp_path, model_dir, capsys):
+    """A run folder whose newest checkpoint holds no tokenizer: the run folder's is used
+    (pinned_model_dir; found by mutation: "no tokenizer at .../step_N" passed every test)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(model_dir, run / "checkpoints" / "step_00000002")
+    (run / "checkpoints" / "step_00000002" / "tokenizer.model").unlink()
+    shutil.copy(model_dir / "tokenizer.model", run / "tokenizer.model")
+    (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
+    code, out, err = cli(capsys, "translate", run, "--input", tmp_path / "in.txt", "--beam", "1")
+    assert code in (0, None), err
+    assert len(out.splitlines()) == 1
+
+
+def test_a_resumed_demo_trains_to_its_new_budget(tmp_path, monkeypatch):
+    """`aiayn demo --minutes 30` on a run begun with --minutes 10 goes on until 30, the new budget
+    (found by mutation: the old budget kept passed every test)."""
+    import pytest
+
+    import aiayn.demo
+    from aiayn.config import DEMO_RECIPE, DecodeConfig, DemoOptions, TrainConfig, demo_model
+    from aiayn.run import RunDir
+
+    run = RunDir(tmp_path / "demo")
+    run.write_configs(demo_model("tiny"), TrainConfig(corpus=DEMO_RECIPE["corpus"], minutes=10.0))
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def train_run(model_config, training, *args, **kwargs):
+        seen.append(training)
+        raise Stop
+
+    monkeypatch.setattr(aiayn.demo, "train_run", train_run)
+    with pytest.raises(Stop):
+        aiayn.demo.run_demo(DemoOptions(out=str(run.path), minutes=30.0, preset="tiny"), DecodeConfig())
+    assert seen[0].minutes == 30.0
