@@ -16,7 +16,7 @@ from deep_translator.exceptions import LanguageNotSupportedException, ServerExce
 from libretranslatepy import LibreTranslateAPI
 
 from aiayn.sentences import interleave, split_sentences
-from aiayn.serve.libre import ALIASES, _code, distinct
+from aiayn.serve.libre import MAX_ALTERNATIVES, _code, alternatives_of, distinct
 from aiayn.serve.limits import Admission, Refused, read_keys
 from aiayn.serve.markup import join_html, split_html
 from aiayn.serve.process import ServerProcess
@@ -476,3 +476,70 @@ def test_fuzzed_libretranslate_requests_get_json_answers_and_never_a_500(server)
         assert isinstance(answer, (dict, list)), (status, answer)
     assert seen.get(200) and seen.get(400)
     assert request(server.port, "GET", "/health")[1]["status"] == "ok"
+
+
+def test_html_of_stray_or_nested_code_wordless_tails_references_and_processing_instructions():
+    """A stray </code> leaves the rest of the page translated, and <code> inside <pre> leaves the
+    <pre> untranslated after it; a piece without a letter after the last sentence, the text
+    between two sentences inside a named reference's tail, and <?xml ...?> stay as written;
+    only what text needs is escaped (found by mutation: each passed every test)."""
+    texts, rest = split_html("</code><p>the cat</p>", "en")
+    assert texts == ["the cat"] and join_html(["X"], rest) == "</code><p>X</p>"
+    page = "<pre><code>x = 1</code>\nthe cat sat</pre><p>the dog</p>"
+    texts, rest = split_html(page, "en")
+    assert texts == ["the dog"] and join_html(["X"], rest) == page.replace("the dog", "X")
+    texts, rest = split_html("<p>the cat. 42 </p>", "en")
+    assert texts == ["the cat."] and join_html(["X"], rest) == "<p>X 42 </p>"
+    texts, rest = split_html("<p>It is &notit.\xa0Then we left.</p>", "en")  # "&not" then its tail "it.\xa0Then"
+    assert texts == ["It is ¬it.", "Then we left."] and rest == ["<p>", "\xa0", "</p>"]
+    texts, rest = split_html('<?xml version="1.0"?><p>the cat</p>')
+    assert texts == ["the cat"] and join_html(["X"], rest) == '<?xml version="1.0"?><p>X</p>'
+    assert join_html(['say "hi" & it\'s <b>'], ["<p>", "</p>"]) == "<p>say \"hi\" &amp; it's &lt;b&gt;</p>"
+
+
+def test_answers_have_the_shape_of_q_and_the_alternatives_asked_for(server, translator):
+    """A list of one is a list; a string's alternatives are a flat list of strings and its
+    detectedLanguage one object; one alternative asked is an alternatives key, more than
+    MAX_ALTERNATIVES are that many, a negative count none (found by mutation: each shape, and
+    both counts off by one, passed every test)."""
+    status, answer, _ = request(server.port, "POST", "/translate", {"q": ["the cat"], "source": "en", "target": "es"})
+    assert status == 200 and answer == {"translatedText": [translator.translate(["the cat"])[0]]}
+    for count in (1, 3):
+        status, answer, _ = request(server.port, "POST", "/translate",
+                                    {"q": "the cat", "source": "en", "target": "es", "alternatives": count})
+        assert status == 200 and "alternatives" in answer and all(isinstance(a, str) for a in answer["alternatives"])
+    assert [alternatives_of({"alternatives": n}) for n in (-2, 0, 1, MAX_ALTERNATIVES, 9)] == [0, 0, 1, MAX_ALTERNATIVES,
+                                                                                              MAX_ALTERNATIVES]
+    status, answer, _ = request(server.port, "POST", "/translate", {"q": "the cat", "source": "auto", "target": "es"})
+    assert status == 200 and answer["detectedLanguage"]["language"] == "en"
+    assert 0 < answer["detectedLanguage"]["confidence"] <= 100
+
+
+def test_requests_as_clients_send_them(server, translator):
+    """source left out is auto; a JSON body wins over the query's parameters and is read as JSON
+    whatever its Content-Type says; a JSON body that is no object is a 400; repeated q fields of a
+    form are a list; /detect reads every text of a list and gives a blank text confidence 0; a
+    body with aiayn's own `text` goes to aiayn's route (found by mutation: each passed every test)."""
+    expected = translator.translate(["the cat"])[0]
+    status, answer, _ = request(server.port, "POST", "/translate", {"q": "the cat", "target": "es"})
+    assert status == 200 and answer["translatedText"] == expected and answer["detectedLanguage"]["language"] == "en"
+    status, answer, _ = request(server.port, "POST", "/translate?q=the%20dog&target=fr",
+                                {"q": "the cat", "source": "en", "target": "es"})
+    assert status == 200 and answer["translatedText"] == expected
+    body = json.dumps({"q": "the cat", "source": "en", "target": "es"}).encode()
+    for headers in ({}, {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}):
+        status, answer, _ = request(server.port, "POST", "/translate", body, headers)
+        assert status == 200 and answer["translatedText"] == expected, headers
+    status, answer, _ = request(server.port, "POST", "/detect", b'["the cat"]', {"Content-Type": "application/json"})
+    assert status == 400 and "JSON object" in answer["error"]
+    status, answer, _ = request(server.port, "POST", "/translate", b"q=the+cat&q=the+dog&source=en&target=es",
+                                {"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 200 and answer["translatedText"] == translator.translate(["the cat", "the dog"])
+    status, answer, _ = request(server.port, "POST", "/detect", {"q": ["the cat", "猫が鳴く"]})
+    (one,) = answer
+    assert status == 200 and one["language"] == "en" and one["confidence"] < 100
+    status, answer, _ = request(server.port, "POST", "/detect", {"q": "   "})
+    assert status == 200 and answer == [{"confidence": 0.0, "language": "en"}]
+    status, answer, _ = request(server.port, "POST", "/translate", {"text": "the cat", "q": "ignored"})
+    assert status == 422 and "translatedText" not in answer  # aiayn's route, which knows no q
+

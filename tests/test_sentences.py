@@ -30,6 +30,9 @@ def test_a_paragraph_splits_into_sentences_and_joins_back_byte_for_byte():
 
 def test_spans_of_a_splitter_that_changes_the_text_keep_what_is_left():
     assert spans_from_strings("one. two. three", ["one.", "TWO."]) == [(0, 4), (5, 15)]
+    # From the first sentence it changed on, all is one piece: were the search to go on past it,
+    # "two." would stay untranslated between the spans (found by mutation)
+    assert spans_from_strings("one. two. three.", ["one.", "TWO.", "three."]) == [(0, 4), (5, 16)]
 
 
 def test_sentencex_is_handed_one_byte_spaces_only_and_the_offsets_stay_the_texts(monkeypatch):
