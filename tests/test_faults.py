@@ -1780,3 +1780,48 @@ def test_a_resumed_demo_trains_to_its_new_budget(tmp_path, monkeypatch):
     with pytest.raises(Stop):
         aiayn.demo.run_demo(DemoOptions(out=str(run.path), minutes=30.0, preset="tiny"), DecodeConfig())
     assert seen[0].minutes == 30.0
+
+
+def test_a_world_size_over_one_joins_a_group_without_torchrun_too(monkeypatch):
+    """WORLD_SIZE set by hand or by a scheduler: each process joins the group rather than train
+    alone (found by mutation: a group joined only past 2 processes passed every test)."""
+    import torch.distributed as dist
+
+    from aiayn import device
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setattr(device, "_stop_with_launcher", lambda: None)
+    monkeypatch.setattr(device, "process_group_joined", lambda: False)
+    joined = []
+
+    def join(backend):
+        joined.append(backend)
+        raise RuntimeError("joined")
+
+    monkeypatch.setattr(dist, "init_process_group", join)
+    for size in ("2", "3"):
+        monkeypatch.setenv("WORLD_SIZE", size)
+        with pytest.raises(RuntimeError, match="joined"):
+            device.init_distributed("cpu")
+    assert joined == ["gloo", "gloo"]
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert device.init_distributed("cpu") == (0, 1)
+
+
+def test_a_device_is_named_exactly_and_the_peak_counts_two_flops_a_multiply_add(monkeypatch):
+    """"CPU" or " cpu" is no device name PyTorch knows; an n×n product is 2n³ FLOPs, as
+    aiayn.flops counts them (found by mutation: names parsed loosely, and n³, which doubles every
+    reported share of the peak, each passed every test)."""
+    import time
+
+    from aiayn import device
+
+    assert device.resolve_device("cpu") == torch.device("cpu")
+    for wrong in ("CPU", " cpu", "cpu ", "gpu", "cuda:x", ""):
+        with pytest.raises(ValueError, match="use auto, cpu, cuda or cuda:N"):
+            device.resolve_device(wrong)
+    ticks = iter(range(100))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))
+    ones = torch.ones(4, 4)
+    assert device._flops_of(torch.matmul, ones, ones, torch.device("cpu"), 0.5) == 2 * 4 ** 3
+

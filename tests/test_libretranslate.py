@@ -17,7 +17,7 @@ from libretranslatepy import LibreTranslateAPI
 
 from aiayn.sentences import interleave, split_sentences
 from aiayn.serve.libre import MAX_ALTERNATIVES, _code, alternatives_of, distinct
-from aiayn.serve.limits import Admission, Refused, read_keys
+from aiayn.serve.limits import Admission, Refused, bearer_key, read_keys
 from aiayn.serve.markup import join_html, split_html
 from aiayn.serve.process import ServerProcess
 from aiayn.tokenizer import Tokenizer
@@ -542,4 +542,46 @@ def test_requests_as_clients_send_them(server, translator):
     assert status == 200 and answer == [{"confidence": 0.0, "language": "en"}]
     status, answer, _ = request(server.port, "POST", "/translate", {"text": "the cat", "q": "ignored"})
     assert status == 422 and "translatedText" not in answer  # aiayn's route, which knows no q
+
+
+def test_a_key_is_matched_whole_and_case_sensitively_and_the_bearer_scheme_in_any_case():
+    """A key matched by its start or in any case could be guessed a letter at a time; RFC 7235's
+    auth scheme is case-insensitive (found by mutation: each passed every test)."""
+    admission = Admission(keys={"Secret": None})
+    admission.admit("10.0.0.1", "Secret")
+    for guess in ("secret", "SECRET", "Sec", "S", "Secret2", " Secret"):
+        with pytest.raises(Refused) as refused:
+            admission.admit("10.0.0.1", guess)
+        assert refused.value.status_code == 403, guess
+    assert bearer_key({"authorization": "Bearer k"}) == bearer_key({"authorization": "bearer k"}) == \
+        bearer_key({"authorization": "BEARER k"}) == "k"
+    assert bearer_key({"authorization": "Basic k"}) is None and bearer_key({}) is None
+
+
+def test_a_request_takes_from_its_key_and_its_address_and_a_bucket_partly_refilled_is_kept(monkeypatch):
+    """A keyed request spends its key's and its address's allowance, and Retry-After is the
+    later of the two; thinning the table keeps a bucket that has only partly refilled (found by
+    mutation: the address left alone, the shorter wait, and a half-spent address given a fresh
+    minute each passed every test)."""
+    from aiayn.serve import limits
+
+    now = [0.0]
+    admission = Admission(keys={"k": 1, "free": None}, per_address=2, clock=lambda: now[0])
+    admission.admit("10.0.0.1", "free")
+    admission.admit("10.0.0.1", "k")
+    with pytest.raises(Refused) as refused:
+        admission.admit("10.0.0.1", "k")
+    assert refused.value.headers["Retry-After"] == "60"  # the key's 60 s, not the address's 30 s
+    assert "per key" in refused.value.detail and "per address" in refused.value.detail
+    with pytest.raises(Refused) as refused:  # the keyed request took from the address too
+        admission.admit("10.0.0.1", "free")
+    assert refused.value.status_code == 429 and refused.value.headers["Retry-After"] == "30"
+    monkeypatch.setattr(limits, "MAX_BUCKETS", 0)  # the table thinned at every request
+    now[0], admission = 0.0, Admission(per_address=3, clock=lambda: now[0])
+    for _ in range(3):
+        admission.admit("a", None)
+    now[0] = 10.0  # "a" holds half a request
+    with pytest.raises(Refused) as refused:
+        admission.admit("a", None)
+    assert refused.value.status_code == 429 and refused.value.headers["Retry-After"] == "10"
 

@@ -15,6 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -1231,9 +1232,10 @@ def test_an_app_keeps_no_second_copy_of_the_weights(model_dir, precision):
         app.state.batcher.close()
 
 
-def host_status(host: bytes, allowed: frozenset) -> int:
-    """The status HostCheck answers a GET with this Host header (200: passed on to the app)."""
-    from aiayn.serve.origins import HostCheck
+def host_status(host: bytes, allowed: frozenset, origin: Optional[bytes] = None, origins: tuple[str, ...] = ()) -> int:
+    """The status HostCheck answers a GET with this Host header (200: passed on to the app), from
+    a page of `origin` if given, on a server of --cors-origins `origins`."""
+    from aiayn.serve.origins import HostCheck, cors_origins
 
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -1247,8 +1249,9 @@ def host_status(host: bytes, allowed: frozenset) -> int:
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "GET", "path": "/", "raw_path": b"/", "query_string": b"", "headers": [(b"host", host)]}
-    asyncio.run(HostCheck(app, allowed)(scope, receive, send))
+    headers = [(b"host", host)] + ([(b"origin", origin)] if origin is not None else [])
+    scope = {"type": "http", "method": "GET", "path": "/", "raw_path": b"/", "query_string": b"", "headers": headers}
+    asyncio.run(HostCheck(app, allowed, cors_origins(",".join(origins)) if origins else ())(scope, receive, send))
     return sent[0]["status"]
 
 
@@ -1265,6 +1268,31 @@ def test_the_host_check_takes_this_servers_names_in_every_spelling_and_no_other(
         assert host_status(host, LOOPBACK_NAMES) == 421, host
     mapped = _allowed_hosts("::ffff:127.0.0.1", ())
     assert host_status(b"[::FFFF:127.0.0.1]:8080", mapped) == host_status(b"[::ffff:7f00:1]", mapped) == 200
+
+
+def test_an_origin_is_taken_whole_and_the_host_checked_whatever_the_origin():
+    """An origin --cors-origins names is matched whole, not by its start; an extension by its
+    scheme, not by a scheme named inside the origin; a page of no site (Origin: null) is refused
+    on loopback; the Host is checked even beside an extension's Origin (DNS rebinding); an origin
+    with a path is refused on the command line (found by mutation: each passed every test)."""
+    from aiayn.serve.origins import LOOPBACK_NAMES, cors_origins
+
+    local, named = b"localhost:5000", ("http://app.example:3000", "https://b.example")
+    assert host_status(local, LOOPBACK_NAMES, b"http://app.example:3000", named) == 200
+    assert host_status(local, LOOPBACK_NAMES, b"https://b.example", named) == 200
+    for other in (b"http://app.example:30001", b"http://app.example:3000.evil.com", b"https://b.example.evil.com",
+                  b"http://app.example", b"http://b.example"):
+        assert host_status(local, LOOPBACK_NAMES, other, named) == 403, other
+    assert host_status(local, LOOPBACK_NAMES, b"moz-extension://0d4c1f5e") == 200
+    for page in (b"http://evil.example/chrome-extension://x", b"https://chrome-extension.evil.example", b"null",
+                 b"http://localhost.evil.example", b"http://127.0.0.2:5000"):
+        assert host_status(local, LOOPBACK_NAMES, page) == 403, page
+    assert host_status(local, LOOPBACK_NAMES, b"http://localhost:5000") == 200
+    assert host_status(b"evil.example", LOOPBACK_NAMES, b"chrome-extension://abc") == 421
+    assert cors_origins("http://a.example:8443,https://a.example:80") == ("http://a.example:8443", "https://a.example:80")
+    for wrong in ("http://a.example/", "http://a.example/app", "http://a.example:3000/x", "a.example"):
+        with pytest.raises(ValueError, match="is not an origin"):
+            cors_origins(wrong)
 
 
 def test_a_request_at_each_limit_is_taken_and_one_past_it_refused(server, model_dir):
