@@ -300,10 +300,12 @@ def _build_in_place(path: Path, build: Callable[[Path], None], force: bool) -> N
             os.replace(old / path.name, path)  # the old output back, rather than none (found in review)
             shutil.rmtree(old, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(error, OSError) and not isinstance(error, FileExistsError):  # (a refusal names `path`)
+        message = str(error)
+        if isinstance(error, OSError) and (str(tmp) in message or str(path) not in message):
             # The folder being written named, not its hidden stand-in (found in review: a full
-            # disk or `ulimit -f` said "File too large" and no more).
-            message = str(error).replace(str(tmp), str(path))
+            # disk or `ulimit -f` said "File too large" and no more). One that names it already
+            # (a refusal to replace it) goes on as it is, its type kept.
+            message = message.replace(str(tmp), str(path))
             raise OSError(message if str(path) in message else f"cannot write {path}: {message}") from None
         raise
 
