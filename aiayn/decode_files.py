@@ -14,7 +14,7 @@ from aiayn.checkpoint import WEIGHTS
 from aiayn.config import AttentionOptions, DecodeConfig, FileDecodeOptions, TranslateFileOptions
 from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
 from aiayn.graphs import GraphedStep
-from aiayn.lines import iter_lines, open_input, visible
+from aiayn.lines import check_input, iter_lines, open_input, visible
 from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
 from aiayn.run import languages_of, model_inputs, pinned_model_dir, run_files, stderr_note
 from aiayn.sentences import split_sentences
@@ -45,6 +45,8 @@ def _partial_output(options: FileDecodeOptions, decode: DecodeConfig, command: s
     out = PartialOutput(options.output, options.input, options.resume, options.force, reads, settings,
                         kept=run_files(options.output), loose={"--batch-tokens": decode.batch_tokens}, per_line=n_best,
                         older={"--n-best": 1})
+    if out.nothing_to_resume:  # as a script that always passes --resume expects; said (found by a newcomer's run)
+        stderr_note(f"nothing to resume: there is no {out.partial}; translating from the first line")
     if out.changed and decode.precision != "fp32":  # (found in review: said nowhere)
         print(f"aiayn: note: {out.partial} was translated with {out.changed[0]}: in {decode.precision} a line's "
               "translation can differ a little with the lines batched beside it", file=sys.stderr)
@@ -64,6 +66,7 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
     if n_best > decode.beam:  # before any file is made
         raise ValueError(f"--n-best {n_best} needs --beam {n_best} or more: the beam holds the alternatives")
     if options.output:
+        check_input(options.input)  # its mistake said before the output's checks, which name it as an input
         out = _partial_output(options, decode, command, paragraphs, n_best)
     skip = out.skip if out else 0
 

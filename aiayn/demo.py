@@ -6,7 +6,6 @@ until the budget is spent, then only averages and translates."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -51,8 +50,8 @@ def _demo(options: DemoOptions, decode: DecodeConfig, run: RunDir) -> None:
             raise ValueError(f"{run.path} is a run on {training.data or training.corpus}, not the demo's "
                              f"{DEMO_RECIPE['corpus']}; choose another --out (or aiayn train --resume for that run)")
         if asked != (model_config, training.precision, training.seed, training.label_smoothing):
-            print(f"aiayn: note: {run.path} goes on with the model, recipe, precision and seed it began with; "
-                  f"--preset, --recipe, --precision and --seed apply to a new --out", file=sys.stderr)
+            print(f"note: {run.path} goes on with the model, recipe, precision and seed it began with; "
+                  f"--preset, --recipe, --precision and --seed apply to a new --out")  # in order with its report
         training = dataclasses.replace(training, minutes=options.minutes)
     else:
         _check_new_run(run)

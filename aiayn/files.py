@@ -415,6 +415,7 @@ class PartialOutput:
         remove_unfinished(self.record)  # a record a kill left half rewritten (found in review: it stayed for good)
         digest = None if input in (None, "-") else _digest(input)
         self.skip, self.changed = 0, []
+        self.nothing_to_resume = resume and not self.partial.exists() and not self.final.exists()
         if resume and self.partial.exists():
             kept = read_json(self.record) if self.record.exists() else {}
             if digest is not None and kept.get("input_sha256") not in (None, digest):

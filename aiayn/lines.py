@@ -5,8 +5,10 @@ error names the file, and the line where there is one."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import lzma
+import os
 import sys
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional, Union
@@ -106,6 +108,17 @@ def open_input(path: Optional[str]) -> tuple[BinaryIO, str]:
         return open(path, "rb"), path
     except FileNotFoundError:
         raise FileNotFoundError(f"no such file: {path}") from None
+
+
+def check_input(path: Optional[str]) -> None:
+    """Refuse an input file that `open_input` could not open, with its error, without opening it
+    (a named pipe opened and closed would lose what its writer sent)."""
+    if path is None or path == "-":
+        return
+    if Path(path).is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file: {path}")
 
 
 def visible(text: str) -> str:

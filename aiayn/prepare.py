@@ -234,6 +234,9 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
     model_overrides = {**recipe_model, **model_overrides}
     if manifest is not None and "vocab_size" not in model_overrides:
         model_overrides["vocab_size"] = manifest["vocab_size"]  # a new model takes the data's vocabulary
+        if manifest["vocab_size"] != preset_config.vocab_size:  # said (found by a newcomer's run of the README)
+            echo(f"note: vocab_size {manifest['vocab_size']}, the tokenizer of {train_overrides['data']}, "
+                 f"not the preset's {preset_config.vocab_size}")
     return dataclasses.replace(preset_config, **model_overrides), TrainConfig(**training)
 
 

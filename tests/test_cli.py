@@ -243,9 +243,11 @@ def test_demo_trains_translates_and_scores(tmp_path):
     assert figures["test_sentences"] == 2 and figures["cpu_kind"] in done.stdout and figures["training_minutes"] > 0
     again = subprocess.run(argv, capture_output=True, text=True, timeout=300)  # reuses the run
     assert again.returncode == 0 and "resumed from" in again.stdout and "note:" not in again.stderr
+    assert "goes on with the model" not in again.stdout  # the settings it began with: nothing to say
     again = subprocess.run([*argv, "--recipe", "paper"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "resumed from" in again.stdout
-    assert "goes on with the model, recipe, precision and seed it began with" in again.stderr  # not silently ignored
+    # not silently ignored; on stdout, in order with the demo's report, as every progress command's notes
+    assert f"note: {tmp_path / 'demo'} goes on with the model, recipe, precision and seed it began with" in again.stdout
     kept = (tmp_path / "demo" / "demo.json").read_text()
     again = subprocess.run([*argv[:-3], "1", *argv[-2:]], capture_output=True, text=True, timeout=300)  # 1 test verse
     assert again.returncode == 0 and "(demo.json keeps the score on 2 verses)" in again.stdout, again.stderr[-2000:]

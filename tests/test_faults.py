@@ -1025,6 +1025,32 @@ def test_resume_needs_the_same_model_settings_and_input(tmp_path, model_dir, cap
                        "--resume continues the file of --output; without one the lines go to stdout")
 
 
+def test_resume_with_nothing_to_resume_says_so_and_translates_it_all(tmp_path, model_dir, capsys, monkeypatch):
+    """A script that always passes --resume starts the first time; said, not silent (found by a
+    newcomer's run of the README)."""
+    out = tmp_path / "out.txt"
+    code, _, err = cli(capsys, "translate", model_dir, "--output", out, "--beam", "1", "--resume",
+                       stdin=b"the cat\nthe dog\n", monkeypatch=monkeypatch)
+    assert code == 0 and out.read_text(encoding="utf-8").count("\n") == 2, err
+    assert f"aiayn: note: nothing to resume: there is no {out}.partial; translating from the first line" in err
+    code, _, err = cli(capsys, "translate", model_dir, "--output", out, "--beam", "1", "--force",
+                       stdin=b"the cat\n", monkeypatch=monkeypatch)
+    assert code == 0 and "nothing to resume" not in err  # without --resume there is nothing to say
+
+
+def test_an_input_that_is_a_folder_is_said_before_the_output_inside_it(tmp_path, model_dir, capsys, monkeypatch):
+    """The output's check named the folder "an input of this command", hiding the mistake: the
+    input is no file (found by a newcomer's run of the README)."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for output in (folder / "out.txt", tmp_path / "out.txt"):
+        code, _, err = cli(capsys, "translate", model_dir, "--input", folder, "--output", output, monkeypatch=monkeypatch)
+        one_line_error(code, err, f"{folder} is a folder, not a file")
+        assert not output.exists() and not output.with_name("out.txt.partial").exists()
+    one_line_error(*cli(capsys, "translate", model_dir, "--input", tmp_path / "nope.txt", "--output", folder / "out.txt",
+                        monkeypatch=monkeypatch)[::2], f"no such file: {tmp_path / 'nope.txt'}")
+
+
 def test_output_dash_is_stdout_as_input_dash_is_stdin(tmp_path, model_dir, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # where a file named - would be written
     code, out, err = cli(capsys, "translate", model_dir, "--input", "-", "--output", "-", "--beam", "1",

@@ -19,7 +19,7 @@ from test_faults import WORDS, cli, one_line_error
 from aiayn.corpora import load_corpus, stream_corpus
 from aiayn.batching import EncodedPairs
 from aiayn.store import load_store, preprocess
-from aiayn.config import ModelConfig
+from aiayn.config import PRESETS, ModelConfig
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 
@@ -263,6 +263,7 @@ def test_a_resumed_run_refuses_data_of_another_tokenizer(tmp_path, data_dir, cor
     assert len(dev) == 1 and 0 <= dev[0]["bleu"] <= 100 and 0 <= dev[0]["chrf"] <= 100  # greedy outputs of 20 dev pairs
     assert f"chrf {dev[0]['chrf']:.3f}" in out  # the validation line says what the log holds
     assert f"{data_dir} was made with --max-sentence-tokens 64: the longer pairs are not in it, so 256" in out
+    assert f"note: vocab_size 300, the tokenizer of {data_dir}, not the preset's {PRESETS['tiny'].vocab_size}" in out
     code, out, _ = cli(capsys, "train", "--data", data_dir, "--max-steps", "2", "--resume", *common)
     assert code == 0 and "done at step 2" in out and "(no step taken: --max-steps or --minutes" in out
     other = tmp_path / "other"
