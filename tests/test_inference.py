@@ -178,3 +178,86 @@ def test_a_packed_linear_computes_only_padded_row_counts(monkeypatch):
         assert y.shape == (*shape[:-1], 24)
         assert_within_summation_bound(y, F.linear(x, weight, bias), x, weight, bias, "fp32")
     assert seen == [1, 3, 40, 10]
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("precision", [*PRECISIONS, "int8"])
+def test_an_attentions_projections_in_one_product_keep_their_biases(precision, monkeypatch):
+    """A fresh model's biases are zeros (aiayn.model's initialisation); a trained model's are not,
+    and the product of the projections side by side adds each projection's own bias: in int8
+    what separate products give (the same integer sums and scales), packed fp32 and bf16 within
+    F.linear's summation bound. Found by mutation: the fused projections' biases dropped passed
+    every test, whose fresh models have zero biases."""
+    model = sharp_model()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 3)
+    fused = inference_copy(model, precision)
+    monkeypatch.setattr(inference, "_projections", lambda model: [])  # no attention fused
+    separate = inference_copy(model, precision)
+    x = torch.randn(3, 5, model.config.d_model, generator=torch.Generator().manual_seed(1))
+    x = x if precision == "int8" else x.to(DTYPES[precision])
+    with torch.inference_mode():
+        for ours, one, each in zip(model.decoder.layers, fused.decoder.layers, separate.decoder.layers):
+            pairs = [(ours.self_attn, ("w_q", "w_k", "w_v"), one.self_attn.projections(x), each.self_attn.projections(x)),
+                     (ours.cross_attn, ("w_k", "w_v"), one.cross_attn.keys_values(x, x), each.cross_attn.keys_values(x, x))]
+            for attention, names, got, separately in pairs:
+                for name, heads, expected in zip(names, got, separately):
+                    if precision == "int8":  # the same integer sums and scales: at most a few fp32 roundings apart
+                        assert torch.allclose(heads, expected, rtol=2**-20, atol=2**-20 * expected.abs().max().item())
+                        continue
+                    layer, dtype = getattr(attention, name), DTYPES[precision]
+                    weight, bias = layer.weight.to(dtype), layer.bias.to(dtype)
+                    flat = heads.transpose(1, 2).reshape(3, 5, -1)  # (B, L, h·d)
+                    assert_within_summation_bound(flat, F.linear(x, weight, bias), x, weight, bias, precision)
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("precision", [*PRECISIONS, "int8"])
+def test_a_decoding_copy_s_tied_projection_is_the_target_embedding(precision):
+    """With separate source and target embeddings, the pre-softmax projection tied to the
+    embedding (§3.4) is the target's (the decoder's) table, in every decoding copy. Found by
+    mutation: the source's table passed, every other model sharing one."""
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(sharp_model().config, share_embeddings=False)).eval()
+    assert model.encoder.embed is not model.decoder.embed and model.output_proj is None
+    low = inference_copy(model, precision)
+    h = torch.randn(7, model.config.d_model, generator=torch.Generator().manual_seed(2))
+    table = model.decoder.embed.weight
+    with torch.inference_mode():
+        if precision == "int8":
+            assert torch.equal(low.output_proj(h), Int8Linear(table, None)(h))
+            return
+        dtype = DTYPES[precision]
+        h, table = h.to(dtype), table.to(dtype)
+        zeros = torch.zeros(table.size(0), dtype=dtype)
+        assert_within_summation_bound(low.output_proj(h), F.linear(h, table), h, table, zeros, precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_decoding_copy_is_in_eval_mode_and_no_copy_where_nothing_changes(precision):
+    """The copy is in eval mode whatever mode the model was in (dropout would make decoding
+    random); under reference_math() the fp32 copy is the model itself, as it is (no second set of
+    weights), the bf16 one a cast copy in eval mode. Found by mutation: neither was tested."""
+    model = sharp_model().train()
+    assert not inference_copy(model, precision).training
+    with reference_math():
+        low = inference_copy(model, precision)
+        assert low is model if precision == "fp32" else not low.training
+        assert next(low.parameters()).dtype == DTYPES[precision]
+        assert inference_copy(model, "int8").training is False
+    assert model.training  # the model's own mode untouched
+
+
+def test_packed_copies_are_made_on_an_avx2_cpu(monkeypatch):
+    """aiayn lays weights out for oneDNN on any x86 CPU with AVX2 or newer, not only AVX-512 ones
+    (found by mutation: only `make test`'s AVX2 pass caught AVX-512 required)."""
+    weight = torch.zeros(2, 2)
+    if not torch.backends.mkldnn.is_available() or not torch.backends.cpu.get_cpu_capability().startswith("AVX"):
+        pytest.skip("not an x86 CPU with oneDNN")
+    for capability in ("AVX2", "AVX512"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        assert inference.packs(weight, "fp32")
+    with reference_math():
+        assert not inference.packs(weight, "fp32")

@@ -595,3 +595,18 @@ def test_learned_positions_need_as_many_positions_as_the_longest_kept_pair_has_t
     model = Transformer(config).eval()
     longest = torch.full((1, 40), 5)  # 39 tokens + EOS, BOS + 39 tokens: the longest pair kept
     assert model(longest, longest).shape == (1, 40, config.vocab_size)
+
+
+def test_a_server_started_by_a_program_that_imported_aiayn_widens_the_kernel_cache():
+    """`import aiayn` marks the size it set (kernel_cache._OURS) beside oneDNN's variable, so that
+    a child process that inherits both (`aiayn serve` started by a script) does not take aiayn's
+    128 for the user's size, and widens the cache to SERVING_KERNEL_CACHE_CAPACITY. Found by
+    mutation: the mark left unset passed, the only test setting it itself."""
+    from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY
+
+    child = ("import os, aiayn.kernel_cache as d; d.bound_kernel_cache(d.SERVING_KERNEL_CACHE_CAPACITY); "
+             "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))")
+    parent = f"import subprocess, sys, aiayn.kernel_cache; subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_PRIMITIVE_CACHE_CAPACITY")}
+    done = subprocess.run([sys.executable, "-c", parent], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == str(SERVING_KERNEL_CACHE_CAPACITY)
