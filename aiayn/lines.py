@@ -79,11 +79,6 @@ def tsv_pairs(path: Union[str, Path]) -> Iterator[Pair]:
         raise ValueError(f"{path} is empty")
 
 
-def read_tsv(path: Union[str, Path]) -> list[Pair]:
-    """Pairs from a headerless file of `source<TAB>target` lines."""
-    return list(tsv_pairs(path))
-
-
 def aligned_pairs(src_path: Path, tgt_path: Path) -> Iterator[Pair]:
     """(line of src_path, line of tgt_path), read side by side; files of unequal length are an
     error, raised when the longer one ends."""

@@ -44,7 +44,7 @@ from aiayn.checkpoint import CONFIG, WEIGHTS, read_config
 from aiayn.tokenizer import MODEL_FILE as TOKENIZER
 from aiayn.config import ModelConfig, TrainConfig
 from aiayn.corpora import ParallelCorpus, load_corpus
-from aiayn.lines import read_lines, read_tsv
+from aiayn.lines import read_lines, tsv_pairs
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 from aiayn.run import MODEL_CONFIG, TRAIN_CONFIG, RunDir
@@ -298,11 +298,11 @@ def test_read_lines_splits_on_newline_only(base, data):
 @settings(FUZZ, max_examples=60)
 @given(data=st.one_of(fuzz_bytes, st.lists(st.tuples(line_text, line_text), min_size=1, max_size=5).map(
     lambda rows: "".join(f"{s}\t{t}\n" for s, t in rows).encode())))
-def test_read_tsv(base, data):
+def test_tsv_pairs(base, data):
     with scratch(base) as folder:
         path = folder / "pairs.tsv"
         path.write_bytes(data)
-        pairs = api(lambda: read_tsv(path))
+        pairs = api(lambda: list(tsv_pairs(path)))
         if not isinstance(pairs, Exception):
             assert len(pairs) == count_lines(data)
             assert all(len(pair) == 2 and "\t" not in pair[0] + pair[1] for pair in pairs)
