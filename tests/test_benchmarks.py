@@ -1,6 +1,7 @@
 """The benchmark scripts' own mistakes of use: like aiayn's commands, a missing input is one line
 and a non-zero exit, not a traceback (found in review: three of them raised FileNotFoundError)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,21 @@ def test_train_memory_writes_its_results_beside_its_out_not_over_the_repository_
 
     assert results_file(Path("/tmp/x/memory.png")) == Path("/tmp/x/memory.json")
     assert results_file(None) == RESULTS / f"train-memory-{cpu_kind()}.json"
+
+
+def test_the_gpu_session_script_runs_tests_scripts_and_flags_that_exist():
+    """benchmarks/gpu_session.sh runs on a GPU lent for minutes, seldom: a test renamed or a flag
+    dropped since it last ran would cost that machine's time. It parses, every test it names is
+    in tests/test_cuda.py, and every benchmark it calls exists and defines each flag it is given."""
+    script = BENCHMARKS / "gpu_session.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    cuda_tests = (BENCHMARKS.parent / "tests" / "test_cuda.py").read_text()
+    named = re.findall(r"tests/test_cuda\.py::(\w+)", text)
+    assert named and all(f"def {name}(" in cuda_tests for name in named)
+    calls = [(name, re.findall(r"\s(--[a-z][a-z-]*)", case)) for case in text.split('case "$what" in')[1].split(";;")
+             for name in re.findall(r"benchmarks/(\w+)\.py", case)]  # each part of the `case` one call
+    assert {name for name, _ in calls} >= {"speed", "profile_train", "decode_mix", "profile_decode"}
+    for name, flags in calls:
+        source = (BENCHMARKS / f"{name}.py").read_text()
+        assert flags and all(f'"{flag}"' in source for flag in flags), (name, [f for f in flags if f'"{f}"' not in source])
