@@ -360,12 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:  # said by the parser of the command they were given to, whose --help lists its options
-        words = list(sys.argv[1:] if argv is None else argv)
-        given_to = parser if words.index(unknown[0]) < words.index(args.command) else args.parser
-        given_to.error(f"unrecognized arguments: {' '.join(unknown)}")
+    parser, words = build_parser(), list(sys.argv[1:] if argv is None else argv)
+    if words[:1] and words[0].startswith("-") and words[0] not in ("-h", "--help", "--version"):  # `aiayn --beam 4 translate`
+        parser.error(f"unrecognized arguments: {words[0]} before the command (its options follow it: aiayn COMMAND {words[0]} ...)")
+    args, unknown = parser.parse_known_args(words)
+    if unknown:  # after the command (above: before it): said by its parser, whose --help lists its options
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so that partial outputs are reported.
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     try:

@@ -91,7 +91,9 @@ def test_a_resumed_run_refuses_a_preset_of_another_model_or_training(tmp_path, m
                                         (["train", "--out", "r", "--lr", "5e-4"], "unrecognized arguments: --lr 5e-4"),
                                         (["translate", "run", "--bea", "5"], "unrecognized arguments: --bea 5"),
                                         (["corpus", "export", "bible-en-es", "--out", "d", "--spilt"], "arguments: --spilt"),
-                                        (["--verbose", "train", "--out", "r"], "unrecognized arguments: --verbose")])
+                                        (["--verbose", "train", "--out", "r"], "unrecognized arguments: --verbose"),
+                                        # was "invalid choice: '4'" (found by a newcomer's run of the README)
+                                        (["--beam", "4", "translate", "run"], "--beam before the command (its options follow it")])
 def test_a_mistake_the_parser_finds_is_one_line_too(capsys, argv, says):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
