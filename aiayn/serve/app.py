@@ -269,7 +269,7 @@ def _read_request(body: TranslateRequest, tokenizer, limits: ServeOptions, text_
     name = [f"sentence {u - owner.index(owner[u]) + 1} of text {owner[u] + 1}" if rest else f"text {u + 1}"
             for u in range(len(units))]
     shown = [visible(unit) for unit in units]  # "" for a unit with nothing to translate
-    sources = tokenizer.encode_batch(shown)
+    sources = tokenizer.encode_batch(shown, threads=1)  # on the event loop: a request's few texts, no pool of threads
     for u, ids in enumerate(sources):
         if len(ids) > limits.max_input_tokens:
             raise HTTPException(422, f"{name[u]} has {len(ids)} tokens; the limit is {limits.max_input_tokens}")
@@ -417,7 +417,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
             "batching": {"max_wait_ms": max_wait_ms, "continuous": True, "workers": len(batcher.lanes)},
         }
 
-    def admit_bearer(request: Request) -> None:
+    async def admit_bearer(request: Request) -> None:  # async: FastAPI runs a plain def on a thread of its pool
         """aiayn's own API takes its key from `Authorization: Bearer KEY` or `?api_key=`: checked,
         as a dependency, before the body is (a request without a key learns 403, not 422)."""
         key = bearer_key(request.headers)

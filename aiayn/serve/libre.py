@@ -251,7 +251,7 @@ def page_translator(tokenizer, batcher, limits, text_bytes, lang: str):
         if len(pieces) > limits.max_queue:
             raise HTTPException(400, f"Invalid request: {len(pieces)} sentences in one "
                                      f"request; this server takes at most {limits.max_queue} (max_queue)")
-        sources = tokenizer.encode_batch([piece.strip() for piece in pieces])
+        sources = tokenizer.encode_batch([piece.strip() for piece in pieces], threads=1)  # as aiayn's own API (app.py)
         options = Options(max(SECTION_6_1.beam, alternatives + 1), SECTION_6_1.alpha, alternatives=alternatives)
         for number, ids in enumerate(sources, start=1):
             if len(ids) > limits.max_input_tokens:
