@@ -73,7 +73,8 @@ def test_piece_to_id_inverts_id_to_piece(trained):
 def test_encode_batch_equals_encode(trained):
     tokenizer, _ = trained
     texts = ENGLISH + SPANISH + ["", "你好"]
-    assert tokenizer.encode_batch(texts) == [tokenizer.encode(t) for t in texts]
+    for threads in (-1, 1, 2):  # 1: text by text, as a server encodes a request's (no pool of threads)
+        assert tokenizer.encode_batch(texts, threads) == [tokenizer.encode(t) for t in texts]
 
 
 def test_training_is_deterministic(tmp_path, trained):
@@ -152,6 +153,8 @@ def test_marian_targets_are_encoded_with_the_target_model_and_its_vocabulary_nee
         assert tokenizer.encode_target_batch([text])[0] == expected
         assert tokenizer.decode(expected + [tokenizer.eos_id, tokenizer.pad_id]) == text
     assert tokenizer.encode_target_batch(SPANISH) != tokenizer.encode_batch(SPANISH)
+    for batch in (tokenizer.encode_batch, tokenizer.encode_target_batch):  # text by text, as a server encodes them
+        assert batch(ENGLISH + SPANISH, threads=1) == batch(ENGLISH + SPANISH, threads=-1)
     for special in ("<pad>", "</s>", "<unk>"):
         (tmp_path / "vocab.json").write_text(json.dumps({k: v for k, v in vocab.items() if k != special}))
         with pytest.raises(ValueError, match=f"vocab.json lacks the special token {special}"):
