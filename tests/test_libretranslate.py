@@ -585,3 +585,61 @@ def test_a_request_takes_from_its_key_and_its_address_and_a_bucket_partly_refill
         admission.admit("a", None)
     assert refused.value.status_code == 429 and refused.value.headers["Retry-After"] == "10"
 
+
+
+def test_format_defaults_to_text_and_query_parameters_with_q_anywhere_are_libretranslates(server, translator):
+    """Found by mutation: an html default, and a query whose q is not its first field sent to aiayn's
+    route (a 422), passed."""
+    """No format is text, not html; a POST whose fields are all in the query goes to
+    LibreTranslate's route wherever q stands among them (found by mutation: both passed)."""
+    text = "the <b>cat</b> &amp; the dog"
+    answers = {}
+    for fmt in (None, "text", "html"):
+        fields = {"q": text, "source": "en", "target": "es", **({"format": fmt} if fmt else {})}
+        status, answer, _ = request(server.port, "POST", "/translate", fields)
+        assert status == 200, answer
+        answers[fmt] = answer["translatedText"]
+    assert answers[None] == answers["text"] != answers["html"] and "<b>" in answers["html"]
+    status, answer, _ = request(server.port, "POST", "/translate?source=en&target=es&q=the%20cat", b"")
+    assert status == 200 and answer == {"translatedText": translator.translate(["the cat"])[0]}
+
+
+def test_frontend_settings_and_languages_by_get_and_post(server):
+    """LibreTranslate's frontend reads every field of /frontend/settings, and clients POST /languages
+    too (found by mutation: the settings had no test, POST /languages none either)."""
+    """/frontend/settings as LibreTranslate's frontend reads it, and /languages by either method
+    (found by mutation: neither had a test)."""
+    status, settings, _ = request(server.port, "GET", "/frontend/settings")
+    assert status == 200
+    assert settings["language"] == {"source": {"code": "en", "name": "English"},
+                                    "target": {"code": "es", "name": "Spanish"}}
+    assert settings["charLimit"] == -1 and settings["keyRequired"] is False and settings["apiKeys"] is False
+    assert settings["suggestions"] is False and settings["filesTranslation"] is False
+    assert settings["supportedFilesFormat"] == []
+    pair = [{"code": "en", "name": "English", "targets": ["es"]}, {"code": "es", "name": "Spanish", "targets": []}]
+    assert request(server.port, "GET", "/languages")[:2] == request(server.port, "POST", "/languages")[:2] == (200, pair)
+
+
+def test_with_keys_the_key_comes_first_may_be_in_the_query_and_settings_say_one_is_needed(model_dir, tmp_path, translator):
+    """A request without a key learns 403 before anything about its fields (and is charged to its
+    address); a key may come in the query beside a JSON body, on both APIs (found by mutation: the
+    key checked after the fields, a JSON body dropping the query's key and aiayn's ?api_key=
+    ignored passed)."""
+    """With --api-keys: a request without a key is a 403 whatever else is wrong with it (as
+    LibreTranslate checks it first); `?api_key=` is taken beside a JSON body, on both APIs; and
+    /frontend/settings tells the frontend to ask for a key (found by mutation: each passed)."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("secret\n")
+    with ServerProcess(model_dir, "--source-lang", "en", "--target-lang", "es", "--api-keys", str(keys)) as server:
+        for path, body in (("/translate", {"q": "the cat", "target": "fr"}), ("/translate", {"target": "es"}),
+                           ("/detect", {"source": "en"})):
+            assert request(server.port, "POST", path, body)[:2] == (403, {"error": "Please provide an API key (api_key)"}), body
+        status, answer, _ = request(server.port, "POST", "/translate?api_key=secret",
+                                    {"q": "the cat", "source": "en", "target": "es"})
+        assert status == 200 and answer == {"translatedText": translator.translate(["the cat"])[0]}
+        status, answer, _ = request(server.port, "POST", "/detect?api_key=secret", {"q": "the cat"})
+        assert status == 200 and answer[0]["language"] == "en"
+        status, answer, _ = request(server.port, "POST", "/translate?api_key=secret", {"text": "the cat"})
+        assert status == 200 and answer == {"translations": translator.translate(["the cat"])}
+        status, settings, _ = request(server.port, "GET", "/frontend/settings")
+        assert status == 200 and settings["keyRequired"] is True and settings["apiKeys"] is True

@@ -1326,3 +1326,13 @@ def test_the_cost_of_a_text_is_counted_as_the_docstrings_say():
     assert attention_bytes(config, 3, 5) == 2 * 4 * (s * s + t * t + t * s) * ATTENTION_VALUE_BYTES
     one = (s + t) * 2 * 2 * 16 * CACHE_BYTES["fp32"] + LOGIT_ROWS * 100 * 4
     assert decoding_bytes(config, "fp32", 3, 5, 1) == one and decoding_bytes(config, "fp32", 3, 5, 4) == 4 * one
+
+
+def test_libretranslates_routes_on_a_server_that_does_not_know_its_languages(server):
+    """Found by mutation: a 500, a made-up language and an empty /detect passed."""
+    """No --source-lang/--target-lang: /languages lists nothing, /translate and /detect are 400s
+    that say how to start the server (found by mutation: none of it had a test)."""
+    assert request(server, "GET", "/languages")[:2] == (200, [])
+    for path, fields in (("/translate", {"q": "the cat", "target": "es"}), ("/detect", {"q": "the cat"})):
+        status, answer, _ = request(server, "POST", path, fields)
+        assert status == 400 and set(answer) == {"error"} and "--source-lang" in answer["error"], (path, answer)
