@@ -95,25 +95,25 @@ def aligned_pairs(src_path: Path, tgt_path: Path) -> Iterator[Pair]:
         raise ValueError(f"{src_path} is empty")
 
 
-def open_input(path: Optional[str]) -> tuple[BinaryIO, str]:
-    """(binary handle, name for messages) of an input file, or of stdin for none or "-"."""
-    if path is None or path == "-":
-        return sys.stdin.buffer, "stdin"
-    try:
-        return open(path, "rb"), path
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no such file: {path}") from None
-
-
 def check_input(path: Optional[str]) -> None:
-    """Refuse an input file that `open_input` could not open, with its error, without opening it
-    (a named pipe opened and closed would lose what its writer sent)."""
+    """Refuse an input file (not stdin: none or "-") that is a folder or missing, without opening
+    it: a command may say so before other checks (a named pipe opened and closed would lose what
+    its writer sent)."""
     if path is None or path == "-":
         return
     if Path(path).is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file: {path}")
+
+
+def open_input(path: Optional[str]) -> tuple[BinaryIO, str]:
+    """(binary handle, name for messages) of an input file, checked by `check_input`, or of stdin
+    for none or "-"."""
+    if path is None or path == "-":
+        return sys.stdin.buffer, "stdin"
+    check_input(path)
+    return open(path, "rb"), path
 
 
 def visible(text: str) -> str:
