@@ -4,7 +4,7 @@
 should not grow with the file. This command makes a small random model with a real tokenizer
 (nothing is downloaded), writes inputs of --lines lines, and runs `aiayn translate` on each in a
 fresh process, --reps times in interleaved order. The child reports its own peak resident set
-(VmHWM). Writes results/translate-memory-cpu.json; the docs quote the medians.
+(VmHWM). Writes results/translate-memory-KIND.json (KIND: the CPU kind, aiayn.device.cpu_kind); the docs quote the medians.
 
     python benchmarks/translate_memory.py                    # 2,000 and 20,000 lines, 3 reps
     python benchmarks/translate_memory.py --lines 1000 100000 --reps 1
@@ -25,7 +25,7 @@ import torch
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
-from common import RESULTS, command_line, default_threads, machine, parse_args, positive_int, spread, write_results
+from common import RESULTS, command_line, cpu_kind, default_threads, machine, parse_args, positive_int, spread, write_results
 
 WORDS = "the a small big red blue cat dog bird fish sees likes eats finds near under over with river".split()
 
@@ -68,7 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=positive_int, nargs="+", default=[2000, 20000], help="input sizes, in lines")
     parser.add_argument("--reps", type=positive_int, default=3, help="repetitions of every size, interleaved")
-    parser.add_argument("--out", type=Path, default=RESULTS / "translate-memory-cpu.json")
+    parser.add_argument("--out", type=Path, help="result file (default results/translate-memory-KIND.json)")
     args = parse_args(parser)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -87,7 +87,7 @@ def main() -> None:
         "peak_mib": {str(lines): spread(values) for lines, values in peaks.items()},
         "runs": {str(lines): values for lines, values in peaks.items()},
     }
-    write_results(args.out, results)
+    write_results(args.out or RESULTS / f"translate-memory-{cpu_kind()}.json", results)
     print(json.dumps(results["peak_mib"], indent=1))
 
 

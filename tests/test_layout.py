@@ -185,7 +185,8 @@ def test_function_sizes():
 
 def test_every_test_the_docs_cite_exists():
     """docs/robustness.md backs each row with the tests that hold it: a test renamed or removed
-    leaves a row that no test holds, which reads as if one did."""
+    leaves a row that no test holds, which reads as if one did. There a test without its file is
+    in tests/test_faults.py, as the page says (found in review: about 70 names were in other files)."""
     import re
 
     root = PACKAGE.parent
@@ -194,7 +195,8 @@ def test_every_test_the_docs_cite_exists():
     every = set().union(*defined.values())
     wrong = []
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        unnamed = defined["test_faults.py"] if doc.name == "robustness.md" else every
         for file, name in re.findall(r"\b(?:(test_\w+\.py)::)?(test_\w+)\b(?!\.py)", doc.read_text(encoding="utf-8")):
-            if (name not in defined.get(file, ())) if file else (name not in every and f"{name}.py" not in defined):
+            if (name not in defined.get(file, ())) if file else (name not in unnamed and f"{name}.py" not in defined):
                 wrong.append(f"{doc.name}: {file + '::' if file else ''}{name}")
     assert not wrong, "\n".join(wrong)
