@@ -26,7 +26,7 @@ from aiayn.config import (
     ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions, TranslateFileOptions, check_options, decode_field_problem, preset, recipe,
 )
 from aiayn import __version__
-from aiayn.errors import Terminated, ask_for_less, command_line_message, environment_count, out_of_memory
+from aiayn.errors import ClosedStdout, Terminated, ask_for_less, command_line_message, environment_count, out_of_memory
 
 
 class UserError(Exception):
@@ -368,6 +368,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so that partial outputs are reported.
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    sys.stdout = sys.stdout or ClosedStdout()
     try:
         args.run(args)  # PyTorch loads here, under the handlers: a Ctrl-C while it loads is one line too
         if (device := sys.modules.get("aiayn.device")) is not None:  # (none loaded: no torch, no group)

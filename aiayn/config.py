@@ -533,6 +533,10 @@ MAX_OUTPUT_LEN = 1024  # the longest output a request to `aiayn serve` may ask f
 MAX_WAIT_MS_LIMIT = 10_000.0  # the most a server's max_wait_ms may be: a lone request waits that long at worst
 
 
+# The names a shell user gives standard output by: the lines go to stdout, as without --output.
+STDOUT_NAMES = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+
+
 @dataclass(frozen=True, kw_only=True)
 class FileDecodeOptions:
     """`aiayn translate` and `aiayn parse`: one sentence a line, streamed through a model."""
@@ -546,7 +550,7 @@ class FileDecodeOptions:
     force: bool = _option(False, "replace an existing --output")
 
     def __post_init__(self) -> None:
-        if self.output == "-":  # as --input - is stdin
+        if self.output in STDOUT_NAMES:  # as --input - is stdin (found in review: --force renamed a file over /dev/stdout)
             object.__setattr__(self, "output", None)
         if self.output is not None and (not self.output or self.output.endswith("/") or Path(self.output).name in ("", ".", "..")):
             raise ValueError(f"--output names a file (or - for stdout), got {self.output!r}")  # "" went to stdout
@@ -827,7 +831,7 @@ def check_options(options) -> None:
     for f in dataclasses.fields(options):
         value, meta = getattr(options, f.name), f.metadata
         if f.name == "out" and value == "":  # would be the current folder (found in review)
-            raise ValueError("--out is empty: name the folder or file to write")
+            raise ValueError(f"{meta.get('metavar', '--out')} is empty: name the folder or file to write")
         if f.name == "corpus" and value == "":  # was read as the current folder (found in review)
             raise ValueError("--corpus is empty: name a corpus, or its file or folder")
         if meta.get("language") and value is not None and not is_language_code(value):

@@ -23,6 +23,7 @@ its greedy tokens equal.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import tempfile
 import zipfile
@@ -185,6 +186,8 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     The languages are the run's, unless given. Argos splits sentences itself, with a model it
     downloads on first use (MiniSBD), or with spaCy (ARGOS_CHUNK_TYPE=SPACY) from a pipeline in
     the package's spacy/ folder (benchmarks/libretranslate_load.py adds one)."""
+    if str(out_file).endswith(("/", os.sep)):  # Path drops the slash: a file of that name was written (found in review)
+        raise ValueError(f"{out_file} ends in /, a folder's name; the package is one file, such as en_de.argosmodel")
     model_dir, out_file = said_model_dir(model_path), Path(out_file)
     refuse_to_replace(out_file, force, inputs=model_inputs(model_path), folder=False, kept=run_files(out_file))
     source, target = _package_languages(model_path, source_lang, target_lang)

@@ -12,7 +12,8 @@ from typing import Callable
 
 from aiayn.checkpoint import WEIGHTS
 from aiayn.config import AttentionOptions, DecodeConfig, FileDecodeOptions, TranslateFileOptions
-from aiayn.files import PartialOutput, file_sha256, refuse_to_replace
+from aiayn.files import file_sha256, refuse_to_replace
+from aiayn.resumable import PartialOutput
 from aiayn.graphs import GraphedStep
 from aiayn.lines import check_input, iter_lines, open_input, visible
 from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
@@ -82,7 +83,7 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         translator = Translator.load(options.run_dir, options.device, decode)  # the fp32 weights are let go
         source, name = open_input(options.input)
         total = None
-        if source is not sys.stdin.buffer:
+        if source is not sys.stdin.buffer and source.seekable():  # a named pipe is read once, uncounted (found in review)
             total = _count_lines(source) - skip
             if total < 0:
                 raise ValueError(f"{out.partial} holds {skip} lines but {name} has {total + skip}: "

@@ -34,7 +34,9 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ValueError(f"device {name!r} asked for, but this machine has no CUDA GPU")
     if device.type not in ("cpu", "cuda"):  # mps, xpu, meta ...: names PyTorch knows, aiayn does not run on
         raise ValueError(f"aiayn runs on a CPU or a CUDA GPU, not on {name!r}; use auto, cpu, cuda or cuda:N")
-    return device
+    # One CPU: PyTorch takes cpu:0 for it, safetensors did not (found in review: translate named
+    # the weights' file as the fault, where train had run on it).
+    return torch.device("cpu") if device.type == "cpu" else device
 
 
 @functools.lru_cache(maxsize=None)

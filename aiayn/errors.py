@@ -8,6 +8,7 @@ needed, a folder that does not exist, an allocation that failed.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
 from pathlib import Path
@@ -17,6 +18,16 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's notice, `kill`), unwinding as Ctrl-C does so that what was done is
     kept and said; the command line then exits 143 (128 + SIGTERM), as a process that SIGTERM ended,
     where Ctrl-C gives 130."""
+
+
+class ClosedStdout(io.TextIOBase):
+    """sys.stdout of a process started with its standard output closed (`aiayn info >&-`), where
+    Python has None: print() then drops every line and the command exits 0, and a translation's
+    write is an AttributeError (found in review). A write here fails as a user's mistake."""
+
+    def write(self, text: str) -> int:
+        raise OSError("standard output is closed (>&-): the results have nowhere to go; leave it open, "
+                      "or give an output file where the command takes one")
 
 
 def os_error_message(error: OSError) -> str:

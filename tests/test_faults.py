@@ -538,6 +538,11 @@ def test_force_never_puts_a_folder_where_a_file_is_nor_a_file_where_a_folder_is(
     one_line_error(*cli(capsys, "export-argos", model_dir, folder, "--source-lang", "en", "--target-lang", "es",
                         "--force")[::2], "is a folder, and this output is a file")
     assert data.read_text() == "mine\n" and (folder / "inside").is_dir()
+    # found in review: OUT/ (a folder meant) wrote a package file named OUT; OUT "" was called --out
+    one_line_error(*cli(capsys, "export-argos", model_dir, f"{tmp_path / 'pkg'}/", "--source-lang", "en", "--target-lang",
+                        "es")[::2], "pkg/ ends in /, a folder's name; the package is one file")
+    assert not (tmp_path / "pkg").exists()
+    one_line_error(*cli(capsys, "export-ct2", model_dir, "")[::2], "OUT is empty: name the folder or file to write")
 
 
 def test_an_argos_package_of_one_language_is_refused(tmp_path, model_dir, capsys):

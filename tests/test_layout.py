@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "aiayn"
 
 # The layer order, written once: a module may import from its own layer and the ones below it.
 LAYERS = {
-    "base": ["files", "lines", "device", "kernel_cache", "errors"],
+    "base": ["files", "resumable", "lines", "device", "kernel_cache", "errors"],
     "paper": ["config", "flops", "optim", "loss", "kernels", "train_kernels", "inference", "attention", "cache", "model", "graphs", "search", "tokenizer",
               "checkpoint", "parsing", "corpora", "batching"],
     "application": ["run", "store", "prepare", "sentences", "translate", "decode_files", "evaluate", "train", "marian", "ct2", "visualize"],

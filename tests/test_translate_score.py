@@ -1,8 +1,10 @@
 """`aiayn translate`, `aiayn score` and `aiayn attention` on a small model made here."""
 
 import dataclasses
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -520,3 +522,39 @@ def test_a_loss_plot_marks_losses_that_are_not_finite_and_skips_values_that_are_
         fig.canvas.draw()
     finally:
         plt.close(fig)
+
+
+def test_outputs_and_inputs_a_shell_names_by_device(tmp_path, model_dir):
+    """Found in review: `--output /dev/stdout --force` renamed the translation over the /dev/stdout
+    link (stdout a file), and without --force it was refused as existing; a named pipe (`<(...)`,
+    a FIFO) as --input failed on a seek for the progress bar's count, and its digest would have
+    read it up; `>&-` gave a traceback (translate) or exit 0 with the results dropped (info)."""
+    (tmp_path / "in.txt").write_text("the small cat\na red bird\n", encoding="utf-8")
+    expected = aiayn("translate", model_dir, "--input", tmp_path / "in.txt")
+    assert expected.returncode == 0 and expected.stdout.count("\n") == 2
+    for name in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
+        with open(tmp_path / "so.txt", "w") as stdout:  # stdout a regular file: the link resolves to it
+            done = subprocess.run([sys.executable, "-m", "aiayn", "translate", str(model_dir), "--input",
+                                   str(tmp_path / "in.txt"), "--output", name], stdout=stdout, stderr=subprocess.PIPE,
+                                  text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "so.txt").read_text(encoding="utf-8") == expected.stdout and Path("/dev/stdout").is_symlink()
+    with open(tmp_path / "se.txt", "w") as stderr:  # stderr a regular file, which --force would replace the link by
+        device = subprocess.run([sys.executable, "-m", "aiayn", "translate", str(model_dir), "--input", str(tmp_path / "in.txt"),
+                                 "--output", "/dev/stderr", "--force"], stderr=stderr, timeout=300)
+    assert device.returncode == 2 and Path("/dev/stderr").is_symlink()
+    assert "/dev/stderr is not a regular file or folder (a device, a pipe, a device's name)" in (tmp_path / "se.txt").read_text(encoding="utf-8")
+    fifo = tmp_path / "lines.fifo"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"cat '{tmp_path / 'in.txt'}' > '{fifo}'"])
+    piped = aiayn("translate", model_dir, "--input", fifo, "--output", tmp_path / "out.txt")
+    writer.wait(timeout=60)
+    assert piped.returncode == 0, piped.stderr
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == expected.stdout
+    for argv in (("translate", model_dir, "--input", tmp_path / "in.txt"), ("info",)):
+        closed = subprocess.run([sys.executable, "-m", "aiayn", *map(str, argv)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, timeout=300, pass_fds=(),
+                                preexec_fn=lambda: os.close(1))
+        assert closed.returncode == 2 and closed.stderr.startswith("aiayn: error: standard output is closed"), closed.stderr
+    on_cpu0 = aiayn("translate", model_dir, "--input", tmp_path / "in.txt", "--device", "cpu:0")  # as train took it
+    assert on_cpu0.returncode == 0 and on_cpu0.stdout == expected.stdout, on_cpu0.stderr
