@@ -33,11 +33,19 @@ TRAINER = "trainer.json"
 STEP_KEY = "step"  # of the weights' safetensors metadata: the training step they are of
 
 
-def save_model(model: torch.nn.Module, directory: Union[str, Path], step: Optional[int] = None) -> None:
-    """Write `model.safetensors` and `config.json` into `directory` (created if missing); `step`,
-    the training step of the weights, goes into the safetensors header's metadata."""
+def save_model(model: torch.nn.Module, directory: Union[str, Path], step: Optional[int] = None, force: bool = False) -> None:
+    """Write `model.safetensors` and `config.json` into `directory` (created if missing), beside
+    what else it holds (a tokenizer); `step`, the training step of the weights, goes into the
+    safetensors header's metadata. A model there already is replaced only with `force` (found in
+    review: `Transformer.save` replaced a run's model/ without a word, its tokenizer left beside)."""
     directory = Path(directory)
+    held = [name for name in (WEIGHTS, CONFIG) if (directory / name).exists()]
+    if held and not force:
+        raise FileExistsError(f"{directory} holds a model already ({held[0]}); pass force=True to replace it")
     metadata = None if step is None else {STEP_KEY: str(step)}
+    # A crash between the two files leaves the new weights without a config, not beside the old
+    # one, which might pass for theirs (found in review).
+    (directory / CONFIG).unlink(missing_ok=True)
     atomic_write(directory / WEIGHTS, lambda tmp: _save_safetensors(model, tmp, metadata=metadata))
     write_json(directory / CONFIG, {"architecture": type(model).__name__, **model.config.to_dict()})
 
@@ -57,7 +65,10 @@ def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:
     """(architecture name, ModelConfig) from `directory/config.json`, with one-line errors."""
     path = Path(directory) / CONFIG
     if not path.is_file():
-        raise FileNotFoundError(f"no {CONFIG} in {directory}: not an aiayn model folder")
+        inner = sorted((config.parent.name != "model", config.parent.name) for config in Path(directory).glob(f"*/{CONFIG}"))
+        raise FileNotFoundError(f"no {CONFIG} in {directory}: not an aiayn model folder" + (  # (found in review: a run folder)
+            f"; it holds one, {Path(directory) / inner[0][1]}" if inner else "") + (
+            " (a run's final model: Translator.load takes the run folder whole)" if inner and not inner[0][0] else ""))
     values = read_json(path)
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a JSON object")

@@ -319,8 +319,8 @@ class _Model(nn.Module):
 
     config: ModelConfig
 
-    def save(self, directory: Union[str, Path]) -> None:
-        save_model(self, directory)
+    def save(self, directory: Union[str, Path], force: bool = False) -> None:
+        save_model(self, directory, force=force)  # (aiayn.checkpoint: beside a tokenizer; a model there only with force)
 
     @classmethod
     def load(cls, directory: Union[str, Path], device: Union[str, torch.device] = "cpu"):

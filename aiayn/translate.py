@@ -61,6 +61,14 @@ class ModelStep:
 decoding_model = inference_copy
 
 
+def check_progress(progress: Optional[object]) -> None:
+    """A progress bar is something with tqdm's `update` (found in review: progress="yes" was an
+    AttributeError after the first batch was decoded)."""
+    if progress is not None and not callable(getattr(progress, "update", None)):
+        raise TypeError(f"progress takes a tqdm bar (Translator.translate: or True, for one of its own), not a "
+                        f"{type(progress).__name__}")
+
+
 def translate_ids(
     model: Transformer,
     sources: Sequence[Sequence[int]],
@@ -97,6 +105,7 @@ def translate_nbest(
                         "keywords (beam=2)")
     decode = dataclasses.replace(decode, **changes) if changes else decode
     check_sources(sources)
+    check_progress(progress)
     config = model.config
     check_beam(config, decode.beam)
     device = next(model.parameters()).device
@@ -335,6 +344,7 @@ def translate_stream(
     """
     if split and n_best > 1:
         raise ValueError("n_best needs whole lines: the sentences of a paragraph have no alternatives together")
+    check_progress(progress)
     decode = dataclasses.replace(decode, **changes) if changes else decode
     limit = input_token_limit(model.config, max_input_tokens)
     decoder = decoding_model(model, decode.precision)  # cast once, not per chunk
@@ -414,11 +424,11 @@ class Translator:
     def translate_ids(self, sources: Sequence[Sequence[int]], progress: Optional[object] = None, **changes) -> list[list[int]]:
         """Output ids of each source (ids without EOS), in input order; `changes` replace fields of
         the decoding settings for this call (not the precision: the copy is made)."""
-        return translate_ids(self.model, sources, self.decode, progress, **changes)
+        return translate_ids(self.model, sources, self.decode, progress, **self._changes(changes))
 
     def translate_nbest(self, sources: Sequence[Sequence[int]], n_best: int, **changes) -> list[list[list[int]]]:
         """The `n_best` best outputs of each source, best first (aiayn.translate.translate_nbest)."""
-        return translate_nbest(self.model, sources, self.decode, None, n_best, **changes)
+        return translate_nbest(self.model, sources, self.decode, None, n_best, **self._changes(changes))
 
     def translate(self, sentences: Sequence[str], progress: Optional[object] = None, **changes) -> list[str]:
         """Detokenized translations of `sentences` (a list of strings), in order; `progress` (a
@@ -430,9 +440,24 @@ class Translator:
 
             with tqdm(total=len(sentences), desc="translate", unit="sentence") as bar:
                 return self.translate(sentences, bar, **changes)
-        texts = [visible(s) if isinstance(s, str) else s for s in sentences]  # (not a string: SentencePiece says so)
+        wrong = next((s for s in sentences if not isinstance(s, str)), None)
+        if wrong is not None:  # (found in review: SentencePiece's "List elements must be str or bytes")
+            raise TypeError(f"translate takes a list of strings, not of {type(wrong).__name__}: {wrong!r}"[:200])
+        texts = [visible(s) for s in sentences]
         outputs = self.translate_ids(self.tokenizer.encode_batch(texts), progress or None, **changes)
         return [self.tokenizer.decode(ids) for ids in outputs]
+
+    def _changes(self, changes: dict) -> dict:
+        """A call's settings: single fields; the precision is the copy's, made once (found in
+        review: decode= was a TypeError of 'multiple values', precision= blamed the copy)."""
+        if "decode" in changes:
+            raise TypeError("a Translator decodes with the settings it was made with: give a call's changes as "
+                            "keywords (beam=2), or make a Translator with decode=DecodeConfig(...)")
+        if changes.get("precision", self.decode.precision) != self.decode.precision:
+            raise ValueError(f"this Translator decodes in {self.decode.precision}, with a copy of the model made once; "
+                             f"for {changes['precision']}: Translator.load(path, decode=DecodeConfig(precision="
+                             f"{changes['precision']!r}))")
+        return changes
 
     def _check_text_input(self, texts, method: str, instead: str) -> None:
         if isinstance(texts, str):  # else each character would be a sentence

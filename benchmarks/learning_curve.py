@@ -123,7 +123,7 @@ def initial_weights(name: str, run: Path, data: Path) -> Optional[Path]:
         with torch.no_grad():
             torch.nn.init.xavier_uniform_(embedding.weight)
             embedding.weight[model.config.pad_id] = 0
-        model.save(folder)
+        model.save(folder, force=True)  # (a folder a kill left without its tokenizer)
         Tokenizer.load(data).save(folder)
     return folder
 

@@ -200,3 +200,34 @@ def test_configs_take_paths_and_numpys_numbers_as_what_they_are():
 
     with pytest.raises(ValueError, match=r"d_model must be an integer, got Fraction\(512, 1\)"):  # (it said 512.0)
         ModelConfig(d_model=Fraction(512))
+
+
+def test_a_translators_calls_and_a_models_folder_say_what_to_do(tmp_path):
+    """Found in review: decode= in a call was a TypeError of 'multiple values', precision= blamed
+    the copy, progress="yes" an AttributeError after a batch was decoded, a list of numbers
+    SentencePiece's words; Transformer.load of a run folder did not point at its model; save()
+    replaced a run's model without a word."""
+    from aiayn.config import DecodeConfig
+
+    folder = make_model(tmp_path / "run" / "model")
+    translator = Translator.load(folder, "cpu")
+    with pytest.raises(TypeError, match=r"give a call's changes as keywords \(beam=2\)"):
+        translator.translate(["the cat"], decode=DecodeConfig(beam=2))
+    with pytest.raises(ValueError, match=r"decodes in fp32.*Translator.load\(path, decode=DecodeConfig\(precision='int8'\)\)"):
+        translator.translate_ids([[5, 6]], precision="int8")
+    assert translator.translate(["the cat"], precision="fp32", beam=2) == translator.translate(["the cat"], beam=2)
+    with pytest.raises(TypeError, match="progress takes a tqdm bar .*not a str"):
+        translator.translate(["the cat"], progress="yes")
+    with pytest.raises(TypeError, match="progress takes a tqdm bar"):
+        translate_ids(translator.model, [[5, 6]], progress=1)
+    with pytest.raises(TypeError, match="a list of strings, not of int: 1"):
+        translator.translate([1, 2])
+    with pytest.raises(FileNotFoundError, match=r"it holds one, .*run/model \(a run's final model"):
+        Transformer.load(tmp_path / "run")
+    weights = (folder / "model.safetensors").read_bytes()
+    other = Transformer(dataclasses.replace(translator.config, d_ff=translator.config.d_ff * 2))
+    with pytest.raises(FileExistsError, match=r"holds a model already \(model.safetensors\); pass force=True"):
+        other.save(folder)
+    assert (folder / "model.safetensors").read_bytes() == weights
+    other.save(folder, force=True)
+    assert Transformer.load(folder).config.d_ff == translator.config.d_ff * 2
