@@ -113,8 +113,16 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
         raise FileExistsError(f"{path} already exists (a symbolic link to {os.readlink(path)}, which does not); "
                               "pass --force (in Python: force=True) to replace it")
     if not force and path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise FileExistsError(f"{path} already exists; pass --force (in Python: force=True) to replace it")
+        raise FileExistsError(f"{path} already exists; pass --force (in Python: force=True) to replace it"
+                              + (f" whole, with all it holds: {_listing(path)}" if path.is_dir() else ""))
     _check_writable(out.parent)
+
+
+def _listing(folder: Path, most: int = 3) -> str:
+    """What a folder holds, said briefly: what --force would delete with it (found in review: a
+    folder of the user's own, not an earlier output, was named only)."""
+    names = sorted(entry.name + "/" * entry.is_dir() for entry in folder.iterdir())
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _check_writable(folder: Path) -> None:

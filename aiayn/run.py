@@ -245,6 +245,11 @@ class RunDir:
                 raise FileNotFoundError(f"{folder} lacks {lacks} (it holds {has[0]}): a model folder holds both")
         if (self.path / EXPERIMENT).exists():  # (found in review: said as any folder)
             raise FileNotFoundError(f"{self.path} is a Table 3 experiment: give one of its rows, e.g. {self.path / 'base'}")
+        if self.path.is_file():  # a path one level too deep (found in review: said as any folder)
+            raise FileNotFoundError(f"{self.path} is a file: give the model folder that holds it, {self.path.parent}")
+        if self.path.name == CHECKPOINTS and (steps := RunDir(self.path.parent).checkpoints()):
+            raise FileNotFoundError(f"{self.path} holds a run's checkpoints: give the run, {self.path.parent}, or one "
+                                    f"of them, e.g. {steps[-1]}")
         raise FileNotFoundError(f"{self.path} is neither a model folder nor a run folder with a model or checkpoints")
 
 

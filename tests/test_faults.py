@@ -543,6 +543,21 @@ def test_force_never_puts_a_folder_where_a_file_is_nor_a_file_where_a_folder_is(
                         "es")[::2], "pkg/ ends in /, a folder's name; the package is one file")
     assert not (tmp_path / "pkg").exists()
     one_line_error(*cli(capsys, "export-ct2", model_dir, "")[::2], "OUT is empty: name the folder or file to write")
+    # found in review: a folder of the user's own was named only, not what --force would delete with it
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (folder / name).write_text("mine\n")
+    one_line_error(*cli(capsys, "export-ct2", model_dir, folder)[::2],
+                   "already exists; pass --force to replace it whole, with all it holds: a.txt, b.txt, c.txt and 2 more")
+
+
+def test_a_path_one_level_off_is_pointed_at_the_folder_to_give(tiny_run, capsys):
+    """Found in review: RUN/checkpoints and MODEL/model.safetensors were "neither a model folder
+    nor a run folder with a model or checkpoints", as any folder."""
+    one_line_error(*cli(capsys, "translate", tiny_run / "checkpoints")[::2],
+                   f"holds a run's checkpoints: give the run, {tiny_run}, or one of them, e.g. "
+                   f"{tiny_run / 'checkpoints' / 'step_00000012'}")
+    one_line_error(*cli(capsys, "translate", tiny_run / "averaged" / "model.safetensors")[::2],
+                   f"is a file: give the model folder that holds it, {tiny_run / 'averaged'}")
 
 
 def test_an_argos_package_of_one_language_is_refused(tmp_path, model_dir, capsys):
