@@ -45,6 +45,8 @@ def os_error_message(error: OSError) -> str:
             return f"{file} is a file, not a folder"
     if error.errno == errno.EEXIST and path.exists() and not path.is_dir():  # a folder made, or a file made anew
         return f"{path} already exists, as a file"
+    if error.errno == errno.ENAMETOOLONG:  # (found in review: said as the system says it)
+        return f"{path}: a name in this path is longer than the file system allows"
     if error.errno == errno.ENOENT and not path.parent.is_dir():
         return f"no such folder: {path.parent}"
     if error.errno == errno.ENOENT:

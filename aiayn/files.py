@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import tempfile
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
@@ -115,7 +115,25 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
     if not force and path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(f"{path} already exists; pass --force (in Python: force=True) to replace it"
                               + (f" whole, with all it holds: {_listing(path)}" if path.is_dir() else ""))
+    _check_name_length(path)
     _check_writable(out.parent)
+
+
+# The most an output's name grows in the names written beside it: `atomic_write`'s temporary
+# ".NAME.XXXXXXXX.tmp" (a translation's OUTPUT.partial and its record are checked by their names).
+NAME_GROWS = 14
+
+
+def _check_name_length(path: Path) -> None:
+    """Refuse a name the files written beside the output could not have (found in review: a legal
+    name of 250 bytes failed on NAME.partial after the model loaded; one of 300 was "cannot write
+    in FOLDER", which can be written)."""
+    most = 255
+    with suppress(OSError, ValueError):
+        most = os.pathconf(next(p for p in (path.absolute(), *path.absolute().parents) if p.exists()), "PC_NAME_MAX")
+    if len(os.fsencode(path.name)) > most - NAME_GROWS:
+        raise ValueError(f"the name {path.name[:12]}...{path.name[-16:]} is {len(os.fsencode(path.name))} bytes: this file system allows "
+                         f"{most}, and aiayn writes beside it under names up to {NAME_GROWS} longer; choose a shorter name")
 
 
 def _listing(folder: Path, most: int = 3) -> str:

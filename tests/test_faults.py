@@ -560,6 +560,19 @@ def test_a_path_one_level_off_is_pointed_at_the_folder_to_give(tiny_run, capsys)
                    f"is a file: give the model folder that holds it, {tiny_run / 'averaged'}")
 
 
+def test_a_name_too_long_for_the_files_beside_it_is_refused_before_the_work(tmp_path, model_dir, tiny_run, capsys):
+    """Found in review: --output of a legal 250-byte name failed on NAME.partial once the model
+    had loaded; average --out of 300 bytes said "cannot write in FOLDER", which can be written."""
+    (tmp_path / "in.txt").write_text("the cat\n")
+    longest = "z" * (255 - len(".partial.json") - 14)  # the record's temporary file: 255 bytes
+    code, _, err = cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt", "--output", tmp_path / longest)
+    assert code == 0 and (tmp_path / longest).read_text().count("\n") == 1, err
+    one_line_error(*cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt", "--output",
+                        tmp_path / (longest + "z"))[::2], "zzz.partial.json is 242 bytes: this file system allows 255")
+    one_line_error(*cli(capsys, "average", tiny_run, "--out", tmp_path / ("y" * 300))[::2],
+                   "a name in this path is longer than the file system allows")
+
+
 def test_an_argos_package_of_one_language_is_refused(tmp_path, model_dir, capsys):
     """LibreTranslate lists a package by its two codes: en → en is no pair (a slip of a flag)."""
     one_line_error(*cli(capsys, "export-argos", model_dir, tmp_path / "en_en.argosmodel", "--source-lang", "en",
