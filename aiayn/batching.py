@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aiayn.config import check_whole
+
 EncodedPair = tuple[list[int], list[int]]
 
 
@@ -207,6 +209,9 @@ class BatchStream:
         rank, world_size = shard
         if not 0 <= rank < world_size:
             raise ValueError(f"shard must be (rank, world_size) with 0 <= rank < world_size, got {shard}")
+        check_whole(max_tokens=max_tokens, seed=seed)
+        if callable(getattr(encoded_pairs, "split", None)):  # a Store (found in review: "'Store' object is not iterable")
+            raise TypeError("BatchStream takes a split's pairs (store.split('train')), not the store")
         if not encoded_pairs:
             raise ValueError("cannot batch an empty list of sentence pairs")
         if max_tokens < 1:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from aiayn.config import BASE, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig
+from aiayn.config import (BASE, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, ModelConfig, TrainConfig,
+                          check_whole)
 from aiayn.files import atomic_write, read_json, write_json
 from aiayn.run import EXPERIMENT, LOCK, ROW_RESULT, RunDir
 
@@ -99,6 +100,8 @@ def miniature(row: str, scale: Union[Scale, str]) -> tuple[ModelConfig, dict]:
         if scale not in SCALES:
             raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
         scale = SCALES[scale]
+    if not isinstance(scale, Scale):  # (found in review: None was an AttributeError)
+        raise TypeError(f"scale takes a Scale or its name ({', '.join(SCALES)}), not a {type(scale).__name__}")
     paper = PRESETS[paper_name(row)]
     if BASE.d_model % scale.d_model:
         raise ValueError(f"a scale's d_model must divide {BASE.d_model}, got {scale.d_model}")
@@ -122,8 +125,10 @@ def miniature(row: str, scale: Union[Scale, str]) -> tuple[ModelConfig, dict]:
 def select_rows(names: Optional[Sequence[str]]) -> list[str]:
     """Row names from `--rows`: a row (A1, base, base-seed2) or a group letter (A, B, C, D, E);
     the paper's order, each row once."""
-    if not names:
+    if names is None:
         return list(ROWS)
+    if not names:  # (found in review: rows=[] ran all 20 rows, hours at the default scale)
+        raise ValueError("no Table 3 rows given: name some (rows=['base', 'A']), or pass rows=None for all of them")
     names = [names] if isinstance(names, str) else names  # "base", not "b", "a", "s", "e"
     chosen = set()
     for name in names:
@@ -242,6 +247,7 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
     if scale_name not in SCALES:
         raise ValueError(f"unknown scale {scale_name!r}; choose from {', '.join(SCALES)}")
     scale = SCALES[scale_name]
+    check_whole(seed=seed, **{name: value for name, value in (("steps", steps), ("vocab_size", vocab_size)) if value is not None})
     if steps is not None:
         if steps < 1:
             raise ValueError(f"--steps (in Python: steps=) must be at least 1, got {steps}")

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from aiayn.batching import EncodedPairs, as_encoded, within_length
 from aiayn.checkpoint import read_config
-from aiayn.config import ModelConfig, TrainConfig, check_resumed
+from aiayn.config import ModelConfig, TrainConfig, check_model_config, check_resumed
 from aiayn.corpora import stream_corpus
 from aiayn.device import check_precision, init_distributed, resolve_device
 from aiayn.evaluate import bleu_metric
@@ -117,7 +117,7 @@ def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run: Run
         return
     init_from = resolve_model_dir(recipe.init_from) if recipe.init_from else None
     # A run trained before RUN_DIR/data existed keeps its tokenizer: its checkpoints use its ids.
-    tokenizer_from = init_from or (run.path if trained and has_tokenizer(run.path) else None)
+    tokenizer_from = init_from or (_trained_tokenizer(run) if trained else None)
     corpus = stream_corpus(recipe.corpus, recipe.src_lang, recipe.tgt_lang)
     echo(f"corpus {corpus.name} ({corpus.src_lang}→{corpus.tgt_lang}), preprocessed into {data_dir}")
     if manifest is not None:
@@ -134,19 +134,29 @@ def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run: Run
                max_sentence_tokens=recipe.max_sentence_tokens, force=True, echo=echo)
 
 
+def _trained_tokenizer(run: RunDir) -> Optional[Path]:
+    """The folder of the tokenizer a run's checkpoints were trained with: the newest checkpoint's
+    (found in review: with RUN_DIR's own removed, a resume trained a new tokenizer, or took
+    another data folder's, without a word), else RUN_DIR's; None where neither has one."""
+    return next((folder for folder in (*run.checkpoints()[-1:], run.path) if has_tokenizer(folder)), None)
+
+
 def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run: RunDir, echo: Callable[[str], None]) -> None:
     """Copy the data's tokenizer into the run folder (it goes with every model saved), unless
-    the run has one already: then it must be the same, or the ids would mean other words."""
+    the run has one already, or its checkpoints do: then it must be the same, or the ids would
+    mean other words."""
     run_dir = run.path
     started_from = recipe.init_from and not run.checkpoints()  # a trained run needs it no more: it may have moved
     if started_from and tokenizer_digest(resolve_model_dir(recipe.init_from)) != store.manifest["tokenizer_sha256"]:
         raise ValueError(f"{store.folder} was not encoded with the tokenizer of {recipe.init_from}; "
                          f"make it with: aiayn preprocess --tokenizer {recipe.init_from} ...")
+    trained_with = _trained_tokenizer(run) if run.checkpoints() else None
+    if trained_with is not None and tokenizer_digest(trained_with) != store.manifest["tokenizer_sha256"]:
+        raise ValueError(f"{store.folder} was encoded with another tokenizer than the one this run was trained "
+                         f"with ({trained_with}); resume with the data it was trained on")
     if has_tokenizer(run_dir) and tokenizer_digest(run_dir) != store.manifest["tokenizer_sha256"]:
-        if run.checkpoints():
-            raise ValueError(f"{store.folder} was encoded with another tokenizer than the one this run was trained "
-                             f"with ({run_dir}); resume with the data it was trained on")
-        echo(f"note: replacing the tokenizer in {run_dir}, left by an earlier start, with the one of {store.folder}")
+        why = "is not the one its checkpoints were trained with" if run.checkpoints() else "was left by an earlier start"
+        echo(f"note: the tokenizer in {run_dir} {why}; replacing it with the one of {store.folder}")
         for name in TOKENIZER_FILES:
             (run_dir / name).unlink(missing_ok=True)
     if not has_tokenizer(run_dir):
@@ -176,6 +186,10 @@ def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
     """Mistakes that would otherwise surface only after the corpus is read and a tokenizer
     trained: a device that is not here, fp16 on a CPU, sentences longer than learned positions,
     special ids the tokenizer it will train cannot have."""
+    check_model_config(model_config)
+    if not isinstance(recipe, TrainConfig):  # (found in review: the two swapped were an AttributeError deep inside)
+        raise TypeError(f"the training settings are a TrainConfig (TrainConfig(max_steps=...)), not a "
+                        f"{type(recipe).__name__}")
     check_precision(resolve_device(recipe.device), recipe.precision, recipe.tf32)
     trained = dict(zip(SPECIAL_IDS, (PAD_ID, EOS_ID, UNK_ID)))  # a new run's tokenizer (Tokenizer.train)
     changed = [name for name in SPECIAL_IDS if getattr(model_config, name) != trained[name]]

@@ -246,7 +246,8 @@ class RunDir:
         if (self.path / EXPERIMENT).exists():  # (found in review: said as any folder)
             raise FileNotFoundError(f"{self.path} is a Table 3 experiment: give one of its rows, e.g. {self.path / 'base'}")
         if self.path.is_file():  # a path one level too deep (found in review: said as any folder)
-            raise FileNotFoundError(f"{self.path} is a file: give the model folder that holds it, {self.path.parent}")
+            raise FileNotFoundError(f"{self.path} is a file, not a model or run folder" + (
+                f": give the model folder that holds it, {self.path.parent}" if (self.path.parent / CONFIG).is_file() else ""))
         if self.path.name == CHECKPOINTS and (steps := RunDir(self.path.parent).checkpoints()):
             raise FileNotFoundError(f"{self.path} holds a run's checkpoints: give the run, {self.path.parent}, or one "
                                     f"of them, e.g. {steps[-1]}")

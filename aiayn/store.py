@@ -39,7 +39,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 
 from aiayn.batching import EncodedPairs, within_length
-from aiayn.config import ModelConfig, PreprocessOptions
+from aiayn.config import ModelConfig, PreprocessOptions, check_whole
 from aiayn.corpora import STORE_MANIFEST as MANIFEST  # (named in the layer below, for aiayn.corpora to tell a DATA_DIR)
 from aiayn.files import atomic_dir, file_sha256, read_json, write_json
 from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer, load_tokenizer
@@ -314,9 +314,13 @@ def preprocess(
     """
     from tqdm.auto import tqdm
 
-    from aiayn.corpora import ParallelCorpus
+    from aiayn.corpora import CorpusStream, ParallelCorpus
     from aiayn.tokenizer import Tokenizer
 
+    if not isinstance(corpus, (ParallelCorpus, CorpusStream)):  # (found in review: a path was an AttributeError)
+        raise TypeError(f"preprocess takes a corpus (aiayn.corpora.stream_corpus(spec) or load_corpus(spec)), not a "
+                        f"{type(corpus).__name__}")
+    check_whole(vocab_size=vocab_size, max_sentence_tokens=max_sentence_tokens)
     stream = corpus.stream() if isinstance(corpus, ParallelCorpus) else corpus
     for lang in (stream.src_lang, stream.tgt_lang):  # SPLIT.LANG beside SPLIT.bin (found in review: bin overwrote it)
         if lang in SPLIT_SUFFIXES:

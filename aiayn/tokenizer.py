@@ -188,6 +188,8 @@ class MarianTokenizer:
 
     def __init__(self, source: bytes, target: bytes, vocab: dict[str, int]) -> None:
         self._files = {SOURCE_SPM: source, TARGET_SPM: target}
+        if empty := [name for name, data in self._files.items() if not data]:  # loaded as no model (found in review:
+            raise RuntimeError(f"{empty[0]} is empty")  # "Model is not initialized" when it first encoded)
         self._source = spm.SentencePieceProcessor(model_proto=source)
         self._target = spm.SentencePieceProcessor(model_proto=target)
         self.vocab = vocab

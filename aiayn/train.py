@@ -39,7 +39,7 @@ from aiayn.device import (DETERMINISTIC, allow_tf32, autocast, deterministic_fro
                           init_distributed, keep_freed_memory, matmul_peak_flops, process_group_joined, rank_gpu,
                           resident_mib, resolve_device, sum_over_ranks)
 from aiayn.errors import Terminated
-from aiayn.evaluate import score
+from aiayn.evaluate import score_hypotheses
 from aiayn.flops import memory_warning, training_flops
 from aiayn.train_kernels import Bf16Twin, compiled_graphs, fp32_linears, reproducible_compilation
 from aiayn.loss import label_smoothed_nll, perplexity
@@ -53,6 +53,9 @@ from aiayn.translate import Translator
 
 RESUME_HINT = "continue with --resume"  # what a run stopped by a signal says
 RERUN_HINT = "rerun the same command to continue"  # ... in a command that takes no --resume (demo, table3)
+# Dev sentences a validation translates between two looks at a stop signal: a few seconds' work
+# for the demo's model on a CPU, where the whole BLEU pass could take minutes.
+VALIDATION_CHUNK = 64
 
 
 class TrainStep:
@@ -340,13 +343,23 @@ class Trainer:
     # -- validation ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def validate(self) -> dict:
+    def validate(self, stop: Callable[[], bool] = lambda: False) -> Optional[dict]:
         """Dev loss and perplexity over every dev pair; BLEU and chrF of greedy translations of the
-        first `eval_bleu_sentences` dev sentences (beam search is for the final test)."""
-        self.model.eval()
+        first `eval_bleu_sentences` dev sentences (beam search is for the final test). None where
+        `stop()` turned true between batches (found in review: a SIGINT during a long BLEU pass
+        waited minutes for it, longer than a scheduler's grace period)."""
+        try:
+            self.model.eval()
+            return self._validate(stop)
+        finally:
+            self.model.train()
+
+    def _validate(self, stop: Callable[[], bool]) -> Optional[dict]:
         c = self.config
         loss_sum = nll_sum = tokens = 0.0
         for indices in make_batches(self.data.dev.lengths + 1, self.recipe.max_tokens, 0, 0):
+            if stop():
+                return None
             batch = collate([self.data.dev[i] for i in indices], c.pad_id, c.bos_id, c.eos_id)
             with autocast(self.device, self.recipe.precision), fp32_linears(self.device, self.recipe.precision):
                 logits = self.model(batch.src.to(self.device), batch.tgt_in.to(self.device))
@@ -357,10 +370,13 @@ class Trainer:
         if self.tokenizer is not None and count:
             decode = dataclasses.replace(DECODE_PRESETS["validate"], precision=self.recipe.precision)
             # zh, ja, ko references tokenized as sacreBLEU does for them (found in review: 13a, which splits no word of theirs)
-            result = score(Translator(self.model, self.tokenizer, decode), self.data.dev_text[:count], self.data.tgt_lang,
-                           paper=False)
+            translator, pairs, hypotheses = Translator(self.model, self.tokenizer, decode), self.data.dev_text[:count], []
+            for start in range(0, count, VALIDATION_CHUNK):  # a stop is heard between chunks
+                if stop():
+                    return None
+                hypotheses += translator.translate([source for source, _ in pairs[start:start + VALIDATION_CHUNK]])
+            result = score_hypotheses(hypotheses, [reference for _, reference in pairs], lang=self.data.tgt_lang, paper=False)
             record.update(bleu=result.bleu, chrf=result.chrf)
-        self.model.train()
         return record
 
     # -- the loop --------------------------------------------------------------------------
@@ -440,11 +456,16 @@ class Trainer:
             if self.step % recipe.log_every == 0:  # a last record between boundaries: the window goes on in a resume
                 for key in window:
                     window[key] = 0.0
-        if self.data.dev and self.step % recipe.eval_every == 0 and self.rank == 0 and not self.stopping:
-            dev = self.validate()
-            self._log(dev)
-            self.echo("validation: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in dev.items()))
-            self.plot()
+        if self.data.dev and self.step % recipe.eval_every == 0 and not self.stopping:
+            dev = self.validate(lambda: signals.received) if self.rank == 0 else None
+            if dev is not None:
+                self._log(dev)
+                self.echo("validation: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in dev.items()))
+                self.plot()
+            elif self.rank == 0:
+                self.echo(f"validation of step {self.step} left off for the {signals.name}")
+            # A signal during validation stops every rank here, without another step (found in review: one more ran).
+            self.stopping = sum_over_ranks(torch.tensor([float(signals.received)]), self.device).item() > 0
         return record
 
     def plot(self) -> None:

@@ -10,7 +10,7 @@ from aiayn.attention import MultiHeadAttention
 from aiayn.batching import EncodedPairs
 from aiayn.config import ModelConfig
 from aiayn.evaluate import score
-from aiayn.experiment import SCALES, miniature, select_rows
+from aiayn.experiment import SCALES, miniature, run_table3, select_rows
 from aiayn.model import DecoderModel, Transformer
 from aiayn.run import average_checkpoints
 from aiayn.search import BeamSearch, greedy
@@ -131,6 +131,8 @@ def test_table3_rows_and_scales_by_name():
         miniature("C5", "huge")
     assert miniature("C5", "small") == miniature("C5", SCALES["small"])
     assert select_rows("base") == ["base"]  # a string is one row, not its letters
+    with pytest.raises(ValueError, match=r"no Table 3 rows given.*rows=None for all"):  # found in review: all 20 rows ran
+        select_rows([])
 
 
 def test_a_newcomers_types_are_refused_before_any_work(tmp_path, capsys):
@@ -231,3 +233,41 @@ def test_a_translators_calls_and_a_models_folder_say_what_to_do(tmp_path):
     assert (folder / "model.safetensors").read_bytes() == weights
     other.save(folder, force=True)
     assert Transformer.load(folder).config.d_ff == translator.config.d_ff * 2
+
+
+def test_the_training_apis_types_are_refused_before_any_work(tmp_path):
+    """Found in review: a path where a corpus is meant, numbers as strings, seed=None, a Store
+    where its split is meant, a scale of None, the model config and the training settings swapped:
+    AttributeErrors and TypeErrors from deep inside (numpy's, '<' between str and int)."""
+    from aiayn.batching import BatchStream
+    from aiayn.config import PRESETS, TrainConfig
+    from aiayn.corpora import ParallelCorpus
+    from aiayn.store import preprocess
+    from aiayn.train import train_run
+
+    corpus = ParallelCorpus("toy", "en", "es", {"train": [("the cat", "el gato")] * 20})
+    with pytest.raises(TypeError, match="preprocess takes a corpus .*not a str"):
+        preprocess("pairs.tsv", tmp_path / "data", vocab_size=40)
+    with pytest.raises(TypeError, match="vocab_size takes a whole number, not '40'"):
+        preprocess(corpus, tmp_path / "data", vocab_size="40")
+    pairs = [([5, 6], [7, 8])] * 4
+    with pytest.raises(TypeError, match="max_tokens takes a whole number, not '300'"):
+        BatchStream(pairs, max_tokens="300", seed=0, pad_id=0, bos_id=1, eos_id=2)
+    with pytest.raises(TypeError, match="seed takes a whole number, not None"):
+        BatchStream(pairs, max_tokens=300, seed=None, pad_id=0, bos_id=1, eos_id=2)
+
+    class Store:  # as a Store is: splits by name
+        def split(self, name):
+            return pairs
+
+    with pytest.raises(TypeError, match=r"a split's pairs \(store.split\('train'\)\), not the store"):
+        BatchStream(Store(), max_tokens=300, seed=0, pad_id=0, bos_id=1, eos_id=2)
+    with pytest.raises(TypeError, match="scale takes a Scale or its name .*not a NoneType"):
+        miniature("base", None)
+    with pytest.raises(TypeError, match="steps takes a whole number, not '2'"):
+        run_table3(tmp_path / "table3", scale_name="tiny", rows=["base"], steps="2")
+    with pytest.raises(TypeError, match="built from a ModelConfig .*not a TrainConfig"):
+        train_run(TrainConfig(), PRESETS["tiny"], tmp_path / "run")
+    with pytest.raises(TypeError, match="training settings are a TrainConfig .*not a dict"):
+        train_run(PRESETS["tiny"], {"max_steps": 1}, tmp_path / "run")
+    assert sorted(path.name for path in tmp_path.iterdir()) == []  # nothing made

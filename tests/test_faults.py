@@ -171,6 +171,30 @@ def test_a_new_run_refuses_a_folder_of_the_users_files_it_would_replace(tmp_path
     assert (started / "model" / "model.safetensors").exists()
 
 
+def test_a_resume_without_the_runs_tokenizer_takes_its_checkpoints(tmp_path, corpus_tsv, capsys):
+    """Found in review: with RUN/tokenizer.model (and RUN/data) removed, --resume trained a new
+    tokenizer on the corpus, or took another data folder's, and went on training the checkpoints'
+    ids as the new tokenizer's words; each checkpoint holds the one it was trained with."""
+    from aiayn.store import tokenizer_digest
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--save-every", "1"))[0] == 0
+    trained = tokenizer_digest(RunDir(run).checkpoints()[-1])
+    lines = corpus_tsv.read_text(encoding="utf-8").splitlines()
+    (tmp_path / "more.tsv").write_text("\n".join(lines + [f"{line} x" for line in lines[:100]]) + "\n", encoding="utf-8")
+    assert cli(capsys, "preprocess", "--corpus", tmp_path / "more.tsv", "--out", other, "--vocab-size", "300")[0] == 0
+    assert tokenizer_digest(other) != trained
+    (run / "tokenizer.model").unlink()
+    argv = train_argv(corpus_tsv, run, "--max-steps", "3", "--resume")
+    argv[argv.index("--corpus"):argv.index("--corpus") + 2] = ["--data", str(other)]
+    one_line_error(*cli(capsys, *argv)[::2], "was encoded with another tokenizer than the one this run was trained with",
+                   "step_00000002")
+    shutil.rmtree(run / "data")
+    code, out, err = cli(capsys, *train_argv(tmp_path / "more.tsv", run, "--max-steps", "3", "--resume"))
+    assert code == 0, err
+    assert "SentencePiece" not in out + err and tokenizer_digest(run) == trained == tokenizer_digest(run / "model")
+
+
 def test_resume_and_demo_refuse_a_folder_that_is_not_their_run(tmp_path, corpus_tsv, capsys):
     """A mistyped --resume folder started a new run from scratch, and `demo --out` on a run of
     another corpus trained on, then ended in `no sentences to score`."""
@@ -1313,6 +1337,33 @@ def test_a_signal_saves_a_checkpoint_and_resume_is_exact(tmp_path, corpus_tsv, s
     assert again.returncode == 0, again.stderr
     assert log_steps(run) == list(range(1, STEPS + 1))  # no step logged twice
     assert losses(run) == losses(straight_run)  # bit for bit
+
+
+def test_a_signal_during_validation_stops_it_without_another_step(tmp_path, corpus_tsv, capsys, monkeypatch):
+    """Found in review: a SIGINT two seconds into validation waited for its whole BLEU pass (263 s
+    with 300 sentences), then trained one more step, past a scheduler's grace period."""
+    import aiayn.train
+
+    monkeypatch.setattr(aiayn.train, "VALIDATION_CHUNK", 1)  # a look at the signal after every sentence
+    real, calls = aiayn.train.Translator.translate, []
+
+    def signalled(self, sentences, *args, **kwargs):  # Ctrl-C while the first dev sentence is translated
+        calls.append(len(sentences))
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, sentences, *args, **kwargs)
+
+    monkeypatch.setattr(aiayn.train.Translator, "translate", signalled)
+    corpus, lines = tmp_path / "corpus", corpus_tsv.read_text(encoding="utf-8").splitlines(keepends=True)
+    corpus.mkdir()
+    (corpus / "train.tsv").write_text("".join(lines[:250]), encoding="utf-8")
+    (corpus / "dev.tsv").write_text("".join(lines[250:]), encoding="utf-8")
+    run = tmp_path / "run"
+    code, out, err = cli(capsys, *train_argv(corpus, run, "--max-steps", "10", "--eval-every", "3"))
+    assert code == 130, err
+    assert calls == [1] and log_steps(run) == [1, 2, 3]  # no dev record, no step 4
+    assert RunDir(run).checkpoints()[-1].name == "step_00000003"
+    assert "validation of step 3 left off for the SIGINT" in out and "stopped by SIGINT at step 3" in out
 
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")

@@ -417,6 +417,10 @@ def test_an_hf_folder_that_aiayn_cannot_read_is_refused_in_one_line(hf_dir, tmp_
     (listed / "vocab.json").write_text("[]", encoding="utf-8")
     with pytest.raises(ValueError, match="must map each piece to its id"):
         import_marian(listed, tmp_path / "out", echo=lambda _: None)
+    empty = copy_with_config(hf_dir, tmp_path / "empty")  # found in review: imported, then a traceback at the first encode
+    (empty / "target.spm").write_bytes(b"")
+    with pytest.raises(ValueError, match="holds a broken SentencePiece model: target.spm is empty"):
+        import_marian(empty, tmp_path / "out", echo=lambda _: None)
     assert not (tmp_path / "out").exists()
 
 
