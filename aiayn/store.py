@@ -473,7 +473,7 @@ def preprocess_command(options: PreprocessOptions, echo: Callable[[str], None] =
     """`aiayn preprocess`: encode --corpus into --out, or with --verify check a DATA_DIR's every byte."""
     from aiayn.corpora import stream_corpus
     from aiayn.files import refuse_to_replace
-    from aiayn.run import run_files
+    from aiayn.run import resolve_model_dir, run_files
     from aiayn.tokenizer import has_tokenizer
 
     if options.verify is not None:
@@ -494,15 +494,19 @@ def preprocess_command(options: PreprocessOptions, echo: Callable[[str], None] =
         raise ValueError("--tokenizer fixes the vocabulary; drop --vocab-size")
     read = [spec for spec in (options.corpus, options.tokenizer) if spec is not None and Path(spec).exists()]
     refuse_to_replace(options.out, options.force, inputs=read, folder=True, kept=run_files(options.out))
-    vocab_size = options.vocab_size or ModelConfig.vocab_size
-    if options.tokenizer is not None:
-        if not has_tokenizer(options.tokenizer):
-            given = Path(options.tokenizer)
+    vocab_size, tokenizer = options.vocab_size or ModelConfig.vocab_size, options.tokenizer
+    if tokenizer is not None:
+        if not has_tokenizer(tokenizer) and Path(tokenizer).is_dir():  # a run folder without one of its own, as
+            with contextlib.suppress(OSError, ValueError):  # import-hf writes: its model's (found in review: refused)
+                model_dir = resolve_model_dir(tokenizer)
+                tokenizer = str(model_dir) if has_tokenizer(model_dir) else tokenizer
+        if not has_tokenizer(tokenizer):
+            given = Path(tokenizer)
             hint = f"; give its folder, {given.parent}" if given.is_file() and has_tokenizer(given.parent) else ""
             raise ValueError(f"{given} is no folder holding a tokenizer (tokenizer.model, or Marian's three files){hint}")
-        vocab_size = load_tokenizer(options.tokenizer).vocab_size
+        vocab_size = load_tokenizer(tokenizer).vocab_size
     corpus = stream_corpus(options.corpus, options.src_lang, options.tgt_lang)
-    preprocess(corpus, options.out, vocab_size, spec=options.corpus, tokenizer_from=options.tokenizer,
+    preprocess(corpus, options.out, vocab_size, spec=options.corpus, tokenizer_from=tokenizer,
                max_sentence_tokens=options.max_sentence_tokens, sample_sentences=options.sample_sentences,
                workers=options.workers or -1, force=options.force)
 

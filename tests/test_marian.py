@@ -424,6 +424,20 @@ def test_an_hf_folder_that_aiayn_cannot_read_is_refused_in_one_line(hf_dir, tmp_
     assert not (tmp_path / "out").exists()
 
 
+def test_preprocess_takes_the_tokenizer_of_an_imported_run_folder(imported, tmp_path):
+    """`preprocess --tokenizer RUN` with the folder import-hf wrote (its tokenizer in RUN/model, as
+    `train --init-from RUN` finds it; found in review: "is no folder holding a tokenizer")."""
+    from aiayn.store import load_store, tokenizer_digest
+
+    out, _ = imported
+    corpus = tmp_path / "pairs.tsv"
+    corpus.write_text("".join(f"{s}\t{s[::-1]}\n" for s in TEXT[:6]) * 4)
+    done = subprocess.run([sys.executable, "-m", "aiayn", "preprocess", "--corpus", str(corpus), "--tokenizer", str(out),
+                           "--out", str(tmp_path / "data")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert load_store(tmp_path / "data").manifest["tokenizer_sha256"] == tokenizer_digest(out / "model")
+
+
 def test_fine_tune_an_imported_model(imported, tmp_path):
     """`aiayn train --init-from RUN` starts from the imported weights and tokenizer (§5's recipe)."""
     out, model = imported
