@@ -135,10 +135,10 @@ def _preprocess_for_run(model_config: ModelConfig, recipe: TrainConfig, run: Run
 
 
 def _trained_tokenizer(run: RunDir) -> Optional[Path]:
-    """The folder of the tokenizer a run's checkpoints were trained with: the newest checkpoint's
-    (found in review: with RUN_DIR's own removed, a resume trained a new tokenizer, or took
-    another data folder's, without a word), else RUN_DIR's; None where neither has one."""
-    return next((folder for folder in (*run.checkpoints()[-1:], run.path) if has_tokenizer(folder)), None)
+    """The folder of the tokenizer a run was trained with: RUN_DIR's, else its newest checkpoint's,
+    which holds the one it was trained with (found in review: with RUN_DIR's removed, a resume
+    trained a new tokenizer, or took another data folder's, without a word); None for neither."""
+    return next((folder for folder in (run.path, *run.checkpoints()[-1:]) if has_tokenizer(folder)), None)
 
 
 def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run: RunDir, echo: Callable[[str], None]) -> None:
@@ -155,8 +155,7 @@ def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run: RunDir, echo
         raise ValueError(f"{store.folder} was encoded with another tokenizer than the one this run was trained "
                          f"with ({trained_with}); resume with the data it was trained on")
     if has_tokenizer(run_dir) and tokenizer_digest(run_dir) != store.manifest["tokenizer_sha256"]:
-        why = "is not the one its checkpoints were trained with" if run.checkpoints() else "was left by an earlier start"
-        echo(f"note: the tokenizer in {run_dir} {why}; replacing it with the one of {store.folder}")
+        echo(f"note: replacing the tokenizer in {run_dir}, left by an earlier start, with the one of {store.folder}")
         for name in TOKENIZER_FILES:
             (run_dir / name).unlink(missing_ok=True)
     if not has_tokenizer(run_dir):

@@ -581,7 +581,8 @@ def test_a_path_one_level_off_is_pointed_at_the_folder_to_give(tiny_run, capsys)
                    f"holds a run's checkpoints: give the run, {tiny_run}, or one of them, e.g. "
                    f"{tiny_run / 'checkpoints' / 'step_00000012'}")
     one_line_error(*cli(capsys, "translate", tiny_run / "averaged" / "model.safetensors")[::2],
-                   f"is a file: give the model folder that holds it, {tiny_run / 'averaged'}")
+                   f"is a file, not a model or run folder: give the model folder that holds it, {tiny_run / 'averaged'}")
+    one_line_error(*cli(capsys, "translate", tiny_run / "log.jsonl")[::2], "log.jsonl is a file, not a model or run folder\n")
 
 
 def test_a_name_too_long_for_the_files_beside_it_is_refused_before_the_work(tmp_path, model_dir, tiny_run, capsys):

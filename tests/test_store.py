@@ -409,13 +409,13 @@ def test_dev_bleu_tokenizes_the_references_for_their_language(tmp_path, data_dir
     import aiayn.train
 
     asked = []
-    real = aiayn.train.score
-    monkeypatch.setattr(aiayn.train, "score", lambda *args, **options: (asked.append((args[2:], options)),
-                                                                         real(*args, **options))[1])
+    real = aiayn.train.score_hypotheses
+    monkeypatch.setattr(aiayn.train, "score_hypotheses", lambda *args, **options: (asked.append((len(args[0]), options)),
+                                                                                    real(*args, **options))[1])
     argv = ["train", "--data", data_dir, "--preset", "tiny", "--max-steps", "1", "--eval-every", "1",
             "--eval-bleu-sentences", "2", "--device", "cpu", "--out", tmp_path / "run"]
     assert cli(capsys, *argv)[0] == 0
-    assert asked == [(("de",), {"paper": False})]
+    assert asked == [(2, {"lang": "de", "paper": False})]
 
     def no_mecab(lang=None):
         raise ValueError(f"sacreBLEU tokenizes {lang} with MeCab, which is not installed")
