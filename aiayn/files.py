@@ -116,7 +116,7 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
         raise FileExistsError(f"{path} already exists; pass --force (in Python: force=True) to replace it"
                               + (f" whole, with all it holds: {_listing(path)}" if path.is_dir() else ""))
     _check_name_length(path)
-    _check_writable(out.parent)
+    check_writable(out.parent)
 
 
 # The most an output's name grows in the names written beside it: `atomic_write`'s temporary
@@ -143,7 +143,7 @@ def _listing(folder: Path, most: int = 3) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def _check_writable(folder: Path) -> None:
+def check_writable(folder: Path) -> None:
     """Whether a file can be made in `folder` (or, while it does not exist, in the folder it would
     be made in), found by making a nameless one: permission bits do not tell (root, `chattr +i`,
     a read-only mount), and a command that writes its output last would fail after its work."""

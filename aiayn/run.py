@@ -29,8 +29,8 @@ import torch
 from aiayn.checkpoint import CONFIG, WEIGHTS, load_model, read_config, save_model, saved_step, write_checkpoint
 from aiayn.config import AverageOptions, ModelConfig, TrainConfig
 from aiayn.corpora import UNNAMED
-from aiayn.files import (WORK_LOCK, atomic_dir, atomic_text, discard_dir, output_lock, read_json, refuse_to_replace,
-                         write_json, writer_lock)
+from aiayn.files import (WORK_LOCK, atomic_dir, atomic_text, check_writable, discard_dir, output_lock, read_json,
+                         refuse_to_replace, write_json, writer_lock)
 from aiayn import model as models
 from aiayn.model import Transformer
 from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
@@ -162,7 +162,11 @@ class RunDir:
 
     def check_start(self, resume: bool) -> None:
         """Never train over a run, a finished or interrupted one or an imported model, by
-        accident. A folder that holds only a tokenizer (a start that failed) is not a run."""
+        accident. A folder that holds only a tokenizer (a start that failed) is not a run. The
+        folders a run writes are checked writable before any step (found in review: a read-only
+        checkpoints/ was found at the first save, and the steps before it lost)."""
+        for folder in (self.path, self.checkpoint_root, self.final):
+            check_writable(folder)
         if self.final.exists() and not self.checkpoints():  # --resume would be refused: say what works
             raise ValueError(f"{self.path} holds a model but no checkpoint to resume (an imported model?); "
                              f"fine-tune it with --init-from {self.path} and another --out")

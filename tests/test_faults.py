@@ -1252,6 +1252,25 @@ def test_an_unwritable_output_fails_before_decoding(tmp_path, model_dir, capsys,
                    f"no such run folder: {tmp_path / 'nope'}")
 
 
+def test_a_run_whose_checkpoints_cannot_be_written_is_refused_before_a_step(tmp_path, tiny_run, capsys):
+    """Found in review: a resumed run with a read-only checkpoints/ trained its steps, then failed
+    at the first save, and the steps were lost."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    checkpoints = run / "checkpoints"
+    checkpoints.chmod(0o555)
+    if os.geteuid() == 0 and subprocess.run(["chattr", "+i", checkpoints], capture_output=True).returncode != 0:
+        pytest.skip("root writes through permission bits, and chattr +i is not allowed here")
+    try:
+        one_line_error(*cli(capsys, "train", "--out", run, "--resume", "--device", "cpu", "--max-steps", "20")[::2],
+                       f"cannot write in {checkpoints}:")
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", checkpoints], check=True)
+        checkpoints.chmod(0o755)
+    assert max(log_steps(run)) == max(log_steps(tiny_run))  # no step trained
+
+
 def test_an_output_folder_that_cannot_be_written_is_refused_before_the_work(tmp_path, model_dir, capsys, monkeypatch):
     """Found by making a file there, before decoding or drawing: root writes through permission
     bits, so for root the folder is made immutable."""
