@@ -71,9 +71,9 @@ def tsv_pairs(path: Union[str, Path]) -> Iterator[Pair]:
         if len(columns) != 2:
             if number == 1 and "\r" in line:  # its pairs, one line by \n: said as such, not as columns (found in review)
                 raise lone_carriage_returns(str(path))
-            raise ValueError(
-                f"{path}, line {number}: expected 2 tab-separated columns (source, target), found {len(columns)}"
-            )
+            raise ValueError(f"{path}, line {number}: " + (  # (found in review: a blank line was "found 1")
+                "a blank line, where a pair is expected (source, a tab, target)" if not line.strip() else
+                f"expected 2 tab-separated columns (source, target), found {len(columns)}"))
         yield columns[0], columns[1]
     if number == 0:
         raise ValueError(f"{path} is empty")

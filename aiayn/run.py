@@ -464,9 +464,11 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
     if not found:
         given = Path(options.run_dir)
         inside = given.name == CHECKPOINTS and RunDir(given.parent).checkpoints()  # the run's checkpoints/ given
-        raise ValueError(f"no such run folder: {given}" if not given.is_dir() else
+        raise ValueError(f"{given} is a file, not a run folder" if given.is_file() else  # (found in review: "no such")
+                         f"no such run folder: {given}" if not given.is_dir() else
                          f"{given} is a run's checkpoints folder: give the run folder, {given.parent}" if inside else
-                         f"no checkpoints in {given}")
+                         f"{given} is a Table 3 experiment: give one of its rows, e.g. {given / 'base'}"
+                         if (given / EXPERIMENT).exists() else f"no checkpoints in {given}")
     if options.steps is not None and options.last is not None:
         raise ValueError("give --last (the last checkpoints) or --steps (those of given steps), not both")
     last = options.last or _kept_by(run)

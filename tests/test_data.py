@@ -204,6 +204,13 @@ def test_tsv_with_wrong_column_count_names_the_line(tmp_path, line):
         load_corpus(str(path))
 
 
+def test_a_blank_line_in_a_tsv_is_said_as_one(tmp_path):
+    """Found in review: a TSV ending in a blank line was "expected 2 ... columns, found 1"."""
+    path = write(tmp_path / "pairs.tsv", "a\tb\n\n")
+    with pytest.raises(ValueError, match=r"pairs\.tsv, line 2: a blank line, where a pair is expected"):
+        load_corpus(str(path))
+
+
 def test_unknown_spec_lists_the_built_in_names():
     names = {"bible-en-es", "bible-es-en", "wmt14-en-de", "wmt14-de-en", "wmt14-en-fr", "wmt14-fr-en"}
     assert names <= set(corpus_names())

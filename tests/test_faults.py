@@ -574,7 +574,7 @@ def test_force_never_puts_a_folder_where_a_file_is_nor_a_file_where_a_folder_is(
                    "already exists; pass --force to replace it whole, with all it holds: a.txt, b.txt, c.txt and 2 more")
 
 
-def test_a_path_one_level_off_is_pointed_at_the_folder_to_give(tiny_run, capsys):
+def test_a_path_one_level_off_is_pointed_at_the_folder_to_give(tiny_run, tmp_path, capsys):
     """Found in review: RUN/checkpoints and MODEL/model.safetensors were "neither a model folder
     nor a run folder with a model or checkpoints", as any folder."""
     one_line_error(*cli(capsys, "translate", tiny_run / "checkpoints")[::2],
@@ -583,6 +583,15 @@ def test_a_path_one_level_off_is_pointed_at_the_folder_to_give(tiny_run, capsys)
     one_line_error(*cli(capsys, "translate", tiny_run / "averaged" / "model.safetensors")[::2],
                    f"is a file, not a model or run folder: give the model folder that holds it, {tiny_run / 'averaged'}")
     one_line_error(*cli(capsys, "translate", tiny_run / "log.jsonl")[::2], "log.jsonl is a file, not a model or run folder\n")
+    # average likewise (found in review: a file was "no such run folder", an experiment "no checkpoints")
+    one_line_error(*cli(capsys, "average", tiny_run / "log.jsonl", "--out", tmp_path / "avg")[::2],
+                   "log.jsonl is a file, not a run folder")
+    one_line_error(*cli(capsys, "average", tiny_run / "checkpoints", "--out", tmp_path / "avg")[::2],
+                   f"is a run's checkpoints folder: give the run folder, {tiny_run}")
+    (tmp_path / "table3").mkdir()
+    (tmp_path / "table3" / "experiment.json").write_text("{}")
+    one_line_error(*cli(capsys, "average", tmp_path / "table3", "--out", tmp_path / "avg")[::2],
+                   f"is a Table 3 experiment: give one of its rows, e.g. {tmp_path / 'table3' / 'base'}")
 
 
 def test_a_name_too_long_for_the_files_beside_it_is_refused_before_the_work(tmp_path, model_dir, tiny_run, capsys):
