@@ -65,10 +65,11 @@ def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:
     """(architecture name, ModelConfig) from `directory/config.json`, with one-line errors."""
     path = Path(directory) / CONFIG
     if not path.is_file():
-        inner = sorted((config.parent.name != "model", config.parent.name) for config in Path(directory).glob(f"*/{CONFIG}"))
-        raise FileNotFoundError(f"no {CONFIG} in {directory}: not an aiayn model folder" + (  # (found in review: a run folder)
-            f"; it holds one, {Path(directory) / inner[0][1]}" if inner else "") + (
-            " (a run's final model: Translator.load takes the run folder whole)" if inner and not inner[0][0] else ""))
+        # A folder that holds a model folder (a run's model/ first): said where (found in review: a run folder)
+        inner = sorted((config.parent for config in Path(directory).glob(f"*/{CONFIG}")), key=lambda f: (f.name != "model", f.name))
+        hint = "" if not inner else f"; it holds one, {inner[0]}" + (
+            " (a run's final model: Translator.load takes the run folder whole)" if inner[0].name == "model" else "")
+        raise FileNotFoundError(f"no {CONFIG} in {directory}: not an aiayn model folder{hint}")
     values = read_json(path)
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a JSON object")

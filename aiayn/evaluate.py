@@ -180,8 +180,9 @@ def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = No
     the outputs against the references: sacreBLEU's BLEU (tokenized for the target language
     `lang`) and chrF, the length ratio, the repetition rate and the decoding time, and with `lang`
     and `paper` the paper's BLEU.
-    The one "translate a split and score it" of the package: training's dev BLEU, the demo,
-    Table 3 and the benchmarks all call it. `progress`: a progress bar of the sentences translated,
+    The one "translate a split and score it" of the package: the demo, Table 3 and the benchmarks
+    call it; training's dev BLEU translates in chunks, to hear a stop signal between them, and
+    scores with `score_hypotheses`. `progress`: a progress bar of the sentences translated,
     on a terminal."""
     pairs = list(pairs)  # a zip or a generator is read twice below
     if any(isinstance(pair, str) or len(pair) != 2 for pair in pairs):  # "ab" was read as ("a", "b")

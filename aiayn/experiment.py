@@ -247,7 +247,7 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
     if scale_name not in SCALES:
         raise ValueError(f"unknown scale {scale_name!r}; choose from {', '.join(SCALES)}")
     scale = SCALES[scale_name]
-    check_whole(seed=seed, **{name: value for name, value in (("steps", steps), ("vocab_size", vocab_size)) if value is not None})
+    check_whole(seed=seed, **{name: value for name, value in {"steps": steps, "vocab_size": vocab_size}.items() if value is not None})
     if steps is not None:
         if steps < 1:
             raise ValueError(f"--steps (in Python: steps=) must be at least 1, got {steps}")

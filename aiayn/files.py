@@ -131,9 +131,9 @@ def _check_name_length(path: Path) -> None:
     most = 255
     with suppress(OSError, ValueError):
         most = os.pathconf(next(p for p in (path.absolute(), *path.absolute().parents) if p.exists()), "PC_NAME_MAX")
-    if len(os.fsencode(path.name)) > most - NAME_GROWS:
-        raise ValueError(f"the name {path.name[:12]}...{path.name[-16:]} is {len(os.fsencode(path.name))} bytes: this file system allows "
-                         f"{most}, and aiayn writes beside it under names up to {NAME_GROWS} longer; choose a shorter name")
+    if (size := len(os.fsencode(path.name))) > most - NAME_GROWS:
+        raise ValueError(f"the name {path.name[:12]}...{path.name[-16:]} is {size} bytes: this file system allows {most}, "
+                         f"and aiayn writes beside it under names up to {NAME_GROWS} longer; choose a shorter name")
 
 
 def _listing(folder: Path, most: int = 3) -> str:

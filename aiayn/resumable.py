@@ -34,7 +34,11 @@ def _complete_lines(partial: Path, most: Optional[int] = None) -> int:
     return data.count(b"\n", 0, end)
 
 
-def _digest(path: str) -> str:
+def _digest(path: str) -> Optional[str]:
+    """The input's SHA-256; None for a pipe given by name (`<(...)`, a FIFO), which has no digest of
+    its own: read for one, it was read up (found in review). Its lines are checked as stdin's are."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        return None
     try:
         return file_sha256(path)
     except FileNotFoundError:
@@ -91,8 +95,7 @@ class PartialOutput:
               kept: Sequence[Path], loose: dict, older: dict) -> None:
         self._refuse(input, resume, force, model, kept)
         remove_unfinished(self.record)  # a record a kill left half rewritten (found in review: it stayed for good)
-        # A pipe given by name has no digest of its own: read for one, it was read up (found in review).
-        digest = None if input in (None, "-") or (os.path.exists(input) and not os.path.isfile(input)) else _digest(input)
+        digest = None if input in (None, "-") else _digest(input)
         self.skip, self.changed = 0, []
         self.nothing_to_resume = resume and not self.partial.exists() and not self.final.exists()
         if resume and self.partial.exists():

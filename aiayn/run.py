@@ -248,7 +248,7 @@ class RunDir:
                 lacks = WEIGHTS if has == [CONFIG] else CONFIG
                 raise FileNotFoundError(f"{folder} lacks {lacks} (it holds {has[0]}): a model folder holds both")
         if (self.path / EXPERIMENT).exists():  # (found in review: said as any folder)
-            raise FileNotFoundError(f"{self.path} is a Table 3 experiment: give one of its rows, e.g. {self.path / 'base'}")
+            raise FileNotFoundError(_give_a_row(self.path))
         if self.path.is_file():  # a path one level too deep (found in review: said as any folder)
             raise FileNotFoundError(f"{self.path} is a file, not a model or run folder" + (
                 f": give the model folder that holds it, {self.path.parent}" if (self.path.parent / CONFIG).is_file() else ""))
@@ -454,6 +454,11 @@ def _kept_by(run: RunDir) -> int:
         return TrainConfig.keep_last
 
 
+def _give_a_row(experiment: Path) -> str:
+    """What a command that reads one run says of a Table 3 experiment given instead (its rows are runs)."""
+    return f"{experiment} is a Table 3 experiment: give one of its rows, e.g. {experiment / 'base'}"
+
+
 def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -> None:
     """`aiayn average`: the mean of a run's last `options.last` checkpoints (if not given, as many
     as the run keeps: §6.1's 5 for base, 20 for big), or
@@ -467,8 +472,7 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
         raise ValueError(f"{given} is a file, not a run folder" if given.is_file() else  # (found in review: "no such")
                          f"no such run folder: {given}" if not given.is_dir() else
                          f"{given} is a run's checkpoints folder: give the run folder, {given.parent}" if inside else
-                         f"{given} is a Table 3 experiment: give one of its rows, e.g. {given / 'base'}"
-                         if (given / EXPERIMENT).exists() else f"no checkpoints in {given}")
+                         _give_a_row(given) if (given / EXPERIMENT).exists() else f"no checkpoints in {given}")
     if options.steps is not None and options.last is not None:
         raise ValueError("give --last (the last checkpoints) or --steps (those of given steps), not both")
     last = options.last or _kept_by(run)
