@@ -195,10 +195,10 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
             if others := sorted(p.name for p in path.glob("train.*") if _language_suffix(p.name[len("train."):])):
                 raise ValueError(f"{path} holds train.tsv and {', '.join(others)}: which is the corpus? "
                                  "Give a folder of one kind")
-            return _tsv_folder_stream(path, src_lang or UNNAMED[0], tgt_lang or UNNAMED[1])
+            return _tsv_folder_stream(path, *_tsv_languages(src_lang, tgt_lang))
         return _text_folder_stream(path, src_lang, tgt_lang)
     if path.is_file() and path.name.endswith((".tsv", ".tsv.xz")):
-        return CorpusStream(path.name.split(".")[0], src_lang or UNNAMED[0], tgt_lang or UNNAMED[1],
+        return CorpusStream(path.name.split(".")[0], *_tsv_languages(src_lang, tgt_lang),
                             {"train": lambda: _chunked(tsv_pairs(path))})
     if not path.exists() and (path.suffix or len(path.parts) > 1):  # a path, not a mistyped name
         raise FileNotFoundError(f"no such corpus file or folder: {spec}")
@@ -206,6 +206,16 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
         f"unknown corpus {spec!r}: not a built-in name ({', '.join(corpus_names())}) "
         "nor a folder, .tsv, .parquet or .mrg file"
     )
+
+
+def _tsv_languages(src_lang: Optional[str], tgt_lang: Optional[str]) -> tuple[str, str]:
+    """The languages of TSV columns, which name none: both given, or neither (src and tgt).
+    Found by a misuse hunt: --src-lang alone named the other column `tgt` without a word."""
+    if (src_lang is None) != (tgt_lang is None):
+        given, missing = ("--src-lang", "--tgt-lang") if tgt_lang is None else ("--tgt-lang", "--src-lang")
+        raise ValueError(f"a TSV corpus names no languages: with {given}, give {missing} too (or neither, "
+                         f"for {UNNAMED[0]} and {UNNAMED[1]})")
+    return (src_lang, tgt_lang) if src_lang else UNNAMED
 
 
 def load_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[str] = None) -> ParallelCorpus:

@@ -263,7 +263,8 @@ def _resumed_configs(run: RunDir, model_overrides: dict, train_overrides: dict, 
     if training.data and "corpus" in train_overrides and "data" not in train_overrides:
         raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
     if run.checkpoints():  # trained: it goes on from its own weights, on its own data (found in review)
-        kept = ["init_from"] + ([] if training.data else ["corpus", "src_lang", "tgt_lang"])
+        on_data = training.data or "data" in train_overrides  # the corpus is then the data's (found by a misuse hunt)
+        kept = ["init_from"] + ([] if on_data else ["corpus", "src_lang", "tgt_lang"])
         for name in [name for name in kept if name in train_overrides]:
             if train_overrides.pop(name) != getattr(training, name):
                 notes.append(f"note: --{name.replace('_', '-')} is not applied: {run.path} goes on from its "

@@ -396,9 +396,11 @@ def sample_training_sentences(stream, size: int, seed: int = 0) -> tuple[list[st
 
     rng = random.Random(seed)
     reservoir: list[tuple[int, int, str]] = []  # (side, pair index, sentence)
-    seen = index = 0
+    seen, index, dropped = 0, 0, stream.dropped.get("train", 0)
     for chunk in stream.splits["train"]():
-        for pair in clean_pairs(chunk)[0]:
+        kept, left_out = clean_pairs(chunk)
+        dropped += left_out
+        for pair in kept:
             for side, sentence in enumerate(pair):
                 if seen < size:
                     reservoir.append((side, index, sentence))
@@ -408,6 +410,9 @@ def sample_training_sentences(stream, size: int, seed: int = 0) -> tuple[list[st
                         reservoir[slot] = (side, index, sentence)
                 seen += 1
             index += 1
+    if not seen:  # (found by a misuse hunt: all-empty targets were "every training sentence is empty")
+        raise ValueError(f"corpus {stream.name} has no training pairs: " + (
+            f"each of its {dropped:,} has an empty side (source or target)" if dropped else "its train split is empty"))
     reservoir.sort(key=lambda item: item[:2])
     return [sentence for _, _, sentence in reservoir], seen
 

@@ -211,6 +211,17 @@ def test_a_blank_line_in_a_tsv_is_said_as_one(tmp_path):
         load_corpus(str(path))
 
 
+def test_a_tsv_corpus_takes_both_languages_or_neither(tmp_path):
+    """Found by a misuse hunt: --src-lang alone named the other column `tgt` without a word."""
+    write(tmp_path / "folder" / "train.tsv", "a\tb\n")
+    for spec in (write(tmp_path / "pairs.tsv", "a\tb\n"), tmp_path / "folder"):
+        assert (load_corpus(str(spec)).src_lang, load_corpus(str(spec), "en", "de").tgt_lang) == ("src", "de")
+        with pytest.raises(ValueError, match="names no languages: with --src-lang, give --tgt-lang too"):
+            load_corpus(str(spec), src_lang="en")
+        with pytest.raises(ValueError, match="with --tgt-lang, give --src-lang too"):
+            load_corpus(str(spec), tgt_lang="de")
+
+
 def test_unknown_spec_lists_the_built_in_names():
     names = {"bible-en-es", "bible-es-en", "wmt14-en-de", "wmt14-de-en", "wmt14-en-fr", "wmt14-fr-en"}
     assert names <= set(corpus_names())

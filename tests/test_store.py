@@ -456,6 +456,9 @@ def test_preprocess_refuses_inputs_that_would_leave_an_unusable_folder(tmp_path,
     one_line_error(*cli(capsys, *labelled, "--src-lang", "bin")[::2], "'bin' cannot name a language's files")
     one_line_error(*cli(capsys, *labelled, "--src-lang", "../x")[::2], "'../x' cannot name a language's files")
     one_line_error(*cli(capsys, "preprocess", "--corpus", "", "--out", out)[::2], "--corpus is empty")
+    (tsv / "train.tsv").write_text("".join(f"{s}\t \n" for s, _ in toy_pairs(50)), encoding="utf-8")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", tsv, "--out", out)[::2],  # (was: every sentence is empty)
+                   "corpus tsv has no training pairs: each of its 50 has an empty side")
     assert not out.exists()
 
 
@@ -559,12 +562,11 @@ def test_the_tokenizer_sample_gives_every_sentence_the_same_chance():
     """Reservoir sampling: each of n sentences lands in a sample of k with probability k / n
     (found by mutation: an off-by-one in the draw, which never picks the first sentence once the
     sample is full, passed every test)."""
-    from types import SimpleNamespace
-
+    from aiayn.corpora import CorpusStream
     from aiayn.store import sample_training_sentences
 
     pairs = [("a b", "c d"), ("e f", "g h")]
-    stream = SimpleNamespace(splits={"train": lambda: iter([pairs])})
+    stream = CorpusStream("x", "a", "b", {"train": lambda: iter([pairs])})
     counts = {}
     for seed in range(400):
         (sentence,), total = sample_training_sentences(stream, 1, seed=seed)
@@ -598,6 +600,23 @@ def test_a_failed_starts_data_is_made_again_for_another_max_sentence_tokens(tmp_
     assert code == 0, err
     assert "made from other data or settings" in out
     assert load_store(run / "data").manifest["max_sentence_tokens"] == 256
+
+
+def test_a_corpus_run_resumed_on_data_of_another_corpus_says_and_records_that_data(tmp_path, corpus_dir, capsys):
+    """Found by a misuse hunt: a run begun on --corpus, resumed with --data made (with its
+    tokenizer) from another corpus, said "--corpus is not applied ... with the data it began with",
+    trained on the new data and recorded the old corpus beside the new data."""
+    run, other = tmp_path / "run", tmp_path / "other.tsv"
+    common = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--max-tokens", "300", "--device", "cpu",
+              "--eval-every", "1000", "--out", run]
+    assert cli(capsys, "train", "--corpus", corpus_dir, "--vocab-size", "300", "--max-steps", "1", *common)[0] == 0
+    other.write_text("".join(f"{s}\t{t}\n" for s, t in toy_pairs(120, 3)), encoding="utf-8")
+    assert cli(capsys, "preprocess", "--corpus", other, "--tokenizer", run, "--out", tmp_path / "data")[0] == 0
+    code, out, err = cli(capsys, "train", "--resume", "--data", tmp_path / "data", "--max-steps", "2", *common)
+    assert code == 0 and "is not applied" not in out, out + err
+    assert f"--corpus {corpus_dir} → {other}" in out
+    recorded = json.loads((run / "train_config.json").read_text())
+    assert (recorded["data"], recorded["corpus"]) == (str(tmp_path / "data"), str(other))
 
 
 def test_a_data_run_records_its_data_absolute_and_resumes_from_another_folder(tmp_path, data_dir, corpus_dir, capsys,
