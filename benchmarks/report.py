@@ -259,6 +259,17 @@ def sweep_section(results: dict, out: Path) -> list[str]:
     return lines
 
 
+def recorded_command(results: dict) -> list[str]:
+    """The command a result records, as it was run, and where the script's defaults have moved
+    since, the flags that repeat it today (found in a docs audit: `python benchmarks/speed.py` of a
+    result from before real batch shapes now also trains on them, hours on a CPU)."""
+    lines = [results["command"]]
+    if results.get("benchmark") == "speed" and "budgets" not in results.get("settings", {}) \
+            and "--batches" not in results["command"]:
+        lines.append(f"# measured before --batches; today the same cases: {results['command']} --batches fixed")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speed", type=Path, default=RESULTS / "speed-cpu.json")
@@ -280,7 +291,7 @@ def main() -> None:
     lines = ["# Benchmarks", "",
              f"aiayn against peer implementations of the same shape: {' and '.join(shapes)}, a shared vocabulary "
              f"of 8,000, random weights. Made by the commands in [benchmarks/]({readme}):", "", "```bash"]
-    lines += [results["command"] for results in loaded.values()]
+    lines += [line for results in loaded.values() for line in recorded_command(results)]
     lines += [command_line(), "```", ""]
     if any(results["quick"] for results in loaded.values()):
         lines += ["> **Quick (smoke-test) results: tiny sizes, not measurements.**", ""]

@@ -174,3 +174,14 @@ def test_the_gpu_session_script_runs_tests_scripts_and_flags_that_exist():
     for name, flags in calls:
         source = (BENCHMARKS / f"{name}.py").read_text()
         assert flags and all(f'"{flag}"' in source for flag in flags), (name, [f for f in flags if f'"{f}"' not in source])
+
+
+def test_report_says_how_to_repeat_a_result_whose_script_defaults_moved_since(tmp_path):
+    """Found in a docs audit: docs/benchmarks.md gave `python benchmarks/speed.py` as recorded,
+    whose defaults now add real batch shapes (hours on a CPU) to the fixed batches it measured."""
+    results = BENCHMARKS / "results"
+    for name, today in (("speed-cpu.json", True), ("speed-train-amd-epyc-zen5.json", False)):
+        done = run_script("report", "--speed", results / name, "--no-sweep", "--out", tmp_path / "b.md", "--force")
+        assert done.returncode == 0, done.stderr
+        text = (tmp_path / "b.md").read_text()
+        assert ("today the same cases: python benchmarks/speed.py --batches fixed" in text) == today, text[:600]
