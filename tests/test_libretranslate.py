@@ -6,6 +6,7 @@ Translator gives for the same text and settings (§6.1: beam 4, α 0.6)."""
 import http.client
 import json
 import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -405,6 +406,42 @@ def test_html_a_browser_reads_so_comes_back_so():
                         ("<p>Good night.</ p> Sleep well.", ["Good night.", "Sleep well."])]:  # "</ p>": no end tag
         found, rest = split_html(page, "en")
         assert found == texts and join_html(found, rest) == page, page
+
+
+def test_html_never_closed_or_of_references_to_nothing_is_read_as_a_browser_reads_it():
+    """Found by a misuse hunt and by fuzzing: after a second "&#" that began no reference, the
+    rest of the page, tags and all, was one text (its tags came back escaped, as words); "&#x1",
+    a reference to nothing, was a StopIteration (a 500); an unclosed tag at the end was text, a
+    bare "&" at the end was lost; `<code/>` opened no code, and <xmp> was prose."""
+    texts, rest = split_html("<p>one &#; two</p><p>three &#; four</p><p>five <b>six</b></p>")
+    assert texts == ["one &#; two", "three &#; four", "five", "six"] and rest[-2:] == [" <b>", "</b></p>"]
+    texts, rest = split_html("<p>the &#x1;cat</p>")
+    assert texts == ["the cat"] and rest == ["<p>", "</p>"]
+    for page, texts_then in [("<p>Hello <b world", ["Hello"]), ("<p>Hello</p><?php echo", ["Hello"]),
+                             ("<p>Hello</p></p", ["Hello"]), ("<p>cats &a", ["cats &a"]),
+                             ("<p>Hello <code/> print(x) </code>bye", ["Hello", "bye"]),  # a <code> opens there
+                             ("<p>Hello <br/>there", ["Hello", "there"]),
+                             ("<xmp><b>Hello</b> there</xmp><listing>a dog</listing>bye", ["bye"])]:
+        texts, rest = split_html(page)
+        assert texts == texts_then and join_html(texts, rest) == page.replace("&", "&amp;"), page
+
+
+@pytest.mark.parametrize("unit", ["<a", "<?", "</", "<", "<!", "&#", "<p>x</p", "<a b='"])
+def test_html_takes_time_in_proportion_to_the_page(unit):
+    """Found by a misuse hunt: Python 3.11's parser read a construct never closed again from each
+    later "<", so a 200 KB page of "<a" held the server's CPU for 18 s and 1 MiB for minutes. Four
+    times the page takes about four times as long (the best of 5 runs each); sixteen, quadratic."""
+    def best(size: int) -> float:
+        page = unit * (size // len(unit))
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            split_html(page, "en")
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    small, large = best(50_000), best(200_000)
+    assert large < 8 * small + 0.01, (small, large)
 
 
 def test_paragraph_spaces_sentencex_panicked_on_and_a_client_that_leaves(server, translator, model_dir):
