@@ -540,6 +540,10 @@ def check_resumed(given_preset: Optional[str], model_config: ModelConfig, model_
 MAX_INPUT_TOKENS = 1024  # `aiayn translate`: a longer line is cut to this many tokens
 MAX_OUTPUT_LEN = 1024  # the longest output a request to `aiayn serve` may ask for
 MAX_WAIT_MS_LIMIT = 10_000.0  # the most a server's max_wait_ms may be: a lone request waits that long at worst
+# The rates a server's clients may be held to (--req-limit, a key's own): a rate nearer 0 made a
+# wait of more seconds than a number holds (found by a misuse hunt: `1e-310` was a 500 to every
+# request after the first).
+REQUESTS_PER_MINUTE = (0.001, 1e9)
 
 
 # The names a shell user gives standard output by: the lines go to stdout, as without --output.
@@ -694,8 +698,8 @@ class ServeOptions:
                                          language=True)
     api_keys: Optional[str] = _option(None, "a file of API keys, one a line, each optionally with its requests per "
                                       "minute: every translation then needs one (aiayn.serve.limits)", metavar="FILE")
-    req_limit: Optional[float] = _option(None, "requests per minute from one address (default: no limit)", above=0,
-                                         most=1e9)
+    req_limit: Optional[float] = _option(None, "requests per minute from one address (default: no limit)",
+                                         least=REQUESTS_PER_MINUTE[0], most=REQUESTS_PER_MINUTE[1])
     # uvicorn would trust X-Forwarded-For from 127.0.0.1 by default: any local process could then
     # pass as any address to --req-limit. Only the proxies named here are believed.
     forwarded_allow_ips: Optional[str] = _option(None, "proxies whose X-Forwarded-For names the client's address for "

@@ -9,6 +9,7 @@ import errno
 import itertools
 import lzma
 import os
+import re
 import sys
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional, Union
@@ -116,9 +117,16 @@ def open_input(path: Optional[str]) -> tuple[BinaryIO, str]:
     return open(path, "rb"), path
 
 
+# Control characters (Unicode's Cc) but the spaces among them (tab, line breaks, U+0085): no
+# sentence holds them, and encoded they are byte pieces that the model reads as words (found by
+# a misuse hunt: "\x01\x02 God" was not translated as "God" is).
+_CONTROLS = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
+
+
 def visible(text: str) -> str:
-    """`text` stripped, or "" where no character of it is visible (control and format characters
-    only: U+0001, a zero-width space). Such a text is translated as empty, as a blank one is:
-    encoded, it is byte pieces, from which the model invents a sentence (found in review)."""
-    text = text.strip()
+    """`text` stripped and without control characters, or "" where no character of it is
+    visible (format characters only: a zero-width space). Such a text is translated as empty, as
+    a blank one is: encoded, it is byte pieces, from which the model invents a sentence (found in
+    review). Corpora are read through it too, so that training sees what translation will."""
+    text = _CONTROLS.sub("", text).strip()
     return text if any(character.isprintable() and not character.isspace() for character in text) else ""

@@ -167,10 +167,25 @@ def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, transl
     ({"q": "the cat", "source": "en", "target": "es", "alternatives": True}, "must be a whole number, got True"),
     ({"q": ["the cat", 3], "source": "en", "target": "es"}, "q must be a string or a list of strings"),
     ({"q": ["the cat", "b\ud800c"], "source": "en", "target": "es"}, "lone surrogate"),
+    # A client's value is cut in the error (found by a misuse hunt: 200,000 characters came back)
+    ({"q": "the cat", "source": "x" * 200_000, "target": "es"}, "x… (200,000 characters) is not supported as a source"),
+    ({"q": "the cat", "target": "es", "alternatives": "9" * 5000}, "got '" + "9" * 39 + "… (5,002 characters)"),
 ])
 def test_errors_come_in_libretranslates_shape(server, fields, says):
     status, answer, _ = request(server.port, "POST", "/translate", fields)
     assert status == 400 and set(answer) == {"error"} and says in answer["error"]
+
+
+def test_control_characters_in_a_text_are_dropped_on_both_apis(server, translator):
+    """Found by a misuse hunt: "\x01\x02 the cat" and "the cat\x00" were byte pieces to the model,
+    and translated otherwise than "the cat"; spaces that are control characters stay spaces."""
+    expected = translator.translate(["the cat"])[0]
+    for text in ("\x01\x02 the cat", "the cat\x00", "the\x7f cat"):
+        status, answer, _ = request(server.port, "POST", "/translate", {"q": text, "source": "en", "target": "es"})
+        assert status == 200 and answer["translatedText"] == expected, repr(text)
+        status, answer, _ = request(server.port, "POST", "/translate", {"text": text})
+        assert status == 200 and answer["translations"] == [expected], repr(text)
+    assert translator.translate(["the\tcat\x85"]) == translator.translate(["the\tcat"])  # stripped, as before
 
 
 def test_aiayns_own_api_is_unchanged_beside_it(server, translator):
@@ -306,8 +321,10 @@ def test_key_files_are_read_with_one_line_errors(tmp_path):
     good = tmp_path / "good"
     good.write_text("a\nb 30\n\n# c\n")
     assert read_keys(good) == {"a": None, "b": 30.0}
-    for text, says in (("", "holds no key"), ("a 0\n", "positive number"), ("a inf\n", "positive number"),  # inf: no limit
-                       ("a nan\n", "positive number"), ("a b c\n", "line 1"), ("a x\n", "line 1")):
+    rates = "must be a number from 0.001 to 1,000,000,000"  # 1e-310: a wait past a float (found by a misuse hunt)
+    for text, says in (("", "holds no key"), ("a 0\n", rates), ("a inf\n", rates), ("a nan\n", rates), ("a 1e-310", rates),
+                       ("a b c\n", "line 1"), ("a x\n", "line 1"), ("k 2\nb\nk\n", "line 3: the key of line 1 again"),
+                       ("clé\n", "line 1: a key is printable ASCII")):
         bad = tmp_path / "bad"
         bad.write_text(text)
         with pytest.raises(ValueError, match=says):
@@ -553,13 +570,14 @@ def test_answers_have_the_shape_of_q_and_the_alternatives_asked_for(server, tran
 
 
 def test_requests_as_clients_send_them(server, translator):
-    """source left out is auto; a JSON body wins over the query's parameters and is read as JSON
+    """source left out (or null) is auto; a JSON body wins over the query's parameters and is read as JSON
     whatever its Content-Type says; a JSON body that is no object is a 400; repeated q fields of a
     form are a list; /detect reads every text of a list and gives a blank text confidence 0; a
     body with aiayn's own `text` goes to aiayn's route (found by mutation: each passed every test)."""
     expected = translator.translate(["the cat"])[0]
-    status, answer, _ = request(server.port, "POST", "/translate", {"q": "the cat", "target": "es"})
-    assert status == 200 and answer["translatedText"] == expected and answer["detectedLanguage"]["language"] == "en"
+    for fields in ({"q": "the cat", "target": "es"}, {"q": "the cat", "source": None, "target": "es"}):  # null too
+        status, answer, _ = request(server.port, "POST", "/translate", fields)
+        assert status == 200 and answer["translatedText"] == expected and answer["detectedLanguage"]["language"] == "en"
     status, answer, _ = request(server.port, "POST", "/translate?q=the%20dog&target=fr",
                                 {"q": "the cat", "source": "en", "target": "es"})
     assert status == 200 and answer["translatedText"] == expected
@@ -567,6 +585,13 @@ def test_requests_as_clients_send_them(server, translator):
     for headers in ({}, {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}):
         status, answer, _ = request(server.port, "POST", "/translate", body, headers)
         assert status == 200 and answer["translatedText"] == expected, headers
+    # JSON with a byte-order mark, UTF-16, and a JSON Content-Type with the fields in the query
+    # (found by a misuse hunt: each went to aiayn's route, "text: Field required")
+    text = json.dumps({"q": "the cat", "source": "en", "target": "es"})
+    for body in (b"\xef\xbb\xbf" + text.encode(), text.encode("utf-16"), b""):
+        status, answer, _ = request(server.port, "POST", "/translate" + ("?q=the%20cat&target=es" if not body else ""),
+                                    body, {"Content-Type": "application/json"})
+        assert status == 200 and answer["translatedText"] == expected, (body[:8], answer)
     status, answer, _ = request(server.port, "POST", "/detect", b'["the cat"]', {"Content-Type": "application/json"})
     assert status == 400 and "JSON object" in answer["error"]
     status, answer, _ = request(server.port, "POST", "/translate", b"q=the+cat&q=the+dog&source=en&target=es",
@@ -643,9 +668,9 @@ def test_format_defaults_to_text_and_query_parameters_with_q_anywhere_are_libret
 
 def test_frontend_settings_and_languages_by_get_and_post(server):
     """LibreTranslate's frontend reads every field of /frontend/settings, and clients POST /languages
-    too (found by mutation: the settings had no test, POST /languages none either)."""
-    """/frontend/settings as LibreTranslate's frontend reads it, and /languages by either method
-    (found by mutation: neither had a test)."""
+    too (found by mutation: the settings had no test, POST /languages none either); HEAD is
+    answered as GET, without the body, and a 405 allows every method of its path (found by a
+    misuse hunt: HEAD /health was a 405, PUT /languages allowed POST only)."""
     status, settings, _ = request(server.port, "GET", "/frontend/settings")
     assert status == 200
     assert settings["language"] == {"source": {"code": "en", "name": "English"},
@@ -655,6 +680,14 @@ def test_frontend_settings_and_languages_by_get_and_post(server):
     assert settings["supportedFilesFormat"] == []
     pair = [{"code": "en", "name": "English", "targets": ["es"]}, {"code": "es", "name": "Spanish", "targets": []}]
     assert request(server.port, "GET", "/languages")[:2] == request(server.port, "POST", "/languages")[:2] == (200, pair)
+    for path in ("/health", "/languages", "/"):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        connection.request("HEAD", path)
+        response = connection.getresponse()
+        assert response.status == 200 and response.read() == b"" and int(response.getheader("Content-Length")) > 0
+        connection.close()
+    status, body, headers = request(server.port, "PUT", "/languages")
+    assert status == 405 and headers["allow"] == "GET, HEAD, POST" and "error" in body
 
 
 def test_with_keys_the_key_comes_first_may_be_in_the_query_and_settings_say_one_is_needed(model_dir, tmp_path, translator):

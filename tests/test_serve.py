@@ -494,6 +494,7 @@ def test_attention_has_every_layer_and_head_and_rows_sum_to_one(server, model_di
     (b'{"text": "a"}', {}, 422, "JSON object"),
     ({"text": "a", "beam": 0}, None, 422, "beam: Input should be greater than or equal to 1"),
     ({"text": "a", "beam": "four"}, None, 422, "beam: Input should be a valid integer"),
+    ({"text": "a", "alpha": True}, None, 422, "alpha: Input should be a valid number"),  # was α 1.0 (a misuse hunt)
     ({"text": 5}, None, 422, "text: give a string or a list of strings"),
     ({"beam": 4}, None, 422, "text: Field required"),  # not "give a string" (found by mutation: unchecked)
     ({"text": []}, None, 422, "give at least one text"),
@@ -1055,6 +1056,7 @@ def test_serve_refuses_a_port_in_use_and_bad_settings_in_one_line(model_dir):
            ("--read-timeout", "0", "--read-timeout must be above 0"),
            ("--max-batch-mib", "inf", "--max-batch-mib must be above 0"),
            ("--max-connections", "0", "--max-connections must be at least 1"),
+           ("--req-limit", "1e-310", "--req-limit must be between 0.001 and 1,000,000,000"),  # was a 500 a request
            ("--forwarded-allow-ips", "127.0.0.l", "--forwarded-allow-ips: '127.0.0.l' is no IP address or network"))
     # all at once: each is a process start-up, and they share nothing
     processes = [subprocess.Popen([sys.executable, "-m", "aiayn", "serve", str(model_dir), option, value],

@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException
 
 from aiayn.config import DECODE_PRESETS, MAX_ALPHA, MAX_OUTPUT_LEN, SERVE, ServeOptions
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from aiayn.lines import visible
 from aiayn.sentences import interleave, split_sentences
@@ -62,7 +63,7 @@ class TranslateRequest(BaseModel):
     text: Union[str, list[str]] = Field(description="a sentence, or a list of sentences translated in order")
     beam: int = Field(SECTION_6_1.beam, ge=1, le=MAX_BEAM, strict=True,
                       description=f"beam size (§6.1: {SECTION_6_1.beam}); 1 is greedy")
-    alpha: float = Field(SECTION_6_1.alpha, ge=0.0, le=MAX_ALPHA, allow_inf_nan=False,
+    alpha: float = Field(SECTION_6_1.alpha, ge=0.0, le=MAX_ALPHA, allow_inf_nan=False, strict=True,  # not true: 1.0
                          description=f"length penalty α (§6.1: {SECTION_6_1.alpha})")
     max_length: Optional[int] = Field(None, ge=1, le=MAX_OUTPUT_LEN, strict=True, description=(
         f"output tokens at most (default: source length + {SECTION_6_1.extra_len})"))
@@ -178,6 +179,23 @@ class BodyLimit:
         await self.app(scope, receive, send)
 
 
+class HeadAsGet:
+    """HEAD answered as GET is, without the body, as HTTP asks of every server (RFC 9110, 9.3.2)
+    and uptime monitors send it (found by a misuse hunt: 405 from /health, / and /languages)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            return await self.app(scope, receive, send)
+
+        async def headers_only(message) -> None:
+            await send({**message, "body": b""} if message["type"] == "http.response.body" else message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
 # What FastAPI answers for a JSON body it failed to read (not UTF-8, nested too deep for Python's
 # parser), the failure as its cause; the JSON errors it names are a RequestValidationError.
 FASTAPI_UNREADABLE_BODY = "There was an error parsing the body"
@@ -206,6 +224,12 @@ def _add_error_handlers(app: FastAPI) -> None:
             cause = error.__cause__
             return _error(400, "the body is not valid JSON: " + (
                 "it is not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else f"{type(cause).__name__}"))
+        if error.status_code == 405:  # the methods of every route of the path, not of the first (found by a
+            # misuse hunt: PUT /languages said "Allow: POST", where GET is served too)
+            methods = {m for route in app.router.routes if route.matches(request.scope)[0] != Match.NONE
+                       for m in getattr(route, "methods", None) or ()}
+            methods |= {"HEAD"} if "GET" in methods else set()
+            return _error(405, str(error.detail), {**(error.headers or {}), "Allow": ", ".join(sorted(methods))})
         return _error(error.status_code, str(error.detail), error.headers)
 
     @app.exception_handler(QueueFull)
@@ -381,6 +405,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
                               "Concurrent requests are decoded together: each joins the running search.")
     app.state.batcher = batcher
     app.state.drain = drain
+    app.add_middleware(HeadAsGet)
     app.add_middleware(LibreDispatch)  # inside BodyLimit: it reads bodies already bounded
     app.add_middleware(BodyLimit)
     add_origin_checks(app, allowed_hosts, cors_origins)  # added last, so they run first

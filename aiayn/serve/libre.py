@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException
 from aiayn.serve.batcher import SECTION_6_1, Options, unless_gone
 from aiayn.serve.cost import MIB
 from aiayn.corpora import language_name
+from aiayn.lines import visible
 from aiayn.sentences import interleave, split_sentences
 from aiayn.serve.limits import bearer_key
 from aiayn.serve.markup import join_html, split_html
@@ -62,9 +63,21 @@ def error(status: int, message: str) -> HTTPException:
     return HTTPException(status, message)
 
 
+def _loads(body: bytes) -> Any:
+    """JSON as clients send it: UTF-8, -16 or -32, with a byte-order mark or without (found by a
+    misuse hunt: json.loads refuses UTF-8's mark, and such a LibreTranslate request went to
+    aiayn's route, which takes it)."""
+    return json.loads(body.decode(json.detect_encoding(body)))
+
+
+def _json_start(body: bytes) -> str:
+    """The body's first character but spaces, read as JSON text ("{" of a JSON object)."""
+    return body.decode(json.detect_encoding(body), errors="replace").lstrip()[:1]
+
+
 def _is_aiayn_json(body: bytes) -> bool:
     try:
-        value = json.loads(body)
+        value = _loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: arrays nested thousands deep
         return True  # aiayn's route answers bad JSON with its 400
     return not (isinstance(value, dict) and "text" not in value and not LIBRE_FIELDS.isdisjoint(value))
@@ -90,10 +103,10 @@ class LibreDispatch:
             more = message.get("more_body", False)
         body = b"".join(chunks)
         content_type = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
-        if body.lstrip()[:1] in (b"{", b"["):  # JSON, whatever the header says: aiayn's unless it has q, ...
+        if _json_start(body) in ("{", "["):  # JSON, whatever the header says: aiayn's unless it has q, ...
             libre = not _is_aiayn_json(body)
-        elif content_type == b"application/json":
-            libre = False  # aiayn's route answers the bad JSON
+        elif content_type == b"application/json" and body.strip():
+            libre = False  # aiayn's route answers the bad JSON (an empty body: the query may be LibreTranslate's)
         else:  # a form, or query parameters
             libre = bool(body) or b"q=" in scope.get("query_string", b"")
         if libre:
@@ -118,9 +131,9 @@ async def request_fields(request: Request) -> dict[str, Any]:
         _add(fields, key, value)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     body = await request.body()
-    if content_type == "application/json" or body.lstrip()[:1] == b"{":
+    if (content_type == "application/json" and body.strip()) or _json_start(body) == "{":
         try:
-            value = json.loads(body)
+            value = _loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError) as problem:  # (nested too deep: found in review)
             raise error(400, f"Invalid request: the body is not valid JSON ({type(problem).__name__}: "
                              f"{str(problem)[:200]})") from None
@@ -176,16 +189,24 @@ def check_languages(fields: dict, languages: Languages) -> bool:
     """Whether the source was "auto"; a 400 for a pair this model does not translate."""
     if not languages.known:
         raise error(400, "this server does not know its model's languages; start it with --source-lang and --target-lang")
-    source, target = fields.get("source", "auto"), fields.get("target")
+    source, target = fields.get("source"), fields.get("target")
+    source = "auto" if source is None else source  # left out or null (found by a misuse hunt: "None is not supported")
     if target is None:
         raise error(400, "Invalid request: missing target parameter")
     pair = f"{languages.source} to {languages.target}"
     auto = _code(source) == "auto"
     if not auto and _code(source) != _code(languages.source):
-        raise error(400, f"{source!s} is not supported as a source: this server translates {pair}")
+        raise error(400, f"{_shown(source, str)} is not supported as a source: this server translates {pair}")
     if _code(target) != _code(languages.target):
-        raise error(400, f"{target!s} is not supported as a target: this server translates {pair}")
+        raise error(400, f"{_shown(target, str)} is not supported as a target: this server translates {pair}")
     return auto
+
+
+def _shown(value, written=repr, most: int = 40) -> str:
+    """A client's value in an error, cut at `most` characters (found by a misuse hunt: a source of
+    200,000 characters came back whole in the error)."""
+    text = written(value)
+    return text if len(text) <= most else f"{text[:most]}… ({len(text):,} characters)"
 
 
 def _code(code) -> str:
@@ -202,14 +223,14 @@ def alternatives_of(fields: dict) -> int:
         if isinstance(value, bool) or count is None:
             raise ValueError
     except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e400 is an infinite float
-        raise error(400, f"Invalid request: alternatives must be a whole number, got {value!r}") from None
+        raise error(400, f"Invalid request: alternatives must be a whole number, got {_shown(value)}") from None
     return min(max(count, 0), MAX_ALTERNATIVES)  # LibreTranslate takes a negative count for 0 (found in review)
 
 
 def format_of(fields: dict) -> str:
     value = fields.get("format") or "text"  # an empty or null format is text, as LibreTranslate takes it
     if value not in ("text", "html"):
-        raise error(400, f"Invalid request: format must be text or html, got {value!r}")
+        raise error(400, f"Invalid request: format must be text or html, got {_shown(value)}")
     return value
 
 
@@ -243,15 +264,16 @@ def page_translator(tokenizer, batcher, limits, text_bytes, lang: str):
         """LibreTranslate's texts (pages with format=html): every piece to translate in one
         submission, each piece's translation and alternatives back in its place; None if the
         client of `request` went away first (found in review: its texts were decoded anyway)."""
-        # In a thread: the event loop answers other clients while a large page is read (Python's
-        # HTML parser is quadratic on some malformed pages; found in review: /health waited 26 s).
+        # In a thread: the event loop answers other clients while a large page is read (a second
+        # for a page of 1 MiB; found in review: /health waited 26 s on Python's parser then).
         pages = await asyncio.to_thread(
             lambda: [split_html(text, lang) if html else split_sentences(text, lang) for text in texts])
         pieces = [piece for page, _ in pages for piece in page]
         if len(pieces) > limits.max_queue:
             raise HTTPException(400, f"Invalid request: {len(pieces)} sentences in one "
                                      f"request; this server takes at most {limits.max_queue} (max_queue)")
-        sources = tokenizer.encode_batch([piece.strip() for piece in pieces], threads=1)  # as aiayn's own API (app.py)
+        # Read as aiayn's own API reads a text (app.py), control characters dropped (found by a misuse hunt)
+        sources = tokenizer.encode_batch([visible(piece) for piece in pieces], threads=1)
         options = Options(max(SECTION_6_1.beam, alternatives + 1), SECTION_6_1.alpha, alternatives=alternatives)
         for number, ids in enumerate(sources, start=1):
             if len(ids) > limits.max_input_tokens:

@@ -30,6 +30,8 @@ from typing import Callable, Optional, Union
 
 from starlette.exceptions import HTTPException
 
+from aiayn.config import REQUESTS_PER_MINUTE
+
 
 MAX_BUCKETS = 100_000  # rate-limit entries kept before the full ones are dropped
 
@@ -39,8 +41,13 @@ class Refused(HTTPException):
 
 
 def read_keys(path: Union[str, Path]) -> dict[str, Optional[float]]:
-    """key -> its requests per minute (None: the address rate only), from a key file."""
+    """key -> its requests per minute (None: the address rate only), from a key file. A key is
+    printable ASCII, which an `Authorization` header can carry as written, and is given once
+    (found by a misuse hunt: "clé" was refused in the header, and a key given twice took its
+    last line's rate, none)."""
     keys: dict[str, Optional[float]] = {}
+    lines_of: dict[str, int] = {}
+    least, most = REQUESTS_PER_MINUTE
     try:
         lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark is no part of a key
     except FileNotFoundError:
@@ -59,9 +66,14 @@ def read_keys(path: Union[str, Path]) -> dict[str, Optional[float]]:
                 limit = float(words[1])
             except ValueError:
                 limit = -1.0
-            if not 0 < limit < math.inf:
-                raise ValueError(f"{path}, line {number}: the requests per minute must be a positive number")
-        keys[words[0]] = limit
+            if not least <= limit <= most:
+                raise ValueError(f"{path}, line {number}: the requests per minute must be a number from {least:g} "
+                                 f"to {most:,.0f}")
+        if not (words[0].isascii() and words[0].isprintable()):
+            raise ValueError(f"{path}, line {number}: a key is printable ASCII, as a header carries it")
+        if words[0] in lines_of:
+            raise ValueError(f"{path}, line {number}: the key of line {lines_of[words[0]]} again; give each key once")
+        keys[words[0]], lines_of[words[0]] = limit, number
     if not keys:
         raise ValueError(f"{path} holds no key")
     return keys
