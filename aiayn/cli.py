@@ -277,7 +277,7 @@ def cmd_experiment_table3(args: argparse.Namespace) -> None:
 
     table3 = options(args, Table3Options)
     out = Path(table3.out)
-    run_table3(out, table3.scale, table3.rows, table3.steps, table3.precision, table3.seed, table3.corpus, table3.vocab_size)
+    run_table3(out, table3.scale, **{name: value for name, value in vars(table3).items() if name not in ("out", "scale")})
     print("\n" + (out / TABLE_MD).read_text(encoding="utf-8"))
     print(f"table {out / TABLE_MD}, " + (f"plot {out / TABLE_PNG}" if (out / TABLE_PNG).exists() else
                                          "no plot: it draws each row against the base row (add base to --rows)"))

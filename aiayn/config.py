@@ -814,6 +814,9 @@ class Table3Options:
     corpus: str = _option("bible-en-es", "corpus")
     vocab_size: Optional[int] = _option(None, "shared BPE vocabulary of every row (default: the scale's; a small "
                                         "--corpus allows fewer)", least=1)
+    src_lang: Optional[str] = _option(None, "source language of --corpus, where its files do not name it",
+                                      language=True)
+    tgt_lang: Optional[str] = _option(None, "target language of --corpus", language=True)
 
 
 SERVE = ServeOptions(run_dir="")  # the server's defaults, for code that runs it without the CLI

@@ -30,6 +30,7 @@ from aiayn.files import atomic_write, read_json, write_json
 from aiayn.run import EXPERIMENT, LOCK, ROW_RESULT, RunDir
 
 DATA = "data"
+Languages = tuple[Optional[str], Optional[str]]  # (source, target) of a corpus; None: as its files say
 TABLE_MD, TABLE_JSON, TABLE_PNG = "table3.md", "table3.json", "table3.png"
 
 # The base row again with another seed: how far two runs of one configuration land apart is the
@@ -139,9 +140,10 @@ def select_rows(names: Optional[Sequence[str]]) -> list[str]:
     return [row for row in ROWS if row in chosen]
 
 
-def _settings(scale_name: str, scale: Scale, precision: str, seed: int, corpus: str) -> dict:
+def _settings(scale_name: str, scale: Scale, precision: str, seed: int, corpus: str,
+              languages: Languages = (None, None)) -> dict:
     return {"experiment": "table3", "scale": scale_name, **dataclasses.asdict(scale), "precision": precision,
-            "seed": seed, "corpus": corpus}
+            "seed": seed, "corpus": corpus, "src_lang": languages[0], "tgt_lang": languages[1]}
 
 
 def _check_out(out: Path, settings: dict) -> None:
@@ -172,8 +174,9 @@ def _started(out: Path) -> bool:
         return any((out / row).exists() for row in ROWS)
 
 
-def _prepare_data(out: Path, corpus: str, scale: Scale, echo: Callable[[str], None]) -> None:
-    """One preprocessed copy of the corpus for every row, so all rows see the same pieces."""
+def _prepare_data(out: Path, corpus: str, languages: Languages, scale: Scale, echo: Callable[[str], None]) -> None:
+    """One preprocessed copy of the corpus for every row, so all rows see the same pieces;
+    `languages` (source, target) name a folder's languages where its files do not tell."""
     from aiayn.corpora import stream_corpus
     from aiayn.store import load_store, preprocess
 
@@ -181,7 +184,7 @@ def _prepare_data(out: Path, corpus: str, scale: Scale, echo: Callable[[str], No
     try:
         load_store(folder)
     except (ValueError, OSError):
-        store = preprocess(stream_corpus(corpus), folder, scale.vocab_size, spec=corpus, force=True, echo=echo)
+        store = preprocess(stream_corpus(corpus, *languages), folder, scale.vocab_size, spec=corpus, force=True, echo=echo)
         if "dev" not in store.splits:  # found in review: the first row's scoring divided by zero
             shutil.rmtree(folder)  # data that no row can use: the experiment has not started
             raise ValueError(f"Table 3 scores every row on its corpus's dev split, and {corpus} has none: give a "
@@ -238,10 +241,13 @@ def read_results(out: Path) -> dict[str, dict]:
 
 def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str]] = None, steps: Optional[int] = None,
                precision: str = "auto", seed: int = 1, corpus: str = "bible-en-es", vocab_size: Optional[int] = None,
-               echo: Callable[[str], None] = print) -> dict[str, dict]:
+               echo: Callable[[str], None] = print, src_lang: Optional[str] = None,
+               tgt_lang: Optional[str] = None) -> dict[str, dict]:
     """Train and score the chosen rows (default: all) in OUT, skipping the ones already done,
     and write the table, its JSON and its plot after each row. Returns every finished row.
-    `steps` and `vocab_size` replace the scale's."""
+    `steps` and `vocab_size` replace the scale's; `src_lang` and `tgt_lang` name the languages
+    of a corpus whose files do not (found in a docs audit: a folder of train.en and train.es
+    could not be given, the error naming flags that table3 lacked)."""
     from aiayn.device import check_precision, resolve_device, resolve_precision
 
     if scale_name not in SCALES:
@@ -262,9 +268,9 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
     check_precision(device, precision)
     out = Path(out)
     with RunDir(out).lock():  # the settings too: a refused second start must not rewrite them
-        _check_out(out, _settings(scale_name, scale, precision, seed, corpus))
+        _check_out(out, _settings(scale_name, scale, precision, seed, corpus, (src_lang, tgt_lang)))
         try:
-            return _run_rows(out, chosen, scale, scale_name, precision, seed, corpus, echo)
+            return _run_rows(out, chosen, scale, scale_name, precision, seed, corpus, (src_lang, tgt_lang), echo)
         except BaseException:
             if not _started(out):  # settings that bound nothing: a new folder goes whole (RunDir.lock)
                 (out / EXPERIMENT).unlink(missing_ok=True)
@@ -272,9 +278,9 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
 
 
 def _run_rows(out: Path, chosen: list[str], scale: Scale, scale_name: str, precision: str, seed: int, corpus: str,
-              echo: Callable[[str], None]) -> dict[str, dict]:
+              languages: Languages, echo: Callable[[str], None]) -> dict[str, dict]:
     """`run_table3`'s work, under the experiment folder's lock."""
-    _prepare_data(out, corpus, scale, echo)
+    _prepare_data(out, corpus, languages, scale, echo)
     done = read_results(out)
     todo = [row for row in chosen if row not in done]
     echo(f"Table 3 at scale {scale_name}: {len(chosen) - len(todo)} of {len(chosen)} rows done, "

@@ -285,10 +285,7 @@ def ids_dtype(vocab_size: int) -> np.dtype:
 
 
 def preprocess(
-    corpus,
-    out: Union[str, Path],
-    vocab_size: int,
-    *,
+    corpus, out: Union[str, Path], vocab_size: int, *,
     spec: Optional[str] = None,
     tokenizer_from: Optional[Union[str, Path]] = None,
     max_sentence_tokens: int = 256,
@@ -315,12 +312,14 @@ def preprocess(
     from tqdm.auto import tqdm
 
     from aiayn.corpora import CorpusStream, ParallelCorpus
-    from aiayn.tokenizer import Tokenizer
+    from aiayn.tokenizer import Tokenizer, check_vocab_size
 
     if not isinstance(corpus, (ParallelCorpus, CorpusStream)):  # (found in review: a path was an AttributeError)
         raise TypeError(f"preprocess takes a corpus (aiayn.corpora.stream_corpus(spec) or load_corpus(spec)), not a "
                         f"{type(corpus).__name__}")
     check_whole(vocab_size=vocab_size, max_sentence_tokens=max_sentence_tokens)
+    if tokenizer_from is None:
+        check_vocab_size(vocab_size)
     stream = corpus.stream() if isinstance(corpus, ParallelCorpus) else corpus
     for lang in (stream.src_lang, stream.tgt_lang):  # SPLIT.LANG beside SPLIT.bin (found in review: bin overwrote it)
         if lang in SPLIT_SUFFIXES:

@@ -61,12 +61,7 @@ class Tokenizer:
         corpus, a sample of them (`aiayn.store.sample_training_sentences`). Training twice on the
         same input gives byte-identical models.
         """
-        if vocab_size < MIN_VOCAB_SIZE:
-            raise ValueError(
-                f"vocab_size={vocab_size} is too small: it needs 256 byte pieces, 4 special tokens and a piece "
-                f"for every distinct character of the training text, so more than {MIN_VOCAB_SIZE - 1} (a few "
-                "hundred for most texts; from 261 on the error names the exact minimum)"
-            )
+        check_vocab_size(vocab_size)
         texts = list(texts)
         # SentencePiece leaves out, without a word, every sentence longer than max_sentence_length
         # bytes (4,192 by default; found in review: a corpus of paragraphs got a vocabulary that
@@ -287,6 +282,16 @@ def tokenizer_files(directory: Union[str, Path]) -> list[Path]:
     return [directory / MODEL_FILE] if (directory / MODEL_FILE).is_file() else []
 
 
+def check_vocab_size(vocab_size: int) -> None:
+    """A ValueError for a vocabulary no text fits in, before any text is read for it (found in a
+    docs audit: `--vocab-size 5` was refused after the corpus had been sampled)."""
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: it needs 256 byte pieces, 4 special tokens and a piece "
+            f"for every distinct character of the training text, so more than {MIN_VOCAB_SIZE - 1} (a few "
+            "hundred for most texts; from 261 on the error names the exact minimum)")
+
+
 def load_tokenizer(path: Union[str, Path]) -> Union[Tokenizer, MarianTokenizer]:
     """The tokenizer a model or run folder holds: `tokenizer.model`, or Marian's three files."""
     if Path(path).is_dir() and MarianTokenizer.is_in(path):
@@ -313,7 +318,7 @@ def _explain_training_error(message: str, vocab_size: int) -> str:
     return f"SentencePiece training failed: {message.strip() or 'unknown error'}"
 
 
-__all__ = ["Tokenizer", "MarianTokenizer", "has_tokenizer", "load_tokenizer", "MODEL_FILE", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "MIN_VOCAB_SIZE"]
+__all__ = ["Tokenizer", "MarianTokenizer", "check_vocab_size", "has_tokenizer", "load_tokenizer", "MODEL_FILE", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "MIN_VOCAB_SIZE"]
 
 
 def copy_tokenizer(source: Union[str, Path], destination: Union[str, Path]) -> bool:

@@ -213,9 +213,19 @@ def test_table3_on_a_small_corpus_of_ones_own_takes_a_vocabulary_that_fits_and_n
     no_dev = _table3(tmp_path / "no-dev", "--rows", "base", "--corpus", corpus, "--vocab-size", "300")
     assert no_dev.returncode == 2 and "Traceback" not in no_dev.stderr, no_dev.stderr[-2000:]
     assert f"{corpus} has none" in no_dev.stderr and not (tmp_path / "no-dev").exists()
-    (corpus / "dev.tsv").write_text("".join(f"{p}\t{p[::-1]}\n" for p in pairs[250:]))
-    done = _table3(tmp_path / "ok", "--rows", "base", "--corpus", corpus, "--vocab-size", "300")
+    # A folder of text files whose names do not tell the direction takes --src-lang and --tgt-lang
+    # (found in a docs audit: the error named them, and table3 had neither)
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for split, chosen in (("train", pairs[:250]), ("dev", pairs[250:])):
+        (texts / f"{split}.en").write_text("".join(f"{p}\n" for p in chosen))
+        (texts / f"{split}.es").write_text("".join(f"{p[::-1]}\n" for p in chosen))
+    unnamed = _table3(tmp_path / "ok", "--rows", "base", "--corpus", texts, "--vocab-size", "300")
+    assert unnamed.returncode == 2 and "--src-lang, --tgt-lang" in unnamed.stderr
+    done = _table3(tmp_path / "ok", "--rows", "base", "--corpus", texts, "--vocab-size", "300", "--src-lang", "es",
+                   "--tgt-lang", "en")
     assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "ok" / "data" / "manifest.json").read_text())["src_lang"] == "es"
     assert json.loads((tmp_path / "ok" / "experiment.json").read_text())["vocab_size"] == 300
     assert json.loads((tmp_path / "ok" / "table3.json").read_text())["rows"]["base"]["config"]["vocab_size"] == 300
 

@@ -448,6 +448,8 @@ def test_preprocess_refuses_inputs_that_would_leave_an_unusable_folder(tmp_path,
     base = ["preprocess", "--corpus", corpus_dir, "--out", out, "--vocab-size", "300"]
     one_line_error(*cli(capsys, *base, "--max-sentence-tokens", "1")[::2], "no training pair is left",
                    "raise --max-sentence-tokens")
+    code, out_text, err = cli(capsys, "preprocess", "--corpus", corpus_dir, "--out", out, "--vocab-size", "5")
+    assert "vocab_size=5 is too small" in err and "sampling" not in out_text  # before the corpus is read (a docs audit)
     tsv = tmp_path / "tsv"  # a TSV folder's languages are only labels: they name the text files written
     tsv.mkdir()
     for split, pairs in (("train", toy_pairs(50)), ("dev", toy_pairs(5, 1))):
