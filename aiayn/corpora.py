@@ -8,6 +8,7 @@ Batching them is aiayn.batching's job; encoding them once for training, aiayn.st
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -347,7 +348,16 @@ def stream_hf_translation(path_or_name: str, config: Optional[str], src_lang: Op
         raise ImportError(
             "loading this corpus needs Hugging Face datasets: install the hf extra: pip install 'aiayn[hf]'"
         ) from None
-    loaded = datasets.load_dataset(path_or_name, config, data_files=data_files, cache_dir=cache_dir)
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # its retries, a line each, before the one error
+    try:
+        loaded = datasets.load_dataset(path_or_name, config, data_files=data_files, cache_dir=cache_dir)
+    except ConnectionError as error:  # (found in a docs audit: 25 s of retry lines, then no way out named)
+        raise ConnectionError(f"{' '.join(str(error).split())}; without a network, give the Parquet files of "
+                              "the hub, copied here, as a folder: --corpus FOLDER --src-lang en --tgt-lang de") from None
+    finally:
+        hub_log.setLevel(level)
     found = {split: next((a for a in _SPLIT_ALIASES[split] if a in loaded), None) for split in _SPLIT_ALIASES}
     if not found["train"]:
         raise ValueError(f"{path_or_name} has no train split (its splits: {', '.join(loaded)})")

@@ -306,6 +306,24 @@ def test_wmt14_names_load_the_hub_dataset_in_the_named_direction(monkeypatch):
     ]
 
 
+def test_wmt14_without_a_network_is_one_line_naming_the_way_out(monkeypatch):
+    """Found in a docs audit: 25 s of the hub's retry warnings, a line each, then an error that
+    named no way on without a network."""
+    import logging
+
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    heard = []
+
+    def unreachable(*args, **kwargs):
+        heard.append(logging.getLogger("huggingface_hub.utils._http").isEnabledFor(logging.WARNING))
+        raise ConnectionError("Couldn't reach 'wmt/wmt14' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    with pytest.raises(ConnectionError, match="Couldn't reach 'wmt/wmt14'.*without a network, give the Parquet files"):
+        data.stream_corpus("wmt14-en-de")
+    assert heard == [False] and logging.getLogger("huggingface_hub.utils._http").isEnabledFor(logging.WARNING)
+
+
 def test_wmt14_without_datasets_says_which_extra(monkeypatch):
     import builtins
 
