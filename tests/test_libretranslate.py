@@ -158,6 +158,8 @@ def test_html_keeps_tags_scripts_and_code_and_translates_the_text(server, transl
 
 @pytest.mark.parametrize("fields, says", [
     ({"source": "en", "target": "es"}, "missing q"),
+    ({"q": "", "source": "en", "target": "es"}, "missing q"),  # LibreTranslate's `not q` (found by a misuse hunt)
+    ({"q": [], "source": "en", "target": "es"}, "missing q"),
     ({"q": "the cat", "source": "en"}, "missing target"),
     ({"q": "the cat", "source": "de", "target": "es"}, "de is not supported as a source"),
     ({"q": "the cat", "source": "en", "target": "es", "format": "pdf"}, "format must be text or html"),

@@ -172,7 +172,7 @@ def _add(fields: dict, key: str, value: str) -> None:
 def texts_of(fields: dict) -> tuple[list[str], bool]:
     """(the texts of q, whether q was a list)."""
     q = fields.get("q")
-    if q is None:
+    if q is None or (isinstance(q, (str, list)) and not q):  # "" and [] too, as LibreTranslate's `not q` (a misuse hunt)
         raise error(400, "Invalid request: missing q parameter")
     texts = [q] if isinstance(q, str) else q
     if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
