@@ -826,6 +826,17 @@ SERVE = ServeOptions(run_dir="")  # the server's defaults, for code that runs it
 _LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*")
 
 
+# Argos Translate's codes for three languages, which LibreTranslate (since 1.7) also takes as the
+# standard's: its packages are named by Argos's.
+ARGOS_CODES = {"zh-hans": "zh", "zh-hant": "zt", "pt-br": "pb"}
+
+
+def argos_code(code: str) -> str:
+    """A language code as Argos Translate and LibreTranslate compare them: lower case, and
+    pt-BR, zh-Hant and zh-Hans as Argos's pb, zt and zh."""
+    return ARGOS_CODES.get(code.lower(), code.lower())
+
+
 def is_language_code(value) -> bool:
     """Whether `value` is written as a language code: en, yue, pt-BR, zh-Hans (not "english")."""
     return isinstance(value, str) and _LANGUAGE_CODE.fullmatch(value) is not None

@@ -41,6 +41,7 @@ LANGUAGE_NAMES = {  # the languages LibreTranslate's Argos packages cover, and a
     "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak",
     "sl": "Slovenian", "sq": "Albanian", "sv": "Swedish", "th": "Thai", "tl": "Tagalog", "tr": "Turkish",
     "uk": "Ukrainian", "ur": "Urdu", "vi": "Vietnamese", "zh": "Chinese",
+    "pb": "Portuguese (Brazil)", "zt": "Chinese (traditional)",  # Argos's codes of pt-BR and zh-Hant (config.argos_code)
 }
 
 

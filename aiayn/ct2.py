@@ -32,7 +32,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from aiayn.config import CT2_QUANTIZATIONS, ModelConfig, is_language_code
+from aiayn.config import CT2_QUANTIZATIONS, ModelConfig, argos_code, is_language_code
 from aiayn.corpora import language_name
 from aiayn.files import (atomic_dir, atomic_write, output_lock, refuse_to_replace, remove_unfinished, undo_new_parents,
                          write_json)
@@ -217,6 +217,7 @@ def _package_languages(model_path: Union[str, Path], source_lang: Optional[str],
     for code, flag in ((source, "--source-lang"), (target, "--target-lang")):
         if not is_language_code(code):  # (found in review: a run's "english", or "../x" from Python, was written)
             raise ValueError(f"the package's language {code!r} is no language code (en, de, pt-BR); give one with {flag}")
+    source, target = argos_code(source), argos_code(target)  # (found by an interop hunt: pt-BR written, not pb)
     if source == target:  # LibreTranslate lists a pair by its two codes: one code is no pair
         raise ValueError(f"the package's source and target language are both {source!r}; give the model's two "
                          "languages with --source-lang and --target-lang")

@@ -79,6 +79,8 @@ def refuse_to_replace(path: Union[str, Path], force: bool, inputs: Iterable[Unio
     checkpoints and models of the run the output lies in, `run.run_files`), whichever model the
     command reads. Commands call it before their work, so that the refusal comes before minutes
     of decoding rather than after."""
+    if not isinstance(force, bool):  # (found by an interop hunt: force="no" replaced the output)
+        raise TypeError(f"force is True or False, not {force!r}")
     path = Path(path)
     out = path.resolve()
     here = Path.cwd().resolve()

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from aiayn.checkpoint import build_model
 from aiayn.files import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
 from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, MAX_OUTPUT_LEN, ModelConfig
-from aiayn.model import Transformer
+from aiayn.model import Transformer, sinusoidal_positions
 from aiayn.run import RunDir, check_vocabulary, model_inputs, run_files, said_model_dir, tokenizer_folder
 from aiayn.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
@@ -92,6 +92,8 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
     vocab = hf["vocab_size"]
     require(share or hf.get("decoder_vocab_size", vocab) == vocab, "source and target vocabularies differ in size")
     pad = hf["pad_token_id"]
+    start = pad if hf.get("decoder_start_token_id") is None else hf["decoder_start_token_id"]  # null: Marian's pad
+    require(start != hf["eos_token_id"], f"decoder_start_token_id {start} is its eos_token_id")  # (an interop hunt)
     require(hf["d_model"] % hf["encoder_attention_heads"] == 0, f"d_model {hf['d_model']} is not a multiple of "
             f"its {hf['encoder_attention_heads']} heads")  # (ModelConfig's message names options to set)
     return ModelConfig(
@@ -111,7 +113,7 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
         tie_output=hf.get("tie_word_embeddings", True),
         final_logits_bias=True,
         pad_id=pad,
-        bos_id=pad if hf.get("decoder_start_token_id") is None else hf["decoder_start_token_id"],  # null: Marian's pad
+        bos_id=start,
         eos_id=hf["eos_token_id"],
         unk_id=unk_id,
     )
@@ -129,13 +131,29 @@ def exported_positions(config: ModelConfig) -> int:
 
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    if (directory / "model.safetensors").is_file():
+    """The weights of an HF folder: model.safetensors, else pytorch_model.bin (tensors only), each
+    whole or in the shards its `.index.json` maps (found by an interop hunt: a sharded folder was
+    said to hold no weights)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (directory / name).is_file():
+            return _read_weights_file(directory / name)
+        if (directory / f"{name}.index.json").is_file():
+            index = read_json(directory / f"{name}.index.json")
+            shards = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(shards, dict) or not all(isinstance(shard, str) and "/" not in shard for shard in shards.values()):
+                raise ValueError(f"{directory / f'{name}.index.json'} maps no weights to shard files of its folder")
+            return {key: tensor for shard in sorted(set(shards.values()))
+                    for key, tensor in _read_weights_file(directory / shard).items()}
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin (whole or in shards) in {directory}")
+
+
+def _read_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
         try:
-            return load_file(directory / "model.safetensors")
+            return load_file(path)
         except (SafetensorError, OSError) as error:
-            raise ValueError(f"cannot read {directory / 'model.safetensors'}: {error}") from None
-    if (directory / "pytorch_model.bin").is_file():
-        path = directory / "pytorch_model.bin"
+            raise ValueError(f"cannot read {path}: {error}") from None
+    if path.is_file():
         try:
             weights = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
@@ -147,7 +165,7 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
         if not isinstance(weights, dict) or not all(torch.is_tensor(v) for v in weights.values()):
             raise ValueError(f"{path} does not hold a dictionary of tensors")
         return weights
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {directory}")
+    raise FileNotFoundError(f"no such weights file: {path}")
 
 
 def import_marian(
@@ -234,14 +252,32 @@ def _state_of(hf_dir: Path, config: ModelConfig) -> tuple[dict[str, torch.Tensor
     if not config.tie_output:
         state["output_proj.weight"] = get("lm_head.weight")
     state["logits_bias"] = get("final_logits_bias").reshape(-1) if "final_logits_bias" in weights else torch.zeros(config.vocab_size)
+    _check_positions(hf_dir, weights, config)
     # Weights its config does not describe (found in review: a config of 1 layer dropped layer 2 unsaid);
-    # not the positions HF computes, nor copies of the shared table.
+    # not the positions HF computes, nor copies of the table each stands for: the shared one, or
+    # the decoder's for a tied output of unshared tables (found by an interop hunt: refused).
+    copies = {key: shared for key in COPIES_OF_SHARED}
+    if config.tie_output:
+        copies["lm_head.weight"] = state["decoder.embed.lookup.weight"]
     unread = sorted(key for key, tensor in weights.items() if key not in read and "embed_positions" not in key
-                    and not (key in COPIES_OF_SHARED and tensor.shape == shared.shape and torch.equal(tensor, shared)))
+                    and not (key in copies and tensor.shape == copies[key].shape and torch.equal(tensor, copies[key])))
     if unread:
         raise ValueError(f"{hf_dir} holds {len(unread)} weights its config.json does not describe ({', '.join(unread[:3])}"
                          f"{', ...' if len(unread) > 3 else ''}): they are of another model")
     return state, config
+
+
+def _check_positions(hf_dir: Path, weights: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    """Position tables in the weights, which transformers loads over the sinusoids it computes,
+    must be those sinusoids: aiayn computes them (found by an interop hunt: a learned table was
+    dropped without a word, and every translation differed from transformers'). The tolerance
+    is a bf16 table's rounding, 2⁻⁸, far below what a learned table differs by."""
+    for key in sorted(key for key in weights if "embed_positions" in key):
+        table = weights[key].float()
+        if table.dim() != 2 or table.size(1) != config.d_model or not torch.allclose(
+                table, sinusoidal_positions(table.size(0), config.d_model, concat=True), rtol=0, atol=2 ** -8):
+            raise ValueError(f"{hf_dir} holds {key}, which is not the sinusoids Marian computes (learned "
+                             "positions?): aiayn imports Marian models of sinusoidal positions only")
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,22 +442,23 @@ def export_marian(
                                                      "model_max_length": exported_positions(config)})
 
     atomic_dir(out_dir, build, force)
-    for note in _export_notes(config, zero_start):
+    for note in _export_notes(config, zero_start, imported=isinstance(tokenizer, MarianTokenizer)):
         echo(note)
     echo(f"exported {model_dir} -> {out_dir} (HF MarianMTModel folder)")
     return out_dir
 
 
-def _export_notes(config: ModelConfig, zero_start: bool) -> list[str]:
-    """What an exported model computes otherwise in Marian's runtimes than in aiayn."""
+def _export_notes(config: ModelConfig, zero_start: bool, imported: bool) -> list[str]:
+    """What an exported model computes otherwise in Marian's runtimes than in aiayn; the advice
+    only for a model aiayn trained (found by an interop hunt: an imported one was told to retrain)."""
     notes = []
     if config.layer_norm_eps != HF_LAYER_NORM_EPS:
         notes.append(f"note: Marian's LayerNorm eps is {HF_LAYER_NORM_EPS:g}, this model's {config.layer_norm_eps:g}: "
                      "outputs differ in the last digits")
     if not zero_start:  # with BOS = pad, a pad row that training moved (found in review: the advice was to do so)
         notes.append("note: CTranslate2 starts a Marian decoder from a zero vector; this model starts from BOS's "
-                     "learned embedding, so CTranslate2's output will differ from aiayn's and HF's " +
-                     ("(its BOS is the pad token, but that row is not zero: retrain with today's aiayn, which keeps "
-                      "it zero)" if config.bos_id == config.pad_id else
-                      "(train with --bos-id equal to --pad-id, as Marian does, to deploy there)"))
+                     "learned embedding, so CTranslate2's output will differ from aiayn's and HF's" +
+                     ("" if imported else " (its BOS is the pad token, but that row is not zero: retrain with today's "
+                      "aiayn, which keeps it zero)" if config.bos_id == config.pad_id else
+                      " (train with --bos-id equal to --pad-id, as Marian does, to deploy there)"))
     return notes

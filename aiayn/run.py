@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import sys
@@ -282,6 +283,9 @@ def read_log(path: PathLike, echo: Callable[[str], None] = print) -> list[dict]:
 def resolve_model_dir(path: PathLike) -> Path:
     """A model folder (config.json + model.safetensors) from a path that is one, or a run folder
     (its final `model/`, else its newest checkpoint)."""
+    if not isinstance(path, (str, os.PathLike)):  # (found by an interop hunt: pathlib's "expected str, bytes or ...")
+        raise TypeError(f"give the path of a model or run folder, not a {type(path).__name__}"
+                        + (" (save it first: model.save(FOLDER))" if isinstance(path, torch.nn.Module) else ""))
     path = Path(path)
     if (path / CONFIG).is_file() and (path / WEIGHTS).is_file():
         return path
@@ -290,9 +294,15 @@ def resolve_model_dir(path: PathLike) -> Path:
 
 def languages_of(path: PathLike) -> tuple[Optional[str], Optional[str]]:
     """(source, target) language of the model at `path` (a run folder, or a model folder or
-    checkpoint inside one), as its run's data recorded them; (None, None) where nothing says."""
+    checkpoint inside one), as its run's data recorded them; (None, None) where nothing says. A
+    model of a tokenizer other than the run's is not the run's (found by an interop hunt: an
+    opus-mt-de-fr imported into a run's folder was served and packaged as the run's en → es)."""
     path = Path(path).resolve()
+    own = [file.read_bytes() for file in tokenizer_files(path)]
     for folder in (path, path.parent, path.parent.parent):
+        theirs = [file.read_bytes() for file in tokenizer_files(folder) or tokenizer_files(folder / DATA)]
+        if own and theirs and folder != path and own != theirs:
+            continue
         sources = [folder / DATA / "manifest.json", folder / TRAIN_CONFIG]
         for source in sources:
             try:

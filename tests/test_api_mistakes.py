@@ -271,3 +271,20 @@ def test_the_training_apis_types_are_refused_before_any_work(tmp_path):
     with pytest.raises(TypeError, match="training settings are a TrainConfig .*not a dict"):
         train_run(PRESETS["tiny"], {"max_steps": 1}, tmp_path / "run")
     assert sorted(path.name for path in tmp_path.iterdir()) == []  # nothing made
+
+
+def test_the_exports_take_a_folder_and_a_true_or_false_force(tmp_path):
+    """Found by an interop hunt: a Transformer given for its folder was pathlib's "expected str,
+    bytes or os.PathLike object", and force="no", a true string, replaced the output."""
+    from aiayn.ct2 import export_argos, export_ct2
+    from aiayn.marian import export_marian
+
+    folder = make_model(tmp_path / "model")
+    with pytest.raises(TypeError, match=r"the path of a model or run folder, not a Transformer \(save it first"):
+        export_ct2(Transformer.load(folder), tmp_path / "ct2")
+    (tmp_path / "pkg.argosmodel").write_bytes(b"mine")
+    with pytest.raises(TypeError, match="force is True or False, not 'no'"):
+        export_argos(folder, tmp_path / "pkg.argosmodel", "en", "es", force="no")
+    with pytest.raises(TypeError, match="force is True or False, not 1"):
+        export_marian(folder, tmp_path / "hf", force=1)
+    assert (tmp_path / "pkg.argosmodel").read_bytes() == b"mine" and not (tmp_path / "ct2").exists()

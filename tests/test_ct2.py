@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.ct2 import transformer_spec
+from aiayn.ct2 import export_argos, transformer_spec
 from aiayn.model import Transformer
 from aiayn.search import greedy
 from aiayn.tokenizer import Tokenizer
@@ -195,6 +195,12 @@ def test_an_argos_package_holds_the_ctranslate2_model_its_tokenizer_and_language
     refused = subprocess.run([sys.executable, "-m", "aiayn", "export-argos", str(folder),
                               str(tmp_path / "other.argosmodel")], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "give --source-lang and --target-lang" in refused.stderr
+    # Argos names pt-BR and zh-Hant pb and zt, as LibreTranslate looks them up (found by an interop
+    # hunt: the package said pt-BR, which no LibreTranslate client's pt-BR finds)
+    export_argos(folder, tmp_path / "pb_zt.argosmodel", source_lang="pt-BR", target_lang="zh-Hant", echo=lambda _: None)
+    with zipfile.ZipFile(tmp_path / "pb_zt.argosmodel") as archive:
+        metadata = json.loads(archive.read("pb_zt/metadata.json"))
+    assert (metadata["from_code"], metadata["to_code"], metadata["to_name"]) == ("pb", "zt", "Chinese (traditional)")
 
 
 def test_what_ctranslate2_cannot_hold_is_refused_in_one_line():

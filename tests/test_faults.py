@@ -1809,7 +1809,7 @@ def test_translate_resume_refuses_every_setting_a_line_depends_on(tmp_path, mode
     one_line_error(*cli(capsys, *argv, "--resume")[::2], "holds 1 lines but its record says 3", "--force starts over")
 
 
-def test_the_languages_of_a_checkpoint_or_model_inside_a_run_are_the_runs(tmp_path):
+def test_the_languages_of_a_checkpoint_or_model_inside_a_run_are_the_runs_and_of_no_other_model(tmp_path):
     """export-argos of RUN/checkpoints/step_N (or RUN/model) finds the languages RUN recorded
     (found by mutation: the run folder two levels up left out passed every test)."""
     run = tmp_path / "run"
@@ -1819,6 +1819,15 @@ def test_the_languages_of_a_checkpoint_or_model_inside_a_run_are_the_runs(tmp_pa
     (run / "train_config.json").write_text(json.dumps({"src_lang": "en", "tgt_lang": "es"}))
     assert languages_of(run / "model") == ("en", "es")
     assert languages_of(checkpoint) == ("en", "es")
+    # A model of another tokenizer kept in the run's folder is not the run's (found by an interop
+    # hunt: an imported opus-mt-de-fr there was packaged and served as en → es); its own is
+    (run / "tokenizer.model").write_bytes(b"the run's")
+    (run / "model" / "tokenizer.model").write_bytes(b"the run's")
+    (run / "opus-de-fr").mkdir()
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        (run / "opus-de-fr" / name).write_bytes(b"another")
+    assert languages_of(run / "opus-de-fr") == (None, None)
+    assert languages_of(run / "model") == languages_of(checkpoint) == ("en", "es")
 
 
 def test_fine_tuning_may_change_dropout_and_attention_dropout_and_nothing_else(tmp_path, model_dir, corpus_tsv, capsys):

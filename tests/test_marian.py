@@ -324,6 +324,65 @@ def copy_with_config(hf_dir, folder, **change):
     return folder
 
 
+def test_position_tables_in_the_weights_must_be_the_sinusoids(hf_dir, tmp_path):
+    """transformers loads a position table from the weights over the sinusoids it computes; aiayn
+    computes the sinusoids, so a table that is not them is refused (found by an interop hunt: a
+    learned table was dropped without a word, and every output differed from transformers')."""
+    from safetensors.torch import load_file, save_file
+
+    own = transformers.MarianMTModel.from_pretrained(hf_dir).model.encoder.embed_positions.weight.detach().clone()
+    for name, table, refused in (("sinusoids", own, False), ("bf16", own.bfloat16(), False),
+                                 ("learned", own + 0.05 * torch.randn_like(own), True)):
+        folder = copy_with_config(hf_dir, tmp_path / name)
+        weights = load_file(str(folder / "model.safetensors"))
+        weights.update({f"model.{side}.embed_positions.weight": table.clone() for side in ("encoder", "decoder")})
+        save_file(weights, str(folder / "model.safetensors"))
+        if refused:
+            with pytest.raises(ValueError, match="embed_positions.weight, which is not the sinusoids Marian computes"):
+                import_marian(folder, tmp_path / f"out-{name}", echo=lambda _: None)
+            assert not (tmp_path / f"out-{name}").exists()
+        else:
+            model = Transformer.load(import_marian(folder, tmp_path / f"out-{name}", echo=lambda _: None)).eval()
+            src, tgt = torch.tensor([[5, 9, 14, 0]]), torch.tensor([[model.config.bos_id, 7, 3]])
+            with torch.no_grad():
+                expected = transformers.MarianMTModel.from_pretrained(folder).eval()(input_ids=src, decoder_input_ids=tgt).logits
+                torch.testing.assert_close(model(src, tgt), expected, atol=2e-2 if name == "bf16" else 1e-4, rtol=1e-3)
+
+
+def test_a_sharded_folder_imports_as_the_whole_one(hf_dir, imported, tmp_path):
+    """Weights in shards, as transformers saves a large model (`model.safetensors.index.json`):
+    found by an interop hunt, they were said to be missing."""
+    sharded = tmp_path / "sharded"
+    transformers.MarianMTModel.from_pretrained(hf_dir).save_pretrained(sharded, max_shard_size="20KB")
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        (sharded / name).write_bytes((hf_dir / name).read_bytes())
+    assert (sharded / "model.safetensors.index.json").is_file() and len(list(sharded.glob("model-*.safetensors"))) > 1
+    model = Transformer.load(import_marian(sharded, tmp_path / "out", echo=lambda _: None)).eval()
+    src, tgt = torch.tensor([[5, 9, 14, 0]]), torch.tensor([[model.config.bos_id, 7, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), imported[1](src, tgt), atol=0, rtol=0)
+    next(sharded.glob("model-*.safetensors")).unlink()
+    with pytest.raises(ValueError, match="cannot read .*model-"):
+        import_marian(sharded, tmp_path / "out2", echo=lambda _: None)
+
+
+def test_unshared_tables_with_a_tied_output_export_and_import_back(tmp_path):
+    """Found by an interop hunt: the export of unshared tables with a tied output wrote lm_head,
+    a copy of the decoder's table, which the import then refused as weights of another model."""
+    Tokenizer.train(TEXT, 300, tmp_path / "model")
+    config = ModelConfig(vocab_size=300, d_model=16, n_heads=4, d_ff=32, n_layers=2, layer_norm_eps=1e-5, dropout=0.0,
+                         share_embeddings=False, tie_output=True, max_len=32, bos_id=0)
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    model.save(tmp_path / "model")
+    export_marian(tmp_path / "model", tmp_path / "hf", echo=lambda _: None)
+    back = Transformer.load(import_marian(tmp_path / "hf", tmp_path / "back", echo=lambda _: None)).eval()
+    src, tgt = torch.tensor([[5, 9, 14, 2]]), torch.tensor([[0, 7, 3]])
+    tokens = [i for i in range(config.vocab_size) if i != config.pad_id]
+    with torch.no_grad():
+        torch.testing.assert_close(back(src, tgt)[..., tokens], model(src, tgt)[..., tokens], atol=1e-4, rtol=1e-4)
+
+
 def test_unscaled_embeddings_import_equal_hf(hf_dir, tmp_path):
     """MarianConfig's default, scale_embedding false, skips §3.4's √d_model: the logits follow HF's."""
     folder = copy_with_config(hf_dir, tmp_path / "unscaled", scale_embedding=False)
@@ -359,6 +418,12 @@ def test_a_shared_but_untied_marian_imports_with_the_tables_transformers_compute
     with torch.no_grad():
         expected = reference(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=tgt).logits
     torch.testing.assert_close(imported(src, tgt), expected, atol=1e-4, rtol=1e-4)
+    # Its decoder's pad row is not zero: exported, it is told so, but not to retrain a model aiayn
+    # did not train (found by an interop hunt)
+    notes = []
+    export_marian(tmp_path / "out", tmp_path / "back", echo=notes.append)
+    (note,) = [n for n in notes if "starts from BOS's learned embedding" in n]
+    assert "retrain" not in note and "--bos-id" not in note
 
 
 def test_a_marian_model_folder_without_lm_head_and_a_null_decoder_start_import_as_transformers_loads_them(hf_dir, tmp_path):
@@ -384,6 +449,10 @@ def test_a_marian_model_folder_without_lm_head_and_a_null_decoder_start_import_a
 def test_unsupported_marian_options_are_refused(hf_dir, tmp_path):
     with pytest.raises(ValueError, match="depths differ"):
         import_marian(copy_with_config(hf_dir, tmp_path / "depths", decoder_layers=1), tmp_path / "out", echo=lambda _: None)
+    eos = json.loads((hf_dir / "config.json").read_text())["eos_token_id"]  # (an interop hunt: in ModelConfig's terms)
+    with pytest.raises(ValueError, match=f"not supported: decoder_start_token_id {eos} is its eos_token_id"):
+        import_marian(copy_with_config(hf_dir, tmp_path / "start", decoder_start_token_id=eos), tmp_path / "out",
+                      echo=lambda _: None)
     with pytest.raises(ValueError, match="no learned positions"):
         export_marian_config = dataclasses.replace(ModelConfig(vocab_size=300), positional="learned")
         from aiayn.marian import marian_config

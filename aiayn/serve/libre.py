@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException
 
 from aiayn.serve.batcher import SECTION_6_1, Options, unless_gone
 from aiayn.serve.cost import MIB
+from aiayn.config import argos_code
 from aiayn.corpora import language_name
 from aiayn.lines import visible
 from aiayn.sentences import interleave, split_sentences
@@ -44,8 +45,6 @@ from aiayn.serve.markup import join_html, split_html
 ROUTE = "/libretranslate/translate"  # where LibreDispatch sends LibreTranslate's POST /translate
 LIBRE_FIELDS = frozenset({"q", "source", "target", "format", "alternatives", "api_key"})  # none is aiayn's
 MAX_ALTERNATIVES = 3  # asked for more, the beam would have to widen beyond what decodes fast: more get 3
-# LibreTranslate's codes for three of Argos's languages since its 1.7 (a client may send either).
-ALIASES = {"zh-hans": "zh", "zh-hant": "zt", "pt-br": "pb"}
 
 @dataclass(frozen=True)
 class Languages:
@@ -210,10 +209,9 @@ def _shown(value, written=repr, most: int = 40) -> str:
 
 
 def _code(code) -> str:
-    """A language code as LibreTranslate compares them: in lower case, an alias as its Argos code
-    (found in review: "EN" and "zh-Hans" were refused where LibreTranslate takes them)."""
-    text = str(code).lower()
-    return ALIASES.get(text, text)
+    """A language code as LibreTranslate compares them (found in review: "EN" and "zh-Hans" were
+    refused where LibreTranslate takes them)."""
+    return argos_code(str(code))
 
 
 def alternatives_of(fields: dict) -> int:
