@@ -185,3 +185,21 @@ def test_report_says_how_to_repeat_a_result_whose_script_defaults_moved_since(tm
         assert done.returncode == 0, done.stderr
         text = (tmp_path / "b.md").read_text()
         assert ("today the same cases: python benchmarks/speed.py --batches fixed" in text) == today, text[:600]
+
+
+def test_recorded_command_adds_the_flags_only_to_a_speed_result_from_before_batches():
+    """Each condition of report.recorded_command (found by mutation: dropping any one passed)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("report", BENCHMARKS / "report.py")
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        report = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(report)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    old = {"benchmark": "speed", "command": "python benchmarks/speed.py", "settings": {}}
+    assert len(report.recorded_command(old)) == 2
+    for result in ({**old, "command": "python benchmarks/speed.py --batches fixed"},
+                   {**old, "settings": {"budgets": []}}, {**old, "benchmark": "sweep"}):
+        assert report.recorded_command(result) == [result["command"]]

@@ -211,6 +211,16 @@ def test_a_blank_line_in_a_tsv_is_said_as_one(tmp_path):
         load_corpus(str(path))
 
 
+def test_visible_drops_every_control_character_but_the_spaces_among_them():
+    """Control characters are byte pieces to the model (found by a misuse hunt); the spaces among
+    them stay, inside a text (found by mutation: only the ends of the ranges were tested)."""
+    from aiayn.lines import visible
+
+    assert visible("\x00the\x1b cat\x7f\x84\x86\x9f\x01") == "the cat"
+    assert visible(" the\tcat\x85dog\x1cfish\x0bbird\x0c ") == "the\tcat\x85dog\x1cfish\x0bbird\x0c".strip()
+    assert visible("\x01\x02 \u200b") == ""
+
+
 def test_a_tsv_corpus_takes_both_languages_or_neither(tmp_path):
     """Found by a misuse hunt: --src-lang alone named the other column `tgt` without a word."""
     write(tmp_path / "folder" / "train.tsv", "a\tb\n")
@@ -316,12 +326,19 @@ def test_wmt14_without_a_network_is_one_line_naming_the_way_out(monkeypatch):
 
     def unreachable(*args, **kwargs):
         heard.append(logging.getLogger("huggingface_hub.utils._http").isEnabledFor(logging.WARNING))
-        raise ConnectionError("Couldn't reach 'wmt/wmt14' on the Hub (LocalEntryNotFoundError)")
+        raise ConnectionError("Couldn't reach 'wmt/wmt14'\n  on the Hub (LocalEntryNotFoundError)")
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
-    with pytest.raises(ConnectionError, match="Couldn't reach 'wmt/wmt14'.*without a network, give the Parquet files"):
+    with pytest.raises(ConnectionError, match="Couldn't reach 'wmt/wmt14' on the Hub.*without a network, give the Parquet") as raised:
         data.stream_corpus("wmt14-en-de")
     assert heard == [False] and logging.getLogger("huggingface_hub.utils._http").isEnabledFor(logging.WARNING)
+    assert raised.value.__suppress_context__ and "\n" not in str(raised.value)  # one line, no chained traceback
+    heard.clear()
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: heard.append(
+        logging.getLogger("huggingface_hub.file_download").isEnabledFor(logging.WARNING)) or unreachable())
+    with pytest.raises(ConnectionError):
+        data.stream_corpus("wmt14-en-de")
+    assert heard[0] is False  # every one of the hub's loggers, not the retries' alone
 
 
 def test_wmt14_without_datasets_says_which_extra(monkeypatch):

@@ -246,6 +246,8 @@ def test_a_start_that_failed_before_any_work_does_not_bind_its_settings(tmp_path
     (out / "base").mkdir()  # once a row has begun, they bind
     with pytest.raises(ValueError, match="holds an experiment with corpus='bible-en-es', not 'nope'"):
         _check_out(out, {**settings, "corpus": "nope"})
+    with pytest.raises(ValueError, match="holds an experiment with src_lang=None, not 'es'"):  # (found by mutation)
+        _check_out(out, _settings("tiny", SCALES["tiny"], "fp32", 1, "bible-en-es", ("es", "en")))
 
 
 @pytest.fixture

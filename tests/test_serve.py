@@ -1056,7 +1056,7 @@ def test_serve_refuses_a_port_in_use_and_bad_settings_in_one_line(model_dir):
            ("--read-timeout", "0", "--read-timeout must be above 0"),
            ("--max-batch-mib", "inf", "--max-batch-mib must be above 0"),
            ("--max-connections", "0", "--max-connections must be at least 1"),
-           ("--req-limit", "1e-310", "--req-limit must be between 0.001 and 1,000,000,000"),  # was a 500 a request
+           ("--req-limit", "1e-310", "--req-limit must be between 0.001 and 1,000,000,000, got 1e-310"),  # was a 500 a request
            ("--forwarded-allow-ips", "127.0.0.l", "--forwarded-allow-ips: '127.0.0.l' is no IP address or network"))
     # all at once: each is a process start-up, and they share nothing
     processes = [subprocess.Popen([sys.executable, "-m", "aiayn", "serve", str(model_dir), option, value],

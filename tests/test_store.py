@@ -640,3 +640,6 @@ def test_a_data_run_records_its_data_absolute_and_resumes_from_another_folder(tm
     monkeypatch.chdir(tmp_path / "elsewhere")
     code, out, err = cli(capsys, "train", "--resume", "--max-steps", "2", *common)
     assert code == 0 and "resumed from" in out, err
+    # Its languages are its data's: another is refused, not dropped with a note (found by mutation)
+    one_line_error(*cli(capsys, "train", "--resume", "--max-steps", "3", "--src-lang", "fr", *common)[::2],
+                   "has en as its source language, not fr")

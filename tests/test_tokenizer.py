@@ -117,6 +117,15 @@ def test_impossible_vocabulary_sizes_are_clear_errors(tmp_path, texts, vocab_siz
     assert not (tmp_path / MODEL_FILE).exists()
 
 
+def test_the_vocabulary_floor_is_261():
+    """Found by mutation: `<` as `<=` passed every test."""
+    from aiayn.tokenizer import check_vocab_size
+
+    check_vocab_size(261)
+    with pytest.raises(ValueError, match="so more than 260"):
+        check_vocab_size(260)
+
+
 def test_sentences_longer_than_sentencepieces_default_limit_are_learned(tmp_path):
     """SentencePiece leaves out sentences over 4,192 bytes unless told otherwise (found in review:
     a corpus of long paragraphs got a vocabulary that spelled them in bytes)."""
