@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -154,6 +155,10 @@ def measure_speed(args: argparse.Namespace, steps: list[Callable[[], None]], tok
 
 
 _running: set[int] = set()  # the process groups of the `run_for` children alive now
+# Held from a child's launch until it is in `_running`: a signal that came between the two found
+# the child not yet listed, and left it running (seen under load, in tests/test_benchmarks.py).
+# Reentrant, for the signal handler that interrupts a launch on the main thread itself.
+_launching = threading.RLock()
 
 
 def stop_children_on_signals() -> None:
@@ -163,7 +168,9 @@ def stop_children_on_signals() -> None:
     them on worker threads hears of it only in its main thread (found in review: a stopped
     learning_curve.py left its trainings running). Call it from the main thread."""
     def stop(signum: int, frame) -> None:
-        for group in list(_running):
+        with _launching:  # a launch on a worker thread ends first, its child listed
+            groups = list(_running)
+        for group in groups:
             try:
                 os.killpg(group, signal.SIGTERM)
             except ProcessLookupError:
@@ -185,8 +192,9 @@ def run_for(command: list[str], minutes: float, log: Path, env: dict, grace_s: f
     peer saves anything when stopped, so a gentler stop would gain nothing."""
     with open(log, "w", encoding="utf-8") as handle:
         begin = time.monotonic()
-        child = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        _running.add(child.pid)
+        with _launching:
+            child = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            _running.add(child.pid)
 
         def stop() -> None:
             os.killpg(child.pid, signal.SIGTERM)
