@@ -62,21 +62,17 @@ def error(status: int, message: str) -> HTTPException:
     return HTTPException(status, message)
 
 
-def _loads(body: bytes) -> Any:
-    """JSON as clients send it: UTF-8, -16 or -32, with a byte-order mark or without (found by a
-    misuse hunt: json.loads refuses UTF-8's mark, and such a LibreTranslate request went to
-    aiayn's route, which takes it)."""
-    return json.loads(body.decode(json.detect_encoding(body)))
-
-
 def _json_start(body: bytes) -> str:
-    """The body's first character but spaces, read as JSON text ("{" of a JSON object)."""
+    """The body's first character but spaces, read as JSON text ("{" of a JSON object) in any of
+    the encodings `json.loads` reads bytes in: UTF-8, -16 or -32, with a byte-order mark or
+    without (found by a misuse hunt: a mark or UTF-16 sent LibreTranslate's request to aiayn's
+    route, the check having looked at the first byte)."""
     return body.decode(json.detect_encoding(body), errors="replace").lstrip()[:1]
 
 
 def _is_aiayn_json(body: bytes) -> bool:
     try:
-        value = _loads(body)
+        value = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: arrays nested thousands deep
         return True  # aiayn's route answers bad JSON with its 400
     return not (isinstance(value, dict) and "text" not in value and not LIBRE_FIELDS.isdisjoint(value))
@@ -132,7 +128,7 @@ async def request_fields(request: Request) -> dict[str, Any]:
     body = await request.body()
     if (content_type == "application/json" and body.strip()) or _json_start(body) == "{":
         try:
-            value = _loads(body)
+            value = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError) as problem:  # (nested too deep: found in review)
             raise error(400, f"Invalid request: the body is not valid JSON ({type(problem).__name__}: "
                              f"{str(problem)[:200]})") from None
@@ -262,8 +258,8 @@ def page_translator(tokenizer, batcher, limits, text_bytes, lang: str):
         """LibreTranslate's texts (pages with format=html): every piece to translate in one
         submission, each piece's translation and alternatives back in its place; None if the
         client of `request` went away first (found in review: its texts were decoded anyway)."""
-        # In a thread: the event loop answers other clients while a large page is read (a second
-        # for a page of 1 MiB; found in review: /health waited 26 s on Python's parser then).
+        # In a thread: the event loop answers other clients while a large page is read (found in
+        # review: /health waited 26 s on Python's own parsing loop, since replaced by markup.py's).
         pages = await asyncio.to_thread(
             lambda: [split_html(text, lang) if html else split_sentences(text, lang) for text in texts])
         pieces = [piece for page, _ in pages for piece in page]

@@ -1,13 +1,13 @@
 """HTML for `format=html`: the text between the tags is translated, everything else is kept.
 
 The page is read by Python's HTML parser (html.parser, the tokenizer of the HTML standard's
-shape, lenient with malformed markup as browsers are), each construct once in a loop of our
-own (`_Pieces.goahead`), into pieces: markup (tags with their
-attributes, comments, declarations, and the whole content of <script>, <style> and <code>),
-kept byte for byte except that end tags are written in lower case, and text: its sentences
-translated, with their entities decoded and encoded again, and the text around them (its
-leading and trailing whitespace, what lies between sentences) kept as written. Text without a
-letter (a number, the "." after a closing tag) is kept as it is (`sentences.has_words`).
+shape, lenient with malformed markup as browsers are), each construct once in a loop of our own
+(`_Pieces.goahead`), into pieces: markup (tags with their attributes, comments, declarations,
+and the whole content of <script>, <style> and <code>), kept byte for byte except that end
+tags are written in lower case, and text: its sentences translated, with their entities
+decoded and encoded again, and the text around them (its leading and trailing whitespace, what
+lies between sentences) kept as written. Text without a letter (a number, the "." after a
+closing tag) is kept as it is (`sentences.has_words`).
 """
 
 from __future__ import annotations
