@@ -113,7 +113,7 @@ class MultiHeadAttention(nn.Module):
         d_k: Optional[int] = None,
         d_v: Optional[int] = None,
         dropout: float = 0.0,
-        bias: bool = True,
+        bias: bool = False,
         neighborhood: Optional[int] = None,
         self_attention: bool = True,
     ) -> None:

@@ -49,6 +49,8 @@ class ModelConfig:
     d_ff: int = _option(2048, "inner width of the feed-forward networks (§3.3)")
     n_layers: int = _option(6, "N, layers of the encoder and of the decoder (§3.1)")
     dropout: float = _option(0.1, "P_drop: residual and embedding dropout (§5.4)")
+    attention_bias: bool = _option(False, "biases on W^Q, W^K, W^V, W^O (§3.2.2's projections are matrices only; "
+                                   "imported Marian models have them)")
     attention_dropout: float = _option(0.0, "dropout on attention weights (§5.4 names residual dropout only, so none by default; §6.3 tuned both for parsing)")
     activation: Literal["relu", "gelu", "swish"] = _option("relu", "the feed-forward non-linearity (§3.3: ReLU)")
     norm_first: bool = _option(False, "true: pre-norm x + Sublayer(LayerNorm(x)); false: §3.1's post-norm")
@@ -115,7 +117,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
-        return _from_dict(cls, values)
+        """A saved config; one saved before `attention_bias` existed had the biases (found by a
+        faithfulness audit: they were always on, where the paper has none)."""
+        return _from_dict(cls, {"attention_bias": True, **values} if isinstance(values, dict) else values)
 
 
 SEED_LIMIT = 1 << 64  # a seed is below this: torch's generators take 64 bits
@@ -131,7 +135,7 @@ class TrainConfig:
     """The training recipe of §5. Defaults are the paper's base model's (`--preset big` sets its
     300K steps and 20 checkpoints kept, D3 and D4 their ε_ls: TRAIN_OVERRIDES), but for
     checkpoints: every `save_every` steps, where the paper wrote one every 10 minutes
-    (`--save-minutes 10`). A 2-core CPU wants smaller batches (`max_tokens`) and a shorter
+    (`--save-every 0 --save-minutes 10`: by time alone). A 2-core CPU wants smaller batches (`max_tokens`) and a shorter
     warm-up, which the demo sets. A resumed run keeps its own, but for what its command line sets."""
 
     corpus: str = _option("bible-en-es",
@@ -152,7 +156,7 @@ class TrainConfig:
     max_steps: int = _option(100_000, "stop after this many steps (§5.2: 100K for base)")
     minutes: Optional[float] = _option(None, "also stop after this many minutes of training in all (a resumed run's "
                                                  "earlier sessions count), whichever comes first")
-    save_every: int = _option(1000, "steps between checkpoints")
+    save_every: int = _option(1000, "steps between checkpoints (0: by --save-minutes alone, as §6.1's 10-minute ones)")
     save_minutes: Optional[float] = _option(None, "also checkpoint after this many minutes")
     keep_last: int = _option(5, "checkpoints kept (§6.1 averages the last 5 for base, 20 for big)")
     log_every: int = _option(100, "steps between training log records")
@@ -180,8 +184,9 @@ class TrainConfig:
                     "log_every", "eval_every", "max_sentence_tokens")
         for name in positive:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"invalid TrainConfig: {_flag(name)} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "save_every" and self.save_minutes is not None else 1):
+                raise ValueError(f"invalid TrainConfig: {_flag(name)} must be a positive integer, got {value!r}" +
+                                 (" (0 only with --save-minutes: checkpoints by time alone)" if name == "save_every" and value == 0 else ""))
         if not 0 <= self.seed < SEED_LIMIT:  # torch's generators take 64 bits (found in review: an overflow's message)
             raise ValueError(f"invalid TrainConfig: {_flag('seed')} must be in [0, 2^64), got {self.seed}")
         if self.eval_bleu_sentences < 0:
@@ -519,7 +524,8 @@ def check_resumed(given_preset: Optional[str], model_config: ModelConfig, model_
     given do not set those fields: the run would not be the preset asked for. Not big's steps and
     checkpoints kept, which a run resumed with --max-steps has changed for good.
     `where`: the run's model config, to see."""
-    own = {"vocab_size": model_config.vocab_size, "norm_first": model_config.norm_first}
+    own = {"vocab_size": model_config.vocab_size, "norm_first": model_config.norm_first,
+           "attention_bias": model_config.attention_bias}  # (a run begun before the paper's bias-free default)
     if dataclasses.replace(model_config, **model_overrides) != model_config or (
             given_preset and dataclasses.replace(preset(given_preset), **{**model_overrides, **own}) != model_config):
         raise ValueError(f"a resumed run keeps its model; drop the model options and any --preset of another (see {where})")

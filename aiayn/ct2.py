@@ -88,7 +88,8 @@ def transformer_spec(model: Transformer, pieces: list[str]):
     def linear(target, name: str, *fused: str) -> None:  # W (out, in) and b, several fused along out
         names = (name, *fused)
         target.weight = torch.cat([state[f"{n}.weight"] for n in names]).numpy()
-        target.bias = torch.cat([state[f"{n}.bias"] for n in names]).numpy()
+        if f"{name}.bias" in state:  # the paper's attention projections have none (ModelConfig.attention_bias)
+            target.bias = torch.cat([state[f"{n}.bias"] for n in names]).numpy()
 
     def norm(target, name: str) -> None:
         target.gamma, target.beta = array(f"{name}.weight"), array(f"{name}.bias")

@@ -204,6 +204,8 @@ def run_row(row: str, out: Path, scale: Scale, precision: str, seed: int, corpus
 
     config, overrides = miniature(row, scale)
     run = RunDir(out / row)
+    if run.has_configs():  # a row begun before the paper's bias-free attention goes on with its biases
+        config = dataclasses.replace(config, attention_bias=run.configs()[0].attention_bias)
     recipe = TrainConfig(
         corpus=corpus, data=str(out / DATA), max_tokens=scale.max_tokens, warmup_steps=scale.warmup_steps,
         lr_scale=scale.lr_scale, max_steps=scale.steps, save_every=max(1, scale.steps // 4), keep_last=1,

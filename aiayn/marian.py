@@ -112,6 +112,7 @@ def config_from_marian(hf: dict, unk_id: int) -> ModelConfig:
         scale_embedding=hf.get("scale_embedding", False),  # MarianConfig's default
         tie_output=hf.get("tie_word_embeddings", True),
         final_logits_bias=True,
+        attention_bias=True,
         pad_id=pad,
         bos_id=start,
         eos_id=hf["eos_token_id"],
@@ -401,7 +402,9 @@ def export_marian(
     if config.positional == "sinusoidal":
         state = _permute_residual_stream(state, _concat_order(config.d_model))
     embed = state["encoder.embed.lookup.weight"]
-    weights = {theirs: state[ours].contiguous() for ours, theirs in _pairs(config)}
+    # Marian's projections always have biases: zeros where the paper's have none (attention_bias)
+    weights = {theirs: state[ours].contiguous() if ours in state else torch.zeros(len(state[ours[:-4] + "weight"]))
+               for ours, theirs in _pairs(config)}
     if config.share_embeddings:  # an unshared Marian has no shared table (found in review: transformers' UNEXPECTED)
         weights["model.shared.weight"] = embed.clone()
     weights["model.encoder.embed_tokens.weight"] = embed.clone()

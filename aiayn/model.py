@@ -174,7 +174,7 @@ class Residual(nn.Module):
 def _attention(config: ModelConfig, self_attention: bool) -> MultiHeadAttention:
     """Restricted attention (`config.neighborhood`, Table 1) applies to self-attention only."""
     d_k, d_v = config.head_dims
-    return MultiHeadAttention(config.d_model, config.n_heads, d_k, d_v, dropout=config.attention_dropout,
+    return MultiHeadAttention(config.d_model, config.n_heads, d_k, d_v, dropout=config.attention_dropout, bias=config.attention_bias,
                               neighborhood=config.neighborhood if self_attention else None, self_attention=self_attention)
 
 

@@ -403,7 +403,7 @@ class Trainer:
             while self.step < recipe.max_steps and self.elapsed < budget and not self.stopping:
                 record = self._step_and_report(signals, window, peak, budget, bar) or record
                 due = recipe.save_minutes is not None and time.monotonic() - last_save_time >= recipe.save_minutes * 60
-                if self.step % recipe.save_every == 0 or due:
+                if (recipe.save_every and self.step % recipe.save_every == 0) or due:
                     self._save()
                     last_save_time = time.monotonic()
             bar.close()

@@ -101,6 +101,9 @@ FAIRNESS_NOTES = (
     "LayerNorms than the paper). It has no KV cache: each decoding step re-runs the decoder over "
     "the whole prefix (how its users decode), with aiayn's greedy and beam search around it. In "
     "bf16 its encoder's inference fast path is off: it fails under CPU autocast in torch 2.13.",
+    "torch.nn.Transformer and Marian have biases on the attention projections (W^Q, W^K, W^V, W^O), "
+    "which §3.2.2's and aiayn's have not (aiayn's had them before 2026-11-30): 4·d_model parameters "
+    "an attention block more, a negligible share of a step.",
     "Marian (HF transformers): ReLU, scaled and tied embeddings, sinusoidal positions, post-norm "
     "(LayerNorm eps 1e-5 vs aiayn's 1e-6), plus a zero final logits bias; its decoder starts "
     "from the pad embedding. Training runs with use_cache=False. Its parameter count includes its two "

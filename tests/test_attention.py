@@ -154,16 +154,20 @@ def test_masked_positions_get_zero_weight():
 
 
 @pytest.mark.numeric
-def test_equals_torch_multihead_attention():
+@pytest.mark.parametrize("bias", [False, True])  # §3.2.2's projections, and an imported Marian model's
+def test_equals_torch_multihead_attention(bias):
     torch.manual_seed(2)
     d_model, heads = 16, 4
-    ours = MultiHeadAttention(d_model, heads).eval()
-    theirs = torch.nn.MultiheadAttention(d_model, heads, batch_first=True).eval()
+    ours = MultiHeadAttention(d_model, heads, bias=bias).eval()
+    theirs = torch.nn.MultiheadAttention(d_model, heads, bias=bias, batch_first=True).eval()
     with torch.no_grad():
         theirs.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
-        theirs.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
         theirs.out_proj.weight.copy_(ours.w_o.weight)
-        theirs.out_proj.bias.copy_(ours.w_o.bias)
+        if bias:  # random, not the zeros a fresh layer starts from
+            for layer in (ours.w_q, ours.w_k, ours.w_v, ours.w_o):
+                layer.bias.normal_()
+            theirs.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
+            theirs.out_proj.bias.copy_(ours.w_o.bias)
     query, memory = torch.randn(2, 5, d_model), torch.randn(2, 7, d_model)
     lengths = torch.tensor([7, 4])
     key_ok = torch.arange(7)[None, :] < lengths[:, None]  # (B, S), True = real token

@@ -21,7 +21,7 @@ def test_info_prints_config_parameters_and_flops(capsys):
     code, out, _ = run(capsys, "info", "--preset", "base")
     assert code == 0
     assert "d_model            512" in out and "d_k                64" in out
-    assert "parameters         63,082,496 (63.1M)" in out
+    assert "parameters         63,045,632 (63.0M)" in out
     assert "paper (Table 3)  65M" in out
     assert "training" in out and "MFLOP" in out
     assert "label_smoothing" not in out

@@ -15,9 +15,9 @@ def count(config: ModelConfig) -> float:
 
 COUNTS = {name: count(config) for name, config in PRESETS.items()}
 
-# Table 3's C1 (N = 2) lists 36M; our count is 33.7M (-6.5%). With the stated 37,000-token
-# vocabulary our rows of d_model 512 sit 1.6-2.5M under the paper's (base 63.1M vs 65M), C4
-# (d_model 256) 1.2M and C5 (1024) 4.1M under: a gap in proportion to d_model, as an embedding of
+# Table 3's C1 (N = 2) lists 36M; our count is 33.6M (-6.5%). With the stated 37,000-token
+# vocabulary our rows of d_model 512 sit 1.6-2.6M under the paper's (base 63.0M vs 65M), C4
+# (d_model 256) 1.2M and C5 (1024) 4.2M under: a gap in proportion to d_model, as an embedding of
 # about 4,000 more tokens would make, which the smallest model feels most (big, 1.2M over, is the
 # exception). The per-layer arithmetic is right: the differences between rows match the paper's
 # differences (test below), so C1 is held to 7% with this note.
@@ -42,7 +42,7 @@ def test_rows_without_a_count_keep_the_base_parameters():
     for name in ("A1", "A2", "A3", "A4", "D1", "D2", "D3", "D4"):
         assert COUNTS[name] == COUNTS["base"], name
     # Row E adds one learned vector per position to the encoder and the decoder.
-    assert COUNTS["E"] * 1e6 == COUNTS["base"] * 1e6 + 2 * PRESETS["E"].max_len * 512
+    assert round(COUNTS["E"] * 1e6) == round(COUNTS["base"] * 1e6) + 2 * PRESETS["E"].max_len * 512
 
 
 def test_presets_name_every_row_of_table_3():

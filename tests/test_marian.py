@@ -241,7 +241,7 @@ def test_export_to_ctranslate2_gives_the_same_greedy_tokens(imported, tmp_path):
 
 def native_model(folder, seed: int):
     """A model trained by aiayn (its own tokenizer, <pad> first) whose BOS is the pad token: a
-    zero start, as CTranslate2 starts a Marian decoder. A few Adam steps with label smoothing
+    zero start, as CTranslate2 starts a Marian decoder. Thirty Adam steps with label smoothing
     train it: the tied pre-softmax projection must leave the pad row at zero. Saved in `folder`."""
     from aiayn.loss import label_smoothed_nll
 
@@ -255,7 +255,7 @@ def native_model(folder, seed: int):
     width = max(map(len, ids)) + 1
     src = torch.tensor([row + [config.eos_id] + [config.pad_id] * (width - len(row) - 1) for row in ids])
     tgt_in = torch.cat([torch.zeros(len(ids), 1, dtype=torch.long), src[:, :-1]], dim=1)  # BOS = pad, then the copy
-    for _ in range(5):
+    for _ in range(30):  # enough to copy: distinct sentences, distinct outputs
         logits = model(src, tgt_in)
         loss, _ = label_smoothed_nll(logits.flatten(0, 1), src.flatten(), 0.1, config.pad_id)
         loss.backward()
@@ -561,7 +561,7 @@ def test_the_config_an_export_writes_reads_back_as_the_model(changes):
     from aiayn.marian import config_from_marian, marian_config
 
     config = ModelConfig(vocab_size=60, d_model=16, n_heads=2, d_ff=32, n_layers=2, positional="sinusoidal_concat",
-                         final_logits_bias=True, layer_norm_eps=1e-5, **changes)
+                         final_logits_bias=True, layer_norm_eps=1e-5, attention_bias=True, **changes)
     back = config_from_marian({**marian_config(config), "model_type": "marian"}, config.unk_id)
     assert dataclasses.replace(back, max_len=config.max_len) == config  # sinusoids are exported longer (exported_positions)
     assert back.max_len >= config.max_len

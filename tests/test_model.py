@@ -2,6 +2,7 @@
 (cached = full forward, padding-invariant, save → load identical)."""
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -58,6 +59,27 @@ def test_activations_are_selectable():
 
 
 @pytest.mark.numeric
+def test_attention_projections_have_no_biases_as_in_section_3_2_2_but_older_models_keep_theirs(tmp_path):
+    """W^Q, W^K, W^V, W^O are matrices (§3.2.2); the feed-forward network's b_1, b_2 are a layer's
+    only biases. A model saved before `attention_bias` existed had biases: its config, read
+    without the field, still builds them, and its weights load."""
+    model = tiny()
+    def attention_biases(model: Transformer) -> set[str]:
+        return {name.rsplit(".", 2)[-2] for name, _ in model.named_parameters()
+                if name.endswith(".bias") and ("self_attn." in name or "cross_attn." in name)}
+
+    assert attention_biases(model) == set() and any(name.endswith("w_1.bias") for name, _ in model.named_parameters())
+    old = tiny(attention_bias=True)
+    assert attention_biases(old) == {"w_q", "w_k", "w_v", "w_o"}
+    old.save(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["attention_bias"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = Transformer.load(tmp_path)
+    assert loaded.config.attention_bias and all(torch.equal(p, q) for p, q in zip(loaded.parameters(), old.parameters()))
+    assert ModelConfig.from_dict({**TINY.to_dict(), "attention_bias": False}) == TINY
+
+
 def test_sinusoidal_positions_follow_section_3_5():
     d_model = 8
     pe = sinusoidal_positions(50, d_model)

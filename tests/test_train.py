@@ -195,6 +195,18 @@ def test_bf16_weights_train_a_bf16_copy_and_keep_fp32_weights_in_checkpoints_and
         TrainConfig(bf16_weights=True)
 
 
+def test_checkpoints_by_time_alone_as_the_paper_wrote_them(tmp_path):
+    """§6.1's checkpoints were written every 10 minutes: `save_every=0` with `save_minutes` saves
+    by time alone (found by a faithfulness audit: the step saves went on beside the timed ones, so
+    the averaged five were a mix). A 7-step run in far less than an hour saves only at its end."""
+    recipe = TrainConfig(max_tokens=256, warmup_steps=10, max_steps=7, save_every=0, save_minutes=60.0, log_every=7,
+                         eval_every=10_000, seed=0)
+    Trainer(COPY_MODEL, recipe, tmp_path / "run", TrainData(copy_pairs(50, 0)), echo=lambda _: None).fit()
+    assert [path.name for path in sorted((tmp_path / "run" / "checkpoints").iterdir())] == ["step_00000007"]
+    with pytest.raises(ValueError, match="0 only with --save-minutes"):
+        TrainConfig(save_every=0)
+
+
 def test_fp16_runs_keep_their_loss_scale_in_checkpoints_and_resume_with_it(tmp_path, monkeypatch):
     """fp16 (a GPU's) scales the loss (GradScaler); the scale and its growth count are in each
     checkpoint, so a resumed run goes on with the uninterrupted run's scale and losses rather than

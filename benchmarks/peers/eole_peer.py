@@ -63,9 +63,10 @@ FAIRNESS_NOTES = [
         "style), so both stacks use Eole's default pre-norm with a final layer norm"
     ),
     (
-        "biases on the attention (q/k/v/output) and feed-forward projections are switched on "
-        "(Eole's default has none) to match the paper's layers; the tied output projection keeps "
-        "Eole's generator bias (one parameter per vocabulary entry)"
+        "biases on the feed-forward projections are switched on (Eole's default has none), as "
+        "§3.3's b_1 and b_2; the attention projections have none, as §3.2.2's and aiayn's (both "
+        "systems had them before 2026-11-30); the tied output projection keeps Eole's generator "
+        "bias (one parameter per vocabulary entry)"
     ),
     "weights are initialised by Eole with xavier_uniform (its default is uniform +-0.1)",
     "loss is normalised per target token (Eole's default normalises per sentence)",
@@ -137,10 +138,8 @@ def _config_dict(*, vocab_path, vocab_size, layers, d_model, heads, d_ff, dropou
             "heads": heads,
             "transformer_ff": d_ff,
             "mlp_activation_fn": "relu",
-            "add_qkvbias": True,
-            # implied by add_qkvbias at model level, but Eole 0.6.4 does not pass that on to the
-            # encoder, whose checkpoint then lacks the bias its reloaded config asks for
-            "add_final_linear_bias": True,
+            "add_qkvbias": False,
+            "add_final_linear_bias": False,
             "add_ffnbias": True,
             "share_embeddings": True,
             "share_decoder_embeddings": True,

@@ -37,8 +37,8 @@ Fairness notes (how OpenNMT-py 3.0.4 differs from the common shape):
   (the paper is post-norm). OpenNMT-py 3.0.4 has no post-norm option.
 - Its feed-forward block has a second dropout after the ReLU (dropout_1) besides the residual
   dropout; there is no option to switch it off alone.
-- Attention projections are built with biases (add_qkvbias, as the paper's linear projections);
-  the output projection is a Linear with a bias: its weight is tied to the embeddings, its
+- Attention projections have no biases (add_qkvbias off), as §3.2.2's and aiayn's (both had them
+  before 2026-11-30); the output projection is a Linear with a bias: its weight is tied to the embeddings, its
   8,000-entry bias is an extra trained parameter that aiayn does not have.
 - Loss: torch's CrossEntropyLoss(label_smoothing=0.1, reduction sum), smoothing over all V, on
   fp32 logits; OpenNMT-py divides it by the number of target tokens minus one per sentence (it
@@ -119,7 +119,7 @@ def model_opts(layers: int, d_model: int, heads: int, d_ff: int, dropout: float,
         "transformer_ff": d_ff,
         "pos_ffn_activation_fn": "relu",
         "self_attn_type": "scaled-dot",
-        "add_qkvbias": True,
+        "add_qkvbias": False,
         "position_encoding": True,
         "position_encoding_type": "SinusoidalInterleaved",
         "share_embeddings": True,
