@@ -22,7 +22,7 @@ from safetensors.torch import save_model as _save_safetensors
 from torch.overrides import TorchFunctionMode
 
 from aiayn.config import ModelConfig
-from aiayn.device import available_bytes
+from aiayn.device import available_bytes, resolve_device
 from aiayn.files import atomic_dir, atomic_write, read_json, write_json
 from aiayn.tokenizer import copy_tokenizer
 
@@ -66,7 +66,9 @@ def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:
     path = Path(directory) / CONFIG
     if not path.is_file():
         # A folder that holds a model folder (a run's model/ first): said where (found in review: a run folder)
-        inner = sorted((config.parent for config in Path(directory).glob(f"*/{CONFIG}")), key=lambda f: (f.name != "model", f.name))
+        # model/ first, then the newest step_N (found by a misuse hunt: the oldest was named)
+        inner = sorted(sorted((config.parent for config in Path(directory).glob(f"*/{CONFIG}")), reverse=True),
+                       key=lambda f: f.name != "model")
         hint = "" if not inner else f"; it holds one, {inner[0]}" + (
             " (a run's final model: Translator.load takes the run folder whole)" if inner[0].name == "model" else "")
         raise FileNotFoundError(f"no {CONFIG} in {directory}: not an aiayn model folder{hint}")
@@ -84,6 +86,7 @@ def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:
 
 def load_model(cls, directory: Union[str, Path], device: Union[str, torch.device] = "cpu"):
     """Build `cls` from `directory/config.json` and fill it from `directory/model.safetensors`."""
+    device = resolve_device(str(device))  # (found by a misuse hunt: "cuda" without one was safetensors' "pin_memory=True ...")
     directory = Path(directory)
     architecture, config = read_config(directory)
     if architecture != cls.__name__:

@@ -191,6 +191,9 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
     if (path.is_file() and path.suffix == ".parquet") or (path.is_dir() and any(path.glob("train*.parquet"))):
         return stream_parquet(path, src_lang, tgt_lang)
     if path.is_dir():
+        if held := [f"{split}.mrg" for split in ("dev", "test") if (path / f"{split}.mrg").is_file()]:  # (found by a misuse hunt)
+            raise ValueError(f"{path} holds {' and '.join(held)} but no train.mrg, which a treebank folder needs; one .mrg file is "
+                             f"read as a train split: aiayn corpus export {path / held[-1]} --split train --out DIR writes its sentences")
         if (path / STORE_MANIFEST).is_file():  # (found in review: "cannot tell the languages", of train.bin and train.idx.npy)
             raise ValueError(f"{path} is a corpus aiayn preprocess has encoded already: train on it with --data {path}")
         if _split_file(path, "train.tsv"):
@@ -470,8 +473,7 @@ def _translation_stream(name: str, arrays: dict, types: dict, src_lang: Optional
 
 def export_split(
     corpus: CorpusStream, split: str, out_dir: Union[str, Path], force: bool = False, inputs: Sequence = (),
-    note: Callable[[str], None] = lambda _: None, kept: Sequence[Path] = (),
-) -> tuple[Path, Path]:
+    note: Callable[[str], None] = lambda _: None, kept: Sequence[Path] = ()) -> tuple[Path, Path]:
     """Write `{split}.{src_lang}` and `{split}.{tgt_lang}`, one sentence per line, into `out_dir`,
     so that any tool can score against the references. Only that split is read, a chunk at a
     time (found in review: exporting test read all of WMT's train into memory first). Existing

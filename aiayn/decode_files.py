@@ -16,7 +16,7 @@ from aiayn.files import file_sha256, refuse_to_replace
 from aiayn.resumable import PartialOutput
 from aiayn.graphs import GraphedStep
 from aiayn.lines import check_input, iter_lines, open_input, visible
-from aiayn.parsing import WORD_PLACEHOLDER, parser_vocabulary
+from aiayn.parsing import WORD_PLACEHOLDER, holds_trees, parser_vocabulary
 from aiayn.run import languages_of, model_inputs, pinned_model_dir, run_files, stderr_note
 from aiayn.sentences import split_sentences
 from aiayn.translate import CHUNK_LINES, Translator, cut_at_limit
@@ -54,6 +54,16 @@ def _partial_output(options: FileDecodeOptions, decode: DecodeConfig, command: s
     return out
 
 
+def _refuse_trees(path: str) -> None:
+    """`parse` takes sentences: a treebank given instead was decoded for hours into trees of its
+    brackets (found by a misuse hunt)."""
+    with open(path, encoding="utf-8", errors="replace") as file:
+        head = [line for line, _ in zip(file, range(20))]
+    if holds_trees(head):
+        raise ValueError(f"{path} holds bracketed trees; parse takes one tokenized sentence a line (aiayn corpus "
+                         "export TREEBANK --split test --out DIR writes a treebank's sentences)")
+
+
 def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: str = "translate",
                    finish: Callable[[str, str], str] = lambda line, output: output) -> None:
     """`aiayn translate` / `parse`: stream --input (or stdin) through the model of --run-dir in
@@ -68,6 +78,9 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         raise ValueError(f"--n-best {n_best} needs --beam {n_best} or more: the beam holds the alternatives")
     if options.output:
         check_input(options.input)  # its mistake said before the output's checks, which name it as an input
+    if command == "parse" and options.input not in (None, "-") and Path(options.input).is_file():
+        _refuse_trees(options.input)
+    if options.output:
         out = _partial_output(options, decode, command, paragraphs, n_best)
     skip = out.skip if out else 0
 
@@ -111,7 +124,7 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
         out.finish()
 
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".svgz", ".pdf", ".eps", ".ps", ".tif", ".tiff", ".webp", ".gif", ".bmp")
 
 
 def attention_command(options: AttentionOptions, decode: DecodeConfig, echo=print) -> None:

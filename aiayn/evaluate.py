@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 from tqdm import tqdm
 
 from aiayn.lines import iter_lines, open_input
+from aiayn.parsing import evalb, holds_trees
 
 
 # Target languages whose words sacreBLEU splits with a tokenizer of their own (tok:zh, ja-mecab,
@@ -234,8 +235,6 @@ def score_files(options, echo=print) -> None:
     if options.ref in (None, "-") and options.hyp in (None, "-"):  # the second read found stdin closed (found in review)
         raise ValueError("--ref and --hyp are both stdin: give at least one of them as a file")
     if options.parse:
-        from aiayn.parsing import evalb
-
         gold = _read_trees(options.ref)
         if not gold:  # whatever the hypotheses hold (found in review: their error was said first)
             raise ValueError(f"{options.ref} holds no trees: nothing to score")
@@ -262,6 +261,9 @@ def score_files(options, echo=print) -> None:
         raise ValueError(f"{options.ref} is empty: no sentences to score")
     if not any(reference.strip() for reference in references):
         raise ValueError(f"{options.ref} holds only blank lines: no sentences to score")
+    if holds_trees(references[:20]) and holds_trees(hypotheses[:20]):  # (found by a misuse hunt: a BLEU of trees)
+        raise ValueError(f"{options.ref} and {options.hyp or 'stdin'} hold bracketed trees: score them with "
+                         "--parse (EVALB's F1), not BLEU")
     value, signature = bleu(hypotheses, references, options.lang)
     echo(f"sacreBLEU       {value:.2f}  {signature}")
     echo("chrF            {:.2f}  {}".format(*chrf(hypotheses, references)))

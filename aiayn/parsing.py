@@ -37,8 +37,9 @@ EMPTY_TAG = "-NONE-"
 _WRAPPERS = ("", "TOP", "ROOT")
 # COLLINS.prm: DELETE_LABEL for these POS tags removes the word before spans are counted.
 PUNCTUATION_TAGS = frozenset({",", ":", "``", "''", "."})
-# COLLINS.prm: DELETE_LABEL TOP (and the unlabeled outer bracket, which read_trees removes).
-UNCOUNTED_LABELS = frozenset({"", "TOP"})
+# COLLINS.prm: DELETE_LABEL TOP. The unlabeled outer bracket is read_trees' to remove; an inner
+# unlabeled bracket is a bracket, as evalb.c counts it (its label "" is in no DELETE_LABEL).
+UNCOUNTED_LABELS = frozenset({"TOP"})
 # COLLINS.prm: EQ_LABEL ADVP PRT. One pair only, so mapping one onto the other is an equivalence.
 EQUIVALENT_LABELS = {"PRT": "ADVP"}
 
@@ -100,6 +101,8 @@ def read_trees(text: str) -> list[Tree]:
 
     Raises ValueError, with line and column, for unbalanced brackets or a malformed bracket.
     """
+    if not isinstance(text, str):  # (found by a misuse hunt: a Path was a TypeError of the regex)
+        raise TypeError(f"read_trees takes the text of trees, not a {type(text).__name__}: read_trees(path.read_text())")
     trees = []
     for node, where in _parse(text):
         cleaned = _preprocess(node)
@@ -190,6 +193,8 @@ def linearize(tree: Tree) -> tuple[list[str], list[str]]:
     words are in `words`, the source side. Example: (S (NP (DT the) (NN dog)) (VP (VBZ barks)) (. .))
     gives ["the", "dog", "barks", "."] and "(S (NP XX XX )NP (VP XX )VP XX )S".split().
     """
+    if not isinstance(tree, Tree):  # (found by a misuse hunt: a string was an AttributeError)
+        raise TypeError(f"linearize takes a Tree, as read_trees(text) gives them, not a {type(tree).__name__}")
     target: list[str] = []
 
     def walk(node: Node) -> None:
@@ -214,8 +219,18 @@ def parser_vocabulary(tokenizer) -> bool:
     return any(piece.lstrip("▁") == WORD_PLACEHOLDER for piece in pieces)
 
 
+def _check_words(words: Sequence[str]) -> None:
+    """Words as `line.split()` gives them (found by a misuse hunt: a sentence given as a string was
+    a word a character, a space among them, and the tree written no reader reads back)."""
+    if isinstance(words, str):
+        raise TypeError("words is a list of words, not a string: delinearize(output, line.split())")
+    if not all(isinstance(word, str) and word and not any(c.isspace() for c in word) for word in words):
+        raise ValueError("every word is a non-empty string without whitespace, as line.split() gives them")
+
+
 def delinearize(target_tokens: Union[str, Sequence[str]], words: Sequence[str]) -> Tree:
-    """The tree that `target_tokens` describes over `words`, every leaf tagged XX. Never raises.
+    """The tree that `target_tokens` describes over `words` (as `line.split()` gives them), every
+    leaf tagged XX. Never raises for what a model outputs.
 
     `target_tokens` is a token list or a string split on whitespace. A well-formed linearization
     comes back exactly: delinearize(*reversed(linearize(t))) is `t` with every POS tag "XX".
@@ -240,6 +255,7 @@ def delinearize(target_tokens: Union[str, Sequence[str]], words: Sequence[str]) 
     So the result's words are always exactly `words`, in order, and its labels come from the
     opening brackets.
     """
+    _check_words(words)
     tokens = target_tokens.split() if isinstance(target_tokens, str) else list(target_tokens)
     remaining = list(words)
     remaining.reverse()  # pop() gives the next word
@@ -290,6 +306,15 @@ def tree_to_string(tree: Node) -> str:
 # Scoring
 
 
+def holds_trees(lines: Sequence[str]) -> bool:
+    """Whether `lines` look like bracketed trees, not sentences: every non-blank one starts with
+    "(" (a tree, or a line of one spread over several as in WSJ's .mrg files), one opens a bracket
+    in a bracket, "(S (" or "( (", and one closes. "(Applause)" is a sentence."""
+    shown = [line.strip() for line in lines if line.strip()]
+    return (bool(shown) and all(line.startswith("(") for line in shown) and any(")" in line for line in shown)
+            and any(re.match(r"\(\S*\s+\(", line) for line in shown))
+
+
 def evalb(gold_trees: Sequence[Tree], test_trees: Sequence[Tree]) -> dict[str, float]:
     """Labelled bracket scores over a corpus, as EVALB with COLLINS.prm computes them.
 
@@ -303,8 +328,8 @@ def evalb(gold_trees: Sequence[Tree], test_trees: Sequence[Tree]) -> dict[str, f
     * A bracket is (label, start, end) over word positions; every phrase node counts, each node
       of a unary chain separately; preterminals (POS tags) are not brackets. Brackets form a
       multiset: two identical brackets need two matching ones.
-    * DELETE_LABEL TOP: nodes labelled TOP (or "", the unlabeled outer bracket, which read_trees
-      already removes) are not counted. The S over the whole sentence is counted.
+    * DELETE_LABEL TOP: nodes labelled TOP are not counted (the unlabeled outer bracket read_trees
+      removes; an inner unlabeled one is counted, as evalb.c counts it). The S over the whole sentence is counted.
     * DELETE_LABEL , : `` '' .: those words are deleted before positions are numbered. evalb.c
       deletes them by each tree's own tags; a seq2seq parser's leaves are all XX, so here both
       trees delete the word positions that the GOLD tree tags as punctuation. A bracket that
@@ -314,7 +339,13 @@ def evalb(gold_trees: Sequence[Tree], test_trees: Sequence[Tree]) -> dict[str, f
       ADVP and PRT match each other.
     * The two trees of a sentence must have the same words; evalb.c rejects the sentence
       ("Length unmatch", "Words unmatch"), here that is a ValueError.
+    * Where we part from evalb.c: the outer ROOT or unlabeled bracket that read_trees removes is
+      not counted, where evalb.c counts a ROOT that both files have; a sentence of punctuation
+      alone counts, with no brackets and as a complete match, where evalb.c skips it.
     """
+    for trees in (gold_trees, test_trees):  # (found by a misuse hunt: a Tree or strings were AttributeErrors)
+        if isinstance(trees, (str, Tree)) or not all(isinstance(tree, Tree) for tree in trees):
+            raise TypeError("evalb takes two lists of trees, as read_trees(text) gives them")
     if len(gold_trees) != len(test_trees):
         raise ValueError(f"{len(gold_trees)} gold trees but {len(test_trees)} test trees")
     matched = gold_total = test_total = complete = 0

@@ -338,7 +338,7 @@ def run_files(path: PathLike) -> list[Path]:
     command's --force may replace (`aiayn average` may replace the averaged model). None where
     `path` belongs to no run."""
     path = Path(path).resolve()
-    for folder in (path, path.parent, path.parent.parent):
+    for folder in (path, *path.parents):  # RUN/checkpoints/step_N/FILE is three levels down (found in a misuse hunt)
         run = RunDir(folder)
         if run.has_configs():  # found in review: translate --output RUN/averaged/model.safetensors --force wrote it
             records = [run.model_config, run.train_config, *sorted(folder.glob("demo*.json")), folder / ROW_RESULT]
@@ -422,28 +422,43 @@ def check_special_ids(tokenizer, config: ModelConfig) -> None:
                              f"{getattr(tokenizer, name)}; a model takes its special ids from its tokenizer")
 
 
+def _check_average_output(directories: list[Path], out: PathLike, force: bool) -> None:
+    """An average replaces no checkpoint, model or record of a run but the run's averaged model."""
+    runs = [RunDir(Path(directory).resolve().parent.parent) for directory in directories]  # of RUN/checkpoints/step_N
+    kept = {*run_files(out), *(path for run in runs for path in run_files(run.path))} - {run.averaged.resolve() for run in runs}
+    refuse_to_replace(out, force, inputs=directories, folder=True, kept=kept)
+
+
 def average_checkpoints(directories: list[Path], out: PathLike, force: bool = False) -> None:
     """§6.1: a model whose weights are the mean of the checkpoints' (summed in float64), written
     as a model folder with the tokenizer of the newest checkpoint (atomically; an existing `out`
-    only with `force`). One checkpoint is in memory at a time, so averaging the 20 of a big model
-    needs no more than two copies of it."""
+    only with `force`). One checkpoint is loaded at a time beside the float64 sums: about four
+    copies of the model in memory at the most, however many are averaged."""
     if isinstance(directories, (str, Path)):  # (found in review: a path was read character by character)
         raise ValueError("average_checkpoints takes a list of checkpoint folders, not one path")
     if not directories:  # was an IndexError
         raise ValueError("average_checkpoints needs at least one checkpoint folder")
     directories = [Path(directory) for directory in directories]  # (str paths failed after the averaging)
+    _check_average_output(directories, out, force)  # (found by a misuse hunt: with force=True the API replaced them)
     architecture, config = read_config(directories[-1])
     cls = {c.__name__: c for c in (models.Transformer, models.EncoderModel, models.DecoderModel)}.get(architecture)
     if cls is None:  # found in review: any name in aiayn.model was looked up (an AttributeError)
         raise ValueError(f"{directories[-1]} holds a {architecture!r}, not a Transformer, EncoderModel or DecoderModel")
+    pieces = [path.read_bytes() for path in tokenizer_files(directories[-1])]
     total: dict[str, torch.Tensor] = {}
     for directory in directories:
         if read_config(directory) != (architecture, config):
             raise ValueError(f"{directory} holds another model than {directories[-1]}; cannot average")
+        # The same sizes, other pieces: a checkpoint of another run (found by a misuse hunt: averaged)
+        if (own := [path.read_bytes() for path in tokenizer_files(directory)]) and pieces and own != pieces:
+            raise ValueError(f"{directory} has another tokenizer than {directories[-1]}: its embeddings are of other "
+                             "pieces; cannot average")
         for name, tensor in load_model(cls, directory).state_dict().items():
-            total[name] = total[name] + tensor.double() if name in total else tensor.double()
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():  # (found by a misuse hunt: a NaN model)
+                raise ValueError(f"{directory}: {name} holds values that are not finite (NaN or inf); cannot average it")
+            total[name] = total[name].add_(tensor) if name in total else tensor.double()  # in place: one float64 copy
     model = cls(config)
-    model.load_state_dict({name: value / len(directories) for name, value in total.items()})
+    model.load_state_dict({name: value.div_(len(directories)) for name, value in total.items()})
 
     def build(folder: Path) -> None:
         save_model(model, folder)
@@ -490,8 +505,7 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
     if missing := [path.name for path in chosen if path not in found]:
         kept = ", ".join(path.name.split("_")[-1].lstrip("0") or "0" for path in found)
         raise ValueError(f"{options.run_dir} has no checkpoint {', '.join(missing)}; it keeps those of steps {kept}")
-    kept = [path for path in {*run_files(options.run_dir), *run_files(options.out)} if path != run.averaged.resolve()]  # averaged anew
-    refuse_to_replace(options.out, options.force, inputs=chosen, folder=True, kept=kept)
+    _check_average_output(chosen, options.out, options.force)  # before the output's lock is taken beside it
     if options.steps is None and len(chosen) < last:
         kept = f"{len(found)} checkpoints; averaging those" if len(found) > 1 else "1 checkpoint; averaging it alone"
         echo(f"note: {options.run_dir} keeps {kept}")

@@ -248,6 +248,45 @@ def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus
                    "step_00000001 went away while being read: a run training in", "average again, or once it stops")
 
 
+def test_averaging_never_spoils_a_run_nor_averages_what_does_not_belong_together(tmp_path, corpus_tsv, capsys):
+    """Found by a misuse hunt: an output three folders down in a run (RUN/checkpoints/step_N/FILE)
+    was written over even a checkpoint's weights; the Python API's force=True replaced the
+    checkpoint it read and the run's model/; a checkpoint of another run (same sizes, another
+    tokenizer) and one holding NaN were averaged, exit 0; Transformer.load(..., "cuda") without a
+    GPU said "pin_memory"; a run's checkpoints/ given as a model pointed at the oldest."""
+    from aiayn.run import average_checkpoints
+
+    run = tmp_path / "run"
+    assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--save-every", "1"))[0] == 0
+    first, newest = RunDir(run).checkpoints()
+    weights = (newest / "model.safetensors").read_bytes()
+    one_line_error(*cli(capsys, "average", run, "--last", "1", "--out", first / "avg", "--force")[::2],
+                   "which a training run keeps")
+    for out in (newest, run / "model", first):
+        with pytest.raises(ValueError):
+            average_checkpoints([first, newest], out, force=True)
+    assert (newest / "model.safetensors").read_bytes() == weights and (newest / "trainer.json").is_file()
+    average_checkpoints([first, newest], RunDir(run).averaged, force=True)  # the run's averaged model is made anew
+    other = tmp_path / "other"
+    shutil.copytree(newest, other)
+    (other / "tokenizer.model").write_bytes(b"another" + (other / "tokenizer.model").read_bytes())
+    with pytest.raises(ValueError, match="has another tokenizer than"):
+        average_checkpoints([other, newest], tmp_path / "mixed")
+    model = Transformer.load(newest)
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = math.nan
+    model.save(other, force=True)
+    (other / "tokenizer.model").write_bytes((newest / "tokenizer.model").read_bytes())
+    with pytest.raises(ValueError, match="holds values that are not finite"):
+        average_checkpoints([other, newest], tmp_path / "nan")
+    assert not (tmp_path / "mixed").exists() and not (tmp_path / "nan").exists()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="this machine has no CUDA GPU"):
+            Transformer.load(newest, "cuda")
+    with pytest.raises(FileNotFoundError, match=f"it holds one, {newest}"):
+        Transformer.load(run / "checkpoints")
+
+
 def test_a_run_that_diverges_stops_before_saving_anything_of_it(tmp_path, corpus_tsv, capsys):
     """At --lr-scale 1e30 Adam moves a weight by about the rate times m̂/√v̂ (of order 1), over
     1e26 at step 4 here, so step 5's forward overflows fp32 (a product of two such weights is
@@ -518,8 +557,9 @@ def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_
     long = ["attention", model_dir, "--sentence", " ".join(SENTENCES[:40]), "--out", tmp_path / "long"]
     one_line_error(*cli(capsys, *long)[::2], "over --max-tokens 100", "shorter sentence")
     assert not (tmp_path / "long").exists()
-    one_line_error(*cli(capsys, *argv[:-1], tmp_path / "maps.png")[::2], "name a folder, not maps.png")
-    assert not (tmp_path / "maps.png").exists()
+    for image in ("maps.png", "maps.gif"):  # (found by a misuse hunt: a folder maps.gif of figures)
+        one_line_error(*cli(capsys, *argv[:-1], tmp_path / image)[::2], f"name a folder, not {image}")
+        assert not (tmp_path / image).exists()
     assert cli(capsys, *argv)[0] == 0
     one_line_error(*cli(capsys, *argv)[::2], "already exists", "--force")
     assert cli(capsys, *argv, "--force")[0] == 0
@@ -1634,6 +1674,28 @@ def test_parse_says_when_a_model_looks_like_no_parser(tmp_path, model_dir, capsy
                        monkeypatch=monkeypatch)
     assert code == 0 and f"aiayn: note: {model_dir} looks like no parsing model: XX" in err
     assert (tmp_path / "trees.txt").read_text(encoding="utf-8").count("(XX ") == 3  # the flat tree it warned of
+
+
+def test_trees_given_where_sentences_belong_are_refused(tmp_path, model_dir, capsys, monkeypatch):
+    """Found by a misuse hunt: `parse` of a treebank decoded its brackets as words (hours of beam 21
+    on WSJ §23) and `score` without --parse gave a BLEU of trees, exit 0; a treebank folder of
+    dev.mrg and test.mrg alone, to export a split to parse, was "no train.SRC and train.TGT"."""
+    trees = "(S (NP (DT the) (NN dog)) (VP (VBD slept)) (. .))\n( (S (NP (PRP it))\n    (VP (VBD ran))))\n"
+    (tmp_path / "gold.mrg").write_text(trees)
+    one_line_error(*cli(capsys, "parse", model_dir, "--input", tmp_path / "gold.mrg", "--output", tmp_path / "out")[::2],
+                   "gold.mrg holds bracketed trees; parse takes one tokenized sentence a line", "corpus export")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "one").write_text(trees.splitlines()[0] + "\n")
+    one_line_error(*cli(capsys, "score", "--ref", tmp_path / "one", "--hyp", tmp_path / "one")[::2],
+                   "hold bracketed trees: score them with --parse")
+    (tmp_path / "said").write_text("(Applause)\n")  # a sentence in brackets is a sentence
+    assert cli(capsys, "score", "--ref", tmp_path / "said", "--hyp", tmp_path / "said")[0] == 0
+    (tmp_path / "bank").mkdir()
+    (tmp_path / "bank" / "test.mrg").write_text(trees)
+    one_line_error(*cli(capsys, "corpus", "export", tmp_path / "bank", "--split", "test", "--out", tmp_path / "words")[::2],
+                   "holds test.mrg but no train.mrg, which a treebank folder needs", "--split train --out DIR")
+    assert cli(capsys, "corpus", "export", tmp_path / "bank" / "test.mrg", "--split", "train", "--out", tmp_path / "words")[0] == 0
+    assert (tmp_path / "words" / "train.words").read_text() == "the dog slept .\nit ran\n"
 
 
 def test_invalid_utf8_on_stdin(model_dir, capsys, monkeypatch):

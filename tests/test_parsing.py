@@ -293,6 +293,26 @@ def test_only_an_outer_wrapper_is_removed_and_one_around_several_trees_is_top():
     assert one("(ROOT (NP (DT a)) (VP (VB b)))").label == "TOP"
     gold, test = one("(S (NP (DT a)) (VB b))"), one("(S (ROOT (NP (XX a))) (XX b))")
     assert evalb([gold], [test])["precision"] == pytest.approx(200 / 3)
+    # An inner unlabeled bracket is a wrong bracket too, as evalb.c counts it (found by a misuse hunt: 100)
+    assert evalb([gold], [one("(S ( (NP (XX a))) (XX b))")])["precision"] == pytest.approx(200 / 3)
+
+
+def test_the_parsing_api_names_its_callers_mistakes():
+    """Found by a misuse hunt: a sentence given as a string was read character by character into
+    a tree no reader reads back; a Tree, strings or a Path were AttributeErrors and TypeErrors."""
+    with pytest.raises(TypeError, match=r"delinearize\(output, line.split\(\)\)"):
+        delinearize("(S XX XX )S", "the dog")
+    for words in ([""], ["a b"]):
+        with pytest.raises(ValueError, match="non-empty string without whitespace"):
+            delinearize("(S XX )S", words)
+    tree = one("(S (NN a))")
+    for gold, test in ((tree, tree), (["(S (NN a))"], [tree])):
+        with pytest.raises(TypeError, match="evalb takes two lists of trees"):
+            evalb(gold, test)
+    with pytest.raises(TypeError, match=r"read_trees\(path.read_text\(\)\)"):
+        read_trees(TOY)
+    with pytest.raises(TypeError, match="linearize takes a Tree"):
+        linearize("(S (NN a))")
 
 
 def test_a_looping_parse_still_writes_a_tree_that_reads_back():
