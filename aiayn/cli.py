@@ -20,11 +20,9 @@ import typing
 from pathlib import Path
 from typing import Optional, Sequence
 
-from aiayn.config import (
-    DECODE_PRECISIONS, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, AttentionOptions,
+from aiayn.config import (DECODE_PRECISIONS, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, AttentionOptions,
     ArgosOptions, AverageOptions, ConvertOptions, CorpusExportOptions, Ct2Options, DecodeConfig, DemoOptions, FileDecodeOptions, InfoOptions,
-    ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions, TranslateFileOptions, check_options, decode_field_problem, preset, recipe,
-)
+    ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions, TranslateFileOptions, check_options, decode_field_problem, preset, recipe)
 from aiayn import __version__
 from aiayn.errors import ClosedStdout, Terminated, ask_for_less, command_line_message, environment_count, out_of_memory
 
@@ -64,7 +62,8 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
             literal = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
             choices = choices() if choices else literal
             kwargs.update(type=None if literal else _value_type(hint), choices=choices, nargs=meta.get("nargs"),
-                          metavar=meta.get("metavar") or (None if choices else f.name.upper()))
+                          metavar=meta.get("metavar") or (None if choices else f.name.upper()),  # `--rows base --rows A`
+                          action="extend" if meta.get("nargs") and not meta.get("positional") else "store")  # is both
         if meta.get("positional"):
             parser.add_argument(f"{cls.__name__}.{f.name}", **kwargs)
         else:
@@ -174,11 +173,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     chosen = recipe(train.recipe or "paper")
     given = given_fields(args, TrainConfig)
     preset_train = TRAIN_OVERRIDES.get(train.preset or "base", {})
-    processes = environment_count("WORLD_SIZE", 1)  # torchrun's
-    model_config, training = run_configs(
+    model_config, training = run_configs(  # its notes said by one of torchrun's processes (found by a misuse hunt)
         RunDir(train.out), train.resume, preset(train.preset or "base"), chosen.model,
-        {**preset_train, **chosen.train_changes(preset_train, given, processes)}, given_fields(args, ModelConfig), given,
-        given_preset=train.preset, given_recipe=train.recipe if train.resume else None)
+        {**preset_train, **chosen.train_changes(preset_train, given, environment_count("WORLD_SIZE", 1))},
+        given_fields(args, ModelConfig), given, given_preset=train.preset, given_recipe=train.recipe if train.resume else None,
+        echo=print if environment_count("RANK", 0) == 0 else lambda _: None)
     train_run(model_config, training, Path(train.out), train.resume)
 
 
@@ -273,11 +272,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 def cmd_experiment_table3(args: argparse.Namespace) -> None:
     """Table 3 in miniature (aiayn.experiment): train each row, score it, print the table."""
-    from aiayn.experiment import TABLE_MD, TABLE_PNG, run_table3
+    from aiayn.experiment import run_table3
+    from aiayn.table3 import TABLE_MD, TABLE_PNG
 
     table3 = options(args, Table3Options)
-    out = Path(table3.out)
-    run_table3(out, table3.scale, **{name: value for name, value in vars(table3).items() if name not in ("out", "scale")})
+    run_table3(out := Path(table3.out), table3.scale, **{name: value for name, value in vars(table3).items() if name not in ("out", "scale")})
     print("\n" + (out / TABLE_MD).read_text(encoding="utf-8"))
     print(f"table {out / TABLE_MD}, " + (f"plot {out / TABLE_PNG}" if (out / TABLE_PNG).exists() else
                                          "no plot: it draws each row against the base row (add base to --rows)"))

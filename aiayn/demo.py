@@ -15,6 +15,7 @@ from aiayn import __version__
 from aiayn.config import (DEMO_AVERAGE_LAST, DEMO_RECIPE, DecodeConfig, DemoOptions, demo_model, demo_training,
                           preset_training, recipe)
 from aiayn.device import cpu_kind, matmul_peak_flops, resolve_device, resolve_precision
+from aiayn.errors import one_process
 from aiayn.evaluate import score
 from aiayn.files import read_json, write_json
 from aiayn.model import Transformer
@@ -25,6 +26,7 @@ from aiayn.visualize import attention_figures
 
 
 def run_demo(options: DemoOptions, decode: DecodeConfig) -> None:
+    one_process("demo")
     run = RunDir(options.out)
     with run.lock():  # held from the training to the last attention map
         _demo(options, decode, run)

@@ -84,6 +84,15 @@ def ask_for_less(command: str) -> str:
     return f"ask for less: {less}" if less else "close other programs, or run it on a machine with more memory"
 
 
+def one_process(command: str) -> None:
+    """`demo` and `experiment table3` write one folder from one process (found by a misuse hunt:
+    under torchrun the second rank was refused the first's lock, and the first hung in the
+    process group's rendezvous until torchrun killed it 30 s later)."""
+    if (processes := environment_count("WORLD_SIZE", 1)) > 1:
+        raise ValueError(f"aiayn {command} runs in one process, not under torchrun's {processes}; train with several "
+                         "processes by `torchrun ... -m aiayn train`")
+
+
 def environment_count(name: str, default: int) -> int:
     """A count a launcher sets in the environment (torchrun's WORLD_SIZE, LOCAL_RANK): a value
     that is not one is said by its name (found in review: "invalid literal for int()")."""

@@ -25,8 +25,10 @@ SAVE_EVERY="${SAVE_EVERY:-1500}"         # §6.1 checkpoints every 10 minutes; ~
 PRECISION="${PRECISION:-bf16}"           # the paper trained in fp32 on P100s; bf16 on today's GPUs
 TORCHRUN="${TORCHRUN:-torchrun}"         # add --master-port etc. here for a shared machine
 
-if (( 8 % GPUS != 0 )); then
-    echo "GPUS must divide 8 (the paper's 8 GPUs × 1 batch per step)" >&2
+# A whole number first: in (( )) GPUS=0 or 1.5 is an arithmetic error, which `if` takes for false
+# (found by a misuse hunt: the corpus was preprocessed, then ACCUMULATE was unbound; -8 passed).
+if [[ ! "$GPUS" =~ ^[1-9][0-9]*$ ]] || (( 8 % GPUS != 0 )); then
+    echo "GPUS must be 1, 2, 4 or 8, a divisor of the paper's 8 GPUs × 1 batch per step; got '$GPUS'" >&2
     exit 2
 fi
 ACCUMULATE=$(( 8 / GPUS ))
@@ -36,8 +38,18 @@ ACCUMULATE=$(( 8 / GPUS ))
 # follow from the run, are made anew.
 if [[ -f "$WORK/data/manifest.json" ]]; then
     echo "data: $WORK/data, made before"
+    # (found by a misuse hunt: another VOCAB_SIZE was ignored without a word; CORPUS still is)
+    made=$(grep -o '"vocab_size": [0-9]*' "$WORK/data/manifest.json" | grep -o '[0-9]*$' || true)
+    if [[ "$made" != "$VOCAB_SIZE" ]]; then
+        echo "$WORK/data was made with VOCAB_SIZE=$made, not $VOCAB_SIZE: give its VOCAB_SIZE, or another WORK" >&2
+        exit 2
+    fi
 else
     aiayn preprocess --corpus "$CORPUS" --src-lang en --tgt-lang de --out "$WORK/data" --vocab-size "$VOCAB_SIZE"
+fi
+if [[ ! -f "$WORK/data/test.en" ]]; then  # found before training, not after it (found by a misuse hunt)
+    echo "$WORK/data has no test split, which the recipe translates and scores: give a CORPUS with one" >&2
+    exit 2
 fi
 
 RESUME=()

@@ -195,6 +195,29 @@ def test_the_wmt14_recipe_runs_end_to_end(tmp_path, device):
     assert "sacreBLEU" in done.stdout and "paper protocol" in done.stdout.lower()
 
 
+def test_the_wmt14_recipe_refuses_bad_settings_before_any_work(tmp_path):
+    """Found by a misuse hunt: GPUS=0 or 1.5 was an arithmetic error that `if` took for false, so
+    the corpus was preprocessed (hours on WMT14) before ACCUMULATE was unbound, and -8 passed; a
+    rerun with another VOCAB_SIZE trained on the old data without a word; data without a test
+    split was found missing after training."""
+    def recipe(**settings: str) -> subprocess.CompletedProcess:
+        env = environment(tmp_path, "cpu", CORPUS=str(tmp_path / "nowhere"), WORK=str(tmp_path / "work"), **settings)
+        return subprocess.run(["bash", str(REPO / "recipes" / "wmt14-en-de-base.sh")], capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    for gpus in ("0", "-8", "1.5", "abc", "3"):
+        done = recipe(GPUS=gpus)
+        assert done.returncode == 2 and f"GPUS must be 1, 2, 4 or 8, a divisor of the paper's 8 GPUs" in done.stderr, done
+    assert not (tmp_path / "work").exists()
+    (tmp_path / "work" / "data").mkdir(parents=True)
+    (tmp_path / "work" / "data" / "manifest.json").write_text(json.dumps({"vocab_size": 340}, indent=1))
+    done = recipe(GPUS="2", VOCAB_SIZE="999")
+    assert done.returncode == 2 and "was made with VOCAB_SIZE=340, not 999" in done.stderr, done
+    done = recipe(GPUS="2", VOCAB_SIZE="340")
+    assert done.returncode == 2 and "has no test split, which the recipe translates and scores" in done.stderr, done
+    assert not (tmp_path / "work" / "run").exists()
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch.cuda.is_available() is false")
 def test_fused_attention_on_a_gpu_runs_no_cudnn_kernel_and_equals_the_reference():

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES
-from aiayn.experiment import (CLAIMS, PAPER, REPEAT, ROWS, SCALES, _check_out, _settings, findings, miniature, noise_floor,
-                              paper_name, select_rows, table_figure, table_markdown)
+from aiayn.experiment import SCALES, _check_out, _settings, miniature, run_table3, select_rows
+from aiayn.table3 import CLAIMS, PAPER, REPEAT, ROWS, findings, noise_floor, paper_name, table_figure, table_markdown
 from aiayn.device import resolve_precision
 from aiayn.run import RunDir
 
@@ -228,6 +228,37 @@ def test_table3_on_a_small_corpus_of_ones_own_takes_a_vocabulary_that_fits_and_n
     assert json.loads((tmp_path / "ok" / "data" / "manifest.json").read_text())["src_lang"] == "es"
     assert json.loads((tmp_path / "ok" / "experiment.json").read_text())["vocab_size"] == 300
     assert json.loads((tmp_path / "ok" / "table3.json").read_text())["rows"]["base"]["config"]["vocab_size"] == 300
+    # A row's data is recorded absolute, so that `train --resume` of it runs from any folder (found by a misuse hunt)
+    assert json.loads((tmp_path / "ok" / "base" / "train_config.json").read_text())["data"] == str(tmp_path / "ok" / "data")
+    # Every dev pair too long for training left none to score: refused before any row (found by a misuse hunt:
+    # the base row trained, then a ZeroDivisionError on every rerun)
+    for split, chosen in (("train", pairs[:250]), ("dev", [" ".join(words * 20)] * 5)):
+        (texts / f"{split}.en").write_text("".join(f"{p}\n" for p in chosen))
+        (texts / f"{split}.es").write_text("".join(f"{p[::-1]}\n" for p in chosen))
+    long = _table3(tmp_path / "long", "--rows", "base", "--corpus", texts, "--vocab-size", "300", "--src-lang", "es",
+                   "--tgt-lang", "en")
+    assert long.returncode == 2 and "every dev pair of" in long.stderr and "longer than 256 tokens" in long.stderr, long.stderr
+    assert not (tmp_path / "long").exists()
+
+
+def test_table3_and_demo_run_in_one_process_and_take_their_settings_as_given(tmp_path, monkeypatch):
+    """Found by a misuse hunt: under torchrun the second process was refused the first's lock and
+    the first hung until torchrun killed it; `--rows base --rows A` ran A alone; run_table3(seed=-1)
+    bound its folder to the seed it then refused."""
+    from aiayn.cli import build_parser, main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for argv in (["demo", "--out", str(tmp_path / "demo")], ["experiment", "table3", "--out", str(tmp_path / "t3")]):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+    assert not (tmp_path / "demo").exists() and not (tmp_path / "t3").exists()
+    monkeypatch.delenv("WORLD_SIZE")
+    args = build_parser().parse_args(["experiment", "table3", "--out", "x", "--rows", "base", "--rows", "A"])
+    assert getattr(args, "Table3Options.rows") == ["base", "A"]
+    with pytest.raises(ValueError, match="--seed .* must be between 0 and"):
+        run_table3(tmp_path / "seed", "tiny", rows=["base"], seed=-1)
+    assert not (tmp_path / "seed").exists()
 
 
 def test_a_start_that_failed_before_any_work_does_not_bind_its_settings(tmp_path):
@@ -255,6 +286,7 @@ def trained(monkeypatch):
     """run_table3 with each row's training and scoring faked (a result of `_result`'s, its row
     folder made as a real row makes it): the rows trained, in order. Row C2 is interrupted."""
     import aiayn.experiment
+    import aiayn.table3
 
     rows = []
 
@@ -268,7 +300,7 @@ def trained(monkeypatch):
 
     monkeypatch.setattr(aiayn.experiment, "run_row", run_row)
     monkeypatch.setattr(aiayn.experiment, "_prepare_data", lambda *args: None)
-    monkeypatch.setattr(aiayn.experiment, "plot_table", lambda *args: None)
+    monkeypatch.setattr(aiayn.table3, "plot_table", lambda *args: None)
     return rows
 
 
@@ -351,6 +383,13 @@ def test_the_table3_figure_labels_its_ratios_apart_and_keeps_its_title_inside(ro
     finally:
         plt.close(fig)
     assert table_figure({"A1": results["A1"]}) is None  # no base row, no figure
+    fig = table_figure(results, "corpora/my-pairs")  # the corpus it ran on, and its seeds (found by a misuse hunt)
+    try:
+        labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+        assert any("my-pairs" in label for label in labels), labels
+        assert ("two seeds" in fig.axes[0].get_title()) == (REPEAT in rows) and ("one seed" in fig.axes[0].get_title()) != (REPEAT in rows)
+    finally:
+        plt.close(fig)
 
 
 def test_the_table3_figure_says_which_rows_diverged():
