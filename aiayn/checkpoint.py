@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Optional, Union
 
@@ -61,8 +62,19 @@ def saved_step(directory: Union[str, Path]) -> Optional[int]:
     return int(value) if value.isdecimal() else None  # (isdigit() takes "²", which int() refuses)
 
 
+def check_path(path: object, what: str) -> None:
+    """A TypeError naming what was given where the path of `what` was wanted (a model object, say)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"give the path of {what}, not a {type(path).__name__}"
+                        + (" (save it first: model.save(FOLDER))" if isinstance(path, torch.nn.Module) else ""))
+
+
 def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:
     """(architecture name, ModelConfig) from `directory/config.json`, with one-line errors."""
+    check_path(directory, "a model folder")  # (found by a misuse hunt: "expected str, bytes or os.PathLike")
+    if not Path(directory).is_dir():  # (found by a misuse hunt: "no config.json in nope")
+        raise FileNotFoundError(f"no such folder: {directory}" if not Path(directory).exists() else
+                                f"{directory} is a file, not a model folder")
     path = Path(directory) / CONFIG
     if not path.is_file():
         # A folder that holds a model folder (a run's model/ first): said where (found in review: a run folder)
@@ -87,8 +99,8 @@ def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:
 def load_model(cls, directory: Union[str, Path], device: Union[str, torch.device] = "cpu"):
     """Build `cls` from `directory/config.json` and fill it from `directory/model.safetensors`."""
     device = resolve_device(str(device))  # (found by a misuse hunt: "cuda" without one was safetensors' "pin_memory=True ...")
-    directory = Path(directory)
     architecture, config = read_config(directory)
+    directory = Path(directory)
     if architecture != cls.__name__:
         raise ValueError(f"{directory} holds a {architecture!r}, not a {cls.__name__}")
     weights = directory / WEIGHTS

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import sys
@@ -27,7 +26,7 @@ from typing import Callable, Iterator, Optional, Union
 
 import torch
 
-from aiayn.checkpoint import CONFIG, WEIGHTS, load_model, read_config, save_model, saved_step, write_checkpoint
+from aiayn.checkpoint import CONFIG, WEIGHTS, check_path, load_model, read_config, save_model, saved_step, write_checkpoint
 from aiayn.config import AverageOptions, ModelConfig, TrainConfig
 from aiayn.corpora import UNNAMED
 from aiayn.files import (WORK_LOCK, atomic_dir, atomic_text, check_writable, discard_dir, output_lock, read_json,
@@ -283,9 +282,7 @@ def read_log(path: PathLike, echo: Callable[[str], None] = print) -> list[dict]:
 def resolve_model_dir(path: PathLike) -> Path:
     """A model folder (config.json + model.safetensors) from a path that is one, or a run folder
     (its final `model/`, else its newest checkpoint)."""
-    if not isinstance(path, (str, os.PathLike)):  # (found by an interop hunt: pathlib's "expected str, bytes or ...")
-        raise TypeError(f"give the path of a model or run folder, not a {type(path).__name__}"
-                        + (" (save it first: model.save(FOLDER))" if isinstance(path, torch.nn.Module) else ""))
+    check_path(path, "a model or run folder")  # (found by an interop hunt: pathlib's "expected str, bytes or ...")
     path = Path(path)
     if (path / CONFIG).is_file() and (path / WEIGHTS).is_file():
         return path
@@ -508,7 +505,7 @@ def average_last(options: AverageOptions, echo: Callable[[str], None] = print) -
     _check_average_output(chosen, options.out, options.force)  # before the output's lock is taken beside it
     if options.steps is None and len(chosen) < last:
         kept = f"{len(found)} checkpoints; averaging those" if len(found) > 1 else "1 checkpoint; averaging it alone"
-        echo(f"note: {options.run_dir} keeps {kept}")
+        stderr_note(f"{options.run_dir} keeps {kept}")  # as every command's notes (found by a misuse hunt: on stdout)
     with output_lock(options.out):
         try:
             average_checkpoints(chosen, options.out, force=options.force)

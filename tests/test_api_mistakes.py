@@ -288,3 +288,11 @@ def test_the_exports_take_a_folder_and_a_true_or_false_force(tmp_path):
     with pytest.raises(TypeError, match="force is True or False, not 1"):
         export_marian(folder, tmp_path / "hf", force=1)
     assert (tmp_path / "pkg.argosmodel").read_bytes() == b"mine" and not (tmp_path / "ct2").exists()
+    # Transformer.load of a model, a missing folder or a file (found by a misuse hunt: pathlib's TypeError,
+    # and "no config.json in nope" of a folder that is not there)
+    with pytest.raises(TypeError, match=r"the path of a model folder, not a Transformer \(save it first"):
+        Transformer.load(Transformer.load(folder))
+    with pytest.raises(FileNotFoundError, match="no such folder: nope"):
+        Transformer.load("nope")
+    with pytest.raises(FileNotFoundError, match="pkg.argosmodel is a file, not a model folder"):
+        Transformer.load(tmp_path / "pkg.argosmodel")

@@ -230,6 +230,8 @@ def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus
     code, out, _ = cli(capsys, "average", run, "--steps", "2", "1", "2", "--out", tmp_path / "by-steps")
     assert code == 0 and "averaged step_00000001, step_00000002 into" in out
     assert (tmp_path / "by-steps" / "model.safetensors").read_bytes() == (tmp_path / "avg" / "model.safetensors").read_bytes()
+    code, out, err = cli(capsys, "average", run, "--last", "9", "--out", tmp_path / "all")
+    assert code == 0 and f"aiayn: note: {run} keeps 2 checkpoints; averaging those\n" in err and "note" not in out
     one_line_error(*cli(capsys, "average", run, "--steps", "1", "7", "--out", tmp_path / "avg7")[::2],
                    "has no checkpoint step_00000007; it keeps those of steps 1, 2")
     one_line_error(*cli(capsys, "average", run, "--steps", "1", "--last", "2", "--out", tmp_path / "avg7")[::2],
@@ -244,7 +246,7 @@ def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus
     real = aiayn.run.average_checkpoints
     monkeypatch.setattr(aiayn.run, "average_checkpoints",
                         lambda chosen, *rest, **options: (shutil.rmtree(chosen[0]), real(chosen, *rest, **options)))
-    one_line_error(*cli(capsys, "average", run, "--out", tmp_path / "avg8")[::2],
+    one_line_error(*cli(capsys, "average", run, "--last", "2", "--out", tmp_path / "avg8")[::2],
                    "step_00000001 went away while being read: a run training in", "average again, or once it stops")
 
 
