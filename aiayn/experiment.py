@@ -119,7 +119,8 @@ def _check_out(out: Path, settings: dict) -> None:
     path = out / EXPERIMENT
     if path.exists():
         kept = read_json(path)
-        changed = sorted(key for key in set(kept) | set(settings) if kept.get(key) != settings.get(key))
+        changed = sorted(key for key in set(kept) | set(settings) if kept.get(key) != settings.get(key)
+                         and not (key == "corpus" and Path(str(kept.get(key))).resolve() == Path(settings[key]).resolve()))
         if changed and _started(out):
             first = "scale" if "scale" in changed else changed[0]  # the scale sets most of the others
             raise ValueError(f"{out} holds an experiment with {first}={kept.get(first)!r}, not {settings.get(first)!r}; "
@@ -248,6 +249,11 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
     device = resolve_device("auto")
     precision = resolve_precision(precision, device)
     check_precision(device, precision)
+    from aiayn.corpora import corpus_names
+
+    # A folder or file is recorded whole, so that "corpus/", "./corpus" and its absolute path are one
+    # corpus (found by a misuse hunt: refused as another) and a rerun from elsewhere finds it.
+    corpus = corpus if corpus in corpus_names() or not Path(corpus).exists() else str(Path(corpus).resolve())
     out = Path(out)
     with RunDir(out).lock():  # the settings too: a refused second start must not rewrite them
         _check_out(out, _settings(scale_name, scale, precision, seed, corpus, (src_lang, tgt_lang)))

@@ -227,6 +227,12 @@ def test_table3_on_a_small_corpus_of_ones_own_takes_a_vocabulary_that_fits_and_n
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "ok" / "data" / "manifest.json").read_text())["src_lang"] == "es"
     assert json.loads((tmp_path / "ok" / "experiment.json").read_text())["vocab_size"] == 300
+    # The same folder written otherwise is the same corpus (found by a misuse hunt: "holds an experiment with corpus=...")
+    again = subprocess.run([sys.executable, "-m", "aiayn", "experiment", "table3", "--scale", "tiny", "--out", "ok", "--rows",
+                            "base", "--corpus", "texts/", "--vocab-size", "300", "--src-lang", "es", "--tgt-lang", "en"],
+                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert again.returncode == 0 and "1 of 1 rows done" in again.stdout, again.stderr[-2000:]
+    assert json.loads((tmp_path / "ok" / "experiment.json").read_text())["corpus"] == str(texts.resolve())
     assert json.loads((tmp_path / "ok" / "table3.json").read_text())["rows"]["base"]["config"]["vocab_size"] == 300
     # A row's data is recorded absolute, so that `train --resume` of it runs from any folder (found by a misuse hunt)
     assert json.loads((tmp_path / "ok" / "base" / "train_config.json").read_text())["data"] == str(tmp_path / "ok" / "data")
