@@ -207,10 +207,8 @@ def stream_corpus(spec: str, src_lang: Optional[str] = None, tgt_lang: Optional[
                             {"train": lambda: _chunked(tsv_pairs(path))})
     if not path.exists() and (path.suffix or len(path.parts) > 1):  # a path, not a mistyped name
         raise FileNotFoundError(f"no such corpus file or folder: {spec}")
-    raise ValueError(
-        f"unknown corpus {spec!r}: not a built-in name ({', '.join(corpus_names())}) "
-        "nor a folder, .tsv, .parquet or .mrg file"
-    )
+    gzip = " (gzip is not read: decompress it, or compress it with xz)" if path.suffix == ".gz" else ""  # (a misuse hunt)
+    raise ValueError(f"unknown corpus {spec!r}: not a built-in name ({', '.join(corpus_names())}) nor a folder, .tsv, .parquet or .mrg file{gzip}")
 
 
 def _tsv_languages(src_lang: Optional[str], tgt_lang: Optional[str]) -> tuple[str, str]:
@@ -327,10 +325,8 @@ def _infer_languages(folder: Path, found: list[str], src: Optional[str], tgt: Op
         direction = re.fullmatch(r"(\w+)-(\w+)", folder.resolve().name.split(".")[-1])
         if direction and sorted(direction.groups()) == found:
             return direction.group(1), direction.group(2)
-    raise ValueError(
-        f"cannot tell the languages of {folder} (train files: {', '.join(found)}); "
-        "give the source and target languages (--src-lang, --tgt-lang)"
-    )
+    raise ValueError(f"cannot tell the languages of {folder} (train files: {', '.join(found)}); "
+                     "give the source and target languages (--src-lang, --tgt-lang)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -393,6 +389,9 @@ def stream_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_l
         split = "train" if path.is_file() else next((s for s, names in _SPLIT_ALIASES.items() if prefix in names), None)
         if split is not None:
             files.setdefault(split, []).append(file)
+            if len(names := {re.split(r"[-._]", f.name, maxsplit=1)[0] for f in files[split]}) > 1:  # (found by a misuse
+                raise ValueError(f"{path} holds {' and '.join(sorted(names))} files: which is its {split} split? "  # hunt: merged)
+                                 "Keep one name")
     if "train" not in files:  # named by the word before the first - . or _ (found in review: training-0.parquet)
         found = ", ".join(file.name for file in sorted(path.glob("*.parquet"))[:3]) if path.is_dir() else ""
         raise FileNotFoundError(f"{path} holds no train.parquet or train-*.parquet file (the splits' files begin with "

@@ -119,8 +119,9 @@ def open_input(path: Optional[str]) -> tuple[BinaryIO, str]:
 
 # Control characters (Unicode's Cc) but the spaces among them (tab, line breaks, U+0085): no
 # sentence holds them, and encoded they are byte pieces that the model reads as words (found by
-# a misuse hunt: "\x01\x02 God" was not translated as "God" is).
-_CONTROLS = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
+# a misuse hunt: "\x01\x02 God" was not translated as "God" is). And U+FEFF, a byte-order mark
+# inside a file made by joining files (`cat a b`; found by a misuse hunt: learnt as a piece).
+_CONTROLS = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\ufeff]")
 
 
 def visible(text: str) -> str:

@@ -15,12 +15,12 @@ import torch.distributed as dist
 from aiayn.batching import EncodedPairs, as_encoded, within_length
 from aiayn.checkpoint import read_config
 from aiayn.config import ModelConfig, TrainConfig, check_model_config, check_resumed
-from aiayn.corpora import stream_corpus
+from aiayn.corpora import corpus_names, stream_corpus
 from aiayn.device import check_precision, init_distributed, resolve_device
 from aiayn.evaluate import bleu_metric
 from aiayn.run import SPECIAL_IDS, RunDir, resolve_model_dir, said_model_dir
 from aiayn.store import MANIFEST, Store, load_store, preprocess, text_digest, tokenizer_digest
-from aiayn.tokenizer import EOS_ID, PAD_ID, TOKENIZER_FILES, UNK_ID, copy_tokenizer, has_tokenizer, load_tokenizer
+from aiayn.tokenizer import EOS_ID, PAD_ID, TOKENIZER_FILES, UNK_ID, Tokenizer, copy_tokenizer, has_tokenizer, load_tokenizer
 
 
 @dataclass
@@ -141,6 +141,14 @@ def _trained_tokenizer(run: RunDir) -> Optional[Path]:
     return next((folder for folder in (run.path, *run.checkpoints()[-1:]) if has_tokenizer(folder)), None)
 
 
+def _check_trained_tokenizer(store: Store, run: RunDir) -> None:
+    """A trained run goes on with data of the tokenizer it was trained with: else the ids mean other words."""
+    trained_with = _trained_tokenizer(run) if run.checkpoints() else None
+    if trained_with is not None and tokenizer_digest(trained_with) != store.manifest["tokenizer_sha256"]:
+        raise ValueError(f"{store.folder} was encoded with another tokenizer than the one this run was trained "
+                         f"with ({trained_with}); resume with the data it was trained on")
+
+
 def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run: RunDir, echo: Callable[[str], None]) -> None:
     """Copy the data's tokenizer into the run folder (it goes with every model saved), unless
     the run has one already, or its checkpoints do: then it must be the same, or the ids would
@@ -150,10 +158,7 @@ def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run: RunDir, echo
     if started_from and tokenizer_digest(resolve_model_dir(recipe.init_from)) != store.manifest["tokenizer_sha256"]:
         raise ValueError(f"{store.folder} was not encoded with the tokenizer of {recipe.init_from}; "
                          f"make it with: aiayn preprocess --tokenizer {recipe.init_from} ...")
-    trained_with = _trained_tokenizer(run) if run.checkpoints() else None
-    if trained_with is not None and tokenizer_digest(trained_with) != store.manifest["tokenizer_sha256"]:
-        raise ValueError(f"{store.folder} was encoded with another tokenizer than the one this run was trained "
-                         f"with ({trained_with}); resume with the data it was trained on")
+    _check_trained_tokenizer(store, run)
     if has_tokenizer(run_dir) and tokenizer_digest(run_dir) != store.manifest["tokenizer_sha256"]:
         echo(f"note: replacing the tokenizer in {run_dir}, left by an earlier start, with the one of {store.folder}")
         for name in TOKENIZER_FILES:
@@ -173,7 +178,15 @@ def _check_data_settings(store: Store, model_config: ModelConfig, recipe: TrainC
         if recipe.data and given is not None and given != kept:
             raise ValueError(f"{store.folder} has {kept} as its {side} language, not {given}")
     tokenizer = load_tokenizer(store.folder)
-    if wrong := [name for name in SPECIAL_IDS if getattr(tokenizer, name) != getattr(model_config, name)]:
+    names = SPECIAL_IDS
+    if isinstance(tokenizer, Tokenizer):  # a SentencePiece model of its own BOS (Marian's decoder starts from pad)
+        # (found by a misuse hunt: a model with bos_id -1, or 4, trained with BOS 1, one of its word pieces)
+        if absent := [name for name in ("pad_id", "bos_id", "eos_id") if getattr(tokenizer, name) < 0]:
+            raise ValueError(f"the tokenizer of {store.folder} has no {' and no '.join(n[:-3] for n in absent)} piece "
+                             f"({', '.join(f'{n} -1' for n in absent)}), which training needs; train one with pad_id=0, "
+                             "bos_id=1, eos_id=2, unk_id=3, or let aiayn preprocess train it (leave out --tokenizer)")
+        names = (*SPECIAL_IDS, "bos_id")
+    if wrong := [name for name in names if getattr(tokenizer, name) != getattr(model_config, name)]:
         # (noticed in review: data of a Marian tokenizer was refused without the flags that take it)
         ids = lambda of: ", ".join(f"{name} {getattr(of, name)}" for name in wrong)  # noqa: E731
         flags = " ".join(f"--{name.replace('_', '-')} {getattr(tokenizer, name)}" for name in wrong)
@@ -214,7 +227,10 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
     for name in ("corpus", "data", "init_from", "src_lang", "tgt_lang"):  # "" would name the current folder
         if name in train_overrides and not str(train_overrides[name]).strip():  # (found in review; not a saved run's)
             raise ValueError(f"--{name.replace('_', '-')} is empty")
-    train_overrides = {name: str(Path(value).absolute()) if name in ("data", "init_from") and value else value
+    # A corpus given as a path is recorded absolute too (found by a misuse hunt: a resume from another
+    # folder re-read "pairs.tsv" there, another corpus); a built-in name stays a name.
+    train_overrides = {name: str(Path(value).absolute()) if value and (name in ("data", "init_from") or (
+                           name == "corpus" and value not in corpus_names() and Path(value).exists())) else value
                        for name, value in train_overrides.items()}
     manifest = None
     if "data" in train_overrides:
@@ -223,6 +239,8 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
         manifest = load_store(train_overrides["data"]).manifest
         train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
     if resume and run.has_configs():
+        if "data" in train_overrides:  # refused before the notes of what the resume changes (found by a misuse hunt)
+            _check_trained_tokenizer(load_store(train_overrides["data"]), run)
         return _resumed_configs(run, model_overrides, train_overrides, given_preset, given_recipe, echo)
     training = {**recipe_train, **train_overrides}
     if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
@@ -262,6 +280,9 @@ def _resumed_configs(run: RunDir, model_overrides: dict, train_overrides: dict, 
         train_overrides["bf16_weights"] = False  # a run moved off bf16 trains its fp32 weights
     if training.data and "corpus" in train_overrides and "data" not in train_overrides:
         raise ValueError(f"this run reads --data {training.data}; drop --corpus, or give another --data")
+    # A data folder moved since is said so (found by a misuse hunt: "make one with: aiayn preprocess")
+    if training.data and "data" not in train_overrides and not Path(training.data).is_dir():
+        raise FileNotFoundError(f"no data folder {training.data}, which this run trains on; if it moved, resume with --data NEWPATH")
     if run.checkpoints():  # trained: it goes on from its own weights, on its own data (found in review)
         on_data = training.data or "data" in train_overrides  # the corpus is then the data's (found by a misuse hunt)
         kept = ["init_from"] + ([] if on_data else ["corpus", "src_lang", "tgt_lang"])

@@ -219,6 +219,7 @@ def test_visible_drops_every_control_character_but_the_spaces_among_them():
     assert visible("\x00the\x1b cat\x7f\x84\x86\x9f\x01") == "the cat"
     assert visible(" the\tcat\x85dog\x1cfish\x0bbird\x0c ") == "the\tcat\x85dog\x1cfish\x0bbird\x0c".strip()
     assert visible("\x01\x02 \u200b") == ""
+    assert visible("\ufeffIn the beginning") == "In the beginning"  # a BOM where files were joined (a misuse hunt)
 
 
 def test_a_tsv_corpus_takes_both_languages_or_neither(tmp_path):

@@ -268,8 +268,9 @@ def test_a_resumed_run_refuses_data_of_another_tokenizer(tmp_path, data_dir, cor
     assert code == 0 and "done at step 2" in out and "(no step taken: --max-steps or --minutes" in out
     other = tmp_path / "other"
     preprocess(load_corpus(str(corpus_dir)), other, 290, echo=lambda _: None)
-    one_line_error(*cli(capsys, "train", "--data", other, "--resume", "--max-steps", "3", *common)[::2],
-                   "another tokenizer", "the data it was trained on")
+    code, out, err = cli(capsys, "train", "--data", other, "--resume", "--max-steps", "3", *common)
+    one_line_error(code, err, "another tokenizer", "the data it was trained on")
+    assert "goes on with" not in out  # no word of changes that are then refused (found by a misuse hunt)
     one_line_error(*cli(capsys, "train", "--corpus", corpus_dir, "--resume", "--max-steps", "3", *common)[::2],
                    "this run reads --data", "drop --corpus")
 
@@ -643,3 +644,43 @@ def test_a_data_run_records_its_data_absolute_and_resumes_from_another_folder(tm
     # Its languages are its data's: another is refused, not dropped with a note (found by mutation)
     one_line_error(*cli(capsys, "train", "--resume", "--max-steps", "3", "--src-lang", "fr", *common)[::2],
                    "has en as its source language, not fr")
+
+
+def test_the_data_path_says_what_a_user_got_wrong(tmp_path, corpus_dir, data_dir, capsys, monkeypatch):
+    """Found by a misuse hunt: a corpus given relative was recorded as typed, so a resume from
+    another folder that remade RUN/data read another file of that name; a foreign SentencePiece
+    model without a BOS piece, or with it at another id, trained with a word piece as BOS; a moved
+    data folder was told to be made anew; dev-* and validation-* Parquet files were merged into
+    one split; a .gz corpus was an "unknown corpus"."""
+    import sentencepiece as spm
+
+    run = tmp_path / "run"
+    common = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--max-tokens", "300", "--device", "cpu",
+              "--eval-every", "1000", "--out", run]
+    monkeypatch.chdir(corpus_dir.parent)
+    assert cli(capsys, "train", "--corpus", corpus_dir.name, "--vocab-size", "300", "--max-steps", "1", *common)[0] == 0
+    assert json.loads((run / "train_config.json").read_text())["corpus"] == str(corpus_dir)
+    monkeypatch.chdir(tmp_path)
+    sentences = [side for pair in toy_pairs(300) for side in pair]
+    for bos, said in ((-1, "has no bos piece (bos_id -1), which training needs"), (4, "--bos-id 4")):
+        folder = tmp_path / f"tokenizer{bos}"
+        folder.mkdir()
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=str(folder / "tokenizer"),
+                                       vocab_size=120, hard_vocab_limit=False, pad_id=0, bos_id=bos, eos_id=2, unk_id=3,
+                                       minloglevel=2)
+        assert cli(capsys, "preprocess", "--corpus", corpus_dir, "--tokenizer", folder, "--out", tmp_path / f"data{bos}")[0] == 0
+        one_line_error(*cli(capsys, "train", "--data", tmp_path / f"data{bos}", "--max-steps", "1", *common[:-1],
+                            tmp_path / f"run{bos}")[::2], said)
+    shutil.copytree(data_dir, tmp_path / "data")
+    common[-1] = tmp_path / "moved"
+    assert cli(capsys, "train", "--data", tmp_path / "data", "--max-steps", "1", *common)[0] == 0
+    (tmp_path / "data").rename(tmp_path / "elsewhere")
+    one_line_error(*cli(capsys, "train", "--resume", "--max-steps", "2", *common)[::2],
+                   f"no data folder {tmp_path / 'data'}, which this run trains on; if it moved, resume with --data NEWPATH")
+    parquet = write_wmt_parquet(tmp_path / "parquet", {"train": toy_pairs(30), "validation": toy_pairs(5, 1), "dev": toy_pairs(5, 2)})
+    with pytest.raises(ValueError, match="holds dev and validation files: which is its dev split"):
+        stream_corpus(str(parquet), "en", "de")
+    (tmp_path / "pairs.tsv.gz").write_bytes(b"\x1f\x8b")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", tmp_path / "pairs.tsv.gz", "--out", tmp_path / "gz")[::2],
+                   "gzip is not read")
+
