@@ -168,6 +168,11 @@ def _give_run_the_tokenizer(store: Store, recipe: TrainConfig, run: RunDir, echo
 
 
 def _check_data_settings(store: Store, model_config: ModelConfig, recipe: TrainConfig) -> None:
+    # Said before the run folder gets a tokenizer (found by a misuse hunt: "no training pairs left
+    # (all empty or longer than max_sentence_tokens?)", after it)
+    if not len(within_length(store.split("train").lengths, recipe.max_sentence_tokens)):
+        raise ValueError(f"no training pair of {store.folder} is left: each is longer than --max-sentence-tokens "
+                         f"{recipe.max_sentence_tokens} (with BOS or EOS); raise --max-sentence-tokens")
     if store.manifest["vocab_size"] != model_config.vocab_size:
         # A fine-tuned model keeps its vocabulary, so only data of its tokenizer will do (found in review).
         fix = f"make it with: aiayn preprocess --tokenizer {recipe.init_from} ..." if recipe.init_from else \

@@ -671,6 +671,9 @@ def test_the_data_path_says_what_a_user_got_wrong(tmp_path, corpus_dir, data_dir
         assert cli(capsys, "preprocess", "--corpus", corpus_dir, "--tokenizer", folder, "--out", tmp_path / f"data{bos}")[0] == 0
         one_line_error(*cli(capsys, "train", "--data", tmp_path / f"data{bos}", "--max-steps", "1", *common[:-1],
                             tmp_path / f"run{bos}")[::2], said)
+    one_line_error(*cli(capsys, "train", "--data", data_dir, "--max-sentence-tokens", "2", "--max-steps", "1", *common[:-1],
+                        tmp_path / "short")[::2], f"no training pair of {data_dir} is left: each is longer than --max-sentence-tokens 2")
+    assert not (tmp_path / "short" / "tokenizer.model").exists()
     shutil.copytree(data_dir, tmp_path / "data")
     common[-1] = tmp_path / "moved"
     assert cli(capsys, "train", "--data", tmp_path / "data", "--max-steps", "1", *common)[0] == 0
