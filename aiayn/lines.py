@@ -25,6 +25,11 @@ def iter_lines(handle: BinaryIO, name: str) -> Iterator[str]:
     review: a corpus of such files was one pair, silently)."""
     number, line = 0, ""
     for number, raw in enumerate(handle, start=1):
+        # UTF-16 without its mark (found by a misuse hunt: read as text, NULs dropped, or "latin1" advised)
+        if number == 1 and raw[:2] not in (b"\xff\xfe", b"\xfe\xff") and raw.count(0) * 3 >= len(raw) > 2:
+            order = "BE" if raw[:1] == b"\x00" else "LE"
+            raise ValueError(f"{name} looks like UTF-16 without a byte-order mark (a third of its first line is NUL "
+                             f"bytes); convert it to UTF-8, e.g. iconv -f UTF-16{order} -t UTF-8")
         try:
             # utf-8-sig on line 1: a byte-order mark is not part of the first sentence.
             line = raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\n").removesuffix("\r")

@@ -1707,6 +1707,9 @@ def test_invalid_utf8_on_stdin(model_dir, capsys, monkeypatch):
     one_line_error(code, err, "stdin, line 1: invalid UTF-8", "iconv -f latin1 -t UTF-8")
     code, _, err = cli(capsys, "translate", model_dir, stdin="fine\n".encode("utf-16"), monkeypatch=monkeypatch)
     one_line_error(code, err, "stdin is UTF-16 (it begins with UTF-16's byte-order mark)", "iconv -f UTF-16 -t UTF-8")
+    for order in ("LE", "BE"):  # without the mark (found by a misuse hunt: read as text, NULs and all)
+        code, _, err = cli(capsys, "translate", model_dir, stdin="fine\n".encode(f"utf-16-{order}"), monkeypatch=monkeypatch)
+        one_line_error(code, err, "stdin looks like UTF-16 without a byte-order mark", f"iconv -f UTF-16{order} -t UTF-8")
 
 
 @pytest.mark.parametrize("option, value", [("--max-input-tokens", "0"), ("--max-input-tokens", "-2"),
