@@ -41,7 +41,7 @@ if [[ -f "$WORK/data/manifest.json" ]]; then
     # (found by a misuse hunt: another VOCAB_SIZE was ignored without a word; CORPUS still is)
     made=$(grep -o '"vocab_size": [0-9]*' "$WORK/data/manifest.json" | grep -o '[0-9]*$' || true)
     if [[ "$made" != "$VOCAB_SIZE" ]]; then
-        echo "$WORK/data was made with VOCAB_SIZE=$made, not $VOCAB_SIZE: give its VOCAB_SIZE, or another WORK" >&2
+        echo "$WORK/data was made with VOCAB_SIZE=${made:-(none recorded)}, not $VOCAB_SIZE: give its VOCAB_SIZE, or another WORK" >&2
         exit 2
     fi
 else

@@ -296,3 +296,6 @@ def test_the_exports_take_a_folder_and_a_true_or_false_force(tmp_path):
         Transformer.load("nope")
     with pytest.raises(FileNotFoundError, match="pkg.argosmodel is a file, not a model folder"):
         Transformer.load(tmp_path / "pkg.argosmodel")
+    make_model(tmp_path / "new")  # a folder of model folders points at model/ first, as a run's does
+    with pytest.raises(FileNotFoundError, match=f"it holds one, {tmp_path / 'model'} "):
+        Transformer.load(tmp_path)

@@ -306,3 +306,24 @@ def test_a_recipe_trains_a_bf16_copy_only_in_one_process(tmp_path, monkeypatch, 
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert run(capsys, "train", "--recipe", "fast", "--precision", "bf16", "--out", str(tmp_path / "one"))[0] == 0
     assert [training.bf16_weights for training in made] == [False, True]
+
+
+def test_a_run_begun_with_attention_biases_resumes_under_its_preset_and_one_process_says_its_notes(tmp_path, monkeypatch,
+                                                                                                   capsys):
+    """A run begun before the paper's bias-free attention keeps its biases under `--preset` (found
+    by mutation: untested), and under torchrun the first process alone says what a resume
+    changes (found by a misuse hunt: every process said it)."""
+    from aiayn.config import PRESETS
+    from aiayn.run import RunDir
+
+    made = []
+    monkeypatch.setattr("aiayn.train.train_run", lambda model, training, out, resume: made.append(model))
+    RunDir(tmp_path).write_configs(dataclasses.replace(PRESETS["tiny"], attention_bias=True), TrainConfig())
+    assert run(capsys, "train", "--out", str(tmp_path), "--resume", "--preset", "tiny")[0] == 0
+    assert made[-1].attention_bias
+    said = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        code, out, _ = run(capsys, "train", "--out", str(tmp_path), "--resume", "--max-steps", "5")
+        said[rank] = (code, "goes on with" in out)
+    assert said == {"0": (0, True), "1": (0, False)}

@@ -207,12 +207,16 @@ def test_the_wmt14_recipe_refuses_bad_settings_before_any_work(tmp_path):
 
     for gpus in ("0", "-8", "1.5", "abc", "3"):
         done = recipe(GPUS=gpus)
-        assert done.returncode == 2 and f"GPUS must be 1, 2, 4 or 8, a divisor of the paper's 8 GPUs" in done.stderr, done
+        assert done.returncode == 2 and "GPUS must be 1, 2, 4 or 8, a divisor of the paper's 8 GPUs" in done.stderr, done
     assert not (tmp_path / "work").exists()
     (tmp_path / "work" / "data").mkdir(parents=True)
     (tmp_path / "work" / "data" / "manifest.json").write_text(json.dumps({"vocab_size": 340}, indent=1))
     done = recipe(GPUS="2", VOCAB_SIZE="999")
     assert done.returncode == 2 and "was made with VOCAB_SIZE=340, not 999" in done.stderr, done
+    (tmp_path / "work" / "data" / "manifest.json").write_text("{}")  # one that records none is not taken for any
+    done = recipe(GPUS="2", VOCAB_SIZE="340")
+    assert done.returncode == 2 and "was made with VOCAB_SIZE=(none recorded), not 340" in done.stderr, done
+    (tmp_path / "work" / "data" / "manifest.json").write_text(json.dumps({"vocab_size": 340}, indent=1))
     done = recipe(GPUS="2", VOCAB_SIZE="340")
     assert done.returncode == 2 and "has no test split, which the recipe translates and scores" in done.stderr, done
     assert not (tmp_path / "work" / "run").exists()

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES
+from aiayn.config import BASE, PAPER_PARAMS_M, PRESETS, SEED_LIMIT, TRAIN_OVERRIDES, TrainConfig
 from aiayn.experiment import SCALES, _check_out, _settings, miniature, run_table3, select_rows
 from aiayn.table3 import CLAIMS, PAPER, REPEAT, ROWS, findings, noise_floor, paper_name, table_figure, table_markdown
 from aiayn.device import resolve_precision
@@ -236,6 +236,9 @@ def test_table3_on_a_small_corpus_of_ones_own_takes_a_vocabulary_that_fits_and_n
     assert json.loads((tmp_path / "ok" / "table3.json").read_text())["rows"]["base"]["config"]["vocab_size"] == 300
     # A row's data is recorded absolute, so that `train --resume` of it runs from any folder (found by a misuse hunt)
     assert json.loads((tmp_path / "ok" / "base" / "train_config.json").read_text())["data"] == str(tmp_path / "ok" / "data")
+    result = json.loads((tmp_path / "ok" / "base" / "result.json").read_text())  # the row's time, split (a misuse hunt)
+    assert result["training_seconds"] > 0 and result["scoring_seconds"] > 0
+    assert result["training_seconds"] + result["scoring_seconds"] <= result["seconds"] + 0.2, result
     # Every dev pair too long for training left none to score: refused before any row (found by a misuse hunt:
     # the base row trained, then a ZeroDivisionError on every rerun)
     for split, chosen in (("train", pairs[:250]), ("dev", [" ".join(words * 20)] * 5)):
@@ -247,7 +250,7 @@ def test_table3_on_a_small_corpus_of_ones_own_takes_a_vocabulary_that_fits_and_n
     assert not (tmp_path / "long").exists()
 
 
-def test_table3_and_demo_run_in_one_process_and_take_their_settings_as_given(tmp_path, monkeypatch):
+def test_table3_and_demo_run_in_one_process_and_take_their_settings_as_given(tmp_path, monkeypatch, capsys):
     """Found by a misuse hunt: under torchrun the second process was refused the first's lock and
     the first hung until torchrun killed it; `--rows base --rows A` ran A alone; run_table3(seed=-1)
     bound its folder to the seed it then refused."""
@@ -258,12 +261,14 @@ def test_table3_and_demo_run_in_one_process_and_take_their_settings_as_given(tmp
         with pytest.raises(SystemExit) as stopped:
             main(argv)
         assert stopped.value.code == 2
+        assert f"aiayn {' '.join(argv[:-2])} runs in one process, not under torchrun's 2" in capsys.readouterr().err
     assert not (tmp_path / "demo").exists() and not (tmp_path / "t3").exists()
     monkeypatch.delenv("WORLD_SIZE")
     args = build_parser().parse_args(["experiment", "table3", "--out", "x", "--rows", "base", "--rows", "A"])
     assert getattr(args, "Table3Options.rows") == ["base", "A"]
-    with pytest.raises(ValueError, match="--seed .* must be between 0 and"):
-        run_table3(tmp_path / "seed", "tiny", rows=["base"], seed=-1)
+    for seed in (-1, SEED_LIMIT - 1):  # the repeat row trains with seed + 1, which must fit 64 bits
+        with pytest.raises(ValueError, match=r"--seed \(in Python: seed=\) must be between 0 and"):
+            run_table3(tmp_path / "seed", "tiny", rows=["base", REPEAT], seed=seed)
     assert not (tmp_path / "seed").exists()
 
 
@@ -345,7 +350,6 @@ def test_the_repeat_row_trains_with_the_next_seed_and_a_begun_row_resumes(tmp_pa
     exactly and the noise floor would be 0 (found by mutation: passed every fast test); a row
     begun resumes its run folder."""
     import aiayn.experiment
-    from aiayn.config import TrainConfig
 
     started = []
 
@@ -416,3 +420,37 @@ def test_the_table3_figure_says_which_rows_diverged():
         assert all(math.isfinite(bar.get_height()) for ax in fig.axes for bar in ax.patches)
     finally:
         plt.close(fig)
+
+
+def test_a_row_begun_with_attention_biases_keeps_them_and_records_its_data_absolute(tmp_path, monkeypatch):
+    """A row begun before the paper's bias-free attention goes on with its biases, and its data
+    is recorded absolute however --out was given (found by mutation: neither was tested)."""
+    import aiayn.train
+    from pathlib import Path
+
+    from aiayn.experiment import run_row
+    from aiayn.run import RunDir
+
+    seen = []
+
+    def stop(config, recipe, run, **_):
+        seen.append((config, recipe))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(aiayn.train, "train_run", stop)
+    monkeypatch.chdir(tmp_path)
+    config, _ = miniature("base", SCALES["tiny"])
+    RunDir(Path("t3") / "base").write_configs(dataclasses.replace(config, attention_bias=True), TrainConfig())
+    with pytest.raises(KeyboardInterrupt):
+        run_row("base", Path("t3"), SCALES["tiny"], "fp32", 1, "bible-en-es")
+    assert seen[0][0].attention_bias and seen[0][1].data == str(tmp_path / "t3" / "data")
+
+
+def test_the_written_figure_names_the_experiments_corpus(tmp_path, monkeypatch):
+    import aiayn.table3
+
+    drawn = []
+    monkeypatch.setattr(aiayn.table3, "plot_table", lambda results, path, corpus="bible-en-es": drawn.append(corpus))
+    (tmp_path / "experiment.json").write_text(json.dumps({"corpus": "corpora/my-pairs"}))
+    aiayn.table3.write_outputs(tmp_path, {"base": _result("base", 20.0, 5.0)})
+    assert drawn == ["corpora/my-pairs"]

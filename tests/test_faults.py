@@ -250,7 +250,7 @@ def test_average_writes_its_folder_whole_and_never_over_another(tmp_path, corpus
                    "step_00000001 went away while being read: a run training in", "average again, or once it stops")
 
 
-def test_averaging_never_spoils_a_run_nor_averages_what_does_not_belong_together(tmp_path, corpus_tsv, capsys):
+def test_averaging_never_spoils_a_run_nor_averages_what_does_not_belong_together(tmp_path, corpus_tsv, model_dir, capsys):
     """Found by a misuse hunt: an output three folders down in a run (RUN/checkpoints/step_N/FILE)
     was written over even a checkpoint's weights; the Python API's force=True replaced the
     checkpoint it read and the run's model/; a checkpoint of another run (same sizes, another
@@ -264,6 +264,11 @@ def test_averaging_never_spoils_a_run_nor_averages_what_does_not_belong_together
     weights = (newest / "model.safetensors").read_bytes()
     one_line_error(*cli(capsys, "average", run, "--last", "1", "--out", first / "avg", "--force")[::2],
                    "which a training run keeps")
+    (tmp_path / "in.txt").write_text("the cat\n")
+    one_line_error(*cli(capsys, "translate", model_dir, "--input", tmp_path / "in.txt", "--output",
+                        newest / "model.safetensors", "--force")[::2], "which a training run keeps")
+    code, _, err = cli(capsys, "average", run, "--last", "9", "--out", run / "model", "--force")
+    one_line_error(code, err, "a training run keeps")  # before the output's lock, and before any note
     for out in (newest, run / "model", first):
         with pytest.raises(ValueError):
             average_checkpoints([first, newest], out, force=True)
@@ -559,9 +564,9 @@ def test_corpus_export_and_attention_maps_never_replace_files_without_force(tmp_
     long = ["attention", model_dir, "--sentence", " ".join(SENTENCES[:40]), "--out", tmp_path / "long"]
     one_line_error(*cli(capsys, *long)[::2], "over --max-tokens 100", "shorter sentence")
     assert not (tmp_path / "long").exists()
-    for image in ("maps.png", "maps.gif"):  # (found by a misuse hunt: a folder maps.gif of figures)
-        one_line_error(*cli(capsys, *argv[:-1], tmp_path / image)[::2], f"name a folder, not {image}")
-        assert not (tmp_path / image).exists()
+    for suffix in (".png", ".jpg", ".jpeg", ".svg", ".svgz", ".pdf", ".eps", ".ps", ".tif", ".tiff", ".webp", ".gif", ".bmp"):
+        one_line_error(*cli(capsys, *argv[:-1], tmp_path / f"maps{suffix}")[::2], f"name a folder, not maps{suffix}")
+        assert not (tmp_path / f"maps{suffix}").exists()  # (found by a misuse hunt: a folder maps.gif of figures)
     assert cli(capsys, *argv)[0] == 0
     one_line_error(*cli(capsys, *argv)[::2], "already exists", "--force")
     assert cli(capsys, *argv, "--force")[0] == 0
@@ -1684,8 +1689,9 @@ def test_trees_given_where_sentences_belong_are_refused(tmp_path, model_dir, cap
     dev.mrg and test.mrg alone, to export a split to parse, was "no train.SRC and train.TGT"."""
     trees = "(S (NP (DT the) (NN dog)) (VP (VBD slept)) (. .))\n( (S (NP (PRP it))\n    (VP (VBD ran))))\n"
     (tmp_path / "gold.mrg").write_text(trees)
-    one_line_error(*cli(capsys, "parse", model_dir, "--input", tmp_path / "gold.mrg", "--output", tmp_path / "out")[::2],
-                   "gold.mrg holds bracketed trees; parse takes one tokenized sentence a line", "corpus export")
+    for output in (("--output", tmp_path / "out"), ()):
+        one_line_error(*cli(capsys, "parse", model_dir, "--input", tmp_path / "gold.mrg", *output)[::2],
+                       "gold.mrg holds bracketed trees; parse takes one tokenized sentence a line", "corpus export")
     assert not (tmp_path / "out").exists()
     (tmp_path / "one").write_text(trees.splitlines()[0] + "\n")
     one_line_error(*cli(capsys, "score", "--ref", tmp_path / "one", "--hyp", tmp_path / "one")[::2],
@@ -1696,6 +1702,9 @@ def test_trees_given_where_sentences_belong_are_refused(tmp_path, model_dir, cap
     (tmp_path / "bank" / "test.mrg").write_text(trees)
     one_line_error(*cli(capsys, "corpus", "export", tmp_path / "bank", "--split", "test", "--out", tmp_path / "words")[::2],
                    "holds test.mrg but no train.mrg, which a treebank folder needs", "--split train --out DIR")
+    (tmp_path / "bank" / "dev.mrg").write_text(trees)
+    one_line_error(*cli(capsys, "corpus", "export", tmp_path / "bank", "--split", "test", "--out", tmp_path / "words")[::2],
+                   "holds dev.mrg and test.mrg", f"corpus export {tmp_path / 'bank' / 'test.mrg'} --split train")
     assert cli(capsys, "corpus", "export", tmp_path / "bank" / "test.mrg", "--split", "train", "--out", tmp_path / "words")[0] == 0
     assert (tmp_path / "words" / "train.words").read_text() == "the dog slept .\nit ran\n"
 
@@ -2040,3 +2049,18 @@ def test_a_device_is_named_exactly_and_the_peak_counts_two_flops_a_multiply_add(
     ones = torch.ones(4, 4)
     assert device._flops_of(torch.matmul, ones, ones, torch.device("cpu"), 0.5) == 2 * 4 ** 3
 
+
+def test_averaging_sums_in_float64(tmp_path):
+    """1 + 2^-24 + 2^-24 is 1 in float32 sums, one unit in the last place off the mean that float64
+    sums round to (found by mutation: float32 sums passed every test)."""
+    from aiayn.run import average_checkpoints
+
+    folders = [make_model(tmp_path / "m0")] + [Path(shutil.copytree(tmp_path / "m0", tmp_path / f"m{i}")) for i in (1, 2)]
+    for folder, value in zip(folders, (1.0, 2.0 ** -24, 2.0 ** -24)):
+        model = Transformer.load(folder)
+        with torch.no_grad():
+            next(model.parameters()).fill_(value)
+        model.save(folder, force=True)
+    average_checkpoints(folders, tmp_path / "avg")
+    averaged = next(Transformer.load(tmp_path / "avg").parameters())
+    assert torch.all(averaged == torch.tensor((1 + 2.0 ** -23) / 3, dtype=torch.float32))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from aiayn import kernels
+from aiayn.attention import MultiHeadAttention
 from aiayn.config import ModelConfig
 from aiayn.model import (
     DecoderModel,
@@ -78,6 +79,9 @@ def test_attention_projections_have_no_biases_as_in_section_3_2_2_but_older_mode
     loaded = Transformer.load(tmp_path)
     assert loaded.config.attention_bias and all(torch.equal(p, q) for p, q in zip(loaded.parameters(), old.parameters()))
     assert ModelConfig.from_dict({**TINY.to_dict(), "attention_bias": False}) == TINY
+    assert not [name for name, _ in MultiHeadAttention(16, 4).named_parameters() if name.endswith("bias")]
+    with pytest.raises(ValueError, match="must be a JSON object, got list"):
+        ModelConfig.from_dict([1, 2])
 
 
 def test_sinusoidal_positions_follow_section_3_5():

@@ -15,6 +15,7 @@ from aiayn.parsing import (
     Tree,
     delinearize,
     evalb,
+    holds_trees,
     linearize,
     load_treebank_pairs,
     read_trees,
@@ -306,7 +307,7 @@ def test_the_parsing_api_names_its_callers_mistakes():
         with pytest.raises(ValueError, match="non-empty string without whitespace"):
             delinearize("(S XX )S", words)
     tree = one("(S (NN a))")
-    for gold, test in ((tree, tree), (["(S (NN a))"], [tree])):
+    for gold, test in ((tree, tree), (["(S (NN a))"], [tree]), ([tree], ["(S (NN a))"])):
         with pytest.raises(TypeError, match="evalb takes two lists of trees"):
             evalb(gold, test)
     with pytest.raises(TypeError, match=r"read_trees\(path.read_text\(\)\)"):
@@ -509,3 +510,11 @@ def test_decoding_settings_of_section_6_3():
 
     parse = DECODE_PRESETS["parse"]
     assert (parse.beam, parse.alpha, parse.extra_len) == (21, 0.3, 300)
+
+
+def test_holds_trees_tells_a_treebank_from_sentences():
+    """What `parse` and `score` refuse as trees given for sentences (found by a misuse hunt)."""
+    assert holds_trees(["(S (NP (DT the)) (VP (VBD ran)))"]) and holds_trees(["( (S (NP (PRP it))", "    (VP (VBD ran))))"])
+    assert not holds_trees(["(Applause)"]) and not holds_trees([]) and not holds_trees(["", "  "])
+    assert not holds_trees(["(S (NP (DT the)) (VP (VBD ran)))", "the dog barks"])  # a sentence among them
+    assert not holds_trees(["( (a b", "( (c d"])  # brackets opened, none closed
