@@ -292,9 +292,10 @@ def _text_folder_stream(folder: Path, src_lang: Optional[str], tgt_lang: Optiona
     """A corpus from `train.SRC` + `train.TGT` (and optional `dev.*`, `test.*`) in `folder`.
 
     Missing languages are inferred: one given, the other is the remaining suffix of the train
-    files; none given, the folder name says the direction (`.../de-en` means de to en).
-    """
+    files; none given, the folder name says the direction (`.../de-en` means de to en)."""
     found = sorted({p.name[len("train."):].removesuffix(".xz") for p in folder.glob("train.*")} - {"tsv"})
+    if gz := [name for name in found if name.endswith(".gz")]:  # (found by a misuse hunt: "cannot tell the languages")
+        raise ValueError(f"{folder} holds train.{', train.'.join(gz)}: gzip is not read; decompress them, or compress them with xz")
     if len(found) < 2:  # a dataset from the HF hub keeps its Parquet files a folder down (data/, de-en/)
         nested = ", ".join(sorted({str(p.parent) for p in folder.glob("*/train*.parquet")}))
         raise FileNotFoundError(f"{folder} holds no train.SRC and train.TGT pair of files (nor a train.tsv)"

@@ -686,4 +686,9 @@ def test_the_data_path_says_what_a_user_got_wrong(tmp_path, corpus_dir, data_dir
     (tmp_path / "pairs.tsv.gz").write_bytes(b"\x1f\x8b")
     one_line_error(*cli(capsys, "preprocess", "--corpus", tmp_path / "pairs.tsv.gz", "--out", tmp_path / "gz")[::2],
                    "gzip is not read")
+    (tmp_path / "gzipped").mkdir()  # a folder of them said "cannot tell the languages"
+    for language in ("en", "de"):
+        (tmp_path / "gzipped" / f"train.{language}.gz").write_bytes(b"\x1f\x8b")
+    one_line_error(*cli(capsys, "preprocess", "--corpus", tmp_path / "gzipped", "--out", tmp_path / "gz")[::2],
+                   "holds train.de.gz, train.en.gz: gzip is not read")
 
