@@ -62,8 +62,9 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
             literal = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
             choices = choices() if choices else literal
             kwargs.update(type=None if literal else _value_type(hint), choices=choices, nargs=meta.get("nargs"),
-                          metavar=meta.get("metavar") or (None if choices else f.name.upper()),  # `--rows base --rows A`
-                          action="extend" if meta.get("nargs") and not meta.get("positional") else "store")  # is both
+                          metavar=meta.get("metavar") or (None if choices else f.name.upper()),
+                          # `--rows base --rows A` is both rows (found by a misuse hunt: A alone)
+                          action="extend" if meta.get("nargs") and not meta.get("positional") else "store")
         if meta.get("positional"):
             parser.add_argument(f"{cls.__name__}.{f.name}", **kwargs)
         else:

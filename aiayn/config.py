@@ -184,7 +184,8 @@ class TrainConfig:
                     "log_every", "eval_every", "max_sentence_tokens")
         for name in positive:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "save_every" and self.save_minutes is not None else 1):
+            least = 0 if name == "save_every" and self.save_minutes is not None else 1  # save_every 0: by time alone
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"invalid TrainConfig: {_flag(name)} must be a positive integer, got {value!r}" +
                                  (" (0 only with --save-minutes: checkpoints by time alone)" if name == "save_every" and value == 0 else ""))
         if not 0 <= self.seed < SEED_LIMIT:  # torch's generators take 64 bits (found in review: an overflow's message)

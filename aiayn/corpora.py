@@ -390,9 +390,9 @@ def stream_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_l
         split = "train" if path.is_file() else next((s for s, names in _SPLIT_ALIASES.items() if prefix in names), None)
         if split is not None:
             files.setdefault(split, []).append(file)
-            if len(names := {re.split(r"[-._]", f.name, maxsplit=1)[0] for f in files[split]}) > 1:  # (found by a misuse
-                raise ValueError(f"{path} holds {' and '.join(sorted(names))} files: which is its {split} split? "  # hunt: merged)
-                                 "Keep one name")
+            # dev-* and validation-* name one split: which? (found by a misuse hunt: merged)
+            if len(names := {re.split(r"[-._]", f.name, maxsplit=1)[0] for f in files[split]}) > 1:
+                raise ValueError(f"{path} holds {' and '.join(sorted(names))} files: which is its {split} split? Keep one name")
     if "train" not in files:  # named by the word before the first - . or _ (found in review: training-0.parquet)
         found = ", ".join(file.name for file in sorted(path.glob("*.parquet"))[:3]) if path.is_dir() else ""
         raise FileNotFoundError(f"{path} holds no train.parquet or train-*.parquet file (the splits' files begin with "

@@ -76,11 +76,10 @@ def translate_file(options: FileDecodeOptions, decode: DecodeConfig, command: st
     n_best = options.n_best if isinstance(options, TranslateFileOptions) else 1
     if n_best > decode.beam:  # before any file is made
         raise ValueError(f"--n-best {n_best} needs --beam {n_best} or more: the beam holds the alternatives")
-    if options.output:
-        check_input(options.input)  # its mistake said before the output's checks, which name it as an input
     if command == "parse" and options.input not in (None, "-") and Path(options.input).is_file():
         _refuse_trees(options.input)
     if options.output:
+        check_input(options.input)  # its mistake said before the output's checks, which name it as an input
         out = _partial_output(options, decode, command, paragraphs, n_best)
     skip = out.skip if out else 0
 

@@ -159,8 +159,9 @@ def _prepare_data(out: Path, corpus: str, languages: Languages, scale: Scale, ec
             shutil.rmtree(folder)  # data that no row can use: the experiment has not started
             raise ValueError(f"Table 3 scores every row on its corpus's dev split, and {corpus} has none: give a "
                              "folder with train.SRC, train.TGT, dev.SRC and dev.TGT (or train.tsv and dev.tsv)")
-        limit = TrainConfig.max_sentence_tokens  # the rows' own (found by a misuse hunt: else the first
-        if not len(within_length(store.split("dev").lengths, limit)):  # row trained, then divided by zero)
+        # (found by a misuse hunt: the first row trained, then its validation divided by zero)
+        limit = TrainConfig.max_sentence_tokens  # the rows' own
+        if not len(within_length(store.split("dev").lengths, limit)):
             shutil.rmtree(folder)
             raise ValueError(f"Table 3 scores every row on its corpus's dev split, and every dev pair of {corpus} is "
                              f"longer than {limit} tokens, which training leaves out: give a dev split of sentences")
@@ -235,8 +236,9 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
         raise ValueError(f"unknown scale {scale_name!r}; choose from {', '.join(SCALES)}")
     scale = SCALES[scale_name]
     check_whole(seed=seed, **{name: value for name, value in {"steps": steps, "vocab_size": vocab_size}.items() if value is not None})
-    if not 0 <= seed <= SEED_LIMIT - 2:  # base-seed2 trains with seed + 1; checked before the settings bind the
-        raise ValueError(f"--seed (in Python: seed=) must be between 0 and {SEED_LIMIT - 2:,}, got {seed}")  # folder
+    # base-seed2 trains with seed + 1; checked before the settings bind the folder (found by a misuse hunt)
+    if not 0 <= seed <= SEED_LIMIT - 2:
+        raise ValueError(f"--seed (in Python: seed=) must be between 0 and {SEED_LIMIT - 2:,}, got {seed}")
     if steps is not None:
         if steps < 1:
             raise ValueError(f"--steps (in Python: steps=) must be at least 1, got {steps}")
@@ -249,11 +251,9 @@ def run_table3(out: Path, scale_name: str = "small", rows: Optional[Sequence[str
     device = resolve_device("auto")
     precision = resolve_precision(precision, device)
     check_precision(device, precision)
-    from aiayn.corpora import corpus_names
+    from aiayn.prepare import recorded_corpus
 
-    # A folder or file is recorded whole, so that "corpus/", "./corpus" and its absolute path are one
-    # corpus (found by a misuse hunt: refused as another) and a rerun from elsewhere finds it.
-    corpus = corpus if corpus in corpus_names() or not Path(corpus).exists() else str(Path(corpus).resolve())
+    corpus = recorded_corpus(corpus)  # "DIR/", "./DIR" and its absolute path are one (found by a misuse hunt)
     out = Path(out)
     with RunDir(out).lock():  # the settings too: a refused second start must not rewrite them
         _check_out(out, _settings(scale_name, scale, precision, seed, corpus, (src_lang, tgt_lang)))
@@ -282,9 +282,9 @@ def _run_rows(out: Path, chosen: list[str], scale: Scale, scale_name: str, preci
             echo(f"stopped in row {row}; the same command continues the experiment from there")
             raise
         echo(f"{prefix}dev perplexity {done[row]['dev_ppl']:.2f}, dev BLEU {done[row]['dev_bleu']:.1f}")
-        write_outputs(out, done)
+        write_outputs(out, done, corpus)
     if not todo:
-        write_outputs(out, done)
+        write_outputs(out, done, corpus)
     return done
 
 

@@ -221,6 +221,13 @@ def check_settings(model_config: ModelConfig, recipe: TrainConfig) -> None:
                          f"lower --max-sentence-tokens or raise --max-len")
 
 
+def recorded_corpus(spec: str) -> str:
+    """A corpus as a run or an experiment records it: a built-in name as it is, a file or folder
+    by its resolved path (found by a misuse hunt: "pairs.tsv" recorded as typed was another file
+    to a resume from another folder, and "DIR/" another corpus than "DIR" to an experiment)."""
+    return spec if spec in corpus_names() or not Path(spec).exists() else str(Path(spec).resolve())
+
+
 def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_model: dict, recipe_train: dict,
                 model_overrides: dict, train_overrides: dict, given_preset: Optional[str] = None,
                 given_recipe: Optional[str] = None, echo: Callable[[str], None] = print) -> tuple[ModelConfig, TrainConfig]:
@@ -232,20 +239,18 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
     for name in ("corpus", "data", "init_from", "src_lang", "tgt_lang"):  # "" would name the current folder
         if name in train_overrides and not str(train_overrides[name]).strip():  # (found in review; not a saved run's)
             raise ValueError(f"--{name.replace('_', '-')} is empty")
-    # A corpus given as a path is recorded absolute too (found by a misuse hunt: a resume from another
-    # folder re-read "pairs.tsv" there, another corpus); a built-in name stays a name.
-    train_overrides = {name: str(Path(value).absolute()) if value and (name in ("data", "init_from") or (
-                           name == "corpus" and value not in corpus_names() and Path(value).exists())) else value
+    train_overrides = {name: str(Path(value).absolute()) if name in ("data", "init_from") and value else
+                       recorded_corpus(value) if name == "corpus" and value else value
                        for name, value in train_overrides.items()}
-    manifest = None
+    store = None
     if "data" in train_overrides:
         if "corpus" in train_overrides:
             raise ValueError("give --corpus or --data, not both")
-        manifest = load_store(train_overrides["data"]).manifest
-        train_overrides["corpus"] = manifest["corpus"]  # recorded in train_config.json: what the run learnt from
+        store = load_store(train_overrides["data"])
+        train_overrides["corpus"] = store.manifest["corpus"]  # recorded in train_config.json: what the run learnt from
     if resume and run.has_configs():
-        if "data" in train_overrides:  # refused before the notes of what the resume changes (found by a misuse hunt)
-            _check_trained_tokenizer(load_store(train_overrides["data"]), run)
+        if store is not None:  # refused before the notes of what the resume changes (found by a misuse hunt)
+            _check_trained_tokenizer(store, run)
         return _resumed_configs(run, model_overrides, train_overrides, given_preset, given_recipe, echo)
     training = {**recipe_train, **train_overrides}
     if train_overrides.get("init_from"):  # fine-tuning: the model is the one being started from
@@ -268,10 +273,10 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
                              "only dropout may change")
         return dataclasses.replace(model_config, **{name: value for name, (_, value) in asked.items()}), TrainConfig(**training)
     model_overrides = {**recipe_model, **model_overrides}
-    if manifest is not None and "vocab_size" not in model_overrides:
-        model_overrides["vocab_size"] = manifest["vocab_size"]  # a new model takes the data's vocabulary
-        if manifest["vocab_size"] != preset_config.vocab_size:  # said (found by a newcomer's run of the README)
-            echo(f"note: vocab_size {manifest['vocab_size']}, the tokenizer of {train_overrides['data']}, "
+    if store is not None and "vocab_size" not in model_overrides:
+        model_overrides["vocab_size"] = store.manifest["vocab_size"]  # a new model takes the data's vocabulary
+        if store.manifest["vocab_size"] != preset_config.vocab_size:  # said (found by a newcomer's run of the README)
+            echo(f"note: vocab_size {store.manifest['vocab_size']}, the tokenizer of {train_overrides['data']}, "
                  f"not the preset's {preset_config.vocab_size}")
     return dataclasses.replace(preset_config, **model_overrides), TrainConfig(**training)
 

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.config import PAPER_PARAMS_M, ModelConfig
-from aiayn.files import atomic_write, read_json, write_json
-from aiayn.run import EXPERIMENT
+from aiayn.files import atomic_write, write_json
 
 TABLE_MD, TABLE_JSON, TABLE_PNG = "table3.md", "table3.json", "table3.png"
 
@@ -186,15 +185,15 @@ def findings_markdown(results: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(out: Path, results: dict[str, dict]) -> None:
-    """OUT/table3.md (table and findings), OUT/table3.json and OUT/table3.png, from every
-    finished row; rewritten after each row, so a stopped experiment still has its table."""
+def write_outputs(out: Path, results: dict[str, dict], corpus: str = "bible-en-es") -> None:
+    """OUT/table3.md (table and findings), OUT/table3.json and OUT/table3.png (of the rows trained
+    on `corpus`), from every finished row; rewritten after each row, so a stopped experiment
+    still has its table."""
     text = table_markdown(results) + "\n" + findings_markdown(results)
     atomic_write(out / TABLE_MD, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     paper = {row: {**dataclasses.asdict(values), "params_m": PAPER_PARAMS_M.get(row)} for row, values in PAPER.items()}
     write_json(out / TABLE_JSON, {"rows": results, "paper": paper,
                                   "findings": findings(results)})
-    corpus = read_json(out / EXPERIMENT).get("corpus", "bible-en-es") if (out / EXPERIMENT).exists() else "bible-en-es"
     plot_table(results, out / TABLE_PNG, corpus)
 
 

@@ -451,6 +451,5 @@ def test_the_written_figure_names_the_experiments_corpus(tmp_path, monkeypatch):
 
     drawn = []
     monkeypatch.setattr(aiayn.table3, "plot_table", lambda results, path, corpus="bible-en-es": drawn.append(corpus))
-    (tmp_path / "experiment.json").write_text(json.dumps({"corpus": "corpora/my-pairs"}))
-    aiayn.table3.write_outputs(tmp_path, {"base": _result("base", 20.0, 5.0)})
+    aiayn.table3.write_outputs(tmp_path, {"base": _result("base", 20.0, 5.0)}, "corpora/my-pairs")
     assert drawn == ["corpora/my-pairs"]
