@@ -1118,6 +1118,41 @@ def test_the_page_translates_and_draws_the_attention_in_chromium(server, tmp_pat
     assert seen["translations"] == [""] and seen["status"] == "Nothing to translate: the lines are blank."
 
 
+def test_the_page_on_a_phone_wraps_long_lines_refuses_unreadable_numbers_and_says_when_done(server):
+    """Found by a page hunt: a 300-character line came back wider than a phone's screen (the page
+    scrolled sideways); a beam the browser cannot read ("1e") was left out, so the server's default
+    answered unsaid; a screen reader heard nothing when an answer came (the live status emptied);
+    an empty text left the last answer on the page under its error."""
+    from playwright.sync_api import sync_playwright
+
+    _, chromium = _page_tools()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 360, "height": 740})
+            posts = []
+            page.on("request", lambda r: r.method == "POST" and posts.append(r.url))
+            page.goto(f"http://127.0.0.1:{server}/")
+            page.wait_for_load_state("networkidle")
+
+            def translate(text: str) -> str:
+                page.fill("#source", text)
+                page.click("#translate")
+                page.wait_for_function("!document.getElementById('translate').disabled", timeout=60_000)
+                return page.inner_text("#status")
+
+            assert translate("_" * 300) == "Translated 1 line."
+            assert page.locator("#translations li").count() == 1
+            assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+            assert translate("") == "Type a sentence first." and page.locator("#translations li").count() == 0
+            page.fill("#beam", "")
+            page.type("#beam", "1e")
+            sent = len(posts)
+            assert translate("the small cat") == "Error: beam: not a number" and len(posts) == sent
+        finally:
+            browser.close()
+
+
 def test_a_web_app_of_another_site_translates_in_chromium_only_where_cors_origins_names_it(model_dir, server, tmp_path):
     """A page of another origin (http://localhost:OTHER) calls the server with fetch, in
     LibreTranslate's request shape, as a web app would: the browser preflights the JSON POST and

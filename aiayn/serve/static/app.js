@@ -40,13 +40,15 @@ function draw() {
     : heads[Number(head)];
   const [queries, keys] = axes(detail, kind);
   const canvas = $("heatmap"), ctx = canvas.getContext("2d");
-  ctx.font = "12px system-ui, sans-serif";
+  const cell = Math.max(8, Math.min(28, Math.floor(900 / Math.max(keys.length, queries.length))));
+  // A label no taller than its cell: 12px text on 8px rows overlaps its neighbours (found in a page hunt).
+  const font = `${Math.min(12, cell)}px system-ui, sans-serif`;
+  ctx.font = font;
   const labelWidth = (labels) => Math.max(...labels.map((t) => ctx.measureText(t).width)) + 8;
   const left = labelWidth(queries), top = labelWidth(keys);
-  const cell = Math.max(8, Math.min(28, Math.floor(900 / Math.max(keys.length, queries.length))));
   canvas.width = left + cell * keys.length + 8;
   canvas.height = top + cell * queries.length + 8;
-  ctx.font = "12px system-ui, sans-serif";
+  ctx.font = font;
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   weights.forEach((row, q) => row.forEach((w, k) => {
@@ -110,6 +112,8 @@ async function post(texts, attention) {
   // α was sent as 0, the length penalty off).
   const settings = {};
   for (const id of ["beam", "alpha"]) if ($(id).value.trim() !== "") settings[id] = Number($(id).value);
+  // What the browser could not read as a number ("1e", "-", 1e309) reads as "": not the default, an error.
+  for (const id of ["beam", "alpha"]) if ($(id).validity.badInput) throw new Error(`${id}: not a number`);
   let response;
   try {
     response = await fetch("/translate", {
@@ -132,6 +136,9 @@ async function translate() {
   const lines = $("source").value.split("\n").map((t, i) => [t, i + 1]).filter(([t]) => t !== "");
   const texts = lines.map(([t]) => t);
   if (!texts.length) {
+    $("translations").replaceChildren();  // as under an error: no earlier answer under this one
+    details = [];
+    showAttention();
     setStatus("Type a sentence first.", true);
     return;
   }
@@ -149,17 +156,23 @@ async function translate() {
       [response, body] = await post(texts, false);
     }
     if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
+    if (!Array.isArray(body.translations) || body.translations.length !== texts.length) {
+      throw new Error(`the server's answer (${response.status}) holds no translations`);
+    }
     lineOf = lines.map(([, number]) => number);  // numbered by input line (found in review: blank lines shifted them)
     $("translations").replaceChildren(...body.translations.map((t, i) => {
       const item = document.createElement("li");
       item.value = lineOf[i];
+      item.dir = "auto";  // an Arabic or Hebrew line laid out right to left, as in the text field
       item.textContent = t;
       return item;
     }));
     details = body.details || [];
     showAttention();
     const blank = body.translations.every((t) => t.trim() === "");  // a blank text comes back as it was
-    setStatus(blank ? "Nothing to translate: the lines are blank." : note, blank);
+    // Said, not left empty: the status is the live region a screen reader hears the answer come by.
+    const done = `Translated ${texts.length} line${texts.length === 1 ? "" : "s"}.`;
+    setStatus(blank ? "Nothing to translate: the lines are blank." : note || done, blank);
   } catch (error) {
     // Nothing of the last answer stays under the error, as if it answered this text.
     $("translations").replaceChildren();
