@@ -39,6 +39,11 @@ def save_model(model: torch.nn.Module, directory: Union[str, Path], step: Option
     what else it holds (a tokenizer); `step`, the training step of the weights, goes into the
     safetensors header's metadata. A model there already is replaced only with `force` (found in
     review: `Transformer.save` replaced a run's model/ without a word, its tokenizer left beside)."""
+    check_path(directory, "a folder to save the model in")
+    if (made := getattr(model, "inference_precision", None)) is not None:  # (found by a misuse hunt: translator.model.save
+        # wrote a folder without the laid-out or int8 weights, which no load read back)
+        raise ValueError(f"this is a decoding copy in {made} (Translator.model), whose weights are laid out for decoding: "
+                         "save the model it was made from (Transformer.load(folder), or the one you trained)")
     directory = Path(directory)
     held = [name for name in (WEIGHTS, CONFIG) if (directory / name).exists()]
     if held and not force:
@@ -62,11 +67,13 @@ def saved_step(directory: Union[str, Path]) -> Optional[int]:
     return int(value) if value.isdecimal() else None  # (isdigit() takes "²", which int() refuses)
 
 
-def check_path(path: object, what: str) -> None:
-    """A TypeError naming what was given where the path of `what` was wanted (a model object, say)."""
+def check_path(path: object, what: str) -> Path:
+    """`path` as a Path; a TypeError naming what was given where the path of `what` was wanted (a
+    model object, say; found by misuse hunts: pathlib's "expected str, bytes or os.PathLike")."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"give the path of {what}, not a {type(path).__name__}"
                         + (" (save it first: model.save(FOLDER))" if isinstance(path, torch.nn.Module) else ""))
+    return Path(path)
 
 
 def read_config(directory: Union[str, Path]) -> tuple[str, ModelConfig]:

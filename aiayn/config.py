@@ -499,13 +499,16 @@ def check_model_config(config) -> None:
         raise TypeError(f"a model is built from a ModelConfig ({hint}), not a {type(config).__name__}")
 
 
-def check_whole(**values) -> None:
+def check_whole(least: Optional[int] = None, **values) -> None:
     """A one-line TypeError naming the first of `values` (name=value) that is no whole number: the
     Python API's numbers met comparisons deep inside otherwise (found in review: "'<' not
-    supported between 'str' and 'int'", a TypeError from numpy for seed=None)."""
+    supported between 'str' and 'int'", a TypeError from numpy for seed=None); a ValueError for
+    one below `least`."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{name} takes a whole number, not {value!r}")
+        if least is not None and value < least:
+            raise ValueError(f"{name} must be at least {least}, got {value}")
 
 
 def preset(name: str) -> ModelConfig:

@@ -32,6 +32,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from aiayn.checkpoint import check_path
 from aiayn.config import CT2_QUANTIZATIONS, ModelConfig, argos_code, is_language_code
 from aiayn.corpora import language_name
 from aiayn.files import (atomic_dir, atomic_write, output_lock, refuse_to_replace, remove_unfinished, undo_new_parents,
@@ -165,7 +166,7 @@ def export_ct2(model_path: Union[str, Path], out_dir: Union[str, Path], quantiza
     as `tokenizer.model`, atomically; an existing `out_dir` only with `force`."""
     if quantization is not None and quantization not in CT2_QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}: one of {', '.join(CT2_QUANTIZATIONS)}")
-    model_dir, out_dir = said_model_dir(model_path), Path(out_dir)
+    model_dir, out_dir = said_model_dir(model_path), check_path(out_dir, "the output folder")
     refuse_to_replace(out_dir, force, inputs=model_inputs(model_path), folder=True, kept=run_files(out_dir))
     folder, tokenizer = native_tokenizer(model_dir, model_path)
 
@@ -187,6 +188,7 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
     The languages are the run's, unless given. Argos splits sentences itself, with a model it
     downloads on first use (MiniSBD), or with spaCy (ARGOS_CHUNK_TYPE=SPACY) from a pipeline in
     the package's spacy/ folder (benchmarks/libretranslate_load.py adds one)."""
+    check_path(out_file, "the package file")
     if str(out_file).endswith(("/", os.sep)):  # Path drops the slash: a file of that name was written (found in review)
         raise ValueError(f"{out_file} ends in /, a folder's name; the package is one file, such as en_de.argosmodel")
     model_dir, out_file = said_model_dir(model_path), Path(out_file)

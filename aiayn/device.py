@@ -24,6 +24,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def resolve_device(name: str = "auto") -> torch.device:
     """'auto' picks CUDA when present, else the CPU; anything else must exist here."""
+    if isinstance(name, bool) or not isinstance(name, (str, torch.device, int)):  # (found by a misuse hunt: None
+        # and a DecodeConfig were torch.device's TypeError of many lines)
+        raise TypeError(f"device takes a name (auto, cpu, cuda or cuda:N) or a torch.device, not a {type(name).__name__}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

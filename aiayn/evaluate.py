@@ -7,6 +7,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
+from os import PathLike
 from typing import Optional, Sequence
 
 from tqdm import tqdm
@@ -26,6 +27,8 @@ HAN_LANGUAGES = ("yue", "cmn", "wuu", "lzh", "hak", "nan", "gan", "hsn")
 def sacrebleu_language(lang: Optional[str]) -> str:
     """The target language sacreBLEU is told: the code's language subtag (zh-TW is zh), the
     Chinese languages as zh."""
+    if lang is not None and not isinstance(lang, str):  # (found by a misuse hunt: an AttributeError of .lower)
+        raise TypeError(f"lang takes a language code (es, de, zh-TW) or None, not {lang!r}")
     code = (lang or "").lower().replace("_", "-").split("-")[0]
     return "zh" if code in HAN_LANGUAGES else code
 
@@ -60,6 +63,10 @@ def _check_corpus(hypotheses: Sequence[str], references: Sequence[str]) -> None:
         raise ValueError("hypotheses and references are lists of sentences, not strings: bleu([hyp], [ref]) for one")
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    for side, texts in (("hypotheses", hypotheses), ("references", references)):
+        if wrong := [text for text in texts if not isinstance(text, str)][:1]:  # (a list was .strip()'s AttributeError)
+            raise TypeError(f"{side} are lists of strings, one reference per hypothesis; found a {type(wrong[0]).__name__}: "
+                            f"{wrong[0]!r}"[:200])
     if not references:
         raise ValueError("no sentences to score")
     if not any(reference.strip() for reference in references):  # (found in review: BLEU 0, chrF 0 or 100)
@@ -185,9 +192,16 @@ def score(translator, pairs: Sequence[tuple[str, str]], lang: Optional[str] = No
     call it; training's dev BLEU translates in chunks, to hear a stop signal between them, and
     scores with `score_hypotheses`. `progress`: a progress bar of the sentences translated,
     on a terminal."""
+    if not callable(getattr(translator, "translate_ids", None)):  # (found by a misuse hunt: a path was str.translate's TypeError)
+        raise TypeError(f"score takes a Translator, not a {type(translator).__name__}"
+                        + (f": score(Translator.load({str(translator)!r}), pairs)" if isinstance(translator, (str, PathLike)) else ""))
     pairs = list(pairs)  # a zip or a generator is read twice below
     if any(isinstance(pair, str) or len(pair) != 2 for pair in pairs):  # "ab" was read as ("a", "b")
         raise ValueError("score takes (source, reference) pairs: zip(sources, references)")
+    # Before the decoding (found by a misuse hunt: a None reference was an AttributeError after it)
+    wrong = next((i for i, pair in enumerate(pairs) if not all(isinstance(text, str) for text in pair)), None)
+    if wrong is not None:
+        raise TypeError(f"score takes pairs of two strings; pair {wrong} is {pairs[wrong]!r}"[:200])
     if not pairs:
         raise ValueError("no sentences to score")
     bleu_metric(lang)  # a language the scoring refuses is said before the decoding, not after it (found in review)

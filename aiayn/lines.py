@@ -134,5 +134,7 @@ def visible(text: str) -> str:
     visible (format characters only: a zero-width space). Such a text is translated as empty, as
     a blank one is: encoded, it is byte pieces, from which the model invents a sentence (found in
     review). Corpora are read through it too, so that training sees what translation will."""
+    if not isinstance(text, str):  # (found by a misuse hunt: the regex's TypeError, for Translator.stream's lines)
+        raise TypeError(f"lines are strings, not {type(text).__name__}: {text!r}"[:200])
     text = _CONTROLS.sub("", text).strip()
     return text if any(character.isprintable() and not character.isspace() for character in text) else ""

@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aiayn.checkpoint import build_model
+from aiayn.checkpoint import build_model, check_path
 from aiayn.files import atomic_dir, atomic_write, read_json, refuse_to_replace, write_json
 from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, MAX_OUTPUT_LEN, ModelConfig
 from aiayn.model import Transformer, sinusoidal_positions
@@ -176,7 +176,7 @@ def import_marian(
     weights, config and Marian tokenizer, which `aiayn translate out_dir` runs. `out_dir` is
     written whole and atomically; an existing one only with `force`, and then replaced whole.
     Returns the model folder."""
-    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    hf_dir, out_dir = check_path(hf_dir, "an HF Marian folder"), check_path(out_dir, "the output folder")
     refuse_to_replace(out_dir, force, inputs=[hf_dir], folder=True, kept=run_files(out_dir))
     try:
         hf = read_json(hf_dir / "config.json")
@@ -390,7 +390,7 @@ def export_marian(
     """Write an HF Marian folder (config, safetensors weights, SentencePiece models, vocab.json)
     from an aiayn model or run folder, atomically; an existing `out_dir` only with `force`.
     Returns `out_dir`."""
-    model_dir, out_dir = said_model_dir(model_path), Path(out_dir)
+    model_dir, out_dir = said_model_dir(model_path), check_path(out_dir, "the output folder")
     tokenizer_dir = tokenizer_folder(model_dir, model_path)
     refuse_to_replace(out_dir, force, inputs=model_inputs(model_path), folder=True, kept=run_files(out_dir))
     model = Transformer.load(model_dir)

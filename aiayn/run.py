@@ -435,6 +435,7 @@ def average_checkpoints(directories: list[Path], out: PathLike, force: bool = Fa
         raise ValueError("average_checkpoints takes a list of checkpoint folders, not one path")
     if not directories:  # was an IndexError
         raise ValueError("average_checkpoints needs at least one checkpoint folder")
+    check_path(out, "the output folder")
     directories = [Path(directory) for directory in directories]  # (str paths failed after the averaging)
     _check_average_output(directories, out, force)  # (found by a misuse hunt: with force=True the API replaced them)
     architecture, config = read_config(directories[-1])

@@ -15,6 +15,7 @@ finished ones.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -188,8 +189,16 @@ class BeamSearch:
         return len(self.keys)
 
     def check_n_best(self, n_best: int) -> None:
-        if not 1 <= n_best <= self.beam:
-            raise ValueError(f"n_best must be between 1 and the beam ({self.beam}), got {n_best}")
+        self.check_n_best_of(n_best, self.beam)
+
+    @staticmethod
+    def check_n_best_of(n_best: int, beam: int) -> None:
+        """n_best, a whole number from 1 to the beam (found by a misuse hunt: 2.0 was a slice's
+        TypeError after the search, None and "2" a comparison's)."""
+        if isinstance(n_best, bool) or not isinstance(n_best, numbers.Integral):
+            raise TypeError(f"n_best takes a whole number, not {n_best!r}")
+        if not 1 <= n_best <= beam:
+            raise ValueError(f"n_best must be between 1 and the beam ({beam}), got {n_best}")
 
     @property
     def width(self) -> int:

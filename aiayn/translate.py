@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from aiayn import kernels
-from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, DecodeConfig
+from aiayn.config import DECODE_PRESETS, MAX_INPUT_TOKENS, DecodeConfig, check_whole
 from aiayn.device import resolve_device
 from aiayn.graphs import GraphedStep
 from aiayn.inference import inference_copy
@@ -104,9 +104,12 @@ def translate_nbest(
         raise TypeError(f"decode must be a DecodeConfig, got {type(decode).__name__}; give single settings as "
                         "keywords (beam=2)")
     decode = dataclasses.replace(decode, **changes) if changes else decode
+    if isinstance(sources, Iterator):  # read once, as Translator.translate reads one (found by a misuse hunt: "no len()")
+        sources = list(sources)
     check_sources(sources)
     check_progress(progress)
     config = model.config
+    BeamSearch.check_n_best_of(n_best, decode.beam)  # before any batch is encoded
     check_beam(config, decode.beam)
     device = next(model.parameters()).device
     was_training = model.training
@@ -344,6 +347,8 @@ def translate_stream(
     """
     if split and n_best > 1:
         raise ValueError("n_best needs whole lines: the sentences of a paragraph have no alternatives together")
+    # (found by a misuse hunt: chunk_lines=0 looped for ever, max_input_tokens=0 cut every line to "")
+    check_whole(max_input_tokens=max_input_tokens, chunk_lines=chunk_lines, first_line=first_line, least=1)
     check_progress(progress)
     decode = dataclasses.replace(decode, **changes) if changes else decode
     limit = input_token_limit(model.config, max_input_tokens)
@@ -405,6 +410,8 @@ class Translator:
     @classmethod
     def load(cls, path, device: str = "auto", decode: DecodeConfig = DECODE_PRESETS["translate"]) -> "Translator":
         """From a model folder, a checkpoint or a run folder (aiayn.run.load_for_inference)."""
+        if isinstance(device, DecodeConfig):  # (found by a misuse hunt: PyTorch's many-line TypeError of torch.device)
+            raise TypeError("the second argument of Translator.load is the device: Translator.load(path, decode=...)")
         model, tokenizer = load_for_inference(path, resolve_device(device))
         return cls(model, tokenizer, decode)
 
@@ -440,9 +447,9 @@ class Translator:
 
             with tqdm(total=len(sentences), desc="translate", unit="sentence") as bar:
                 return self.translate(sentences, bar, **changes)
-        wrong = next((s for s in sentences if not isinstance(s, str)), None)
-        if wrong is not None:  # (found in review: SentencePiece's "List elements must be str or bytes")
-            raise TypeError(f"translate takes a list of strings, not of {type(wrong).__name__}: {wrong!r}"[:200])
+        wrong = [s for s in sentences if not isinstance(s, str)][:1]  # (None is one: not a sentinel)
+        if wrong:  # (found in review: SentencePiece's "List elements must be str or bytes")
+            raise TypeError(f"translate takes a list of strings, not of {type(wrong[0]).__name__}: {wrong[0]!r}"[:200])
         texts = [visible(s) for s in sentences]
         outputs = self.translate_ids(self.tokenizer.encode_batch(texts), progress or None, **changes)
         return [self.tokenizer.decode(ids) for ids in outputs]
@@ -470,4 +477,4 @@ class Translator:
         self._check_text_input(lines, "stream", "a file's lines, or text.splitlines()")  # (found in review: unchecked)
         if not callable(write):
             raise TypeError(f"write takes a function of a list of lines, not a {type(write).__name__}")
-        return translate_stream(self.model, self.tokenizer, lines, write, decode=self.decode, **options)
+        return translate_stream(self.model, self.tokenizer, lines, write, decode=self.decode, **self._changes(options))

@@ -299,3 +299,43 @@ def test_the_exports_take_a_folder_and_a_true_or_false_force(tmp_path):
     make_model(tmp_path / "new")  # a folder of model folders points at model/ first, as a run's does
     with pytest.raises(FileNotFoundError, match=f"it holds one, {tmp_path / 'model'} "):
         Transformer.load(tmp_path)
+
+
+def test_a_misuse_hunts_mistakes_are_said_before_any_work(tmp_path):
+    """Found by a misuse hunt: None among sentences (None was the check's own sentinel), a path
+    where score takes a Translator (str.translate's TypeError), a None reference (an AttributeError
+    after the whole decoding), n_best=2.0 (a slice's TypeError after the search), chunk_lines=0
+    (a loop for ever), decode= in stream (a TypeError of 'multiple values'), a DecodeConfig or None
+    as Translator.load's device (torch.device's TypeError of many lines), None as an output folder
+    (pathlib's), and translator.model.save (a folder without the laid-out weights)."""
+    from aiayn.config import DecodeConfig
+
+    folder = make_model(tmp_path / "model")
+    translator = Translator.load(folder, "cpu")
+    with pytest.raises(TypeError, match="a list of strings, not of NoneType"):
+        translator.translate(["the cat", None])
+    with pytest.raises(TypeError, match=r"score takes a Translator, not a str: score\(Translator.load\("):
+        score(str(folder), [("the cat", "el gato")])
+    seen = []
+    translator.translate_ids = lambda *args, **kwargs: seen.append(1)
+    with pytest.raises(TypeError, match="pairs of two strings; pair 1 is"):
+        score(translator, [("the cat", "el gato"), ("the cat", None)])
+    assert not seen
+    del translator.translate_ids
+    with pytest.raises(TypeError, match="n_best takes a whole number, not 2.0"):
+        translator.translate_nbest([[5, 6]], 2.0)
+    with pytest.raises(ValueError, match="chunk_lines must be at least 1, got 0"):
+        translator.stream(["the cat"], print, chunk_lines=0)
+    with pytest.raises(TypeError, match=r"give a call's changes as keywords"):
+        translator.stream(["the cat"], print, decode=DecodeConfig(beam=2))
+    with pytest.raises(TypeError, match="lines are strings, not NoneType"):
+        translator.stream([None], print)
+    with pytest.raises(TypeError, match=r"the second argument of Translator.load is the device"):
+        Translator.load(folder, DecodeConfig(beam=1))
+    with pytest.raises(TypeError, match="device takes a name .* not a NoneType"):
+        Translator.load(folder, None)
+    with pytest.raises(TypeError, match="give the path of the output folder, not a NoneType"):
+        average_checkpoints([folder], None)
+    with pytest.raises(ValueError, match=r"a decoding copy in fp32 \(Translator.model\)"):
+        translator.model.save(tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
