@@ -20,7 +20,7 @@ import typing
 from pathlib import Path
 from typing import Optional, Sequence
 
-from aiayn.config import (DECODE_PRECISIONS, DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, AttentionOptions,
+from aiayn.config import (DECODE_PRESETS, PAPER_PARAMS_M, PRESETS, TRAIN_OVERRIDES, AttentionOptions,
     ArgosOptions, AverageOptions, ConvertOptions, CorpusExportOptions, Ct2Options, DecodeConfig, DemoOptions, FileDecodeOptions, InfoOptions,
     ModelConfig, PreprocessOptions, ScoreOptions, ServeOptions, Table3Options, TrainConfig, TrainOptions, TranslateFileOptions, check_options, decode_field_problem, preset, recipe)
 from aiayn import __version__
@@ -111,8 +111,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser, preset_name: str, name
         default = getattr(decode, f.name)
         shown = "none" if default is None else str(default).lower() if isinstance(default, bool) else default  # as flags take it
         kwargs: dict = {"default": default, "help": f"{f.metadata['help']} (default {shown})"}
-        if f.name == "precision":
-            kwargs["choices"] = DECODE_PRECISIONS
+        if typing.get_origin(hints[f.name]) is typing.Literal:  # --precision, --stop
+            kwargs["choices"] = typing.get_args(hints[f.name])
         else:
             kwargs["type"] = _value_type(hints[f.name])
         parser.add_argument(f"--{f.name.replace('_', '-')}", **kwargs)

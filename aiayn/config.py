@@ -241,6 +241,10 @@ class DecodeConfig:
         "least": 0, "help": "no n-gram of this many tokens twice in an output (fairseq's); 0: off"})
     repetition_penalty: float = field(default=1.0, metadata={
         "least": 1, "help": "log-probabilities of tokens already output × this (CTRL's, as HF's); 1: off"})
+    # §6.1's "terminate early when possible", read two ways (README, "When beam search stops").
+    stop: Literal["beams", "bound"] = field(default="beams", metadata={
+        "help": "when a sentence's beam search ends: beams, once k hypotheses have ended (fairseq's); bound, "
+                "once no live beam can outscore the best ended one (tensor2tensor's)"})
     batch_tokens: int = field(default=4000, metadata={"least": 1, "help": "source tokens × beam decoded together"})
     precision: Literal["fp32", "bf16", "fp16", "int8"] = field(
         default="fp32", metadata={"help": "fp32, bf16 on a CPU: weights laid out once for oneDNN; bf16, fp16 on a "

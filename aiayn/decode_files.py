@@ -45,7 +45,7 @@ def _partial_output(options: FileDecodeOptions, decode: DecodeConfig, command: s
                    if name not in ("batch_tokens", "cuda_graphs")}}
     out = PartialOutput(options.output, options.input, options.resume, options.force, reads, settings,
                         kept=run_files(options.output), loose={"--batch-tokens": decode.batch_tokens}, per_line=n_best,
-                        older={"--n-best": 1})
+                        older={"--n-best": 1, "--stop": "beams"})
     if out.nothing_to_resume:  # as a script that always passes --resume expects; said (found by a newcomer's run)
         stderr_note(f"nothing to resume: there is no {out.partial}; translating from the first line")
     if out.changed and decode.precision != "fp32":  # (found in review: said nowhere)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import typing
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,18 +24,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.config import DECODE_PRESETS
+from aiayn.config import DECODE_PRESETS, DecodeConfig
 
 StepFn = Callable[[Tensor], Tensor]
 ReorderFn = Callable[[Tensor, Tensor, int], None]
 
 
 SECTION_6_1 = DECODE_PRESETS["translate"]  # beam 4, α 0.6
+STOP_RULES = typing.get_args(typing.get_type_hints(DecodeConfig)["stop"])  # ("beams", "bound")
 
 
-def length_penalty(length: int, alpha: float) -> float:
+def length_penalty(length, alpha):
     """GNMT's lp(Y) = ((5 + |Y|) / 6)^α (Wu et al., 2016), the one §6.1 uses with α = 0.6.
-    (fairseq's |Y|^α is a different penalty.) |Y| counts the output tokens and the EOS."""
+    (fairseq's |Y|^α is a different penalty.) |Y| counts the output tokens and the EOS; numbers
+    or tensors."""
     return ((5 + length) / 6) ** alpha
 
 
@@ -88,11 +91,24 @@ class _Finished:
         self.log_probs[sentence, slot] = log_probs
         self.count = (self.count + ends.sum(1)).clamp(max=self.beam)
 
+    def add_best(self, ends: Tensor, log_probs: Tensor, tokens: Tensor, lengths: Tensor, alpha: Tensor) -> None:
+        """As `add`, but a sentence keeps its k best-scored hypotheses (under its α (M, 1)) rather
+        than its first k: tensor2tensor's search goes on after k have finished, and a later one
+        may score better. Ties keep the earlier hypothesis."""
+        beam, width = self.beam, self.tokens.size(-1)
+        lengths = torch.cat([self.lengths[:, :beam], lengths.unsqueeze(1).expand_as(ends)], 1)  # (M, k + j)
+        log_probs = torch.cat([self.log_probs[:, :beam], torch.where(ends, log_probs, float("-inf"))], 1)  # (M, k + j)
+        keep = (log_probs / length_penalty(lengths + 1, alpha)).sort(dim=1, descending=True, stable=True).indices[:, :beam]  # (M, k)
+        tokens = torch.cat([self.tokens[:, :beam], F.pad(tokens, (width - tokens.size(-1), 0))], 1)  # (M, k + j, L)
+        self.tokens[:, :beam] = tokens.gather(1, keep.unsqueeze(-1).expand(-1, -1, width))
+        self.lengths[:, :beam], self.log_probs[:, :beam] = lengths.gather(1, keep), log_probs.gather(1, keep)
+        self.count = (self.count + ends.sum(1)).clamp(max=beam)
+
     def best(self, sentences: Tensor, alpha: float, n_best: int = 1) -> list[Hypothesis]:
         """The finished hypothesis with the best score of each of `sentences` (the first on a
         tie), with the next `n_best` - 1 of it, by score, as its `alternatives`."""
         log_probs, lengths = self.log_probs[sentences, : self.beam], self.lengths[sentences, : self.beam]  # (N, k)
-        scores = log_probs / ((5 + lengths + 1) / 6) ** alpha  # length_penalty, the EOS counted
+        scores = log_probs / length_penalty(lengths + 1, alpha)  # (N, k), the EOS counted
         # A stable sort keeps the first of equal scores first, as argmax does.
         pick = scores.sort(dim=1, descending=True, stable=True).indices[:, :n_best]  # (N, n)
         tokens = self.tokens[sentences].gather(1, pick.unsqueeze(-1).expand(-1, -1, self.tokens.size(-1))).tolist()  # (N, n, L)
@@ -148,7 +164,11 @@ class BeamSearch:
       finished (`_Finished`) its finished hypotheses.
     Each step takes the top 2k candidates of (B, w·V) so that k of them continue even if up to k
     end in EOS; an EOS among the top k finishes a hypothesis. A sentence leaves once it has k
-    finished hypotheses (every beam has finished) or reaches max_len, where only EOS is allowed.
+    finished hypotheses (every beam has finished) or reaches max_len, where only EOS is allowed:
+    `stop` "beams", fairseq's rule. With `stop` "bound" (tensor2tensor's, beam > 1) a sentence
+    leaves once its best finished score beats the best a live beam could reach, its cumulative
+    log-probability over lp(max_len) (log-probabilities only fall, and α ≥ 0 makes lp grow with
+    the length), and keeps its k best-scored finished hypotheses, not its first k.
     Before `min_len` tokens EOS is barred. With beam 1 (greedy) there is nothing to rank, so a
     hypothesis that reaches max_len finishes there, without the step that would score its EOS.
 
@@ -162,9 +182,12 @@ class BeamSearch:
 
     def __init__(self, step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, device: torch.device,
                  beam: int = SECTION_6_1.beam, min_len: int = 0, no_repeat_ngram: int = 0,
-                 repetition_penalty: float = 1.0) -> None:
+                 repetition_penalty: float = 1.0, stop: str = SECTION_6_1.stop) -> None:
         if beam < 1:
             raise ValueError(f"beam must be at least 1, got {beam}")
+        if stop not in STOP_RULES:
+            raise ValueError(f"stop is one of {', '.join(STOP_RULES)}, got {stop!r}")
+        self.bound = stop == "bound" and beam > 1  # greedy stops at its EOS either way
         self.model_step, self.reorder = step, reorder
         self.bos_id, self.eos_id, self.device, self.beam = bos_id, eos_id, device, beam
         self.min_len, self.no_repeat_ngram, self.repetition_penalty = min_len, no_repeat_ngram, repetition_penalty
@@ -174,6 +197,7 @@ class BeamSearch:
         self.tokens = torch.empty(0, dtype=torch.long, device=device)
         self.joined = torch.empty(0, dtype=torch.long, device=device)
         self.deadline = torch.empty(0, dtype=torch.long, device=device)
+        self.alpha = torch.empty(0, 1, device=device)  # (B, 1) each sentence's α, for the bound rule
         self.finished = _Finished(beam, device)
         # On the host, per live sentence: the caller's key, (alpha, n_best), the step it joined,
         # its deadline. Steps read nothing back for them but their counts of sentences done and
@@ -223,6 +247,7 @@ class BeamSearch:
         self.tokens = torch.cat([self.tokens, self.tokens.new_full((count * width,), self.bos_id)])
         self.joined = torch.cat([self.joined, self.joined.new_full((count,), self.t)])
         self.deadline = torch.cat([self.deadline, max_len.to(self.device) + self.t])
+        self.alpha = torch.cat([self.alpha, self.alpha.new_full((count, 1), alpha)])
         self.finished.join(count, max(limits, default=0))
         self.keys += keys
         self.settings += [(alpha, n_best)] * count
@@ -271,14 +296,25 @@ class BeamSearch:
         # Each sentence's finished count once this step's ends are added (as _Finished.add counts
         # them): most steps end no hypothesis, so the ends are added only on the steps that have
         # one, which the step's one read tells along with the sentences done.
-        done = at_limit | ((self.finished.count + ends.sum(1)).clamp(max=beam) >= beam)  # (B,)
+        if self.bound:
+            # The best finished score, this step's ends counted, against the best a live beam
+            # could reach: its log-probability over lp at the sentence's limit (deadline - joined).
+            ended = torch.where(ends, top_scores[:, :beam] / length_penalty(steps.unsqueeze(1) + 1, self.alpha), float("-inf"))
+            finished = self.finished.log_probs / length_penalty(self.finished.lengths + 1, self.alpha)  # (B, k + 1)
+            best = torch.maximum(finished[:, :beam].amax(1), ended.amax(1))  # (B,)
+            done = at_limit | (best > scores[:, 0] / length_penalty(self.deadline - self.joined + 1, self.alpha[:, 0]))
+        else:
+            done = at_limit | ((self.finished.count + ends.sum(1)).clamp(max=beam) >= beam)  # (B,)
         full = ~done & (self.deadline <= t + 1) if beam == 1 else None  # (B,)
         done = done if full is None else done | full
         counts = [done.sum(), ends.sum()] + ([] if full is None else [full.sum()])
         n_done, n_ends, *n_full = torch.stack(counts).tolist()  # the one read a step
         if n_ends:
             paths = self.history.gather(1, candidate_parent[:, :beam, None].expand(-1, -1, self.history.size(2)))  # (B, k, W)
-            self.finished.add(ends, top_scores[:, :beam], paths, steps)
+            if self.bound:
+                self.finished.add_best(ends, top_scores[:, :beam], paths, steps, self.alpha)
+            else:
+                self.finished.add(ends, top_scores[:, :beam], paths, steps)
         if any(n_full):  # greedy hypotheses at their limit finish without the step that would score EOS
             self.finished.add(full.unsqueeze(1), scores, history, steps + 1)
         self.t += 1
@@ -299,7 +335,7 @@ class BeamSearch:
         oldest = self.t - min(self._joined, default=self.t)  # the most tokens a live sentence has output
         self.scores, self.tokens = scores[keep], token[keep].flatten()
         self.history = history[keep, :, history.size(2) - oldest :]
-        self.joined, self.deadline = self.joined[keep], self.deadline[keep]
+        self.joined, self.deadline, self.alpha = self.joined[keep], self.deadline[keep], self.alpha[keep]
         self.finished.keep(keep, max((d - j for d, j in zip(self._deadlines, self._joined)), default=1))
         return results
 
@@ -327,16 +363,17 @@ def beam_search(
     step: StepFn, reorder: ReorderFn, bos_id: int, eos_id: int, max_len: Tensor, beam: int = SECTION_6_1.beam,
     alpha: float = SECTION_6_1.alpha,
     min_len: int = 0, no_repeat_ngram: int = 0, repetition_penalty: float = 1.0, n_best: int = 1,
+    stop: str = SECTION_6_1.stop,
 ) -> list[Hypothesis]:
     """Beam search with the paper's settings as defaults (§6.1: beam 4, α = 0.6, the caller
     sets max_len = source length + 50) over a batch of sentences whose model state `step` and
     `reorder` already hold (one row per sentence: `BeamSearch` widens them to k after the first
     step). Returns the best finished hypothesis of each sentence, with, for `n_best` > 1, its
     next best finished ones (at most n_best - 1: a sentence that reached max_len may have fewer)
-    as its `alternatives`. The guards: those of `BeamSearch`."""
+    as its `alternatives`. The guards and `stop`: those of `BeamSearch`."""
     check_limits(max_len)
     search = BeamSearch(step, reorder, bos_id, eos_id, max_len.device, beam, min_len, no_repeat_ngram,
-                        repetition_penalty)
+                        repetition_penalty, stop)
     search.join(max_len, list(range(max_len.numel())), alpha, n_best)
     results: list = [None] * max_len.numel()
     while search.live:

@@ -152,7 +152,7 @@ def _search_batch(decoder: Transformer, src: Tensor, max_len: Tensor, decode: De
         stepper = ModelStep(decoder, src, int(max_len.max()) + 1, beam)
     hypotheses = beam_search(stepper.step, stepper.reorder, config.bos_id, config.eos_id, max_len, beam,
                              decode.alpha if beam > 1 else 0.0, decode.min_len, decode.no_repeat_ngram_size,
-                             decode.repetition_penalty, n_best)
+                             decode.repetition_penalty, n_best, decode.stop)
     if not all(scored(h, decode) for h in hypotheses):
         raise not_numbers(decode.precision)
     return [[h.tokens] + [a.tokens for a in h.alternatives] for h in hypotheses]
@@ -235,7 +235,7 @@ class ContinuousDecoding:
         self.search = BeamSearch(lambda tokens: self.state.step(tokens),
                                  lambda *rows: self.state.reorder(*rows),
                                  self.config.bos_id, self.config.eos_id, self.device, decode.beam, decode.min_len,
-                                 decode.no_repeat_ngram_size, decode.repetition_penalty)
+                                 decode.no_repeat_ngram_size, decode.repetition_penalty, decode.stop)
 
     @property
     def live(self) -> int:

@@ -12,7 +12,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 @pytest.mark.parametrize("script", ["compiled_step", "decode_steps", "int8_quality", "libretranslate_load",
-                                    "sentence_split", "serve_load", "serve_rss", "store_formats"])
+                                    "sentence_split", "serve_load", "serve_rss", "stop_rule", "store_formats"])
 def test_a_benchmark_given_a_missing_folder_exits_in_one_line(script, tmp_path):
     missing = tmp_path / "no-such-run"
     done = subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), str(missing)],

@@ -140,13 +140,18 @@ class Hashed:
 
 
 def reference_beam_search(model: Hashed, sentence: int, beam: int, max_len: int, alpha: float, min_len: int,
-                          n_best: int) -> list:
+                          n_best: int, stop: str = "beams") -> list:
     """§6.1's search for one sentence, written plainly: every candidate of every beam ranked in
     Python; an EOS among the k best finishes a hypothesis (up to k are kept, in the order found),
     the k best others go on; the sentence ends with k finished or at max_len, where only EOS may
     follow (greedy: a hypothesis at max_len finishes there); EOS barred before min_len unless at
     max_len; the best
-    by log P / lp(|Y| + 1), then the next n_best - 1. Returns [(tokens, log P)] best first."""
+    by log P / lp(|Y| + 1), then the next n_best - 1. Returns [(tokens, log P)] best first.
+    `stop` "bound" (beam > 1): the k best-scored finished are kept, and the sentence ends once the
+    best of them outscores the best live beam's log P / lp(max_len + 1)."""
+    def final(tokens, c):
+        return torch.tensor(c) / ((5 + len(tokens) + 1) / 6) ** alpha
+
     beams, finished = [((), torch.tensor(0.0))], []
     for t in range(max_len + 1):
         candidates = []
@@ -157,29 +162,36 @@ def reference_beam_search(model: Hashed, sentence: int, beam: int, max_len: int,
                 candidates.append((float("-inf") if barred else (score + log_probs[v]).item(), j, v))
         top = sorted(candidates, key=lambda c: -c[0])[: 2 * beam]
         finished += [(beams[j][0], c) for c, j, v in top[:beam] if v == EOS and c > float("-inf")]
-        if len(finished) >= beam or t == max_len:
+        going = [(beams[j][0] + (v,), torch.tensor(c)) for c, j, v in top if v != EOS][:beam]
+        if stop == "bound" and beam > 1:
+            finished = sorted(finished, key=lambda f: -final(*f).item())[:beam]
+            best = max((final(*f).item() for f in finished), default=float("-inf"))
+            if t == max_len or best > (going[0][1] / ((5 + max_len + 1) / 6) ** alpha).item():
+                break
+        elif len(finished) >= beam or t == max_len:
             break
-        beams = [(beams[j][0] + (v,), torch.tensor(c)) for c, j, v in top if v != EOS][:beam]
+        beams = going
         if beam == 1 and t + 1 == max_len:
             finished.append((beams[0][0], beams[0][1].item()))
             break
     kept = finished[:beam]
-    scores = [torch.tensor(c) / ((5 + len(tokens) + 1) / 6) ** alpha for tokens, c in kept]
+    scores = [final(tokens, c) for tokens, c in kept]
     order = sorted(range(len(kept)), key=lambda i: -scores[i].item())  # stable: the first of equals first
     return [(list(kept[i][0]), kept[i][1]) for i in order[:n_best]]
 
 
+@pytest.mark.parametrize("stop", ["beams", "bound"])
 @pytest.mark.parametrize("beam, alpha, min_len", [(1, 0.0, 0), (2, 0.6, 0), (3, 0.6, 2), (4, 1.0, 0), (4, 0.6, 3)])
-def test_the_search_finds_what_a_plain_beam_search_finds_with_sentences_joining_as_it_runs(beam, alpha, min_len):
+def test_the_search_finds_what_a_plain_beam_search_finds_with_sentences_joining_as_it_runs(beam, alpha, min_len, stop):
     """BeamSearch keeps every sentence's state in tensors and lets sentences join between steps;
     each sentence must get what the plain search above gets for it alone: the same outputs, best
-    and alternatives, with the same log-probabilities (the same fp32 sums)."""
+    and alternatives, with the same log-probabilities (the same fp32 sums), under either rule."""
     from aiayn.search import BeamSearch
 
     ended = 0
     for seed in range(4):
         model = Hashed(seed)
-        search = BeamSearch(model.step, model.reorder, BOS, EOS, torch.device("cpu"), beam, min_len)
+        search = BeamSearch(model.step, model.reorder, BOS, EOS, torch.device("cpu"), beam, min_len, stop=stop)
         limits = {0: 6, 1: 3, 2: 9, 3: 1, 4: 7, 5: 5}
         joining, got, step = {0: [0, 1], 1: [2], 3: [3, 4], 9: [5]}, {}, 0
         while joining or search.live:
@@ -194,11 +206,59 @@ def test_the_search_finds_what_a_plain_beam_search_finds_with_sentences_joining_
             step += 1
         assert sorted(got) == list(limits)
         for sentence, hypothesis in got.items():
-            expected = reference_beam_search(model, sentence, beam, limits[sentence], alpha, min_len, beam)
+            expected = reference_beam_search(model, sentence, beam, limits[sentence], alpha, min_len, beam, stop)
             found = [hypothesis] + hypothesis.alternatives
             assert [(h.tokens, h.log_prob) for h in found] == expected, (seed, sentence)
             ended += len(hypothesis.tokens) < limits[sentence]
     assert ended  # some outputs ended by EOS, not only at their limits
+
+
+def search_one(model: Hashed, sentence: int, beam: int, alpha: float, limit: int, stop: str):
+    """beam_search of one sentence of `model`: its best hypothesis and the steps it took."""
+    model.prefixes, steps = [], []
+    model.join(sentence, 1)
+    step = lambda tokens: steps.append(1) or model.step(tokens)  # noqa: E731
+    return beam_search(step, model.reorder, BOS, EOS, torch.tensor([limit]), beam, alpha, stop=stop)[0], len(steps)
+
+
+def test_the_bound_rule_never_scores_below_the_beams_rule_and_sometimes_above():
+    """tensor2tensor's rule keeps the beams fairseq's rule keeps (which beams go on does not depend
+    on what has finished) and ends a sentence only when no live beam can outscore its best, so its
+    best never scores lower; where fairseq's rule ends at k finished while a live beam would still
+    have won, it scores higher."""
+    higher = 0
+    for seed in range(6):
+        model = Hashed(seed)
+        for sentence in range(10):
+            for beam, alpha in ((2, 0.6), (2, 1.0), (4, 0.6), (4, 1.0)):
+                beams, _ = search_one(model, sentence, beam, alpha, 9, "beams")
+                bound, _ = search_one(model, sentence, beam, alpha, 9, "bound")
+                assert bound.score >= beams.score - 1e-6, (seed, sentence, beam, alpha)
+                higher += bound.score > beams.score + 1e-6
+    assert higher
+
+
+def test_the_bound_rule_with_every_output_in_the_beam_finds_the_best_scored_output_of_all():
+    """With a beam as wide as every output (7 tokens other than EOS, outputs up to 3 long: 7³ live
+    at most), nothing is pruned, so the rule's early end is all that could lose the best: the
+    search's best must be the best of the 400 outputs, scored in float64."""
+    import itertools
+
+    limit, alpha, early = 3, 1.0, 0
+    tokens = [v for v in range(Hashed.VOCAB) if v != EOS]
+    for seed in range(4):
+        model = Hashed(seed)
+
+        def score(output: tuple) -> float:
+            prefixes = [(0, BOS) + output[:i] for i in range(len(output) + 1)]
+            log_p = sum(float(model.log_probs(p).double()[v]) for p, v in zip(prefixes, output + (EOS,)))
+            return log_p / ((5 + len(output) + 1) / 6) ** alpha
+
+        best = max(score(o) for n in range(limit + 1) for o in itertools.product(tokens, repeat=n))
+        found, steps = search_one(model, 0, len(tokens) ** limit, alpha, limit, "bound")
+        assert found.score == pytest.approx(best, abs=1e-5) and score(tuple(found.tokens)) == pytest.approx(best)
+        early += steps < limit + 1
+    assert early  # the rule did end a search before the limit
 
 
 # --- Against the model -----------------------------------------------------------------------
@@ -296,13 +356,14 @@ def test_batched_equals_one_sentence_at_a_time():
 
 @pytest.mark.numeric
 @pytest.mark.parametrize("beam", [1, 4])
-@pytest.mark.parametrize("guards", [{}, {"no_repeat_ngram_size": 2, "repetition_penalty": 1.5}])
+@pytest.mark.parametrize("guards", [{}, {"no_repeat_ngram_size": 2, "repetition_penalty": 1.5}, {"stop": "bound"}])
 def test_sentences_that_join_a_running_search_get_what_they_get_alone(beam, guards):
     """Continuous batching: sentences join the search at steps 0, 2 and 5, and one after the
     search has emptied; they leave as they finish. Each gets the tokens, and the alternatives, it
     gets decoded alone (§6.1), though its positions start at another column of the cache and its
     memory is padded to the longest source decoding beside it. The guards (no repeated bigram, a
-    repetition penalty) read a joined sentence's own outputs, not the padding before them."""
+    repetition penalty) read a joined sentence's own outputs, not the padding before them; so
+    does tensor2tensor's stop rule (its α and limit are the sentence's own)."""
     model = random_model(2)
     ids = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21], [20], [21, 22, 23]]
     decode = dataclasses.replace(DECODE_PRESETS["translate"], beam=beam, extra_len=8, **guards)
@@ -320,7 +381,7 @@ def test_sentences_that_join_a_running_search_get_what_they_get_alone(beam, guar
         one = ModelStep(model, torch.tensor([ids[i] + [2]]), len(ids[i]) + 9)
         alone = beam_search(one.step, one.reorder, 1, 2, torch.tensor([len(ids[i]) + 8]), beam=beam, n_best=beam,
                             min_len=decode.min_len, no_repeat_ngram=decode.no_repeat_ngram_size,
-                            repetition_penalty=decode.repetition_penalty)[0]
+                            repetition_penalty=decode.repetition_penalty, stop=decode.stop)[0]
         assert outputs == [alone.tokens] + [h.tokens for h in alone.alternatives]
     assert any(len(outputs[0]) < len(ids[i]) + 8 for i, outputs in got.items())  # some end by EOS
 

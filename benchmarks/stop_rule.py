@@ -1,0 +1,105 @@
+"""When beam search should stop (§6.1: "terminate early when possible"): fairseq's rule
+(`--stop beams`, aiayn's default: a sentence ends once k hypotheses have ended) against
+tensor2tensor's (`--stop bound`: once no live beam can outscore the best ended one), on the
+built-in test books (bible-en-es): test BLEU and chrF of each, the verses whose output differs,
+the model's own score of each output (log P / lp, §6.1's α), and the decoding time, the two
+rules interleaved over the repetitions.
+
+    .venv/bin/python benchmarks/stop_rule.py runs/demo                   # beam 4, α 0.6, every test verse
+    .venv/bin/python benchmarks/stop_rule.py runs/demo --sentences 200 --reps 1 --precision fp32
+
+Writes results/stop-rule-KIND-PRECISION.json (KIND: the CPU kind). The model is any run or model
+folder trained on bible-en-es, e.g. the one `make demo` leaves in runs/demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from aiayn.config import DECODE_PRESETS
+from aiayn.corpora import load_corpus
+from aiayn.device import cpu_kind
+from aiayn.evaluate import score_hypotheses
+from aiayn.search import STOP_RULES
+from aiayn.translate import Translator
+from common import (RESULTS, command_line, default_threads, machine, or_exit, parse_args, positive_int,
+                    require_precision, spread, write_results)
+
+
+def model_scores(translator: Translator, sources: list[list[int]], outputs: list[list[int]], alpha: float) -> list[float]:
+    """The model's log P(output, EOS | source) / lp(|output| + 1) of each output (§6.1's score),
+    from one teacher-forced pass of the decoding copy per batch of 64."""
+    model, config, scores = translator.model, translator.model.config, []
+    for start in range(0, len(sources), 64):
+        src, out = sources[start:start + 64], outputs[start:start + 64]
+        pad = lambda rows, width: torch.tensor([row + [config.pad_id] * (width - len(row)) for row in rows])  # noqa: E731
+        source = pad([s + [config.eos_id] for s in src], max(map(len, src)) + 1)  # (N, S)
+        target = pad([[config.bos_id] + o + [config.eos_id] for o in out], max(map(len, out)) + 2)  # (N, T + 2)
+        with torch.inference_mode():
+            log_probs = model(source, target[:, :-1]).float().log_softmax(-1)  # (N, T + 1, V)
+        picked = log_probs.gather(-1, target[:, 1:, None]).squeeze(-1)  # (N, T + 1)
+        real = target[:, 1:] != config.pad_id
+        for row, n in zip((picked * real).sum(1).tolist(), (real.sum(1) - 1).tolist()):
+            scores.append(row / ((5 + n + 1) / 6) ** alpha)
+    return scores
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", help="a run or model folder trained on bible-en-es")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="bf16")
+    parser.add_argument("--beam", type=positive_int, default=DECODE_PRESETS["translate"].beam)
+    parser.add_argument("--sentences", type=positive_int, default=None, help="only the first N test verses")
+    parser.add_argument("--reps", type=positive_int, default=3, help="timed repetitions of each rule, interleaved")
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
+    parser.add_argument("--out", type=Path, default=None, help="result file (default results/stop-rule-KIND-PRECISION.json)")
+    args = parse_args(parser)
+    torch.set_num_threads(args.threads)
+    require_precision(args.precision)
+    decode = dataclasses.replace(DECODE_PRESETS["translate"], beam=args.beam, precision=args.precision)
+    translators = {stop: or_exit(lambda: Translator.load(args.run_dir, decode=dataclasses.replace(decode, stop=stop)))
+                   for stop in STOP_RULES}
+    measured_on = machine(torch.device("cpu"), args.threads)  # before the work, on an idle machine
+    tokenizer = translators["beams"].tokenizer
+    test = load_corpus("bible-en-es").splits["test"][: args.sentences]
+    sources = tokenizer.encode_batch([source for source, _ in test])
+    outputs, seconds = {}, {stop: [] for stop in STOP_RULES}
+    for rep in range(args.reps):
+        for stop, translator in translators.items():
+            start = time.perf_counter()
+            outputs[stop] = translator.translate_ids(sources)
+            seconds[stop].append(time.perf_counter() - start)
+            print(f"rep {rep + 1}: {stop} {seconds[stop][-1]:.1f} s", flush=True)
+    rows = []
+    for stop in STOP_RULES:
+        result = score_hypotheses([tokenizer.decode(ids) for ids in outputs[stop]], [t for _, t in test], 0.0)
+        scores = model_scores(translators[stop], sources, outputs[stop], decode.alpha)
+        rows.append({"stop": stop, "bleu": result.bleu, "chrf": result.chrf, "seconds": spread(seconds[stop]),
+                     "output_tokens": sum(map(len, outputs[stop])), "mean_model_score": statistics.mean(scores),
+                     "scores": scores})
+        print(f"{stop}: BLEU {result.bleu:.2f}, chrF {result.chrf:.2f}, {statistics.median(seconds[stop]):.1f} s")
+    beams, bound = rows
+    differ = [i for i, (a, b) in enumerate(zip(outputs["beams"], outputs["bound"])) if a != b]
+    higher = sum(b > a for a, b in zip(beams["scores"], bound["scores"]))
+    time_ratio = statistics.median(b / a for a, b in zip(seconds["beams"], seconds["bound"]))
+    for row in rows:
+        del row["scores"]
+    results = {
+        "benchmark": "stop-rule", "command": command_line(), "machine": measured_on, "model": str(args.run_dir),
+        "precision": args.precision, "beam": args.beam, "alpha": decode.alpha, "sentences": len(test),
+        "bleu_signature": result.signature, "rows": rows, "verses_differing": len(differ),
+        "bound_scored_higher": higher, "bound_over_beams_seconds": time_ratio,
+    }
+    print(f"{len(differ)} of {len(test)} verses differ; the bound rule's output scored higher on {higher}; "
+          f"it took {time_ratio:.2f}× the time (median of {args.reps} interleaved ratios)")
+    write_results(args.out or RESULTS / f"stop-rule-{cpu_kind()}-{args.precision}.json", results)
+
+
+if __name__ == "__main__":
+    main()
