@@ -2,14 +2,15 @@
 (`--stop beams`, aiayn's default: a sentence ends once k hypotheses have ended) against
 tensor2tensor's (`--stop bound`: once no live beam can outscore the best ended one), on the
 built-in test books (bible-en-es): test BLEU and chrF of each, the verses whose output differs,
-the model's own score of each output (log P / lp, §6.1's α), and the decoding time, the two
-rules interleaved over the repetitions.
+the model's own score of the outputs that differ (log P / lp, §6.1's α, from an fp32 pass), and
+the decoding time, the two rules interleaved over the repetitions.
 
-    .venv/bin/python benchmarks/stop_rule.py runs/demo                   # beam 4, α 0.6, every test verse
-    .venv/bin/python benchmarks/stop_rule.py runs/demo --sentences 200 --reps 1 --precision fp32
+    .venv/bin/python benchmarks/stop_rule.py runs/demo/averaged          # beam 4, α 0.6, every test verse
+    .venv/bin/python benchmarks/stop_rule.py runs/demo/averaged --sentences 200 --reps 1 --precision fp32
 
 Writes results/stop-rule-KIND-PRECISION.json (KIND: the CPU kind). The model is any run or model
-folder trained on bible-en-es, e.g. the one `make demo` leaves in runs/demo.
+folder trained on bible-en-es, e.g. the averaged one `make demo` leaves in runs/demo/averaged
+(a run folder stands for its last model).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from common import (RESULTS, command_line, default_threads, machine, or_exit, pa
 
 def model_scores(translator: Translator, sources: list[list[int]], outputs: list[list[int]], alpha: float) -> list[float]:
     """The model's log P(output, EOS | source) / lp(|output| + 1) of each output (§6.1's score),
-    from one teacher-forced pass of the decoding copy per batch of 64."""
+    from one teacher-forced pass of `translator`'s model per batch of 64."""
     model, config, scores = translator.model, translator.model.config, []
     for start in range(0, len(sources), 64):
         src, out = sources[start:start + 64], outputs[start:start + 64]
@@ -67,6 +68,7 @@ def main() -> None:
                    for stop in STOP_RULES}
     measured_on = machine(torch.device("cpu"), args.threads)  # before the work, on an idle machine
     tokenizer = translators["beams"].tokenizer
+    scorer = translators["beams"] if args.precision == "fp32" else Translator.load(args.run_dir)  # fp32
     test = load_corpus("bible-en-es").splits["test"][: args.sentences]
     sources = tokenizer.encode_batch([source for source, _ in test])
     outputs, seconds = {}, {stop: [] for stop in STOP_RULES}
@@ -79,24 +81,22 @@ def main() -> None:
     rows = []
     for stop in STOP_RULES:
         result = score_hypotheses([tokenizer.decode(ids) for ids in outputs[stop]], [t for _, t in test], 0.0)
-        scores = model_scores(translators[stop], sources, outputs[stop], decode.alpha)
         rows.append({"stop": stop, "bleu": result.bleu, "chrf": result.chrf, "seconds": spread(seconds[stop]),
-                     "output_tokens": sum(map(len, outputs[stop])), "mean_model_score": statistics.mean(scores),
-                     "scores": scores})
+                     "output_tokens": sum(map(len, outputs[stop]))})
         print(f"{stop}: BLEU {result.bleu:.2f}, chrF {result.chrf:.2f}, {statistics.median(seconds[stop]):.1f} s")
-    beams, bound = rows
     differ = [i for i, (a, b) in enumerate(zip(outputs["beams"], outputs["bound"])) if a != b]
-    higher = sum(b > a for a, b in zip(beams["scores"], bound["scores"]))
+    beams, bound = (model_scores(scorer, [sources[i] for i in differ], [outputs[stop][i] for i in differ], decode.alpha)
+                    if differ else [] for stop in STOP_RULES)
+    higher = sum(b > a for a, b in zip(beams, bound))
     time_ratio = statistics.median(b / a for a, b in zip(seconds["beams"], seconds["bound"]))
-    for row in rows:
-        del row["scores"]
     results = {
         "benchmark": "stop-rule", "command": command_line(), "machine": measured_on, "model": str(args.run_dir),
         "precision": args.precision, "beam": args.beam, "alpha": decode.alpha, "sentences": len(test),
         "bleu_signature": result.signature, "rows": rows, "verses_differing": len(differ),
-        "bound_scored_higher": higher, "bound_over_beams_seconds": time_ratio,
+        "bound_scored_higher": higher, "scores_where_they_differ": {"beams": beams, "bound": bound},
+        "bound_over_beams_seconds": time_ratio,
     }
-    print(f"{len(differ)} of {len(test)} verses differ; the bound rule's output scored higher on {higher}; "
+    print(f"{len(differ)} of {len(test)} verses differ; of those the bound rule's output scored higher on {higher}; "
           f"it took {time_ratio:.2f}× the time (median of {args.reps} interleaved ratios)")
     write_results(args.out or RESULTS / f"stop-rule-{cpu_kind()}-{args.precision}.json", results)
 
