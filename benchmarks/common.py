@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -233,6 +234,25 @@ def command_line() -> str:
     return shlex.join(["python", str(shown), *sys.argv[1:]])  # quoted as a shell takes it back
 
 
+def replace_runs_folder(runs: Path, force: bool, made: Callable[[str], bool]) -> None:
+    """Remove `runs`, the folder of an earlier call's run folders, where `force` asks for it; but
+    never the current folder or one above it, nor a folder holding anything this script does not
+    make (`made(name)` of each entry, a training run's own files among them): --force replaces the
+    script's own runs, not whatever --runs names (found in a misuse hunt: --runs RUN --force
+    deleted a training run, and --runs . would delete the current folder)."""
+    if not runs.exists():
+        return
+    name = Path(sys.argv[0]).stem
+    if not force:
+        sys.exit(f"{name}: {runs} exists: pass --force to replace it")
+    here = Path.cwd().resolve()
+    strangers = sorted(entry.name for entry in runs.iterdir() if not made(entry.name)) if runs.is_dir() else [runs.name]
+    if runs.resolve() in (here, *here.parents) or strangers:
+        sys.exit(f"{name}: {runs} is not the folder of an earlier call's runs"
+                 f"{' (it holds ' + ', '.join(strangers[:3]) + ')' if strangers else ''}: choose another --runs")
+    shutil.rmtree(runs)
+
+
 def or_exit(load: Callable[[], T]) -> T:
     """`load()` of a script's input (a model, a run, a data folder), or the script's one-line exit
     where aiayn refuses it: a missing folder is the user's mistake, not a traceback."""
@@ -282,31 +302,37 @@ def positive_float(text: str) -> float:
     return value
 
 
-def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+def parse_args(parser: argparse.ArgumentParser,
+               inputs: Callable[[argparse.Namespace], list] = lambda args: []) -> argparse.Namespace:
     """The script's arguments, with `--force` and, where `--out` names a file, that file checked
     before any measuring (found in review: an existing --out was replaced, and one that could
     not be written failed with a traceback at the end of a long run). A file that git holds as
-    committed is replaced without `--force` (git keeps it: re-measuring results/ is what these
-    commands are for), and so are the default outputs, the repository's records of the last
-    measurement."""
+    committed in results/ or docs/ is replaced without `--force` (git keeps it: re-measuring
+    results/ is what these commands are for), and so are the default outputs, the repository's
+    records of the last measurement. `inputs(args)`: what the script reads (a model, a run),
+    which --out may never replace, --force or not."""
     with contextlib.suppress(argparse.ArgumentError):  # a script whose --force replaces its run folders too
         parser.add_argument("--force", action="store_true", help="replace an existing --out")
     args = parser.parse_args()
     out = getattr(args, "out", None)
     if out is not None and out != parser.get_default("out"):
-        check_output(out, args.force)
+        check_output(out, args.force, [Path(p) for p in inputs(args) if p is not None])
     return args
 
 
-def check_output(path: Path, force: bool) -> None:
+def check_output(path: Path, force: bool, inputs: list[Path] = ()) -> None:
     """A results file a run will write, checked before it measures: one line and exit 2 where it
-    exists (unless `force`, or git holds it unchanged) or cannot be written."""
-    or_exit(lambda: refuse_to_replace(path, force or _committed(path), folder=False))
+    exists (unless `force`, or git holds it unchanged) or cannot be written, and never one of
+    `inputs` or inside one (found in a misuse hunt: int8_quality.py RUN --out RUN/model.safetensors
+    --force replaced the model it had just read)."""
+    or_exit(lambda: refuse_to_replace(path, force or _committed(path), inputs=inputs, folder=False))
 
 
 def _committed(path: Path) -> bool:
-    """Whether git holds `path` as it is now (tracked, unchanged)."""
-    if not path.is_file():
+    """Whether git holds `path` as it is now (tracked, unchanged), in results/ or docs/: the
+    records these commands re-measure (found in a misuse hunt: --out Makefile, or any other file
+    of the repository, was replaced without --force)."""
+    if not path.is_file() or not any(path.resolve().is_relative_to(kept) for kept in (RESULTS, HERE.parent / "docs")):
         return False
     where = dict(capture_output=True, cwd=path.resolve().parent, timeout=10)
     try:

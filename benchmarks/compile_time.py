@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from aiayn.config import PRESETS
 from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, parse_args, positive_int,
                     require_precision, revision, spread, write_results)
 
@@ -66,7 +67,8 @@ def measure(checkout: Path, model: str, precision: str, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="demo", help="demo (the demo's model) or a preset (default demo)")
+    parser.add_argument("--model", default="demo", choices=("demo", *PRESETS),  # (found in a misuse hunt: a traceback)
+                        help="demo (the demo's model) or a preset (default demo)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--other", type=Path, help="another checkout of aiayn, measured in turn with this one")
     parser.add_argument("--reps", type=positive_int, default=2, help="fresh processes of each checkout (default 2)")

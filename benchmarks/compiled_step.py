@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--profile", type=positive_int, metavar="M", help="then profile the compiled steps of M sentences (one of "
                         "--sentences): the operators and Inductor's kernels that take the most time")
     parser.add_argument("--out", type=Path)
-    args = parse_args(parser)
+    args = parse_args(parser, inputs=lambda args: [args.run_dir])
     if not args.run_dir.exists():
         parser.exit(2, f"error: {args.run_dir} does not exist\n")
     if args.profile and args.profile not in args.sentences:

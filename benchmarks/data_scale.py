@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 from aiayn.corpora import load_corpus
-from common import (RESULTS, command_line, cpu_kind, machine, non_negative_int, or_exit, parse_args, positive_int, spread,
-                    write_results)
+from common import (RESULTS, command_line, cpu_kind, machine, non_negative_int, or_exit, parse_args, positive_int,
+                    require_precision, spread, write_results)
 
 # Run by torchrun (or alone): aiayn's CLI, then this process's peak resident set, on every rank.
 CHILD = Path(__file__).resolve().parent / "peak_rss_child.py"
@@ -135,6 +135,7 @@ def main() -> None:
         parser.error("--compare-pairs must be one of --pairs")
     if args.compare_pairs and not ONMT_BUILD_VOCAB.exists():
         parser.exit(2, f"no {ONMT_BUILD_VOCAB}: run benchmarks/setup_preprocess_peers.sh, or --compare-pairs 0\n")
+    require_precision("bf16")  # TRAIN_ARGS' (found in a misuse hunt: refused by aiayn train after every corpus was preprocessed)
     if args.work:  # the docstring's own --work /tmp/quick was a traceback where it did not exist yet
         or_exit(lambda: args.work.mkdir(parents=True, exist_ok=True))
     threads = len(os.sched_getaffinity(0))

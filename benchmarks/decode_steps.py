@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import os
 import random
 import statistics
 import subprocess
@@ -156,7 +157,8 @@ def start_beside(count: int) -> list[subprocess.Popen]:
               for _ in range(count)]
     for other in others:
         if other.stdout.readline().strip() != "ready":
-            raise RuntimeError("a process decoding beside did not start")
+            stop(others)
+            sys.exit("decode_steps: a process decoding beside did not start (its error is above)")
     return others
 
 
@@ -181,9 +183,11 @@ def main() -> None:
                         help="also profile one decode with 1 and with `live` sentences (where a step's time goes)")
     parser.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)  # one of those K: decode until killed
     parser.add_argument("--out", type=Path)
-    args = parse_args(parser)
+    args = parse_args(parser, inputs=lambda args: [args.run_dir])
     if not args.run_dir.exists():
         parser.exit(2, f"error: {args.run_dir} does not exist\n")
+    if args.live > args.sentences:  # (found in a misuse hunt: a traceback once every repetition was timed)
+        parser.exit(2, f"error: --live {args.live} is more than --sentences {args.sentences}: {args.live} never decode at once\n")
     torch.set_num_threads(args.threads)
     bound_kernel_cache(SERVING_KERNEL_CACHE_CAPACITY)  # as `aiayn serve` does, before the first product
     settings = dataclasses.replace(DECODE_PRESETS["translate"], precision=args.precision)
@@ -193,9 +197,11 @@ def main() -> None:
     sources = translator.tokenizer.encode_batch(verses[: args.sentences])
     decode(translator, sources[:20], args.live)  # warm-up
     if args.busy:
+        parent = os.getppid()
         print("ready", flush=True)
-        while True:
-            decode(translator, sources, args.live)
+        while os.getppid() == parent:  # until killed, or until the measuring process has gone (found in a misuse
+            decode(translator, sources, args.live)  # hunt: a SIGTERM'd run left its --beside processes decoding forever)
+        return
     reps = []
     for rep in range(args.reps):  # interleaved: one sentence at a time, then `live` at once (then beside others)
         alone, many = decode(translator, sources, 1), decode(translator, sources, args.live)

@@ -46,7 +46,8 @@ from aiayn.model import Transformer
 from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import Translator
-from common import RESULTS, command_line, machine, parse_args, positive_float, positive_int, write_results
+from common import (RESULTS, check_output, command_line, machine, or_exit, parse_args, positive_float, positive_int,
+                    require_precision, write_results)
 
 MINUTES = 10.0  # aiayn demo's default budget
 PRESET = "small"
@@ -94,7 +95,8 @@ def train(values: dict, run: Path, minutes: float) -> None:
     flags += [f"--{k.replace('_', '-')}={values[k]}" for k in MODEL_KNOBS]
     command = [sys.executable, "-m", "aiayn", "train", "--preset", PRESET, "--out", str(run), *flags]
     print(" ".join(command[1:]), flush=True)
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    if subprocess.run(command, stdout=subprocess.DEVNULL).returncode != 0:  # (found in a misuse hunt: a traceback)
+        sys.exit(f"demo_recipe: aiayn train failed for {run} (its error is above)")
 
 
 def score(model_dir: Path, run: Path, split: str, sentences: Optional[int]) -> dict:
@@ -162,7 +164,7 @@ def write_docs(results: dict, path: Path) -> None:
         test_line(f"winner ({winner['name']})", best), "",
         "sacreBLEU signature: " + best["test"]["signature"], "",
     ])
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    or_exit(lambda: atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8")))
     print(f"wrote {path}")
 
 
@@ -176,6 +178,9 @@ def main() -> None:
     args = parse_args(parser)
     if not args.minutes > 0:
         sys.exit("--minutes must be positive")
+    require_precision(PRECISION)  # (found in a misuse hunt: a traceback from the first run, which it left unfinished)
+    if args.docs:  # checked as --out is, before hours of training (found in a misuse hunt: replaced, or a traceback at the end)
+        check_output(args.docs, args.force)
     out = args.out or RESULTS / f"demo-recipe-{cpu_kind()}.json"
 
     results = {"benchmark": "demo-recipe", "command": command_line(), "machine": machine(torch.device("cpu"), torch.get_num_threads()),

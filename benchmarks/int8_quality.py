@@ -44,12 +44,12 @@ def main() -> None:
     parser.add_argument("--sentences", type=positive_int, default=None, help="only the first N test verses")
     parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--out", type=Path, default=None, help="result file (default results/int8-quality-KIND.json)")
-    args = parse_args(parser)
+    args = parse_args(parser, inputs=lambda args: [args.run_dir])
     torch.set_num_threads(args.threads)
     require_precision(*PRECISIONS)
     model_dir = or_exit(lambda: resolve_model_dir(args.run_dir))
-    model = Transformer.load(model_dir).eval()
-    tokenizer = load_tokenizer(model_dir if has_tokenizer(model_dir) else Path(args.run_dir))
+    model = or_exit(lambda: Transformer.load(model_dir)).eval()
+    tokenizer = or_exit(lambda: load_tokenizer(model_dir if has_tokenizer(model_dir) else Path(args.run_dir)))  # (a traceback before)
     test = load_corpus("bible-en-es").splits["test"][: args.sentences]
     outputs, rows = {}, []
     for precision in PRECISIONS:

@@ -57,8 +57,8 @@ from aiayn.store import load_store
 from aiayn.tokenizer import Tokenizer
 from aiayn.run import LOG, RunDir, average_checkpoints, read_log
 from aiayn.translate import Translator
-from common import (RESULTS, command_line, machine, parse_args, positive_float, positive_int, require_precision,
-                    write_results)
+from common import (PEER_ENVS, RESULTS, command_line, machine, parse_args, positive_float, positive_int,
+                    require_precision, write_results)
 from peers.harness import run_for, stop_children_on_signals, thread_env
 from quality_per_hour import peer, write_pieces
 
@@ -355,12 +355,17 @@ def main() -> None:
     args = parse_args(parser)
     stop_children_on_signals()
     if args.guards:
-        return score_guards(args.runs, args.guards[0], int(args.guards[1]), args.sentences, args.threads, args.out)
+        variant, step = args.guards
+        if not step.isdigit():  # (found in a misuse hunt: a traceback)
+            parser.error(f"--guards {variant} {step}: STEP is a checkpoint's step, a whole number")
+        return score_guards(args.runs, variant, int(step), args.sentences, args.threads, args.out)
     if args.score_run:
         torch.set_num_threads(args.threads)
         return score_checkpoints(args.score_run, args.runs, args.every, args.sentences, args.threads, args.average,
                                  args.also_score)
     require_precision(PRECISION, *([args.eole_precision] if args.eole or args.eole_variants else []))
+    if (args.eole or args.eole_variants) and not PEER_ENVS["eole"][0].exists():  # (found in a misuse hunt: said after
+        sys.exit(f"learning_curve: {PEER_ENVS['eole'][0]} missing: run `bash benchmarks/setup_train_peers.sh`")  # aiayn's runs)
     save_every = args.save_every or args.every
     if min(args.steps, args.every, save_every, args.average, args.sentences, args.jobs, args.threads) < 1:
         sys.exit("--steps, --every, --save-every, --average, --sentences, --jobs and --threads must be positive")

@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--source-lang", default="en")
     parser.add_argument("--target-lang", default="es")
     parser.add_argument("--out", type=Path)
-    args = parse_args(parser)
+    args = parse_args(parser, inputs=lambda args: [args.run_dir])
     if not Path(args.run_dir).exists():
         parser.exit(2, f"error: {args.run_dir} does not exist (make demo trains runs/demo)\n")
     if not (VENV / "bin" / "libretranslate").exists():

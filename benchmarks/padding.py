@@ -21,11 +21,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import torch
 
 import systems
 from aiayn.batching import make_batches
 from aiayn.config import PRESETS
-from common import command_line, parse_args, positive_int, write_results
+from common import command_line, default_threads, machine, parse_args, positive_int, write_results
 
 BUDGETS = (2000, 8000, 25000)
 
@@ -66,7 +67,9 @@ def main() -> None:
     if args.out:
         import aiayn.batching
 
-        write_results(args.out, {"benchmark": "padding", "command": command_line(), "pairs": len(lengths),
+        write_results(args.out, {"benchmark": "padding", "command": command_line(),
+                                 "machine": machine(torch.device("cpu"), default_threads()),  # as every result file (was absent)
+                                 "pairs": len(lengths),
                                  "batching": str(Path(aiayn.batching.__file__).resolve()), "budgets": rows})
 
 

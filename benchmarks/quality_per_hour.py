@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import dataclasses
@@ -49,7 +48,7 @@ from aiayn.tokenizer import Tokenizer
 from aiayn.run import RunDir
 from aiayn.translate import Translator
 from common import (PEER_ENVS, RESULTS, command_line, default_threads, machine, parse_args, positive_float,
-                    positive_int, require_precision, write_results)
+                    positive_int, replace_runs_folder, require_precision, write_results)
 from peers.harness import run_for, stop_children_on_signals, thread_env
 
 # The precisions each peer trains in on a CPU (see its harness's docstring): Eole in bf16 or fp32, OpenNMT-py in fp32 only.
@@ -133,10 +132,11 @@ def main() -> None:
     if "aiayn" not in args.systems:
         sys.exit("aiayn must be among --systems: its run trains the shared vocabulary")
     require_precision(precision)
-    if args.runs.exists() and not args.force:
-        sys.exit(f"{args.runs} exists: pass --force to replace it")
-    if args.runs.exists():
-        shutil.rmtree(args.runs)
+    absent = [str(PEER_ENVS[name][0]) for name in args.systems if name in PEER_ENVS and not PEER_ENVS[name][0].exists()]
+    if absent:  # found in a misuse hunt: said only once aiayn had trained for --minutes
+        sys.exit(f"quality_per_hour: {', '.join(absent)} missing: run `bash benchmarks/setup_train_peers.sh`, "
+                 "or leave that peer out of --systems")
+    replace_runs_folder(args.runs, args.force, lambda name: name in (*SYSTEMS, "pieces", "aiayn-train.log"))
     args.runs.mkdir(parents=True)
     torch.set_num_threads(args.threads)
     # What the steps in the budget depend on: this machine's matrix-product peak, on these threads

@@ -282,6 +282,11 @@ def main() -> None:
     if missing := [f"--{name} {path}" for name, path in sources if path != parser.get_default(name) and not path.exists()]:
         parser.error(f"no such file: {', '.join(missing)}")  # a default may be missing; a path given may not (found in review)
     loaded = {name: or_exit(lambda: read_json(path)) for name, path in sources if path.exists()}
+    if wrong := [f"--{name} {path} is not a {name}.py result" for name, path in sources if name in loaded
+                 and (not isinstance(loaded[name], dict) or loaded[name].get("benchmark") != name)]:
+        parser.error("; ".join(wrong))  # (found in a misuse hunt: a KeyError)
+    if not args.no_sweep and not args.out.suffix:  # its plots go into OUT without its suffix: the markdown's own path
+        parser.error(f"--out {args.out}: give the markdown a suffix (.md); the plots go into {args.out}/")
     if not loaded:
         parser.error(f"neither {args.speed} nor {args.sweep} exists: run benchmarks/speed.py and benchmarks/sweep.py first")
     readme = os.path.relpath(ROOT / "benchmarks" / "README.md", args.out.resolve().parent)

@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--paragraphs", type=positive_int, default=200)
     parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--out", type=Path, help="default results/sentence-split-KIND.json")
-    args = parse_args(parser)
+    args = parse_args(parser, inputs=lambda args: [args.model])
     torch.set_num_threads(args.threads)
     corpus = load_corpus("bible-en-es")
     groups = paragraphs(corpus.splits["test"], args.paragraphs)

@@ -30,6 +30,7 @@ import http.client
 import json
 import random
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -37,7 +38,8 @@ from typing import Optional
 
 from aiayn.run import resolve_model_dir
 from aiayn.serve.process import ServerProcess
-from common import (HERE, RESULTS, command_line, cpu_kind, default_threads, machine, or_exit, parse_args,
+from aiayn.files import atomic_write
+from common import (HERE, RESULTS, check_output, command_line, cpu_kind, default_threads, machine, or_exit, parse_args,
                     positive_float, positive_int, require_precision, revision, spread, tree_rss_mib, write_results)
 
 WARM_UP_SECONDS = 5.0  # each concurrent server's, before the first timed repetition
@@ -141,9 +143,15 @@ def main() -> None:
                         help="also serve the model with --workers K (with --compare-with, from that checkout) to the "
                              "same one client and the same clients, interleaved")
     parser.add_argument("--out", type=Path)
-    args = parse_args(parser)
+    args = parse_args(parser, inputs=lambda args: [args.run_dir])
     if not Path(args.run_dir).exists():
         parser.exit(2, f"error: {args.run_dir} does not exist (make demo trains runs/demo)\n")
+    if args.compare_with and not (args.compare_with / "aiayn" / "serve").is_dir():  # (found in a misuse hunt: a traceback
+        parser.exit(2, f"error: --compare-with {args.compare_with}: no aiayn checkout there\n")  # once two servers ran)
+    if args.memory_minutes and args.out:  # its figure beside it: checked too, and never the results file itself
+        if args.out.suffix == ".png":
+            parser.exit(2, f"error: --out {args.out}: the results are JSON; the figure goes beside them as .png\n")
+        check_output(memory_figure(args, cpu_kind()), args.force, [Path(args.run_dir)])
     or_exit(lambda: resolve_model_dir(args.run_dir))  # a folder of no model: one line, not a server that fails to start
     require_precision(args.precision)
     verses = test_verses()
@@ -187,14 +195,14 @@ def main() -> None:
             reps = []
             for rep in range(args.reps):
                 start = rep * 97  # each repetition its own verses; every mode the same ones
-                one = load(alone.port, 1, args.seconds, verses, start)
+                one = answered(load(alone.port, 1, args.seconds, verses, start), args.seconds)
                 many = load(batching.port, args.clients, args.seconds, verses, start)
                 reps.append({"one_at_a_time": one, "concurrent": many,
                              "ratio": many["sentences_per_s"] / one["sentences_per_s"]})
                 line = (f"rep {rep + 1}: one at a time {one['sentences_per_s']:.1f} sentences/s, "
                         f"{args.clients} clients {many['sentences_per_s']:.1f} sentences/s ({reps[-1]['ratio']:.2f}×)")
                 if baseline:
-                    old_one = load(baseline_alone.port, 1, args.seconds, verses, start)
+                    old_one = answered(load(baseline_alone.port, 1, args.seconds, verses, start), args.seconds)
                     old = load(baseline.port, args.clients, args.seconds, verses, start)
                     reps[-1].update(baseline_one_at_a_time=old_one, baseline_concurrent=old,
                                     one_vs_baseline=one["sentences_per_s"] / old_one["sentences_per_s"],
@@ -211,6 +219,15 @@ def main() -> None:
                 results["rss_mib"]["baseline_one_at_a_time_server"] = tree_rss_mib(baseline_alone.pid)
             results["health"] = get(batching.port, "/health")
     write_results(args.out or RESULTS / f"serve-load-{kind}-{args.precision}.json", results)
+
+
+def answered(run: dict, seconds: float) -> dict:
+    """`run`, the one-at-a-time client's, which every ratio divides by: none answered is one line
+    (found in a misuse hunt: --seconds 0.0001 was a ZeroDivisionError)."""
+    if not run["sentences"]:
+        sys.exit(f"serve_load: no sentence answered one at a time in {seconds:g} s ({run['errors']} errors"
+                 f"{': ' + run['error_samples'][0] if run['error_samples'] else ''}); give more --seconds")
+    return run
 
 
 def machine_info() -> dict:
@@ -267,10 +284,14 @@ def plot_memory(samples: list, args: argparse.Namespace, kind: str, run: dict) -
     ax.set_title(f"aiayn serve, {args.clients} clients, {run['sentences']:,} sentences, "
                  f"{run['errors']} errors ({kind})", fontsize=10)
     fig.tight_layout()
-    # The docs' figure, unless --out sends the results elsewhere (a trial run): then beside them.
-    path = args.out.with_suffix(".png") if args.out else HERE.parent / "docs" / f"serve-memory-{kind}-{args.precision}.png"
-    fig.savefig(path, dpi=100)
+    path = memory_figure(args, kind)
+    or_exit(lambda: atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100)))
     print(f"wrote {path}")
+
+
+def memory_figure(args: argparse.Namespace, kind: str) -> Path:
+    """The docs' figure, unless --out sends the results elsewhere (a trial run): then beside them."""
+    return args.out.with_suffix(".png") if args.out else HERE.parent / "docs" / f"serve-memory-{kind}-{args.precision}.png"
 
 
 if __name__ == "__main__":

@@ -84,12 +84,20 @@ def main() -> None:
     parser.add_argument("--reps", type=positive_int, default=3)
     parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--out", type=Path, help="default results/serve-rss-KIND.json")
-    args = parse_args(parser)
-    import ctranslate2
-
+    args = parse_args(parser, inputs=lambda args: [args.model])
     model_dir = or_exit(lambda: resolve_model_dir(args.model))
+    try:
+        import ctranslate2
+    except ImportError:  # (found in a misuse hunt: a traceback)
+        sys.exit("serve_rss: needs ctranslate2 and transformers (pip install 'aiayn[marian]', or benchmarks/.venv)")
     model = Transformer.load(model_dir)
-    work = Path(tempfile.mkdtemp(prefix="serve-rss-"))
+    with tempfile.TemporaryDirectory(prefix="serve-rss-") as scratch:  # (found in a misuse hunt: left in /tmp, 100 MB a run)
+        measure(args, model_dir, model, Path(scratch), ctranslate2)
+
+
+def measure(args: argparse.Namespace, model_dir: Path, model: Transformer, work: Path, ctranslate2) -> None:
+    """Everything after the arguments, with `work` a scratch folder removed after."""
+    given = model_dir
     twin = model.config.norm_first  # Marian (and so CTranslate2's converter) has no pre-norm model
     if twin:
         torch.manual_seed(0)
@@ -129,7 +137,7 @@ def main() -> None:
               f"(weights {rows[name]['weights_mib']} MiB)")
     write_results(args.out or HERE / "results" / f"serve-rss-{cpu_kind()}.json", {
         "benchmark": "serve-rss", "command": command_line(), "cpu_kind": cpu_kind(),
-        "machine": machine(torch.device("cpu"), args.threads), "model": str(model_dir),
+        "machine": machine(torch.device("cpu"), args.threads), "model": str(given),
         "parameters": model.num_parameters(), "ctranslate2": ctranslate2.__version__, "reps": args.reps,
         "post_norm_twin": twin and "the model is pre-norm, which Marian cannot hold: both systems load a post-norm "
                                    "model of the same shape with random weights (memory does not depend on them)",

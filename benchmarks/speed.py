@@ -44,7 +44,7 @@ import torch
 import systems
 from aiayn.device import fast_bf16
 from common import (PEER_ENVS, command_line, default_output, default_threads, device_or_exit, machine, parse_args,
-                    peak_share, positive_int, run_case, spread, write_results)
+                    peak_share, positive_int, require_precision, run_case, spread, write_results)
 
 PRECISIONS = ("fp32", "tf32", "bf16")  # of training and the peak; decoding adds its own (make_cases)
 
@@ -279,6 +279,8 @@ def main() -> None:
     precisions = tuple(args.precisions or default_precisions(device))
     if "tf32" in precisions and device.type != "cuda":
         parser.error("tf32 is a CUDA GPU's format; use fp32 on a CPU")
+    if args.precisions:  # asked for, not left out in silence (found in a misuse hunt: --precisions bf16 on a CPU
+        require_precision(*(p for p in precisions if p != "tf32"), device=device)  # without it wrote no case, exit 0)
     settings = QUICK if args.quick else CUDA if device.type == "cuda" else FULL
     if args.reps:
         settings = Settings(**{**asdict(settings), "reps": args.reps})

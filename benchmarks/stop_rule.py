@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--reps", type=positive_int, default=3, help="timed repetitions of each rule, interleaved")
     parser.add_argument("--threads", type=positive_int, default=default_threads())
     parser.add_argument("--out", type=Path, default=None, help="result file (default results/stop-rule-KIND-PRECISION.json)")
-    args = parse_args(parser)
+    args = parse_args(parser, inputs=lambda args: [args.run_dir])
     torch.set_num_threads(args.threads)
     require_precision(args.precision)
     decode = dataclasses.replace(DECODE_PRESETS["translate"], beam=args.beam, precision=args.precision)

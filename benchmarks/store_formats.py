@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--reps", type=positive_int, default=5)
     parser.add_argument("--out", type=Path, default=None)
-    args = parse_args(parser)
+    args = parse_args(parser, inputs=lambda args: [args.data_dir])
     store = or_exit(lambda: load_store(args.data_dir))
     pairs = store.manifest["splits"]["train"]["pairs"]
     rng = np.random.default_rng(0)

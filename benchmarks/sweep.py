@@ -20,7 +20,7 @@ import numpy as np
 
 import systems
 from common import (command_line, default_output, default_threads, device_or_exit, machine, non_negative_int,
-                    parse_args, positive_int, run_case, spread, write_results)
+                    parse_args, positive_int, require_precision, run_case, spread, write_results)
 
 
 def fit_exponent(points: list[dict], key: str, fit_from: int) -> dict:
@@ -50,6 +50,9 @@ def main() -> None:
         args.max_n, args.reps, args.fit_from = min(args.max_n, 256), min(args.reps, 2), 64
 
     device = device_or_exit(args.device)
+    require_precision(*args.precisions, device=device)  # (found in a misuse hunt: every point failed, exit 0)
+    if args.max_n < 64:  # (found in a misuse hunt: no length at all, an empty result and exit 0)
+        parser.error(f"--max-n {args.max_n}: the sweep starts at 64")
     neighborhoods = [None] if args.no_local else [None, args.neighborhood]
     for r in neighborhoods:
         systems.layer_config(r)  # fails now, with a clear message, if aiayn lacks the option

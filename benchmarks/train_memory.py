@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +27,8 @@ from aiayn.files import atomic_write
 from aiayn.device import cpu_kind
 from aiayn.kernel_cache import KERNEL_CACHE_CAPACITY
 from aiayn.run import LOG, read_log
-from common import (RESULTS, check_output, command_line, machine, parse_args, positive_float, positive_int,
-                    require_precision, write_results)
+from common import (HERE, RESULTS, check_output, command_line, machine, parse_args, positive_float, positive_int,
+                    replace_runs_folder, require_precision, write_results)
 
 # Each variant's size of oneDNN's kernel cache, given to a fresh process before it imports aiayn.
 VARIANTS = {"bounded": (str(KERNEL_CACHE_CAPACITY), f"{KERNEL_CACHE_CAPACITY} kernels cached (aiayn's default)"),
@@ -117,7 +116,7 @@ def main() -> None:
                                                  "the results go beside it, .json for .png")
     parser.add_argument("--force", action="store_true", help="replace the run folders of an earlier call")
     args = parse_args(parser)
-    out = args.out or Path("docs") / f"train-memory-{cpu_kind()}.png"
+    out = args.out or HERE.parent / "docs" / f"train-memory-{cpu_kind()}.png"  # not the current folder's docs/ (found in a misuse hunt)
     results = results_file(args.out)
     if args.out and not args.plot:
         check_output(results, args.force)
@@ -130,10 +129,8 @@ def main() -> None:
     else:
         if args.steps < 1:
             sys.exit("--steps must be at least 1")
-        if args.runs.exists() and not args.force:
-            sys.exit(f"{args.runs} exists: pass --force to replace it")
         require_precision("bf16")  # the demo's training in bf16
-        shutil.rmtree(args.runs, ignore_errors=True)
+        replace_runs_folder(args.runs, args.force, lambda name: name in VARIANTS)
         curves = {}
         for variant, (capacity, label) in VARIANTS.items():
             print(f"training {args.steps} steps: {label}...", flush=True)

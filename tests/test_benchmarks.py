@@ -203,3 +203,41 @@ def test_recorded_command_adds_the_flags_only_to_a_speed_result_from_before_batc
     for result in ({**old, "command": "python benchmarks/speed.py --batches fixed"},
                    {**old, "settings": {"budgets": []}}, {**old, "benchmark": "sweep"}):
         assert report.recorded_command(result) == [result["command"]]
+
+
+def test_force_replaces_a_scripts_own_runs_folder_only(tmp_path, monkeypatch):
+    """Found by a misuse hunt: train_memory.py and quality_per_hour.py --force deleted whatever
+    --runs named: a training run, or the current folder."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from common import replace_runs_folder
+
+    theirs = tmp_path / "work"
+    theirs.mkdir()
+    (theirs / "data.txt").write_text("mine\n")
+    (theirs / "bounded").mkdir()
+    with pytest.raises(SystemExit, match="not the folder of an earlier call's runs .it holds data.txt"):
+        replace_runs_folder(theirs, True, lambda name: name == "bounded")
+    assert (theirs / "data.txt").read_text() == "mine\n"
+    monkeypatch.chdir(theirs / "bounded")
+    with pytest.raises(SystemExit, match="choose another --runs"):
+        replace_runs_folder(theirs, True, lambda name: True)  # a folder above the current one
+    with pytest.raises(SystemExit, match="pass --force"):
+        replace_runs_folder(theirs, False, lambda name: True)
+    monkeypatch.chdir(tmp_path)
+    replace_runs_folder(theirs, True, lambda name: True)
+    assert not theirs.exists()
+
+
+def test_out_never_replaces_what_the_script_reads_nor_a_file_of_the_repository(tmp_path):
+    """Found by a misuse hunt: int8_quality.py RUN --out RUN/model.safetensors --force wrote JSON
+    over the model; --out Makefile replaced it without --force, as git held it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.safetensors").write_bytes(b"weights")
+    done = run_script("int8_quality", run, "--out", run / "model.safetensors", "--force")
+    assert done.returncode != 0 and "lies inside" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert (run / "model.safetensors").read_bytes() == b"weights"
+    makefile = BENCHMARKS.parent / "Makefile"
+    before = makefile.read_bytes()
+    done = run_script("padding", "--budgets", "2000", "--out", makefile)
+    assert done.returncode != 0 and "already exists" in done.stderr and makefile.read_bytes() == before
