@@ -86,7 +86,8 @@ def translate_ids(
     (times the beam), so little compute goes to padding.
     """
     if "n_best" in changes:  # it would be passed on, and all but the best output dropped
-        raise TypeError("translate_ids returns one output per source: call translate_nbest for n_best")
+        raise TypeError("translate_ids returns one output per source: for n_best, Translator.alternatives(sentences, "
+                        "n_best) of text, translate_nbest of token ids")
     return [outputs[0] for outputs in translate_nbest(model, sources, decode, progress, **changes)]
 
 
@@ -440,19 +441,31 @@ class Translator:
     def translate(self, sentences: Sequence[str], progress: Optional[object] = None, **changes) -> list[str]:
         """Detokenized translations of `sentences` (a list of strings), in order; `progress` (a
         tqdm bar) is advanced by each batch's sentences as it is done."""
-        self._check_text_input(sentences, "translate", "translate([text])[0] for one")
-        sentences = list(sentences)  # (a generator has no length for the bar)
+        sentences = self._texts(sentences, "translate", "translate([text])[0] for one")
         if progress is True:  # as score(progress=True): a bar of its own (found in review: an AttributeError)
             from tqdm.auto import tqdm
 
             with tqdm(total=len(sentences), desc="translate", unit="sentence") as bar:
                 return self.translate(sentences, bar, **changes)
+        outputs = self.translate_ids(self.tokenizer.encode_batch([visible(s) for s in sentences]), progress or None, **changes)
+        return [self.tokenizer.decode(ids) for ids in outputs]
+
+    def alternatives(self, sentences: Sequence[str], n_best: int, **changes) -> list[list[str]]:
+        """The `n_best` best translations of each of `sentences`, best first (fewer where the
+        search finished fewer; n_best ≤ beam), as `aiayn translate --n-best` gives them: two outputs
+        of other pieces may read the same (found by a misuse hunt: text had no n-best in Python)."""
+        sentences = self._texts(sentences, "alternatives", "alternatives([text], n_best)[0] for one")
+        outputs = self.translate_nbest(self.tokenizer.encode_batch([visible(s) for s in sentences]), n_best, **changes)
+        return [[self.tokenizer.decode(ids) for ids in best] for best in outputs]
+
+    def _texts(self, sentences, method: str, instead: str) -> list[str]:
+        """`sentences` as a list, each checked to be a string (a generator has no length for a bar)."""
+        self._check_text_input(sentences, method, instead)
+        sentences = list(sentences)
         wrong = [s for s in sentences if not isinstance(s, str)][:1]  # (None is one: not a sentinel)
         if wrong:  # (found in review: SentencePiece's "List elements must be str or bytes")
-            raise TypeError(f"translate takes a list of strings, not of {type(wrong[0]).__name__}: {wrong[0]!r}"[:200])
-        texts = [visible(s) for s in sentences]
-        outputs = self.translate_ids(self.tokenizer.encode_batch(texts), progress or None, **changes)
-        return [self.tokenizer.decode(ids) for ids in outputs]
+            raise TypeError(f"{method} takes a list of strings, not of {type(wrong[0]).__name__}: {wrong[0]!r}"[:200])
+        return sentences
 
     def _changes(self, changes: dict) -> dict:
         """A call's settings: single fields; the precision is the copy's, made once (found in

@@ -102,7 +102,7 @@ def test_translate_ids_checks_its_sources_settings_and_mode():
             translate_ids(model, sources)
     with pytest.raises(TypeError, match=r"decode must be a DecodeConfig, got dict; .* keywords \(beam=2\)"):
         translate_ids(model, [[5]], {"beam": 2})
-    with pytest.raises(TypeError, match="call translate_nbest for n_best"):
+    with pytest.raises(TypeError, match="translate_nbest of token ids"):
         translate_ids(model, [[5]], n_best=2)
     with pytest.raises(ValueError, match="a batch of no sequences"):
         model(torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long))

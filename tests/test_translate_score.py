@@ -94,6 +94,21 @@ def test_translate_guards_from_the_cli_equal_the_apis(model_dir):
     assert bad.returncode == 2 and "--repetition-penalty must be at least 1" in bad.stderr
 
 
+def test_alternatives_of_text_are_the_beams_best_outputs_detokenized(model_dir):
+    """Found by a misuse hunt: text had no n-best in Python (translate(n_best=2) pointed to
+    translate_nbest, which takes ids and pointed back). Each line's first is translate's output."""
+    translator = Translator.load(model_dir, decode=dataclasses.replace(DECODE_PRESETS["translate"], beam=3))
+    texts = ["the small cat", "", "a red bird eats the blue fish"]
+    got = translator.alternatives(texts, 3)
+    ids = translator.translate_nbest(translator.tokenizer.encode_batch(texts), 3)
+    assert got == [[translator.tokenizer.decode(o) for o in outs] for outs in ids]
+    assert [outs[0] for outs in got] == translator.translate(texts) and len(got[2]) == 3
+    with pytest.raises(TypeError, match="Translator.alternatives"):
+        translator.translate(texts, n_best=2)
+    with pytest.raises(ValueError, match="n_best must be between 1 and the beam"):
+        translator.alternatives(texts, 4)
+
+
 def test_a_progress_bar_counts_every_sentence_once_as_its_batch_is_done(model_dir, monkeypatch):
     """Translator.translate and score advance a bar by each batch's sentences (the demo's and Table
     3's bars on a terminal): several batches here, and the count ends at the number of sentences."""
