@@ -166,9 +166,10 @@ class BeamSearch:
     end in EOS; an EOS among the top k finishes a hypothesis. A sentence leaves once it has k
     finished hypotheses (every beam has finished) or reaches max_len, where only EOS is allowed:
     `stop` "beams", fairseq's rule. With `stop` "bound" (tensor2tensor's, beam > 1) a sentence
-    leaves once its best finished score beats the best a live beam could reach, its cumulative
-    log-probability over lp(max_len) (log-probabilities only fall, and α ≥ 0 makes lp grow with
-    the length), and keeps its k best-scored finished hypotheses, not its first k.
+    leaves once its best finished score (its n_best-th best, with alternatives) beats the best a
+    live beam could reach, its cumulative log-probability over lp(max_len) (log-probabilities
+    only fall, and α ≥ 0 makes lp grow with the length), and keeps its k best-scored finished
+    hypotheses, not its first k.
     Before `min_len` tokens EOS is barred. With beam 1 (greedy) there is nothing to rank, so a
     hypothesis that reaches max_len finishes there, without the step that would score its EOS.
 
@@ -198,6 +199,7 @@ class BeamSearch:
         self.joined = torch.empty(0, dtype=torch.long, device=device)
         self.deadline = torch.empty(0, dtype=torch.long, device=device)
         self.alpha = torch.empty(0, 1, device=device)  # (B, 1) each sentence's α, for the bound rule
+        self.n_best = torch.empty(0, dtype=torch.long, device=device)  # (B,) and its n_best
         self.finished = _Finished(beam, device)
         # On the host, per live sentence: the caller's key, (alpha, n_best), the step it joined,
         # its deadline. Steps read nothing back for them but their counts of sentences done and
@@ -235,6 +237,8 @@ class BeamSearch:
         and n_best - 1 alternatives. Their model state has `width` rows each (returned)."""
         self.check_n_best(n_best)
         check_limits(max_len)
+        if self.bound and alpha < 0:  # (found in review: lp would fall with the length, and bound nothing)
+            raise ValueError(f"the bound stop rule needs α ≥ 0, got {alpha}")
         width, count, limits = self.width, max_len.numel(), max_len.tolist()
         if not self.live:
             self.t = 0
@@ -248,6 +252,7 @@ class BeamSearch:
         self.joined = torch.cat([self.joined, self.joined.new_full((count,), self.t)])
         self.deadline = torch.cat([self.deadline, max_len.to(self.device) + self.t])
         self.alpha = torch.cat([self.alpha, self.alpha.new_full((count, 1), alpha)])
+        self.n_best = torch.cat([self.n_best, self.n_best.new_full((count,), n_best)])
         self.finished.join(count, max(limits, default=0))
         self.keys += keys
         self.settings += [(alpha, n_best)] * count
@@ -297,12 +302,14 @@ class BeamSearch:
         # them): most steps end no hypothesis, so the ends are added only on the steps that have
         # one, which the step's one read tells along with the sentences done.
         if self.bound:
-            # The best finished score, this step's ends counted, against the best a live beam
-            # could reach: its log-probability over lp at the sentence's limit (deadline - joined).
+            # The n_best-th best finished score, this step's ends counted (with alternatives, each
+            # of them must be final; found in review), against the best a live beam could reach:
+            # its log-probability over lp at the sentence's limit (deadline - joined).
             ended = torch.where(ends, top_scores[:, :beam] / length_penalty(steps.unsqueeze(1) + 1, self.alpha), float("-inf"))
-            finished = self.finished.log_probs / length_penalty(self.finished.lengths + 1, self.alpha)  # (B, k + 1)
-            best = torch.maximum(finished[:, :beam].amax(1), ended.amax(1))  # (B,)
-            done = at_limit | (best > scores[:, 0] / length_penalty(self.deadline - self.joined + 1, self.alpha[:, 0]))
+            finished = self.finished.log_probs[:, :beam] / length_penalty(self.finished.lengths[:, :beam] + 1, self.alpha)
+            ranked = torch.cat([finished, ended], 1).sort(dim=1, descending=True).values  # (B, 2k)
+            last = ranked.gather(1, (self.n_best - 1).unsqueeze(1)).squeeze(1)  # (B,)
+            done = at_limit | (last > scores[:, 0] / length_penalty(self.deadline - self.joined + 1, self.alpha[:, 0]))
         else:
             done = at_limit | ((self.finished.count + ends.sum(1)).clamp(max=beam) >= beam)  # (B,)
         full = ~done & (self.deadline <= t + 1) if beam == 1 else None  # (B,)
@@ -336,6 +343,7 @@ class BeamSearch:
         self.scores, self.tokens = scores[keep], token[keep].flatten()
         self.history = history[keep, :, history.size(2) - oldest :]
         self.joined, self.deadline, self.alpha = self.joined[keep], self.deadline[keep], self.alpha[keep]
+        self.n_best = self.n_best[keep]
         self.finished.keep(keep, max((d - j for d, j in zip(self._deadlines, self._joined)), default=1))
         return results
 

@@ -2064,3 +2064,24 @@ def test_averaging_sums_in_float64(tmp_path):
     average_checkpoints(folders, tmp_path / "avg")
     averaged = next(Transformer.load(tmp_path / "avg").parameters())
     assert torch.all(averaged == torch.tensor((1 + 2.0 ** -23) / 3, dtype=torch.float32))
+
+
+def test_a_partial_is_resumed_only_under_the_stop_rule_it_was_made_with(tmp_path, model_dir, capsys, monkeypatch):
+    """Found in review: --stop is in the record; a record from before it was kept was made with
+    the beams rule, so --stop bound does not resume it."""
+    import json
+
+    (tmp_path / "in.txt").write_text("\n".join(SENTENCES[:9]) + "\n", encoding="utf-8")
+    argv = ["translate", model_dir, "--input", tmp_path / "in.txt", "--beam", "2", "--output", tmp_path / "out.txt"]
+    monkeypatch.setattr(decode_files, "CHUNK_LINES", 3)
+    real = interrupt_on_chunk(2, monkeypatch)
+    assert cli(capsys, *argv, "--stop", "bound")[0] == 130
+    record = tmp_path / "out.txt.partial.json"
+    assert json.loads(record.read_text())["--stop"] == "bound"
+    one_line_error(*cli(capsys, *argv, "--resume")[::2], "--stop (bound)")
+    kept = json.loads(record.read_text())
+    del kept["--stop"]
+    record.write_text(json.dumps(kept))
+    one_line_error(*cli(capsys, *argv, "--resume", "--stop", "bound")[::2], "--stop (beams)")
+    monkeypatch.setattr(translate_module, "translate_nbest", real)
+    assert cli(capsys, *argv, "--resume")[0] == 0

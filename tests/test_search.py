@@ -148,7 +148,7 @@ def reference_beam_search(model: Hashed, sentence: int, beam: int, max_len: int,
     max_len; the best
     by log P / lp(|Y| + 1), then the next n_best - 1. Returns [(tokens, log P)] best first.
     `stop` "bound" (beam > 1): the k best-scored finished are kept, and the sentence ends once the
-    best of them outscores the best live beam's log P / lp(max_len + 1)."""
+    n_best-th best of them outscores the best live beam's log P / lp(max_len + 1)."""
     def final(tokens, c):
         return torch.tensor(c) / ((5 + len(tokens) + 1) / 6) ** alpha
 
@@ -165,8 +165,9 @@ def reference_beam_search(model: Hashed, sentence: int, beam: int, max_len: int,
         going = [(beams[j][0] + (v,), torch.tensor(c)) for c, j, v in top if v != EOS][:beam]
         if stop == "bound" and beam > 1:
             finished = sorted(finished, key=lambda f: -final(*f).item())[:beam]
-            best = max((final(*f).item() for f in finished), default=float("-inf"))
-            if t == max_len or best > (going[0][1] / ((5 + max_len + 1) / 6) ** alpha).item():
+            ranked = sorted((final(*f).item() for f in finished), reverse=True)
+            last = ranked[n_best - 1] if len(ranked) >= n_best else float("-inf")
+            if t == max_len or last > (going[0][1] / ((5 + max_len + 1) / 6) ** alpha).item():
                 break
         elif len(finished) >= beam or t == max_len:
             break
@@ -501,3 +502,33 @@ def test_a_join_that_moves_the_cache_reads_nothing_of_the_spare_storage():
             step = model.decode(torch.stack([tgt[0, 3 + t], tgt[1, t]]).unsqueeze(1), cache=cache)
             torch.testing.assert_close(step[0, 0], model(src, tgt[:1, : 4 + t])[0, -1], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(step[1, 0], model(later, tgt[1:, : 1 + t])[0, -1], atol=1e-5, rtol=1e-5)
+
+
+# --- Found in review of the bound rule ---------------------------------------------------------
+
+ENDS_AT_ONCE = {(): {3: 0.3, 4: 0.1, EOS: 0.6}, (3,): {EOS: 0.5, 5: 0.5}, (4,): {EOS: 1.0}, (3, 5): {EOS: 1.0}}
+
+
+def test_the_bound_rule_gives_n_best_outputs_where_the_beams_rule_does():
+    """The empty output (P 0.6) outscores any live beam's bound at step 0, so the bound rule ends
+    there with one finished hypothesis; the beams rule goes on to a second ([3], P 0.15), far from
+    the limit of 10. --n-best 2 --stop bound wrote an empty second line: now the rule waits for the
+    second best to be final too, and finds a better second: [3, 5] (P 0.15 over 2 tokens)."""
+    found = {}
+    for stop in ("beams", "bound"):
+        s = Scripted(ENDS_AT_ONCE)
+        h = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=0.6, n_best=2, stop=stop)[0]
+        found[stop] = [h.tokens] + [a.tokens for a in h.alternatives]
+    assert found["beams"] == [[], [3]]
+    assert found["bound"] == [[], [3, 5]]
+
+
+def test_the_bound_rule_refuses_a_negative_alpha():
+    """beam_search and BeamSearch.join take any α; below 0 lp falls with the length, so a live
+    beam's log P / lp(max_len + 1) is no upper bound of its score: the rule ended at step 0 with
+    the empty output (-1.20) where [3] scores -0.68."""
+    table = {(): {3: 0.65, EOS: 0.3, 4: 0.05}, (3,): {EOS: 1.0}, (4,): {EOS: 1.0}}
+    s = Scripted(table)
+    assert beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=-3.0)[0].tokens == [3]
+    with pytest.raises(ValueError, match="the bound stop rule needs α ≥ 0, got -3.0"):
+        beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=-3.0, stop="bound")
