@@ -204,10 +204,13 @@ def writer_lock(lock_file: Union[str, Path], what: Union[str, Path], remove: boo
             pass  # its holder removed it as we opened it
         handle.close()
     with handle:
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+        try:  # unbuffered: a failed write leaves nothing for close() to fail on again
+            os.ftruncate(handle.fileno(), 0)
+            os.pwrite(handle.fileno(), f"{os.getpid()}\n".encode(), 0)
+        except OSError as error:  # a full disk (found by a fault hunt: "[Errno 28] ...", naming nothing, the lock file left)
+            if remove:
+                lock_file.unlink(missing_ok=True)
+            raise OSError(f"cannot write in {lock_file.parent}: {error.strerror}") from None
         _held.add(lock_file)
         try:
             yield
@@ -252,6 +255,39 @@ def remove_unfinished(out: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+
+
+_UNFINISHED = re.compile(r"\.(.+)\.[a-z0-9_]{8}(\.old)?\.tmp")  # what atomic_write and atomic_dir leave of OUT
+
+
+def remove_leftovers(found: Sequence[Path]) -> list[Path]:
+    """Delete the hidden leftovers `found` (a run's, when it starts again), and return those
+    removed. Those of an output (`.OUT.XXXXXXXX.tmp`) go as its next writer's `remove_unfinished`
+    clears them, under its lock: an old OUT that a writer killed between its renames moved aside
+    is put back, and what another process is writing now is left to it (found by a fault hunt:
+    the only copy of an `average --out RUN/averaged --force`'s old model, and the folder another
+    `average` was building, were deleted as litter)."""
+    removed = []
+    for path in found:
+        if not os.path.lexists(path):  # cleared with an earlier one of its output
+            continue
+        if (match := _UNFINISHED.fullmatch(path.name)) is not None:
+            out = path.parent / match[1]
+            try:
+                with output_lock(out):
+                    restored = match[2] is not None and not os.path.lexists(out) and (path / out.name).exists()
+                    remove_unfinished(out)
+            except ValueError:  # being written by another process: not litter
+                continue
+        else:
+            restored = False
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        if not restored:
+            removed.append(path)
+    return removed
 
 
 def discard_dir(path: Union[str, Path]) -> None:

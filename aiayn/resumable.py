@@ -166,9 +166,12 @@ class PartialOutput:
         """Append `lines` output lines, those of every input line read so far (a stream reads no
         line past those it writes next), then record them: the lines first, on disk, so that the
         record never vouches for lines a crash lost."""
-        self.handle.write(text.encode("utf-8"))
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
+        try:
+            self.handle.write(text.encode("utf-8"))
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+        except OSError as error:  # a full disk, `ulimit -f` (found by a fault hunt: "[Errno 28] ...", naming nothing)
+            raise OSError(f"cannot write {self.partial}: {error.strerror or error}") from None
         self.written += lines
         if self.written != self._lines_read:
             raise RuntimeError(f"{self.written} output lines for {self._lines_read} input lines read")
@@ -177,7 +180,10 @@ class PartialOutput:
     def abandon(self, interrupted: bool) -> None:
         """After a failure: nothing written is removed (with the folders made for it, left
         empty); what was is kept for --resume."""
-        self.handle.close()
+        try:
+            self.handle.close()
+        except OSError:  # the lines a full disk did not take, tried again: the record vouches for those written
+            pass
         if not self.written:
             self.partial.unlink(missing_ok=True)
             self.record.unlink(missing_ok=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +29,7 @@ from aiayn.checkpoint import CONFIG, WEIGHTS, check_path, load_model, read_confi
 from aiayn.config import AverageOptions, ModelConfig, TrainConfig
 from aiayn.corpora import UNNAMED
 from aiayn.files import (WORK_LOCK, atomic_dir, atomic_text, check_writable, discard_dir, output_lock, read_json,
-                         refuse_to_replace, write_json, writer_lock)
+                         refuse_to_replace, remove_leftovers, write_json, writer_lock)
 from aiayn import model as models
 from aiayn.model import Transformer
 from aiayn.tokenizer import TOKENIZER_FILES, copy_tokenizer, has_tokenizer, load_tokenizer, tokenizer_files
@@ -191,19 +190,14 @@ class RunDir:
 
     def remove_litter(self) -> list[Path]:
         """Delete what an interrupted write left: the hidden temporary files and folders of
-        `atomic_write`, `atomic_dir` and `write_checkpoint` (`.NAME.*.tmp`, `.step_*`).
-        Returns what was removed."""
+        `atomic_write`, `atomic_dir` and `write_checkpoint` (`.NAME.*.tmp`, `.step_*`), each
+        output's as its next writer would (`files.remove_leftovers`). Returns what was removed."""
         found = []
         for folder in (self.path, self.final, self.checkpoint_root):
             if folder.is_dir():
                 found += [p for p in folder.iterdir() if p.name.startswith(".") and (
                     p.name.endswith(".tmp") or (folder == self.checkpoint_root and p.name.startswith(".step_")))]
-        for path in found:
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        return found
+        return remove_leftovers(found)
 
     # -- the log ----------------------------------------------------------------------------
 
@@ -211,8 +205,11 @@ class RunDir:
         return read_log(self.log, echo)
 
     def append_log(self, record: dict) -> None:
-        with open(self.log, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        try:
+            with open(self.log, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+        except OSError as error:  # a full disk, `ulimit -f` (found by a fault hunt: "[Errno 27] File too large", naming nothing)
+            raise OSError(f"cannot write {self.log}: {error.strerror or error}") from None
 
     def keep_log_until(self, step: int, echo: Callable[[str], None] = print) -> None:
         """Drop the records after `step`: those steps are about to be trained again, and a log

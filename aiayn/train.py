@@ -400,6 +400,8 @@ class Trainer:
         last_save_time = time.monotonic()
         record: dict = {}
         with StopSignals() as signals:
+            if self._validation_owed():  # left off by a stop at this step: an uninterrupted run logged it
+                self._validate_and_log(signals)
             while self.step < recipe.max_steps and self.elapsed < budget and not self.stopping:
                 record = self._step_and_report(signals, window, peak, budget, bar) or record
                 due = recipe.save_minutes is not None and time.monotonic() - last_save_time >= recipe.save_minutes * 60
@@ -414,9 +416,13 @@ class Trainer:
                 self.plot()
             if self.distributed:
                 dist.barrier()
+        self.stopping = self.stopping or signals.received  # one after the last step too (fault hunt: "done", exit 0)
         if self.stopping:
+            hint = self.resume_hint
+            if hint == RESUME_HINT and (self.step >= recipe.max_steps or self.elapsed >= budget):
+                hint = f"its training is complete (model in {self.run.final})"
             self.echo(f"stopped by {signals.name or 'a signal to another process'} at step {self.step}; checkpoint saved "
-                      f"in {self.run.checkpoint_root}; {self.resume_hint}")  # (found in review: "stopped by None")
+                      f"in {self.run.checkpoint_root}; {hint}")  # (found in review: "stopped by None")
             raise KeyboardInterrupt if signals.name == "SIGINT" else Terminated
         return record
 
@@ -457,16 +463,28 @@ class Trainer:
                 for key in window:
                     window[key] = 0.0
         if self.data.dev and self.step % recipe.eval_every == 0 and not self.stopping:
-            dev = self.validate(lambda: signals.received) if self.rank == 0 else None
-            if dev is not None:
-                self._log(dev)
-                self.echo("validation: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in dev.items()))
-                self.plot()
-            elif self.rank == 0:
-                self.echo(f"validation of step {self.step} left off for the {signals.name}")
-            # A signal during validation stops every rank here, without another step (found in review: one more ran).
-            self.stopping = sum_over_ranks(torch.tensor([float(signals.received)]), self.device).item() > 0
+            self._validate_and_log(signals)
         return record
+
+    def _validate_and_log(self, signals: "StopSignals") -> None:
+        """The validation of this step, logged, on rank 0; a signal during it leaves it off and
+        stops every rank here, without another step (found in review: one more ran)."""
+        dev = self.validate(lambda: signals.received) if self.rank == 0 else None
+        if dev is not None:
+            self._log(dev)
+            self.echo("validation: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in dev.items()))
+            self.plot()
+        elif self.rank == 0:
+            self.echo(f"validation of step {self.step} left off for the {signals.name}")
+        self.stopping = sum_over_ranks(torch.tensor([float(signals.received)]), self.device).item() > 0
+
+    def _validation_owed(self) -> bool:
+        """Whether the step resumed from was due a validation its run never logged, left off or
+        skipped for a stop (found by a fault hunt: never done). Rank 0 reads the log; all agree."""
+        due = bool(self.data.dev) and self.step > 0 and self.step % self.recipe.eval_every == 0
+        owed = due and self.rank == 0 and not any(
+            r.get("split") == "dev" and r["step"] == self.step for r in self.run.read_log(echo=lambda _: None))
+        return due and sum_over_ranks(torch.tensor([float(owed)]), self.device).item() > 0
 
     def plot(self) -> None:
         """RUN_DIR/loss.png: training and dev loss against the step."""

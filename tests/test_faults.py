@@ -1440,6 +1440,51 @@ def test_a_signal_during_validation_stops_it_without_another_step(tmp_path, corp
     assert calls == [1] and log_steps(run) == [1, 2, 3]  # no dev record, no step 4
     assert RunDir(run).checkpoints()[-1].name == "step_00000003"
     assert "validation of step 3 left off for the SIGINT" in out and "stopped by SIGINT at step 3" in out
+    # Found by a fault hunt: the resumed run never validated step 3, so its log lacked that dev record for good.
+    code, out, err = cli(capsys, *train_argv(corpus, run, "--max-steps", "10", "--eval-every", "3", "--resume"))
+    assert code == 0, err
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "dev"] == [3, 6, 9]
+    assert log_steps(run) == sorted(log_steps(run)) and [r["step"] for r in records if r["split"] == "train"] == list(range(1, 11))
+
+
+def test_a_signal_after_the_last_step_stops_the_command_too(tmp_path, corpus_tsv, capsys, monkeypatch):
+    """Found by a fault hunt: a SIGTERM while the last step's checkpoint or model/ was written was
+    taken by the trainer's handler and forgotten: train said "done", exit 0, and `demo` went on to
+    minutes of averaging and decoding past a scheduler's grace period."""
+    real = RunDir.save_final
+
+    def signalled(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunDir, "save_final", signalled)
+    run = tmp_path / "run"
+    code, out, err = cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "3"))
+    assert code == 143, err
+    assert "stopped by SIGTERM at step 3" in out and "its training is complete" in out and "done at" not in out
+    assert (run / "model" / "model.safetensors").exists() and RunDir(run).checkpoints()[-1].name == "step_00000003"
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
+def test_a_full_disk_under_the_log_and_a_translation_names_the_file(tmp_path, model_dir):
+    """Found by a fault hunt: `[Errno 27] File too large` alone, naming no file, when the log or
+    a translation's OUTPUT.partial hit the limit (checkpoints and folders said theirs)."""
+    log = tmp_path / "run" / "log.jsonl"
+    log.parent.mkdir()
+    code = f"from aiayn.run import RunDir; RunDir({str(log.parent)!r}).append_log({{'step': 1, 'x': 'a' * 5000}})"
+    done = subprocess.run(["prlimit", "--fsize=4096", sys.executable, "-c", code], capture_output=True, text=True)
+    assert f"OSError: cannot write {log}: File too large" in done.stderr, done.stderr
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(SENTENCES * 3) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    done = subprocess.run(["prlimit", "--fsize=2048", sys.executable, "-m", "aiayn", "translate", str(model_dir), "--input",
+                           str(source), "--output", str(out), "--beam", "1", "--device", "cpu"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and done.stderr.endswith(f"aiayn: error: cannot write {out}.partial: File too large\n"), done.stderr
+    again = run_cli("translate", model_dir, "--input", source, "--output", out, "--beam", "1", "--device", "cpu", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert len(out.read_text(encoding="utf-8").splitlines()) == len(SENTENCES) * 3
 
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
@@ -1505,6 +1550,11 @@ def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_pa
         handle.write('{"step": 31, "split": "tr')  # the kill came mid-line
     (run / "checkpoints" / ".step_00000040.abc123").mkdir()
     (run / ".log.jsonl.x1y2.tmp").write_text("")
+    # `average --out RUN/averaged --force` killed between its renames: the old model, moved aside, is
+    # put back as its next writer would, not deleted as litter (found by a fault hunt)
+    moved_aside = run / ".averaged.k3j4h5g6.old.tmp" / "averaged"
+    moved_aside.mkdir(parents=True)
+    (moved_aside / "config.json").write_text("{}")
     again = run_cli(*train_argv(corpus_tsv, run, "--max-steps", "40", "--save-every", "10", "--resume"))
     assert again.returncode == 0, again.stderr
     assert f"skipping unreadable checkpoint {newest}" in again.stdout and "resumed from" in again.stdout
@@ -1514,6 +1564,7 @@ def test_resume_survives_a_cut_log_line_a_truncated_checkpoint_and_litter(tmp_pa
     assert "log.jsonl, line 31 is not a log record" in again.stdout
     assert "left by an interrupted write" in again.stdout
     assert not (run / "checkpoints" / ".step_00000040.abc123").exists() and not (run / ".log.jsonl.x1y2.tmp").exists()
+    assert (run / "averaged" / "config.json").read_text() == "{}" and not moved_aside.parent.exists()
     assert log_steps(run) == list(range(1, 41))
     assert losses(run) == {step: loss for step, loss in losses(straight_run).items() if step <= 40}
 
