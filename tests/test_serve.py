@@ -277,6 +277,84 @@ def test_abort_answers_everything_at_once():
     assert batcher.stopped
 
 
+class StuckSearch(FakeSearch):
+    """A search whose step never returns until its engine is abandoned, then raises what a lane
+    waiting for a worker that never answers raises (aiayn.serve.workers.Worker.abandon)."""
+
+    def step(self):
+        from aiayn.serve.workers import WorkerLost
+
+        deadline = time.monotonic() + 30
+        while self.log.abandoned is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise WorkerLost(f"worker 0 was abandoned ({self.log.abandoned})")
+
+
+class StuckEngine(FakeEngine):
+    """An engine of StuckSearches, as a stopped or hung worker process is."""
+
+    abandoned = None
+
+    def __call__(self, beam):
+        self.searches.append(StuckSearch(beam, self))
+        return self.searches[-1]
+
+    def abandon(self, reason: str) -> None:
+        self.abandoned = reason
+
+
+def test_abort_abandons_a_lane_whose_step_never_returns():
+    """A stop at once reaches a lane that waits for a step that never comes (a stopped worker;
+    found by a fault hunt: the lane never reached its next step, so neither a second SIGTERM nor
+    SIGINT ended the server): its callers get the stop's answer, not "restart the server", and
+    the batcher stops without recording a failure."""
+    engine = StuckEngine()
+    batcher = Batcher(engine, max_wait_ms=0)
+
+    async def main():
+        decoding = asyncio.ensure_future(batcher.submit([[1, 2]], Options()))
+        while not batcher.stats.joins:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(batcher.submit([[3, 4]], Options(beam=2)))
+        await asyncio.sleep(0.05)
+        batcher.abort("stopped at once")
+        for future in (decoding, waiting):
+            with pytest.raises(Closed, match="^stopped at once$"):
+                await asyncio.wait_for(future, 10)
+
+    run(main())
+    batcher.close(10)
+    assert batcher.stopped and batcher.failure is None and engine.abandoned == "stopped at once"
+
+
+def test_a_drain_answers_what_still_decodes_its_grace_after_the_deadline(model_dir, monkeypatch):
+    """The drain answers what waits at its deadline, and what still decodes DRAIN_GRACE_S later
+    with a JSON 503, ending the decoding (found by a fault hunt: a search longer than that, or
+    one on a stopped worker, was cut by uvicorn's later deadline with a text/plain 500 and a
+    traceback, and the stopped worker's lane kept the server from ever exiting)."""
+    from aiayn.serve import app as app_module
+
+    monkeypatch.setattr(app_module, "DRAIN_GRACE_S", 0.3)
+    engine = StuckEngine()
+    app = app_module.create_app(Transformer.load(model_dir), Tokenizer.load(model_dir), engines=[engine],
+                                max_wait_ms=0)
+    batcher = app.state.batcher
+
+    async def main():
+        decoding = asyncio.ensure_future(batcher.submit([[5, 6]], Options()))
+        while not batcher.stats.joins:
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        app.state.drain(0.2)
+        with pytest.raises(Closed, match=r"^the server stopped while decoding this request \(0.2 s drain\); retry$"):
+            await asyncio.wait_for(decoding, 10)
+        return time.monotonic() - started
+
+    took = run(main())
+    batcher.close(10)
+    assert 0.5 <= took < 5 and batcher.stopped and batcher.failure is None
+
+
 def test_texts_taken_as_an_abort_comes_are_answered_too(monkeypatch):
     """An abort that comes while the loop takes texts from the queue: those texts are neither
     decoding nor waiting any more, and their request is answered Closed with the others."""
@@ -1019,6 +1097,27 @@ def test_connections_over_the_cap_that_are_all_busy_get_503(model_dir):
             gate.set()
             assert [call.result()[0] for call in busy] == [200, 200]
         assert request(port, "GET", "/health")[0] == 200
+
+
+def test_a_descriptor_limit_below_max_connections_is_said_at_start_up(model_dir, monkeypatch, capsys):
+    """`ulimit -n 64` leaves room for one connection at once (the limit less 64 kept for the
+    server's own files): said at start-up (found by a fault hunt: unsaid, so a second client's
+    503 `answering 1 connections` came from nowhere)."""
+    import resource
+
+    from aiayn.config import ServeOptions
+    from aiayn.serve import server
+    from aiayn.serve.connections import guarded_protocol
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (64, 4096))
+    server._start_up_notes(ServeOptions(run_dir=str(model_dir)), True, None, ())
+    assert capsys.readouterr().err == ("aiayn: note: the file descriptor limit leaves room for 1 connection at once, "
+                                       "not --max-connections 256 (64 descriptors are kept for the server's own "
+                                       "files); raise it with ulimit -n\n")
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
+    server._start_up_notes(ServeOptions(run_dir=str(model_dir)), True, None, ())
+    assert capsys.readouterr().err == ""
+    assert guarded_protocol(10, 1).max_connections == 1
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 in worker processes (aiayn.serve.workers), as a user meets it."""
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -113,6 +114,59 @@ def test_a_stopped_worker_makes_health_say_stalled_and_its_request_waits_for_it(
         assert request(port, "GET", "/health")[1]["status"] == "ok"
     finally:
         os.kill(worker, signal.SIGCONT)
+
+
+def test_a_stopped_worker_does_not_keep_the_server_from_stopping(model_dir):
+    """SIGTERM while a stopped worker (SIGSTOP) holds texts of a request (found by a fault hunt:
+    the drain cut that request with a text/plain 500 and a traceback, and the server never
+    exited, a second SIGTERM and SIGINT included): the request gets a JSON 503 once the drain and
+    its grace are over, the process exits 0 and the stopped worker is killed with the server."""
+    from aiayn.serve.app import DRAIN_GRACE_S
+
+    drain = 1.0
+    process = ServerProcess(model_dir, "--workers", "2", "--max-wait-ms", "50", "--drain-seconds", str(drain))
+    workers = _workers(process.pid)
+    port = process.port
+    os.kill(workers[1], signal.SIGSTOP)
+    try:
+        wait_for(lambda: request(port, "GET", "/health")[0] == 503, "/health saying the worker is stopped", 10)
+        with ThreadPoolExecutor(1) as pool:  # 2 lanes: the even share puts texts on the stopped worker's too
+            answer = pool.submit(request, port, "POST", "/translate", {"text": SENTENCES * 2}, timeout=120)
+            wait_for(lambda: health(port)["queued_texts"] == 0 and health(port)["requests"] >= 1, "the texts taken", 10)
+            stopped = time.monotonic()
+            code, out, err = process.stop(timeout=drain + DRAIN_GRACE_S + 30)
+            took = time.monotonic() - stopped
+            status, body, headers = answer.result()
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert code == 0 and took < drain + DRAIN_GRACE_S + 10, (code, took, err)
+    assert status == 503 and body["error"] == "the server stopped while decoding this request (1 s drain); retry"
+    assert "retry-after" in headers and "Traceback" not in err and "stopped: 1 request" in out, err
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+def test_the_workers_of_a_killed_server_end_even_when_stopped(model_dir):
+    """`kill -9` of the server: its workers end with it, a stopped one too (found by a fault hunt:
+    a stopped worker cannot read its pipe's end, and stayed, an orphan holding its model)."""
+    process = ServerProcess(model_dir, "--workers", "2")
+    workers = _workers(process.pid)
+    os.kill(workers[1], signal.SIGSTOP)
+    try:
+        process.process.kill()
+        process.process.wait(30)
+        wait_for(lambda: not [pid for pid in workers if _alive(pid)], "the workers ending", 30)
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is no zombie (an orphan's parent, init, reaps it in its own time)."""
+    stat = _read(Path(f"/proc/{pid}/stat"))
+    return bool(stat) and stat[stat.rindex(b")") + 2:][:1] != b"Z"
 
 
 def test_an_error_in_a_worker_reaches_its_caller_and_the_worker_decodes_on(model_dir):
@@ -251,6 +305,7 @@ def test_a_step_that_raises_in_a_worker_fails_that_search_only(model_dir, monkey
 
     monkeypatch.setattr(app.ServedSearch, "step", faulty)
     monkeypatch.setattr(workers.signal, "signal", lambda *args: None)  # only a main thread may set handlers
+    monkeypatch.setattr(workers, "_end_with_server", lambda server: None)  # not this process's death signal
     monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)  # this process keeps its threads
 
     def thread(target, args, **named):  # its own copy of the pipe's end, as a process has: Worker closes the server's

@@ -54,6 +54,10 @@ from aiayn.visualize import CUT, pair_attention
 MAX_BODY_BYTES = 1 << 20
 MAX_BEAM = 16
 STATIC = Path(str(resources.files("aiayn.serve") / "static"))
+# How long after the drain deadline the texts still decoding may take to finish before they are
+# answered 503 and the decoding stops (`drain`): within uvicorn's own deadline (aiayn.serve.server),
+# which would cancel their requests with a text/plain 500.
+DRAIN_GRACE_S = 10.0
 
 
 class TranslateRequest(BaseModel):
@@ -388,10 +392,16 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
         admission.admit(request.client.host if request.client else "", key)
 
     def drain(seconds: float) -> None:
-        """Refuse new requests; decode what is queued for `seconds`, then answer the rest 503."""
+        """Refuse new requests; decode what is queued for `seconds`, then answer the rest 503; the
+        texts decoding then get DRAIN_GRACE_S more to finish, then are answered 503 too and the
+        decoding stops (found by a fault hunt: a search longer than that, or one on a stopped
+        worker, was cut by uvicorn's deadline with a text/plain 500 and a traceback a request,
+        and a stopped worker's lane kept the process from ever exiting)."""
         batcher.drain()
-        asyncio.get_running_loop().call_later(
-            seconds, batcher.expire, f"the server stopped before decoding this request ({seconds:g} s drain); retry")
+        loop = asyncio.get_running_loop()
+        loop.call_later(seconds, batcher.expire, f"the server stopped before decoding this request ({seconds:g} s drain); retry")
+        loop.call_later(seconds + DRAIN_GRACE_S, batcher.abort,
+                        f"the server stopped while decoding this request ({seconds:g} s drain); retry")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

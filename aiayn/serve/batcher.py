@@ -124,6 +124,11 @@ class Lane:
         """Why the engine's process is stopped, if it has one that is."""
         return getattr(self.engine, "stopped", lambda: None)()
 
+    def abandon(self, reason: str) -> None:
+        """Stop waiting for the engine's process (a stop at once): a lane blocked on a worker that
+        never answers (stopped, hung) ends rather than holding the server's exit for ever."""
+        getattr(self.engine, "abandon", lambda reason: None)(reason)
+
 
 @dataclass
 class Stats:
@@ -268,8 +273,12 @@ class Batcher:
     def abort(self, reason: str) -> None:
         """Stop at once (a second Ctrl-C): the decoding loop answers every request still
         waiting or decoding with Closed(reason) at its next step and ends. Safe in a signal
-        handler: it only sets a flag, which the loop reads between steps."""
+        handler: it only sets a flag, which the loop reads between steps, and one that a lane
+        waiting for its worker process reads while it waits (found by a fault hunt: a lane on a
+        stopped worker never reached its next step, and the server never exited)."""
         self._aborted = reason
+        for lane in self.lanes:
+            lane.abandon(reason)
 
     def expire(self, reason: str) -> int:
         """Answer every request still waiting with Closed(reason), without decoding any more of
@@ -337,6 +346,9 @@ class Batcher:
         try:
             self._run(lane)
         except BaseException as error:  # noqa: BLE001 - reported to every caller and to /health
+            if self._aborted is not None:  # a lane abandoned by a stop at once: no failure, the stop's answer
+                self._drain_now(lane, self._aborted)
+                return
             with self._lock:  # a second lane that fails keeps the first one's reason
                 self.failure = self.failure or f"{type(error).__name__}: {' '.join(str(error).split())}"
                 self._closing = True
@@ -382,7 +394,7 @@ class Batcher:
             return
         except BaseException as error:  # the thread dies: these callers hear why
             lane.texts -= len(keys)
-            self._fail({job for job, _, _ in keys}, _died(error))
+            self._fail({job for job, _, _ in keys}, self._died(error))
             raise
         lane.searches[options.beam] = search
         lane.decoding.setdefault(options.beam, []).extend(keys)
@@ -402,7 +414,7 @@ class Batcher:
             return
         except BaseException as error:  # the thread dies: this search's callers hear why
             self._drop(lane, beam)
-            self._fail({job for job, _, _ in keys}, _died(error))
+            self._fail({job for job, _, _ in keys}, self._died(error))
             raise
         with self._lock:
             self.stats.steps += 1
@@ -425,6 +437,13 @@ class Batcher:
         if not search.live:
             self._drop(lane, beam)
 
+    def _died(self, error: BaseException) -> Closed:
+        """What the callers of a search hear when an error that is not an Exception ends the loop
+        (a stop at once's reason, if the loop was abandoned for one)."""
+        if self._aborted is not None:
+            return Closed(self._aborted)
+        return Closed(f"the decoder has stopped ({type(error).__name__}); restart the server")
+
     def _drop(self, lane: Lane, beam: int) -> None:
         lane.searches.pop(beam, None)
         keys = lane.decoding.pop(beam, [])
@@ -440,11 +459,6 @@ class Batcher:
                     self._queued_texts -= job.waiting
         for job in jobs:
             _resolve(job, error=error)
-
-
-def _died(error: BaseException) -> Closed:
-    """What the callers of a search hear when an error that is not an Exception ends the loop."""
-    return Closed(f"the decoder has stopped ({type(error).__name__}); restart the server")
 
 
 def _resolve(job: Job, result: Any = None, error: Optional[BaseException] = None) -> None:

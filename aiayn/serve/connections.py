@@ -108,8 +108,8 @@ class GuardedProtocol(HttpToolsProtocol):
                                                                   "this one was idle and is closed", retry_after=1))
         if len([c for c in self.connections if not c.transport.is_closing()]) > self.max_connections:
             self._close(raw_response(503, "Service Unavailable",
-                                     f"the server is answering {self.max_connections} connections; retry shortly",
-                                     retry_after=1))
+                                     f"the server is answering {self.max_connections} connection"
+                                     f"{'s' if self.max_connections != 1 else ''}; retry shortly", retry_after=1))
 
 
 def guarded_protocol(read_timeout: float = SERVE.read_timeout, max_connections: int = SERVE.max_connections) -> type:

@@ -27,9 +27,9 @@ from aiayn.config import DecodeConfig, ServeOptions
 from aiayn.device import check_precision, resolve_device
 from aiayn.kernel_cache import SERVING_KERNEL_CACHE_CAPACITY, bound_kernel_cache
 from aiayn.run import languages_of, load_for_inference, pinned_model_dir, stderr_note
-from aiayn.serve.app import create_app
+from aiayn.serve.app import DRAIN_GRACE_S, create_app
 from aiayn.serve.origins import LOOPBACK_NAMES, cors_origins, host_names, ipv6_name
-from aiayn.serve.connections import guarded_protocol
+from aiayn.serve.connections import RESERVED_DESCRIPTORS, connection_cap, guarded_protocol
 from aiayn.serve.libre import Languages
 from aiayn.serve.limits import Admission, read_keys
 from aiayn.serve.workers import Workers
@@ -105,11 +105,11 @@ def _proxies(forwarded_allow_ips: str | None) -> str | None:
 
 
 def _uvicorn_config(app, options: ServeOptions, proxies: str | None) -> uvicorn.Config:
-    # The batcher answers what is still queued at the drain deadline; uvicorn's own deadline, a
-    # little later, only ever cancels the one batch being decoded then.
+    # The batcher answers what is still queued at the drain deadline, and what is still decoding
+    # DRAIN_GRACE_S later; uvicorn's own deadline, later still, then finds nothing to cancel.
     config = uvicorn.Config(app, log_level="info" if options.access_log else "warning", access_log=options.access_log,
                             http=guarded_protocol(options.read_timeout, options.max_connections),
-                            timeout_graceful_shutdown=options.drain_seconds + 10,
+                            timeout_graceful_shutdown=options.drain_seconds + DRAIN_GRACE_S + 5,
                             proxy_headers=proxies is not None, forwarded_allow_ips=proxies)
     logging.getLogger("uvicorn.access").addFilter(_hide_keys)  # after the Config, which sets the loggers up
     return config
@@ -145,6 +145,10 @@ def _start_up_notes(options: ServeOptions, loopback: bool, keys, origins: tuple[
     default is), and so is one on loopback behind a proxy (--allowed-hosts), and one whose
     --cors-origins is * to every page its users open: allowed, but said; and so is a --max-texts
     that --max-queue cuts."""
+    if (cap := connection_cap(options.max_connections)) < options.max_connections:  # (found by a fault hunt: unsaid)
+        print(f"aiayn: note: the file descriptor limit leaves room for {cap:,} connection{'s' if cap != 1 else ''} "
+              f"at once, not --max-connections {options.max_connections:,} ({RESERVED_DESCRIPTORS} descriptors are "
+              f"kept for the server's own files); raise it with ulimit -n", file=sys.stderr, flush=True)
     if options.max_texts > options.max_queue:
         print(f"aiayn: note: a request may hold {options.max_queue} texts, --max-queue's size, not --max-texts "
               f"{options.max_texts}", file=sys.stderr, flush=True)

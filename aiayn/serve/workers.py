@@ -26,10 +26,13 @@ drains, then closes the pipes, and a worker whose pipe has closed exits.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import multiprocessing
+import os
 import pickle
 import signal
+import sys
 import time
 from collections import deque
 from itertools import count
@@ -54,12 +57,29 @@ def _picklable(error: Exception) -> Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-def _work(connection, run_dir: str, device: str, precision: str, threads: int) -> None:
-    """A worker's body: load the model, then answer joins and report steps until the pipe closes."""
+def _work(connection, run_dir: str, device: str, precision: str, threads: int, server: int) -> None:
+    """A worker's body: load the model, then answer joins and report steps until the pipe closes
+    (or the process `server` ends)."""
+    _end_with_server(server)
     try:
         _answer_until_closed(connection, run_dir, device, precision, threads)
     except OSError:  # the server closed the pipe while this worker was answering: it is done with it
         pass
+
+
+def _end_with_server(server: int) -> None:
+    """Have the kernel kill this worker when the server process (pid `server`) ends, however it
+    ends: a worker reads its pipe's end and exits on its own, but not one that is stopped
+    (SIGSTOP) or hung (found by a fault hunt: after the server's `kill -9`, a stopped worker
+    stayed, an orphan holding its copy of the model). Linux only (prctl PR_SET_PDEATHSIG);
+    elsewhere a no-op. The parent is compared with the server's pid, not with 1: a server may be
+    a container's first process."""
+    if not sys.platform.startswith("linux"):
+        return
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != server:  # the server was gone before the request took hold
+        os._exit(0)
 
 
 def _answer_until_closed(connection, run_dir: str, device: str, precision: str, threads: int) -> None:
@@ -122,9 +142,10 @@ def _answer_until_closed(connection, run_dir: str, device: str, precision: str, 
         connection.send(("stepped", report))
 
 
-# How often a lane waiting for its worker's answer checks that the process is alive. A killed
-# worker's pipe usually ends at once (EOFError); this covers one whose pipe another process holds.
-LIVENESS_S = 1.0
+# How often a lane waiting for its worker's answer checks that it was not abandoned (a stop at
+# once) and that the process is alive. A killed worker's pipe usually ends at once (EOFError); the
+# check covers one whose pipe another process holds.
+ABANDON_TICK_S = 0.2
 
 # How long stopping workers may take, all together, before they are killed.
 CLOSE_S = 10.0
@@ -136,13 +157,14 @@ class Worker:
 
     def __init__(self, context, run_dir: str, device: str, precision: str, threads: int, number: int) -> None:
         self.connection, theirs = context.Pipe()
-        self.process = context.Process(target=_work, args=(theirs, run_dir, device, precision, threads),
+        self.process = context.Process(target=_work, args=(theirs, run_dir, device, precision, threads, os.getpid()),
                                        name=f"aiayn-worker-{number}", daemon=True)
         self.process.start()
         theirs.close()
         self.number = number
         self._ids = count()
         self._joined: deque = deque()  # answers to joins (None, or the error), in order
+        self._abandoned: Optional[str] = None  # set by `abandon`: stop waiting for this process
         self._reports: dict[int, deque] = {}  # search id -> its steps' finished texts (or error), in order
 
     def ready(self) -> None:
@@ -160,7 +182,9 @@ class Worker:
     def _read(self) -> None:
         """Wait for the worker's next message and keep it: a join's answer, or a step's report."""
         try:
-            while not self.connection.poll(LIVENESS_S):
+            while not self.connection.poll(ABANDON_TICK_S):
+                if self._abandoned is not None:
+                    raise WorkerLost(f"worker {self.number} was abandoned ({self._abandoned})")
                 if not self.process.is_alive():
                     raise EOFError("no answer")
             kind, content = self.connection.recv()
@@ -199,6 +223,12 @@ class Worker:
         """A new search of `beam` in the worker: the worker is its lane's engine."""
         return RemoteSearch(self, beam, next(self._ids))
 
+    def abandon(self, reason: str) -> None:
+        """Stop waiting for this process's answers: the lane's next wait for one raises
+        WorkerLost (a stop at once, while the process is stopped or hung). A flag only: safe in a
+        signal handler."""
+        self._abandoned = reason
+
     def check_alive(self) -> None:
         """WorkerLost if the process is gone: its lane asks while idle, so that /health says
         "failed" when a worker dies between requests (found in review: "ok" until the next
@@ -210,8 +240,11 @@ class Worker:
         """Why the process is stopped, if it is (SIGSTOP, Ctrl-Z's SIGTSTP to it alone, a debugger):
         it keeps its lane's requests waiting until it continues, so /health says so meanwhile
         (found in review: "ok"). Linux only (/proc); elsewhere None."""
+        pid = getattr(self.process, "pid", None)  # None: not started (or a thread standing in, in a test)
+        if pid is None:
+            return None
         try:
-            stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return None
         state = stat[stat.rindex(")") + 2]  # the field after the command's name, which may hold ")"
@@ -220,7 +253,10 @@ class Worker:
         return None
 
     def close(self, deadline: float) -> None:
-        """Wait until `deadline` (time.monotonic) for the process to exit, then kill it."""
+        """Wait until `deadline` (time.monotonic) for the process to exit, then kill it. A stopped
+        process cannot read its pipe's end, so it is killed at once."""
+        if self.process.is_alive() and self.stopped():
+            self.process.kill()
         self.process.join(max(0.0, deadline - time.monotonic()))
         if self.process.is_alive():
             self.process.kill()
