@@ -15,7 +15,6 @@ finished ones.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import typing
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.config import DECODE_PRESETS, DecodeConfig
+from aiayn.config import DECODE_PRESETS, DecodeConfig, check_whole
 
 StepFn = Callable[[Tensor], Tensor]
 ReorderFn = Callable[[Tensor, Tensor, int], None]
@@ -39,6 +38,12 @@ def length_penalty(length, alpha):
     (fairseq's |Y|^α is a different penalty.) |Y| counts the output tokens and the EOS; numbers
     or tensors."""
     return ((5 + length) / 6) ** alpha
+
+
+def final_score(log_probs, lengths, alpha):
+    """A finished hypothesis' score, log P / lp(|Y|), from its log-probability and its `lengths`
+    (output tokens without the EOS, which lp counts); numbers or tensors."""
+    return log_probs / length_penalty(lengths + 1, alpha)
 
 
 @dataclass
@@ -98,7 +103,7 @@ class _Finished:
         beam, width = self.beam, self.tokens.size(-1)
         lengths = torch.cat([self.lengths[:, :beam], lengths.unsqueeze(1).expand_as(ends)], 1)  # (M, k + j)
         log_probs = torch.cat([self.log_probs[:, :beam], torch.where(ends, log_probs, float("-inf"))], 1)  # (M, k + j)
-        keep = (log_probs / length_penalty(lengths + 1, alpha)).sort(dim=1, descending=True, stable=True).indices[:, :beam]  # (M, k)
+        keep = final_score(log_probs, lengths, alpha).sort(dim=1, descending=True, stable=True).indices[:, :beam]  # (M, k)
         tokens = torch.cat([self.tokens[:, :beam], F.pad(tokens, (width - tokens.size(-1), 0))], 1)  # (M, k + j, L)
         self.tokens[:, :beam] = tokens.gather(1, keep.unsqueeze(-1).expand(-1, -1, width))
         self.lengths[:, :beam], self.log_probs[:, :beam] = lengths.gather(1, keep), log_probs.gather(1, keep)
@@ -108,7 +113,7 @@ class _Finished:
         """The finished hypothesis with the best score of each of `sentences` (the first on a
         tie), with the next `n_best` - 1 of it, by score, as its `alternatives`."""
         log_probs, lengths = self.log_probs[sentences, : self.beam], self.lengths[sentences, : self.beam]  # (N, k)
-        scores = log_probs / length_penalty(lengths + 1, alpha)  # (N, k), the EOS counted
+        scores = final_score(log_probs, lengths, alpha)  # (N, k)
         # A stable sort keeps the first of equal scores first, as argmax does.
         pick = scores.sort(dim=1, descending=True, stable=True).indices[:, :n_best]  # (N, n)
         tokens = self.tokens[sentences].gather(1, pick.unsqueeze(-1).expand(-1, -1, self.tokens.size(-1))).tolist()  # (N, n, L)
@@ -221,8 +226,7 @@ class BeamSearch:
     def check_n_best_of(n_best: int, beam: int) -> None:
         """n_best, a whole number from 1 to the beam (found by a misuse hunt: 2.0 was a slice's
         TypeError after the search, None and "2" a comparison's)."""
-        if isinstance(n_best, bool) or not isinstance(n_best, numbers.Integral):
-            raise TypeError(f"n_best takes a whole number, not {n_best!r}")
+        check_whole(n_best=n_best)
         if not 1 <= n_best <= beam:
             raise ValueError(f"n_best must be between 1 and the beam ({beam}), got {n_best}")
 
@@ -305,11 +309,11 @@ class BeamSearch:
             # The n_best-th best finished score, this step's ends counted (with alternatives, each
             # of them must be final; found in review), against the best a live beam could reach:
             # its log-probability over lp at the sentence's limit (deadline - joined).
-            ended = torch.where(ends, top_scores[:, :beam] / length_penalty(steps.unsqueeze(1) + 1, self.alpha), float("-inf"))
-            finished = self.finished.log_probs[:, :beam] / length_penalty(self.finished.lengths[:, :beam] + 1, self.alpha)
+            ended = torch.where(ends, final_score(top_scores[:, :beam], steps.unsqueeze(1), self.alpha), float("-inf"))
+            finished = final_score(self.finished.log_probs[:, :beam], self.finished.lengths[:, :beam], self.alpha)
             ranked = torch.cat([finished, ended], 1).sort(dim=1, descending=True).values  # (B, 2k)
             last = ranked.gather(1, (self.n_best - 1).unsqueeze(1)).squeeze(1)  # (B,)
-            done = at_limit | (last > scores[:, 0] / length_penalty(self.deadline - self.joined + 1, self.alpha[:, 0]))
+            done = at_limit | (last > final_score(scores[:, 0], self.deadline - self.joined, self.alpha[:, 0]))
         else:
             done = at_limit | ((self.finished.count + ends.sum(1)).clamp(max=beam) >= beam)  # (B,)
         full = ~done & (self.deadline <= t + 1) if beam == 1 else None  # (B,)

@@ -27,7 +27,8 @@ from aiayn.config import DECODE_PRESETS
 from aiayn.corpora import load_corpus
 from aiayn.device import cpu_kind
 from aiayn.evaluate import score_hypotheses
-from aiayn.search import STOP_RULES
+from aiayn.batching import collate
+from aiayn.search import STOP_RULES, final_score
 from aiayn.translate import Translator
 from common import (RESULTS, command_line, default_threads, machine, or_exit, parse_args, positive_int,
                     require_precision, spread, write_results)
@@ -38,16 +39,13 @@ def model_scores(translator: Translator, sources: list[list[int]], outputs: list
     from one teacher-forced pass of `translator`'s model per batch of 64."""
     model, config, scores = translator.model, translator.model.config, []
     for start in range(0, len(sources), 64):
-        src, out = sources[start:start + 64], outputs[start:start + 64]
-        pad = lambda rows, width: torch.tensor([row + [config.pad_id] * (width - len(row)) for row in rows])  # noqa: E731
-        source = pad([s + [config.eos_id] for s in src], max(map(len, src)) + 1)  # (N, S)
-        target = pad([[config.bos_id] + o + [config.eos_id] for o in out], max(map(len, out)) + 2)  # (N, T + 2)
+        batch = collate(list(zip(sources[start:start + 64], outputs[start:start + 64])), config.pad_id, config.bos_id,
+                        config.eos_id)
         with torch.inference_mode():
-            log_probs = model(source, target[:, :-1]).float().log_softmax(-1)  # (N, T + 1, V)
-        picked = log_probs.gather(-1, target[:, 1:, None]).squeeze(-1)  # (N, T + 1)
-        real = target[:, 1:] != config.pad_id
-        for row, n in zip((picked * real).sum(1).tolist(), (real.sum(1) - 1).tolist()):
-            scores.append(row / ((5 + n + 1) / 6) ** alpha)
+            log_probs = model(batch.src, batch.tgt_in).float().log_softmax(-1)  # (N, T, V)
+        picked = log_probs.gather(-1, batch.tgt_out.unsqueeze(-1)).squeeze(-1)  # (N, T)
+        real = batch.tgt_out != config.pad_id
+        scores += final_score((picked * real).sum(1), real.sum(1) - 1, alpha).tolist()
     return scores
 
 
