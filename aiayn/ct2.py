@@ -35,7 +35,7 @@ import torch
 from aiayn.checkpoint import check_path
 from aiayn.config import CT2_QUANTIZATIONS, ModelConfig, argos_code, is_language_code
 from aiayn.corpora import language_name
-from aiayn.files import (atomic_dir, atomic_write, output_lock, refuse_to_replace, remove_unfinished, undo_new_parents,
+from aiayn.files import (atomic_dir, atomic_write, naming, output_lock, refuse_to_replace, remove_unfinished, undo_new_parents,
                          write_json)
 from aiayn.marian import BARRED_LOGIT, exported_positions
 from aiayn.model import Transformer, sinusoidal_positions
@@ -237,11 +237,9 @@ def _write_argos(model_dir: Path, folder: Path, tokenizer, out_file: Path, sourc
     remove_unfinished(out_file)
     with tempfile.TemporaryDirectory(prefix=f".{out_file.name}.", suffix=".tmp", dir=out_file.parent) as tmp:
         package = Path(tmp) / name
-        try:
+        with naming(out_file):
             _write_ct2(model_dir, tokenizer, package / "model", None)
             (package / "sentencepiece.model").write_bytes((folder / MODEL_FILE).read_bytes())
-        except OSError as error:  # a full disk, `ulimit -f` (found by a fault hunt: "[Errno 27] File too large", naming nothing)
-            raise OSError(f"cannot write {out_file}: {error.strerror or error}") from None
         write_json(package / "metadata.json", {
             "package_version": "1.0", "argos_version": ARGOS_VERSION, "type": "translate",
             "from_code": source, "from_name": language_name(source), "to_code": target, "to_name": language_name(target),

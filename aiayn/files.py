@@ -375,6 +375,16 @@ def _build_in_place(path: Path, build: Callable[[Path], None], force: bool) -> N
         raise
 
 
+@contextmanager
+def naming(path: Union[str, Path]) -> Iterator[None]:
+    """An OSError of the writes inside (a full disk, `ulimit -f`) as one line that names `path`
+    (found by a fault hunt: "[Errno 27] File too large", naming nothing)."""
+    try:
+        yield
+    except OSError as error:
+        raise OSError(f"cannot write {path}: {error.strerror or error}") from None
+
+
 def read_json(path: Union[str, Path]):
     """The JSON value a file holds; a file that is not JSON (cut short, not UTF-8) is a ValueError
     naming it. A missing file is FileNotFoundError, for the caller to explain."""

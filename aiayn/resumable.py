@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
-from aiayn.files import (file_sha256, missing_parents, output_lock, read_json, refuse_to_replace, remove_empty,
+from aiayn.files import (file_sha256, missing_parents, naming, output_lock, read_json, refuse_to_replace, remove_empty,
                          remove_unfinished, write_json)
 
 
@@ -166,12 +166,10 @@ class PartialOutput:
         """Append `lines` output lines, those of every input line read so far (a stream reads no
         line past those it writes next), then record them: the lines first, on disk, so that the
         record never vouches for lines a crash lost."""
-        try:
+        with naming(self.partial):
             self.handle.write(text.encode("utf-8"))
             self.handle.flush()
             os.fsync(self.handle.fileno())
-        except OSError as error:  # a full disk, `ulimit -f` (found by a fault hunt: "[Errno 28] ...", naming nothing)
-            raise OSError(f"cannot write {self.partial}: {error.strerror or error}") from None
         self.written += lines
         if self.written != self._lines_read:
             raise RuntimeError(f"{self.written} output lines for {self._lines_read} input lines read")

@@ -28,7 +28,7 @@ import torch
 from aiayn.checkpoint import CONFIG, WEIGHTS, check_path, load_model, read_config, save_model, saved_step, write_checkpoint
 from aiayn.config import AverageOptions, ModelConfig, TrainConfig
 from aiayn.corpora import UNNAMED
-from aiayn.files import (WORK_LOCK, atomic_dir, atomic_text, check_writable, discard_dir, output_lock, read_json,
+from aiayn.files import (WORK_LOCK, atomic_dir, atomic_text, check_writable, discard_dir, naming, output_lock, read_json,
                          refuse_to_replace, remove_leftovers, write_json, writer_lock)
 from aiayn import model as models
 from aiayn.model import Transformer
@@ -205,11 +205,8 @@ class RunDir:
         return read_log(self.log, echo)
 
     def append_log(self, record: dict) -> None:
-        try:
-            with open(self.log, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
-        except OSError as error:  # a full disk, `ulimit -f` (found by a fault hunt: "[Errno 27] File too large", naming nothing)
-            raise OSError(f"cannot write {self.log}: {error.strerror or error}") from None
+        with naming(self.log), open(self.log, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
 
     def keep_log_until(self, step: int, echo: Callable[[str], None] = print) -> None:
         """Drop the records after `step`: those steps are about to be trained again, and a log
