@@ -312,7 +312,7 @@ COMMANDS = (  # name, run, what, options class, decoding flags (preset, fields)
     ("attention", cmd_attention, "attention heatmaps of one sentence (Figures 3-5)", AttentionOptions,
      ("translate", ["beam", "alpha"])),
     ("serve", cmd_serve, "serve a model over HTTP: POST /translate (continuous batching) and a page with the attention",
-     ServeOptions, ("translate", ["precision"])),
+     ServeOptions, ("translate", ["precision", "stop"])),
     ("demo", cmd_demo, "train on bible-en-es for a time budget, translate the test books, score", DemoOptions,
      ("translate", ["beam", "alpha"])),
 )

@@ -484,6 +484,7 @@ def test_health_info_and_the_openapi_schema(server, model_dir):
     model = Transformer.load(model_dir)
     assert status == 200 and info["parameters"] == model.num_parameters()
     assert info["model"]["d_model"] == model.config.d_model and info["precision"] == "fp32"
+    assert info["decoding"]["stop"] == "beams"  # §6.1 read as fairseq does, unless --stop says otherwise
     assert info["tokenizer"]["vocab_size"] == model.config.vocab_size
     assert info["limits"]["max_input_tokens"] == 60
     assert info["source"] == model_dir.name  # the folder's name, not the server's path to it

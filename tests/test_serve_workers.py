@@ -68,7 +68,7 @@ def _workers(pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def workers_server(model_dir):
     process = ServerProcess(model_dir, "--workers", "2", "--max-wait-ms", "50", "--source-lang", "en",
-                            "--target-lang", "es")
+                            "--target-lang", "es", "--stop", "bound")
     yield process
     code, out, err = process.stop()
     assert code == 0, err
@@ -78,7 +78,7 @@ def workers_server(model_dir):
 def test_workers_translate_as_one_process_does(workers_server, model_dir):
     port = workers_server.port
     info = request(port, "GET", "/info")[1]
-    assert info["batching"]["workers"] == 2 and info["device"] == "cpu"
+    assert info["batching"]["workers"] == 2 and info["device"] == "cpu" and info["decoding"]["stop"] == "bound"
     before = health(port)
     check_concurrent_clients(port, model_dir)
     assert health(port)["texts"] - before["texts"] == 16
@@ -171,8 +171,14 @@ def _alive(pid: int) -> bool:
 
 def test_an_error_in_a_worker_reaches_its_caller_and_the_worker_decodes_on(model_dir):
     """What the server checks never reaches a worker; an error raised there (more outputs than
-    the beam keeps) comes back as itself, and the worker's next search decodes."""
+    the beam keeps) comes back as itself, and the worker's next search decodes. A worker decodes
+    with the server's stop rule: under "bound" it refuses a negative α, as only that rule does
+    (found in review: `aiayn serve` had no --stop)."""
     from aiayn.serve.workers import WorkerLost, Workers
+
+    with Workers(str(model_dir), "cpu", "fp32", 1, stop="bound") as bounded:
+        with pytest.raises(ValueError, match="the bound stop rule needs α ≥ 0, got -1.0"):
+            bounded.engines[0](2).join([[5, 6]], ["key"], Options(beam=2, alpha=-1.0))
 
     with pytest.raises(ValueError, match="--workers 2 decodes on a CPU's cores; on cuda one process"):
         Workers(str(model_dir), "cuda", "fp32", 2)  # refused before any process starts
@@ -181,6 +187,7 @@ def test_an_error_in_a_worker_reaches_its_caller_and_the_worker_decodes_on(model
         (engine,) = workers.engines
         with pytest.raises(ValueError, match="beam"):
             engine(2).join([[5, 6]], ["key"], Options(beam=2, alternatives=4))
+        engine(2).join([[5, 6]], ["key"], Options(beam=2, alpha=-1.0))  # the default rule's search takes it
         search = engine(2)
         search.join([[5, 6], [7]], ["a", "b"], Options(beam=2, alternatives=1))
         finished = []

@@ -336,7 +336,7 @@ def _answer(read: ReadRequest, results: list[dict]) -> dict:
     return response
 
 
-def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", max_wait_ms: float = SERVE.max_wait_ms,
+def create_app(model, tokenizer, *, precision: str = "fp32", stop: str = SECTION_6_1.stop, source: str = "", max_wait_ms: float = SERVE.max_wait_ms,
                max_queue: int = SERVE.max_queue, max_texts: int = SERVE.max_texts,
                max_input_tokens: int = SERVE.max_input_tokens, allowed_hosts: Optional[frozenset] = LOOPBACK_NAMES,
                max_batch_mib: float = SERVE.max_batch_mib, max_attention_mib: float = SERVE.max_attention_mib,
@@ -344,7 +344,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
                decode_on_caller: bool = False, engines: Optional[list] = None,
                cors_origins: tuple[str, ...] = ()) -> FastAPI:
     """The ASGI app serving `model` (put in eval mode: it decodes without dropout) with its
-    `tokenizer`; its batcher's thread starts now and stops, after finishing
+    `tokenizer`, decoding with the stop rule `stop` (aiayn.search); its batcher's thread starts now and stops, after finishing
     the queued requests, when the server shuts down (with `decode_on_caller`, there is no such
     thread: the caller runs `app.state.batcher.run()`, as `aiayn serve` does on its main
     thread). `allowed_hosts`: the Host names it answers
@@ -363,7 +363,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
     if not hasattr(tokenizer, "encode_batch"):  # (found in review: a server whose every translation was a 500)
         raise TypeError(f"create_app needs the model's tokenizer (aiayn.tokenizer.load_tokenizer(folder)), not a "
                         f"{type(tokenizer).__name__}")
-    decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision)
+    decode = dataclasses.replace(DECODE_PRESETS["translate"], precision=precision, stop=stop)
     # A request of more texts than the queue holds could never be queued: refused as too many
     # (422), not told to retry a 503 for ever (found in review).
     max_texts = min(max_texts, max_queue)
@@ -445,7 +445,7 @@ def create_app(model, tokenizer, *, precision: str = "fp32", source: str = "", m
             "tokenizer": {"kind": type(tokenizer).__name__, "vocab_size": tokenizer.vocab_size},
             "precision": precision, "device": str(device),
             "decoding": {name: TranslateRequest.model_fields[name].default for name in ("beam", "alpha")}
-            | {"max_length": f"source length + {SECTION_6_1.extra_len}"},
+            | {"max_length": f"source length + {SECTION_6_1.extra_len}", "stop": stop},
             "limits": {"max_texts": max_texts, "max_input_tokens": max_input_tokens, "max_beam": MAX_BEAM,
                        "max_queue": max_queue, "max_body_bytes": MAX_BODY_BYTES,
                        "max_batch_mib": max_batch_mib, "max_attention_mib": max_attention_mib},

@@ -56,17 +56,18 @@ def _languages(options: ServeOptions) -> Languages:
     return Languages(source, target)
 
 
-def _load(options: ServeOptions, precision: str, listener: socket.socket):
+def _load(options: ServeOptions, decode: DecodeConfig, listener: socket.socket):
     """(device, model, tokenizer, the worker processes or None); a model that does not load,
     here or in a worker, frees the port at once."""
     bound_kernel_cache(SERVING_KERNEL_CACHE_CAPACITY)  # before the process's first matrix product
     try:
         device = resolve_device(options.device)
-        check_precision(device, precision)  # here, before N workers would each load the model to refuse it
+        check_precision(device, decode.precision)  # here, before N workers would each load the model to refuse it
         # One folder for this process and its workers, whatever a run training there writes meanwhile
         model_dir = pinned_model_dir(options.run_dir, stderr_note)
         model, tokenizer = load_for_inference(model_dir, device)
-        workers = Workers(str(model_dir), str(device), precision, options.workers) if options.workers > 1 else None
+        workers = (Workers(str(model_dir), str(device), decode.precision, options.workers, stop=decode.stop)
+                   if options.workers > 1 else None)
         return device, model, tokenizer, workers
     except BaseException:
         listener.close()
@@ -166,10 +167,10 @@ def serve(options: ServeOptions, decode: DecodeConfig) -> None:
     origins, hosts = cors_origins(options.cors_origins), host_names(options.allowed_hosts)
     languages = _languages(options)  # before the model loads
     listener = _listen(options.host, options.port)
-    device, model, tokenizer, workers = _load(options, decode.precision, listener)
+    device, model, tokenizer, workers = _load(options, decode, listener)
     with workers or contextlib.nullcontext():  # stopped however serving ends
         allowed = _allowed_hosts(listener.getsockname()[0], hosts)
-        app = create_app(model, tokenizer, precision=decode.precision, source=str(options.run_dir),
+        app = create_app(model, tokenizer, precision=decode.precision, stop=decode.stop, source=str(options.run_dir),
                          max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
                          max_texts=options.max_texts, max_input_tokens=options.max_input_tokens, allowed_hosts=allowed,
                          max_batch_mib=options.max_batch_mib, max_attention_mib=options.max_attention_mib,

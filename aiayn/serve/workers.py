@@ -39,7 +39,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any, Optional
 
-from aiayn.serve.batcher import Options
+from aiayn.serve.batcher import SECTION_6_1, Options
 
 
 class WorkerLost(BaseException):
@@ -57,12 +57,12 @@ def _picklable(error: Exception) -> Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-def _work(connection, run_dir: str, device: str, precision: str, threads: int, server: int) -> None:
+def _work(connection, run_dir: str, device: str, precision: str, threads: int, server: int, stop: str) -> None:
     """A worker's body: load the model, then answer joins and report steps until the pipe closes
     (or the process `server` ends)."""
     _end_with_server(server)
     try:
-        _answer_until_closed(connection, run_dir, device, precision, threads)
+        _answer_until_closed(connection, run_dir, device, precision, threads, stop)
     except OSError:  # the server closed the pipe while this worker was answering: it is done with it
         pass
 
@@ -82,7 +82,7 @@ def _end_with_server(server: int) -> None:
         os._exit(0)
 
 
-def _answer_until_closed(connection, run_dir: str, device: str, precision: str, threads: int) -> None:
+def _answer_until_closed(connection, run_dir: str, device: str, precision: str, threads: int, stop: str) -> None:
     """Load the model (or say why not), then decode until the pipe closes: answer each join, and
     while texts are decoding, step every search and report it; a search the worker has finished
     or failed is forgotten."""
@@ -101,7 +101,7 @@ def _answer_until_closed(connection, run_dir: str, device: str, precision: str, 
     try:
         model, tokenizer = load_for_inference(run_dir, device)
         served = ServedModel(Translator(model, tokenizer, dataclasses.replace(DECODE_PRESETS["translate"],
-                                                                              precision=precision)))
+                                                                              precision=precision, stop=stop)))
         del model  # the decoding copy only (aiayn.serve.server says why)
     except Exception as error:  # noqa: BLE001 - the server reports it in one line
         said = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"  # a user's mistake, or not
@@ -155,9 +155,10 @@ class Worker:
     """One worker process and the pipe to it; `search(beam)` is its lane's engine. The answers to
     joins and the reports of steps come over the one pipe: each read keeps what it is for."""
 
-    def __init__(self, context, run_dir: str, device: str, precision: str, threads: int, number: int) -> None:
+    def __init__(self, context, run_dir: str, device: str, precision: str, threads: int, number: int,
+                 stop: str = SECTION_6_1.stop) -> None:
         self.connection, theirs = context.Pipe()
-        self.process = context.Process(target=_work, args=(theirs, run_dir, device, precision, threads, os.getpid()),
+        self.process = context.Process(target=_work, args=(theirs, run_dir, device, precision, threads, os.getpid(), stop),
                                        name=f"aiayn-worker-{number}", daemon=True)
         self.process.start()
         theirs.close()
@@ -295,7 +296,8 @@ class Workers:
     shared among them; `engines` are their lanes' engines. Started by `aiayn serve` before it
     listens for requests (spawned: a forked copy of a process with OpenMP threads may hang)."""
 
-    def __init__(self, run_dir: str, device: str, precision: str, size: int, threads: Optional[int] = None) -> None:
+    def __init__(self, run_dir: str, device: str, precision: str, size: int, threads: Optional[int] = None,
+                 stop: str = SECTION_6_1.stop) -> None:
         import torch
 
         if torch.device(device).type != "cpu":
@@ -306,7 +308,7 @@ class Workers:
         self.workers: list[Worker] = []
         try:
             for number in range(size):
-                self.workers.append(Worker(context, run_dir, device, precision, threads, number))
+                self.workers.append(Worker(context, run_dir, device, precision, threads, number, stop))
             for worker in self.workers:
                 worker.ready()
         except BaseException:
