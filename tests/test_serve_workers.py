@@ -235,24 +235,50 @@ def test_a_worker_steps_on_its_own_and_reports_each_search(model_dir):
     assert worker.process.exitcode == 0
 
 
-def test_a_lost_worker_is_reported_and_the_server_still_stops_cleanly(model_dir):
+def test_a_lost_worker_is_started_again_until_it_dies_too_often(model_dir):
+    """A worker that dies (the OOM killer's SIGKILL) is started again, and its lane decodes on
+    (found in review: the server answered 503 until someone restarted it): the request it was
+    decoding gets a 503 to retry, naming the worker and the signal; the next request is
+    translated. The third death within REVIVALS' window fails the server as before: /health says
+    so, for a supervisor to restart it, and SIGTERM still stops it cleanly."""
+    from aiayn.serve.workers import REVIVALS
+
     process = ServerProcess(model_dir, "--workers", "2", "--max-wait-ms", "0")
+    port, seen = process.port, set()
     try:
         workers = _workers(process.pid)
         assert len(workers) == 2, workers
+        seen.update(workers)
+        os.kill(workers[1], signal.SIGKILL)  # idle: its lane finds it gone within a fifth of a second
+        wait_for(lambda: health(port)["revived"] == 1, "the idle worker started again", 120)
+        assert request(port, "POST", "/translate", {"text": SENTENCES})[0] == 200
+        workers = _workers(process.pid)
+        seen.update(workers)
+        os.kill(workers[1], signal.SIGSTOP)  # stopped, its lane waits for it with this request's texts
+        requests = health(port)["requests"]
+        with ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(request, port, "POST", "/translate", {"text": SENTENCES * 2}, timeout=120)
+            wait_for(lambda: health(port)["requests"] > requests, "the request arrives")
+            time.sleep(0.5)
+            os.kill(workers[1], signal.SIGKILL)
+            status, body, headers = busy.result()
+        assert status == 503 and "worker 1 has exited (killed by SIGKILL)" in body["error"] and "retry-after" in headers
+        wait_for(lambda: health(port)["revived"] == 2, "the killed worker started again", 120)
+        assert health(port)["status"] == "ok" and request(port, "POST", "/translate", {"text": SENTENCES})[0] == 200
+        assert REVIVALS == 3
+        workers = _workers(process.pid)
+        seen.update(workers)
         os.kill(workers[1], signal.SIGKILL)
-        # Idle, with no request to meet it: /health says so at once (found in review: "ok" until
-        # a request failed), so that a supervisor restarts the server.
-        wait_for(lambda: request(process.port, "GET", "/health")[0] == 503, "/health failing after a worker died", 10)
-        status, body, _ = request(process.port, "GET", "/health")
-        assert body["status"] == "failed" and "WorkerLost: worker 1 has exited (exit code -9)" in body["error"]
-        status, body, headers = request(process.port, "POST", "/translate", {"text": SENTENCES}, timeout=60)
-        assert status == 503 and "the decoder has stopped (WorkerLost: worker 1 has exited" in body["error"]
-        assert "restart the server" in body["error"] and "retry-after" in headers
+        wait_for(lambda: request(port, "GET", "/health")[0] == 503, "/health failing after a third death", 30)
+        body = request(port, "GET", "/health")[1]
+        assert body["status"] == "failed" and "worker 1 has exited 3 times in 10 minutes" in body["error"]
+        status, body, headers = request(port, "POST", "/translate", {"text": SENTENCES}, timeout=60)
+        assert status == 503 and "restart the server" in body["error"] and "retry-after" in headers
     finally:
         code, out, err = process.stop()
     assert code == 0, err
-    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert "aiayn: warning: worker 1 has exited (killed by SIGKILL); starting it again" in err
+    assert len(seen) == 4 and not [pid for pid in seen if Path(f"/proc/{pid}").exists()]
 
 
 def test_sigterm_drains_through_the_workers_and_they_exit(model_dir):

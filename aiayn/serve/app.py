@@ -42,8 +42,9 @@ from starlette.routing import Match
 
 from aiayn.lines import visible
 from aiayn.sentences import interleave, split_sentences
-from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, DecodingFailed, Options, QueueFull, unless_gone
+from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, DecodingFailed, Options, QueueFull
 from aiayn.serve import libre
+from aiayn.serve.connections import unless_gone
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.libre import Languages, LibreDispatch
 from aiayn.serve.origins import LOOPBACK_NAMES, add_origin_checks, error as _error

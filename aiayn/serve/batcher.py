@@ -137,12 +137,13 @@ class Stats:
     joins: int = 0  # times texts joined a search (those arriving together join at once)
     steps: int = 0
     cancelled: int = 0
+    revived: int = 0  # worker processes started again after they were found gone
     step_texts: deque = field(default_factory=lambda: deque(maxlen=1000))  # texts decoding per step, the last 1,000
 
     def as_dict(self) -> dict:
         recent = self.step_texts
         return {"requests": self.requests, "texts": self.texts, "joins": self.joins, "steps": self.steps,
-                "cancelled": self.cancelled,
+                "cancelled": self.cancelled, "revived": self.revived,
                 "mean_step_texts": round(sum(recent) / len(recent), 2) if recent else 0.0}
 
 
@@ -341,19 +342,46 @@ class Batcher:
             return parts
 
     def _run_until_failure(self, lane: Lane) -> None:
-        """A lane's loop: should it ever die (an error outside a search's own work), every
-        waiting caller gets the error, and later ones a 503, rather than waiting for ever."""
-        try:
-            self._run(lane)
-        except BaseException as error:  # noqa: BLE001 - reported to every caller and to /health
-            if self._aborted is not None:  # a lane abandoned by a stop at once: no failure, the stop's answer
-                self._drain_now(lane, self._aborted)
+        """A lane's loop: should it ever die (an error outside a search's own work), its engine
+        is started again if it can be (`_revive`); else every waiting caller gets the error,
+        and later ones a 503, rather than waiting for ever."""
+        while True:
+            try:
+                self._run(lane)
                 return
-            with self._lock:  # a second lane that fails keeps the first one's reason
-                self.failure = self.failure or f"{type(error).__name__}: {' '.join(str(error).split())}"
-                self._closing = True
-            self._drain_now(lane, f"the decoder has stopped ({self.failure}); restart the server")
-            print(f"aiayn: error: the decoding thread stopped ({self.failure}); /health reports it", file=sys.stderr)
+            except BaseException as error:  # noqa: BLE001 - reported to every caller and to /health
+                if self._aborted is not None:  # a lane abandoned by a stop at once: no failure, the stop's answer
+                    self._drain_now(lane, self._aborted)
+                    return
+                if not self._closing and (error := self._revive(lane, error)) is None:
+                    continue
+                with self._lock:  # a second lane that fails keeps the first one's reason
+                    self.failure = self.failure or _said(error)
+                    self._closing = True
+                self._drain_now(lane, f"the decoder has stopped ({self.failure}); restart the server")
+                print(f"aiayn: error: the decoding thread stopped ({self.failure}); /health reports it", file=sys.stderr)
+                return
+
+    def _revive(self, lane: Lane, error: BaseException) -> Optional[BaseException]:
+        """Start `lane`'s engine again after `error` ended its loop, if it is a process that can
+        be (aiayn.serve.workers.Worker.revive): the texts it was decoding are answered 503
+        (retry), the rest of the queue waits for it or goes to the other lanes meanwhile. None
+        once started; else the error the lane fails with."""
+        revive = getattr(lane.engine, "revive", None)
+        if revive is None:
+            return error
+        jobs = {job for keys in lane.decoding.values() for job, _, _ in keys}
+        for beam in list(lane.searches):
+            self._drop(lane, beam)
+        self._fail(jobs, Closed(f"{_said(error, named=False)} while decoding this request; retry"))
+        print(f"aiayn: warning: {_said(error, named=False)}; starting it again", file=sys.stderr, flush=True)
+        try:
+            revive()
+        except BaseException as failed:  # noqa: BLE001 - the lane fails with this reason instead
+            return failed
+        with self._lock:
+            self.stats.revived += 1
+        return None
 
     def _run(self, lane: Lane) -> None:
         while (parts := self._take(lane)) is not None:
@@ -442,7 +470,7 @@ class Batcher:
         (a stop at once's reason, if the loop was abandoned for one)."""
         if self._aborted is not None:
             return Closed(self._aborted)
-        return Closed(f"the decoder has stopped ({type(error).__name__}); restart the server")
+        return Closed(f"the decoder stopped while decoding this request ({_said(error)})")
 
     def _drop(self, lane: Lane, beam: int) -> None:
         lane.searches.pop(beam, None)
@@ -461,6 +489,12 @@ class Batcher:
             _resolve(job, error=error)
 
 
+def _said(error: BaseException, named: bool = True) -> str:
+    """`error` in one line, its type's name first when `named`."""
+    said = " ".join(str(error).split())
+    return f"{type(error).__name__}: {said}" if named else said or type(error).__name__
+
+
 def _resolve(job: Job, result: Any = None, error: Optional[BaseException] = None) -> None:
     def settle() -> None:
         if job.future.done():  # cancelled meanwhile
@@ -474,29 +508,3 @@ def _resolve(job: Job, result: Any = None, error: Optional[BaseException] = None
         job.loop.call_soon_threadsafe(settle)
     except RuntimeError:  # the loop has closed: nobody is waiting
         pass
-
-
-async def unless_gone(submission, request) -> Optional[list]:
-    """What the coroutine `submission` (a `Batcher.submit`) returns, or None when the client of
-    `request` (a starlette Request whose body has been read) closes its connection first: its
-    texts then leave the queue undecoded, and hold no room another client could use."""
-    decoding = asyncio.ensure_future(submission)
-
-    async def disconnected() -> None:  # the body is read: the next ASGI message is the disconnect
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    gone = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({decoding, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if not decoding.done():
-        decoding.cancel()
-        return None
-    try:
-        return decoding.result()
-    except (QueueFull, Closed):
-        raise
-    except Exception as error:  # noqa: BLE001 - whatever decoding raised, this request's answer says
-        raise DecodingFailed() from error

@@ -1,5 +1,6 @@
 """Connections that cannot starve the server: uvicorn's HTTP protocol (httptools) with a read
-deadline and a cap on open connections.
+deadline and a cap on open connections; and a client that goes away takes its texts out of
+the queue (`unless_gone`).
 
 uvicorn reads a request for as long as its client takes, and accepts connections until the
 process runs out of file descriptors: a few thousand clients that send half a request and then
@@ -14,6 +15,7 @@ nothing (slowloris) hold every descriptor, and even /health goes unanswered. Her
 
 from __future__ import annotations
 
+import asyncio
 import json
 import resource
 from typing import Optional
@@ -21,6 +23,7 @@ from typing import Optional
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from aiayn.config import SERVE
+from aiayn.serve.batcher import Closed, DecodingFailed, QueueFull
 
 # Descriptors kept for what is not a client: the model's files, the log, the listening socket.
 RESERVED_DESCRIPTORS = 64
@@ -116,3 +119,29 @@ def guarded_protocol(read_timeout: float = SERVE.read_timeout, max_connections: 
     """GuardedProtocol with these limits, for uvicorn.Config(http=...)."""
     return type("GuardedProtocol", (GuardedProtocol,),
                 {"read_timeout": read_timeout, "max_connections": connection_cap(max_connections)})
+
+
+async def unless_gone(submission, request) -> Optional[list]:
+    """What the coroutine `submission` (a `Batcher.submit`) returns, or None when the client of
+    `request` (a starlette Request whose body has been read) closes its connection first: its
+    texts then leave the queue undecoded, and hold no room another client could use."""
+    decoding = asyncio.ensure_future(submission)
+
+    async def disconnected() -> None:  # the body is read: the next ASGI message is the disconnect
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({decoding, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not decoding.done():
+        decoding.cancel()
+        return None
+    try:
+        return decoding.result()
+    except (QueueFull, Closed):
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever decoding raised, this request's answer says
+        raise DecodingFailed() from error

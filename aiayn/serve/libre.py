@@ -33,7 +33,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from aiayn.serve.batcher import SECTION_6_1, Options, unless_gone
+from aiayn.serve.batcher import SECTION_6_1, Options
+from aiayn.serve.connections import unless_gone
 from aiayn.serve.cost import MIB
 from aiayn.config import argos_code
 from aiayn.corpora import language_name

@@ -21,7 +21,8 @@ docs/serving-load.md).
 The server process keeps the HTTP side, the queue and the tokenizer; it reads the model's
 config and lets the weights go.
 A worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the server
-drains, then closes the pipes, and a worker whose pipe has closed exits.
+drains, then closes the pipes, and a worker whose pipe has closed exits. A worker that dies
+otherwise is started again by its lane (`Worker.revive`), up to REVIVALS times in a window.
 """
 
 from __future__ import annotations
@@ -150,6 +151,12 @@ ABANDON_TICK_S = 0.2
 # How long stopping workers may take, all together, before they are killed.
 CLOSE_S = 10.0
 
+# A worker that has died this many times within this window is not started again (`Worker.revive`):
+# a model that crashes its process on every load, or a machine short of memory, fails the server
+# in minutes rather than reloading for ever.
+REVIVALS = 3
+REVIVAL_WINDOW_S = 600.0
+
 
 class Worker:
     """One worker process and the pipe to it; `search(beam)` is its lane's engine. The answers to
@@ -157,28 +164,62 @@ class Worker:
 
     def __init__(self, context, run_dir: str, device: str, precision: str, threads: int, number: int,
                  stop: str = SECTION_6_1.stop) -> None:
-        self.connection, theirs = context.Pipe()
-        self.process = context.Process(target=_work, args=(theirs, run_dir, device, precision, threads, os.getpid(), stop),
-                                       name=f"aiayn-worker-{number}", daemon=True)
-        self.process.start()
-        theirs.close()
+        self._context, self._args = context, (run_dir, device, precision, threads, os.getpid(), stop)
         self.number = number
         self._ids = count()
-        self._joined: deque = deque()  # answers to joins (None, or the error), in order
         self._abandoned: Optional[str] = None  # set by `abandon`: stop waiting for this process
+        self._deaths: deque = deque(maxlen=REVIVALS)  # when the process was last found gone (time.monotonic)
+        self._start()
+
+    def _start(self) -> None:
+        self.connection, theirs = self._context.Pipe()
+        self.process = self._context.Process(target=_work, args=(theirs, *self._args),
+                                             name=f"aiayn-worker-{self.number}", daemon=True)
+        self.process.start()
+        theirs.close()
+        self._joined: deque = deque()  # answers to joins (None, or the error), in order
         self._reports: dict[int, deque] = {}  # search id -> its steps' finished texts (or error), in order
 
     def ready(self) -> None:
         """Wait until the model has loaded; ValueError with the worker's reason if it did not."""
         try:
+            while not self.connection.poll(ABANDON_TICK_S):
+                if self._abandoned is not None:  # a stop at once while a revived worker loads
+                    raise WorkerLost(f"worker {self.number} was abandoned ({self._abandoned})")
+                if not self.process.is_alive() and not self.connection.poll(0):
+                    raise EOFError("no answer")
             kind, reason = self.connection.recv()
-        except EOFError:
-            raise ValueError(f"worker {self.number} exited while loading the model") from None
+        except (EOFError, OSError):
+            raise ValueError(f"worker {self.number} exited while loading the model ({self._exit()})") from None
         if kind != "ready":
             raise ValueError(f"worker {self.number} could not load the model: {reason}")
 
-    def _lost(self, error: Exception) -> WorkerLost:
-        return WorkerLost(f"worker {self.number} has exited ({type(error).__name__})")
+    def revive(self) -> None:
+        """Start the process again after it was found gone, the model loaded afresh, so that its
+        lane decodes on (found in review: a worker the kernel's OOM killer took left the server
+        answering 503 until someone restarted it). A worker that dies REVIVALS times within
+        REVIVAL_WINDOW_S is not started again: WorkerLost, and its lane fails as before."""
+        self._deaths.append(time.monotonic())
+        if len(self._deaths) == REVIVALS and self._deaths[-1] - self._deaths[0] < REVIVAL_WINDOW_S:
+            raise WorkerLost(f"worker {self.number} has exited {REVIVALS} times in "
+                             f"{REVIVAL_WINDOW_S / 60:g} minutes ({self._exit()}); not started again")
+        self.connection.close()
+        self.close(time.monotonic())  # a hung process is killed
+        self._start()
+        self.ready()
+
+    def _exit(self) -> str:
+        """How the process ended, as far as is known yet."""
+        self.process.join(1)
+        code = self.process.exitcode
+        if code is None:
+            return "still running"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"signal {-code}"
+        return f"exit code {code}"
+
+    def _lost(self) -> WorkerLost:
+        return WorkerLost(f"worker {self.number} has exited ({self._exit()})")
 
     def _read(self) -> None:
         """Wait for the worker's next message and keep it: a join's answer, or a step's report."""
@@ -189,8 +230,8 @@ class Worker:
                 if not self.process.is_alive():
                     raise EOFError("no answer")
             kind, content = self.connection.recv()
-        except (EOFError, OSError) as error:
-            raise self._lost(error) from None
+        except (EOFError, OSError):
+            raise self._lost() from None
         if kind == "joined":
             self._joined.append(content)
             return
@@ -200,8 +241,8 @@ class Worker:
     def join(self, search_id: int, beam: int, sources: list, keys: list, options: Options) -> None:
         try:
             self.connection.send((search_id, beam, sources, keys, options))
-        except OSError as error:
-            raise self._lost(error) from None
+        except OSError:
+            raise self._lost() from None
         while not self._joined:
             self._read()
         if (error := self._joined.popleft()) is not None:
@@ -235,7 +276,7 @@ class Worker:
         "failed" when a worker dies between requests (found in review: "ok" until the next
         request failed)."""
         if not self.process.is_alive():
-            raise WorkerLost(f"worker {self.number} has exited (exit code {self.process.exitcode})")
+            raise WorkerLost(f"worker {self.number} has exited ({self._exit()})")
 
     def stopped(self) -> Optional[str]:
         """Why the process is stopped, if it is (SIGSTOP, Ctrl-Z's SIGTSTP to it alone, a debugger):
