@@ -10,7 +10,7 @@ import dataclasses
 import math
 import numbers
 from os import PathLike
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -258,6 +258,10 @@ class ContinuousDecoding:
             else:
                 self.state.join(src, positions, self.search.width)
             self.search.join(max_len.to(self.device), keys, alpha, n_best)
+
+    def cut(self, which: Callable[[Any], bool]) -> int:
+        """The sentences whose key `which` holds end at the next step (aiayn.search.BeamSearch.cut)."""
+        return self.search.cut(which)
 
     def step(self) -> list[tuple]:
         """One step of every sentence decoding; returns (key, [output ids, then the alternatives])

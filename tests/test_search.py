@@ -532,3 +532,26 @@ def test_the_bound_rule_refuses_a_negative_alpha():
     assert beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=-3.0)[0].tokens == [3]
     with pytest.raises(ValueError, match="the bound stop rule needs α ≥ 0, got -3.0"):
         beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=-3.0, stop="bound")
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_a_cut_sentence_finishes_at_the_next_step_with_what_it_has_output(beam):
+    """A server's client that has gone: `cut` ends its sentence at the next step, as its length
+    limit would, with the tokens it has output so far; the other sentence decodes on to its own
+    limit. The model never gives EOS more than 1e-9, so no sentence ends of itself."""
+    from aiayn.search import BeamSearch
+
+    def step(tokens):  # tokens 3 and 4 at 0.5 each, whatever came before
+        probs = torch.full((tokens.numel(), VOCAB), 1e-9)
+        probs[:, 3:5] = 0.5
+        return probs.log()
+
+    search = BeamSearch(step, lambda *rows: None, BOS, EOS, torch.device("cpu"), beam, min_len=1)
+    search.join(torch.tensor([20, 20]), ["gone", "stays"])
+    assert [search.step() for _ in range(3)] == [[], [], []]
+    assert search.cut(lambda key: key == "gone") == 1
+    (key, hypothesis), = search.step()
+    assert key == "gone" and len(hypothesis.tokens) == 3 and set(hypothesis.tokens) <= {3, 4}
+    assert search.live == 1 and search.cut(lambda key: key == "gone") == 0
+    finished = [result for _ in range(17) for result in (search.step() if search.live else [])]
+    assert [key for key, _ in finished] == ["stays"] and len(finished[0][1].tokens) == 20

@@ -689,6 +689,9 @@ class Hooked:
     def join(self, sources, keys, options):
         self.search.join(sources, keys, options)
 
+    def cut(self, keys):
+        self.search.cut(keys)
+
     def step(self):
         if self.gate is not None:
             self.gate.wait(60)
@@ -921,6 +924,23 @@ def test_a_full_queue_gets_503_and_a_client_that_leaves_is_dropped(model_dir):
         assert request(port, "GET", "/info")[1]["limits"]["max_texts"] == 2
 
 
+def test_the_texts_of_a_client_that_leaves_while_they_decode_end_at_the_next_step(model_dir):
+    """Found in review: they decoded to their end (here up to 200 tokens each), their answers
+    thrown away. The first step is held until the client has gone; the next one ends them."""
+    with gated_server(model_dir) as (port, batcher, gate):
+        leaving = socket.create_connection(("127.0.0.1", port))
+        payload = json.dumps({"text": SENTENCES[:4], "max_length": 200}).encode()
+        leaving.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        wait_for(lambda: batcher.stats.joins == 1, "the request is decoding")
+        leaving.close()
+        wait_for(lambda: batcher.stats.cancelled == 1, "the server sees the client leave")
+        gate.set()
+        wait_for(lambda: not batcher.lanes[0].texts, "the texts leave the search")
+        assert batcher.stats.steps == 2 and batcher.stats.texts == 4
+        assert request(port, "POST", "/translate", {"text": SENTENCES[0]})[0] == 200  # the server decodes on
+
+
 def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
     process = ServerProcess(model_dir)
     port = process.port
@@ -1012,7 +1032,11 @@ def _eight_large_requests(model_dir, drain: float):
 def test_sigterm_under_load_stops_within_the_drain_deadline(model_dir):
     """Eight large requests queued, SIGTERM: no new request is taken, what fits in the 2 s
     deadline is answered, the rest get a JSON 503 with Retry-After (their texts not decoded),
-    the process exits 0 within the deadline and a few seconds, and logs no traceback."""
+    the process exits 0 within the deadline and a few seconds, and logs no traceback. The
+    batch decoding at the deadline has DRAIN_GRACE_S more (on a CPU that others share, found in
+    review, it may need them, and is then answered 503 as well)."""
+    from aiayn.serve.app import DRAIN_GRACE_S
+
     drain = 2.0
     with _eight_large_requests(model_dir, drain) as (process, calls):
         stopped = time.monotonic()
@@ -1021,12 +1045,15 @@ def test_sigterm_under_load_stops_within_the_drain_deadline(model_dir):
         took = time.monotonic() - stopped
         answers = [call.result() for call in calls]
     out, err = process._read(process._out), process._read(process._err)
-    assert code == 0 and took < drain + 10, (took, err)
+    assert code == 0 and took < drain + DRAIN_GRACE_S + 5, (took, err)
     assert "Traceback" not in err and "CancelledError" not in err, err
     done = [body for status, body, _ in answers if status == 200]
     refused = [(body, headers) for status, body, headers in answers if status == 503]
     assert len(done) + len(refused) == 8 and refused, [a[:2] for a in answers]
-    assert all("stopped before decoding" in body["error"] and headers["retry-after"] for body, headers in refused)
+    assert all(re.search("stopped (before|while) decoding", body["error"]) and headers["retry-after"]
+               for body, headers in refused)
+    # Only those under way: a batch holds the tail of one request and the head of the next at most.
+    assert sum("stopped while decoding" in body["error"] for body, _ in refused) <= 2
     decoded = int(re.search(r"stopped: [\d,]+ requests?, ([\d,]+) texts? in", out).group(1).replace(",", ""))
     batch = 8 * MIB // max(decoding_bytes(Transformer.load(model_dir).config, "fp32", len(s), len(s) + 51, 16)
                            for s in Tokenizer.load(model_dir).encode_batch(_slow_request()["text"]))

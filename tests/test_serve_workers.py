@@ -315,19 +315,34 @@ def test_a_model_a_worker_cannot_load_is_a_one_line_error(model_dir):
     assert done.returncode == 2 and "--workers must be between 1 and 64, got 0" in done.stderr
 
 
-def test_a_step_that_raises_in_a_worker_fails_that_search_only(model_dir, monkeypatch):
-    """Nothing a client sends makes a worker's step raise (a text's failure is its result), so the
-    fault is injected: the worker's body runs in a thread of this process, where a patched step
-    reaches it. The failed search's caller gets the step's error; a join sent for that search after
-    it failed gets the same error, rather than starting afresh a search the lane has dropped; the
-    worker's other search decodes to its end."""
+def _worker_in_a_thread(model_dir, monkeypatch):
+    """A Worker whose body runs in a thread of this process, where a patched class reaches it."""
     import multiprocessing
     import types
     from multiprocessing.connection import Connection
 
     import torch
 
-    from aiayn.serve import app, workers
+    from aiayn.serve import workers
+
+    monkeypatch.setattr(workers.signal, "signal", lambda *args: None)  # only a main thread may set handlers
+    monkeypatch.setattr(workers, "_end_with_server", lambda server: None)  # not this process's death signal
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)  # this process keeps its threads
+
+    def thread(target, args, **named):  # its own copy of the pipe's end, as a process has: Worker closes the server's
+        return threading.Thread(target=target, args=(Connection(os.dup(args[0].fileno())), *args[1:]), **named)
+
+    return workers.Worker(types.SimpleNamespace(Pipe=multiprocessing.Pipe, Process=thread), str(model_dir), "cpu",
+                          "fp32", 1, 0)
+
+
+def test_a_step_that_raises_in_a_worker_fails_that_search_only(model_dir, monkeypatch):
+    """Nothing a client sends makes a worker's step raise (a text's failure is its result), so the
+    fault is injected: the worker's body runs in a thread of this process, where a patched step
+    reaches it. The failed search's caller gets the step's error; a join sent for that search after
+    it failed gets the same error, rather than starting afresh a search the lane has dropped; the
+    worker's other search decodes to its end."""
+    from aiayn.serve import app
 
     step = app.ServedSearch.step
 
@@ -337,15 +352,7 @@ def test_a_step_that_raises_in_a_worker_fails_that_search_only(model_dir, monkey
         return step(self)
 
     monkeypatch.setattr(app.ServedSearch, "step", faulty)
-    monkeypatch.setattr(workers.signal, "signal", lambda *args: None)  # only a main thread may set handlers
-    monkeypatch.setattr(workers, "_end_with_server", lambda server: None)  # not this process's death signal
-    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)  # this process keeps its threads
-
-    def thread(target, args, **named):  # its own copy of the pipe's end, as a process has: Worker closes the server's
-        return threading.Thread(target=target, args=(Connection(os.dup(args[0].fileno())), *args[1:]), **named)
-
-    in_a_thread = types.SimpleNamespace(Pipe=multiprocessing.Pipe, Process=thread)
-    worker = workers.Worker(in_a_thread, str(model_dir), "cpu", "fp32", 1, 0)
+    worker = _worker_in_a_thread(model_dir, monkeypatch)
     try:
         worker.ready()
         failing, greedy = worker(2), worker(1)
@@ -369,3 +376,36 @@ def test_a_step_that_raises_in_a_worker_fails_that_search_only(model_dir, monkey
         worker.connection.close()  # the worker's next read ends it
         worker.close(time.monotonic() + 60)
     assert not worker.process.is_alive()
+
+
+def test_a_worker_ends_the_texts_its_lane_cuts_at_its_next_step(model_dir, monkeypatch):
+    """The texts of a client that has gone, cut by the lane (found in review: they decoded to
+    their end): the worker's step in progress is held until the cut is sent, and the next one
+    ends them, unanswered (None); the worker's step count shows no more."""
+    from aiayn.serve import app
+
+    entered, gate, steps, step = threading.Event(), threading.Event(), [], app.ServedSearch.step
+
+    def held(self):
+        entered.set()
+        gate.wait(60)
+        steps.append(self.decoding.live)
+        return step(self)
+
+    monkeypatch.setattr(app.ServedSearch, "step", held)
+    worker = _worker_in_a_thread(model_dir, monkeypatch)
+    try:
+        worker.ready()
+        search = worker(2)
+        search.join([[5, 6, 7], [8, 9]], ["gone", "also gone"], Options(beam=2, max_output_len=200))
+        assert entered.wait(60)
+        search.cut({"gone", "also gone", "never joined"})
+        gate.set()
+        finished = []
+        while search.live:
+            finished += search.step()
+        assert sorted(finished) == [("also gone", None), ("gone", None)] and steps == [2, 2]
+    finally:
+        worker.connection.close()
+        worker.close(time.monotonic() + 60)
+

@@ -42,9 +42,9 @@ from starlette.routing import Match
 
 from aiayn.lines import visible
 from aiayn.sentences import interleave, split_sentences
-from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, DecodingFailed, Options, QueueFull
+from aiayn.serve.batcher import SECTION_6_1, Batcher, Closed, Options, QueueFull
 from aiayn.serve import libre
-from aiayn.serve.connections import unless_gone
+from aiayn.serve.connections import DecodingFailed, unless_gone
 from aiayn.serve.cost import MIB, attention_bytes, decoding_bytes, output_limit
 from aiayn.serve.libre import Languages, LibreDispatch
 from aiayn.serve.origins import LOOPBACK_NAMES, add_origin_checks, error as _error
@@ -139,6 +139,7 @@ class ServedSearch:
 
     def __init__(self, served: ServedModel, decoding: ContinuousDecoding) -> None:
         self.served, self.decoding = served, decoding
+        self.gone: set = set()  # keys of texts whose caller has gone: finished unanswered
 
     @property
     def live(self) -> int:
@@ -148,9 +149,18 @@ class ServedSearch:
         keys = [(key, source, options) for key, source in zip(keys, sources)]
         self.decoding.join(sources, keys, options.alpha, options.alternatives + 1, options.max_output_len)
 
+    def cut(self, keys: set) -> None:
+        """The texts of `keys` end at the next step, and come back with None: their callers have gone."""
+        self.gone |= keys
+        self.decoding.cut(lambda key: key[0] in keys)
+
     def step(self) -> list[tuple]:
         finished = []
         for (key, source, options), outputs in self.decoding.step():
+            if key in self.gone:  # neither detokenized nor read back for attention maps
+                self.gone.discard(key)
+                finished.append((key, None))
+                continue
             if isinstance(outputs, Exception):  # scores that are not numbers: this text's request fails
                 finished.append((key, outputs))
                 continue

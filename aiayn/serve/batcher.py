@@ -43,12 +43,6 @@ class Closed(Exception):
     """The batcher is shutting down and takes no new requests."""
 
 
-class DecodingFailed(Exception):
-    """Decoding a request's texts raised its cause: the request gets a 500 from the app's handler
-    of this class, which runs inside the middleware (an exception no handler names is answered
-    outside it, without the CORS headers a web app needs to read the error: found in review)."""
-
-
 @dataclass(frozen=True)
 class Options:
     """The decoding options of a request's texts (§6.1: beam 4, α 0.6, output ≤ input + 50)."""
@@ -101,6 +95,8 @@ class Engine(Protocol):
         """One step of every text; returns (key, result) of the texts that finished; a result
         that is an Exception fails that text's request alone."""
 
+    # Optional: `cut(keys)`, the texts of `keys` (a set) end at the next step, their callers gone.
+
 
 EngineFn = Callable[[int], Engine]  # a new search for a beam size
 
@@ -115,6 +111,7 @@ class Lane:
     decoding: dict[int, list] = field(default_factory=dict)
     spent: int = 0
     texts: int = 0
+    cancellations: int = 0  # the batcher's count of requests whose caller went, as this lane last cut them
 
     def check(self) -> None:
         """Raise if the engine's process has gone (an engine with one, aiayn.serve.workers')."""
@@ -183,6 +180,7 @@ class Batcher:
         self.stats = Stats()
         self._queue: deque[Job] = deque()  # jobs with texts not yet taken, in arrival order
         self._queued_texts = 0
+        self._cancellations = 0  # requests whose caller went (`_cancel`), for the lanes to cut their texts
         self._closing = False
         self._aborted: Optional[str] = None  # set by `abort`
         self.failure: Optional[str] = None  # why the decoding thread stopped, if it died
@@ -206,7 +204,7 @@ class Batcher:
     async def submit(self, sources: Sequence[Sequence[int]], options: Options) -> list[Any]:
         """Queue the texts and wait for their results. Raises QueueFull or Closed at once; if the
         awaiting task is cancelled (the client disconnected), its texts still waiting are dropped
-        undecoded (those already decoding finish, unanswered)."""
+        undecoded (those decoding end at the next step, unanswered: `_cut_gone`)."""
         loop = asyncio.get_running_loop()
         texts = [list(s) for s in sources]
         job = Job(texts, options, loop.create_future(), loop, costs=[self.cost(s, options) for s in texts],
@@ -232,6 +230,7 @@ class Batcher:
         with self._lock:
             job.cancelled = True
             self.stats.cancelled += 1
+            self._cancellations += 1
             if job in self._queue:
                 self._queue.remove(job)
                 self._queued_texts -= job.waiting
@@ -397,10 +396,20 @@ class Batcher:
                     groups.setdefault(job.options, []).append((job, start, end))
             for options, group in groups.items():
                 self._join(lane, options, group)
+            if lane.cancellations != self._cancellations:
+                self._cut_gone(lane)
             for beam in list(lane.searches):
                 self._step(lane, beam)
         if self._aborted is not None:
             self._drain_now(lane, self._aborted)
+
+    def _cut_gone(self, lane: Lane) -> None:
+        """The texts decoding in `lane` whose caller has gone end at the next step, where the engine
+        can cut them (found in review: they decoded to their end, their answers thrown away)."""
+        lane.cancellations = self._cancellations
+        for beam, keys in lane.decoding.items():
+            if gone := {key for key in keys if key[0].cancelled}:
+                getattr(lane.searches[beam], "cut", lambda keys: None)(gone)
 
     def _drain_now(self, lane: Lane, reason: str) -> None:
         """Answer every text decoding in `lane` and every request waiting with Closed(reason)."""

@@ -23,7 +23,7 @@ from typing import Optional
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from aiayn.config import SERVE
-from aiayn.serve.batcher import Closed, DecodingFailed, QueueFull
+from aiayn.serve.batcher import Closed, QueueFull
 
 # Descriptors kept for what is not a client: the model's files, the log, the listening socket.
 RESERVED_DESCRIPTORS = 64
@@ -119,6 +119,12 @@ def guarded_protocol(read_timeout: float = SERVE.read_timeout, max_connections: 
     """GuardedProtocol with these limits, for uvicorn.Config(http=...)."""
     return type("GuardedProtocol", (GuardedProtocol,),
                 {"read_timeout": read_timeout, "max_connections": connection_cap(max_connections)})
+
+
+class DecodingFailed(Exception):
+    """Decoding a request's texts raised its cause: the request gets a 500 from the app's handler
+    of this class, which runs inside the middleware (an exception no handler names is answered
+    outside it, without the CORS headers a web app needs to read the error: found in review)."""
 
 
 async def unless_gone(submission, request) -> Optional[list]:

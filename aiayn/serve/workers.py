@@ -117,9 +117,14 @@ def _answer_until_closed(connection, run_dir: str, device: str, precision: str, 
         # Wait for a message only with nothing to decode; else take the joins that have come, and step.
         while not searches or connection.poll(0):
             try:
-                search_id, beam, sources, keys, options = connection.recv()
+                kind, search_id, *message = connection.recv()
             except EOFError:  # the server has closed the pipe: it is done with this worker
                 return
+            if kind == "cut":  # no answer: the texts come back at the next step
+                if search_id in searches:
+                    searches[search_id].cut(set(message[0]))
+                continue
+            beam, sources, keys, options = message
             try:
                 if search_id in failed:
                     raise failed[search_id]
@@ -239,14 +244,20 @@ class Worker:
             self._reports.setdefault(search_id, deque()).append(finished)
 
     def join(self, search_id: int, beam: int, sources: list, keys: list, options: Options) -> None:
-        try:
-            self.connection.send((search_id, beam, sources, keys, options))
-        except OSError:
-            raise self._lost() from None
+        self._send(("join", search_id, beam, sources, keys, options))
         while not self._joined:
             self._read()
         if (error := self._joined.popleft()) is not None:
             raise error
+
+    def cut(self, search_id: int, numbers: list) -> None:
+        self._send(("cut", search_id, numbers))
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self.connection.send(message)
+        except OSError:
+            raise self._lost() from None
 
     def step(self, search_id: int) -> list:
         """The finished texts of the search's next step (a search being decoded, whose steps the
@@ -322,6 +333,11 @@ class RemoteSearch:
         numbers = [next(self._numbers) for _ in keys]
         self.worker.join(self.search_id, self.beam, sources, numbers, options)
         self._keys.update(zip(numbers, keys))
+
+    def cut(self, keys: set) -> None:
+        """The texts of `keys` end at the worker's next step (aiayn.serve.app.ServedSearch.cut)."""
+        if numbers := [number for number, key in self._keys.items() if key in keys]:
+            self.worker.cut(self.search_id, numbers)
 
     def step(self) -> list[tuple[Any, Any]]:
         try:
