@@ -30,6 +30,7 @@ UNNAMED = ("src", "tgt")
 _WMT14 = {f"wmt14-{a}-{b}": (a, b) for a, b in [("de", "en"), ("en", "de"), ("fr", "en"), ("en", "fr")]}
 # Other names the splits go by in downloaded corpora (fairseq's "valid", HF's "validation").
 _SPLIT_ALIASES = {"train": ("train",), "dev": ("dev", "valid", "validation"), "test": ("test",)}
+_SHARD = re.compile(r".+-(\d+)-of-(\d+)\.parquet")  # a shard as the HF hub names it: train-00000-of-00003.parquet
 
 # ISO 639-1 names of the languages a model here is likely to translate (LibreTranslate's names).
 LANGUAGE_NAMES = {  # the languages LibreTranslate's Argos packages cover, and a few more
@@ -52,8 +53,6 @@ def language_name(code: str) -> str:
         return LANGUAGE_NAMES[code]
     language = code.replace("_", "-").split("-")[0]
     return f"{LANGUAGE_NAMES[language]} ({code})" if language in LANGUAGE_NAMES else code
-
-
 
 
 @dataclass
@@ -245,9 +244,7 @@ def read_table(path: Union[str, Path], src_lang: str, tgt_lang: str, name: Optio
     for number, line in enumerate(rows, start=2):
         values = line.split("\t")
         if len(values) != len(columns):
-            raise ValueError(
-                f"{path}, line {number}: expected {len(columns)} tab-separated columns, found {len(values)}"
-            )
+            raise ValueError(f"{path}, line {number}: expected {len(columns)} tab-separated columns, found {len(values)}")
         splits.setdefault(values[i_split], []).append((values[i_src], values[i_tgt]))
     return ParallelCorpus(name or Path(path).name.split(".")[0], src_lang, tgt_lang, splits)
 
@@ -345,10 +342,8 @@ def stream_hf_translation(path_or_name: str, config: Optional[str], src_lang: Op
     time; `.load()` reads it whole."""
     try:
         import datasets
-    except ImportError:
-        raise ImportError(
-            "loading this corpus needs Hugging Face datasets: install the hf extra: pip install 'aiayn[hf]'"
-        ) from None
+    except ImportError as error:  # its own, or a package of its that fails to load: said (found by a fault hunt)
+        raise ImportError(f"loading this corpus needs Hugging Face datasets ({error}): install the hf extra: pip install 'aiayn[hf]'") from None
     hub_log = logging.getLogger("huggingface_hub")
     level = hub_log.level
     hub_log.setLevel(logging.ERROR)  # its retries, a line each, before the one error
@@ -381,8 +376,8 @@ def stream_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_l
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError("reading Parquet corpora needs pyarrow: pip install 'aiayn[hf]'") from None
+    except ImportError as error:
+        raise ImportError(f"reading Parquet corpora needs pyarrow ({error}): pip install 'aiayn[hf]'") from None
     path = Path(path)
     files: dict[str, list[Path]] = {}
     for file in [path] if path.is_file() else sorted(path.glob("*.parquet")):
@@ -397,6 +392,11 @@ def stream_parquet(path: Union[str, Path], src_lang: Optional[str] = None, tgt_l
         found = ", ".join(file.name for file in sorted(path.glob("*.parquet"))[:3]) if path.is_dir() else ""
         raise FileNotFoundError(f"{path} holds no train.parquet or train-*.parquet file (the splits' files begin with "
                                 f"train, validation or dev, and test){f'; it has {found}' if found else ''}")
+    for split, paths in files.items() if path.is_dir() else ():  # each shard once, all (found by a fault hunt: 2 of 3 read)
+        cut = sorted((int(m[1]), int(m[2])) if (m := _SHARD.fullmatch(file.name)) else (-1, 0) for file in paths)
+        if (count := max(total for _, total in cut)) and cut != [(i, count) for i in range(count)]:
+            raise ValueError(f"{path} holds {len(cut)} {split} files where their names count {count} shards: a download or "
+                             "copy cut short, or two of them? Keep each shard once, all of them")
 
     def opened(file: Path):
         try:

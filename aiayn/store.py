@@ -356,10 +356,11 @@ def preprocess(
             if info["dropped_empty"] or info["dropped_long"]:
                 echo(f"{name}: left out {info['dropped_empty']:,} pairs with an empty side and {info['dropped_long']:,} "
                      f"longer than max_sentence_tokens={max_sentence_tokens}")
-        if "train" in splits and not splits["train"]["pairs"]:  # found in review: a folder no run could train on
-            raise ValueError(f"no training pair is left: {splits['train']['dropped_long']:,} were longer than "
-                             f"--max-sentence-tokens {max_sentence_tokens} and {splits['train']['dropped_empty']:,} "
-                             "had an empty side; raise --max-sentence-tokens")
+        if "train" in splits and not (train := splits["train"])["pairs"]:  # found in review: a folder no run could train on
+            raise ValueError(f"no training pair is left: {train['dropped_long']:,} were longer than --max-sentence-tokens "
+                             f"{max_sentence_tokens} and {train['dropped_empty']:,} had an empty side; " + (
+                                 "raise --max-sentence-tokens" if train["dropped_long"] else  # no limit helps then (found by
+                                 f"the train split of corpus {stream.name} holds no pair with text on both sides"))  # a fault hunt)
         manifest = {
             "format": FORMAT,
             "corpus": spec or stream.name,

@@ -357,6 +357,26 @@ def test_wmt14_without_datasets_says_which_extra(monkeypatch):
         load_corpus("wmt14-en-de")
 
 
+def test_an_hf_extra_installed_but_failing_to_import_is_said_with_its_own_error(monkeypatch, tmp_path):
+    """Found by a fault hunt: datasets or pyarrow installed but not importable (a huggingface_hub of
+    another version, a shared library missing) was said as not installed, the cause dropped."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name in ("datasets", "pyarrow"):
+            raise ImportError("cannot import name 'HfFileSystem' from 'huggingface_hub'")
+        return real_import(name, *args, **kwargs)
+
+    write(tmp_path / "train.parquet", "")
+    monkeypatch.setattr(builtins, "__import__", broken)
+    with pytest.raises(ImportError, match=r"datasets \(cannot import name 'HfFileSystem' from 'huggingface_hub'\): install"):
+        load_corpus("wmt14-en-de")
+    with pytest.raises(ImportError, match=r"needs pyarrow \(cannot import name 'HfFileSystem'"):
+        stream_corpus(str(tmp_path), "en", "de")
+
+
 # --------------------------------------------------------------------------------------------
 # Batches
 

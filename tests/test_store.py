@@ -465,6 +465,58 @@ def test_preprocess_refuses_inputs_that_would_leave_an_unusable_folder(tmp_path,
     assert not out.exists()
 
 
+def test_a_training_split_with_no_pair_of_two_sides_is_said_so_with_a_tokenizer_given(tmp_path, data_dir, capsys):
+    """Found by a fault hunt: with --tokenizer (and train --init-from), nothing is sampled first, so
+    a train split that is empty, or whose every pair has an empty side, was told to raise
+    --max-sentence-tokens, which keeps no pair there."""
+    tsv, out = tmp_path / "pairs.tsv", tmp_path / "out"
+    tsv.write_text("".join(f"{s}\t \n" for s, _ in toy_pairs(5)), encoding="utf-8")
+    code, _, err = cli(capsys, "preprocess", "--corpus", tsv, "--out", out, "--tokenizer", data_dir)
+    one_line_error(code, err, "5 had an empty side; the train split of corpus pairs holds no pair with text on both sides")
+    assert "raise --max-sentence-tokens" not in err and not out.exists()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    empty = tmp_path / "empty"  # Parquet of no rows
+    empty.mkdir()
+    kind = pa.struct([("de", pa.string()), ("en", pa.string())])
+    pq.write_table(pa.table({"translation": pa.array([], kind)}), empty / "train.parquet")
+    code, _, err = cli(capsys, "preprocess", "--corpus", empty, "--src-lang", "en", "--out", out, "--tokenizer", data_dir)
+    one_line_error(code, err, "0 had an empty side; the train split of corpus empty holds no pair")
+    assert "raise --max-sentence-tokens" not in err and not out.exists()
+
+
+def test_parquet_shards_of_a_split_are_all_there_each_once(tmp_path, capsys):
+    """Found by a fault hunt: a copy of the hub's wmt14 that lacked train-00001-of-00003 (a download
+    cut short) was preprocessed from the other two shards without a word, and train.parquet beside
+    train-00000-of-00001.parquet (the same data twice, of two downloads) was read twice. One file
+    given alone is read as the train split, a shard or not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pairs = toy_pairs(30)
+    shards = tmp_path / "de-en"
+    shards.mkdir()
+    for i in (0, 2):
+        rows = [{"translation": {"de": target, "en": source}} for source, target in pairs[10 * i: 10 * i + 10]]
+        pq.write_table(pa.Table.from_pylist(rows), shards / f"train-{i:05d}-of-00003.parquet")
+    out = tmp_path / "out"
+    base = ["preprocess", "--corpus", shards, "--src-lang", "en", "--out", out, "--vocab-size", "300"]
+    one_line_error(*cli(capsys, *base)[::2], f"{shards} holds 2 train files where their names count 3 shards",
+                   "Keep each shard once, all of them")
+    lone = shards / "train-00000-of-00003.parquet"
+    assert load_corpus(str(lone), "en", "de").splits["train"] == pairs[:10]
+    (shards / "train-00001-of-00003.parquet").write_bytes(lone.read_bytes())
+    assert len(load_corpus(str(shards), "en", "de").splits["train"]) == 30  # all three
+    (shards / "train.parquet").write_bytes(lone.read_bytes())
+    one_line_error(*cli(capsys, *base)[::2], "holds 4 train files where their names count 3 shards")
+    (shards / "train.parquet").unlink()
+    write_wmt_parquet(shards, {"validation": toy_pairs(4, 1)})  # validation-00000-of-00001: whole
+    (shards / "validation-00000-of-00002.parquet").write_bytes((shards / "validation-00000-of-00001.parquet").read_bytes())
+    one_line_error(*cli(capsys, *base)[::2], "holds 2 dev files where their names count 2 shards")
+    assert not out.exists()
+
+
 def test_training_validates_on_the_dev_pairs_each_with_its_own_reference(tmp_path, data_dir):
     """Dev loss, BLEU and chrF read the dev split, each sentence beside its own reference, also when
     --max-sentence-tokens leaves out a dev pair before the last (found by mutation: validating on
