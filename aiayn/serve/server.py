@@ -21,6 +21,7 @@ import sys
 import threading
 from urllib.parse import unquote_plus
 
+import torch
 import uvicorn
 
 from aiayn.config import DecodeConfig, ServeOptions
@@ -144,12 +145,16 @@ def _keys(path: str) -> dict:
 def _start_up_notes(options: ServeOptions, loopback: bool, keys, origins: tuple[str, ...]) -> None:
     """A server beyond loopback without keys is open to whoever reaches it (as LibreTranslate's
     default is), and so is one on loopback behind a proxy (--allowed-hosts), and one whose
-    --cors-origins is * to every page its users open: allowed, but said; and so is a --max-texts
-    that --max-queue cuts."""
+    --cors-origins is * to every page its users open: allowed, but said; and so are a --max-texts
+    that --max-queue cuts and more workers than cores."""
     if (cap := connection_cap(options.max_connections)) < options.max_connections:  # (found by a fault hunt: unsaid)
         print(f"aiayn: note: the file descriptor limit leaves room for {cap:,} connection{'s' if cap != 1 else ''} "
               f"at once, not --max-connections {options.max_connections:,} ({RESERVED_DESCRIPTORS} descriptors are "
               f"kept for the server's own files); raise it with ulimit -n", file=sys.stderr, flush=True)
+    if options.workers > (cores := torch.get_num_threads()):  # (found in review: unsaid)
+        print(f"aiayn: note: --workers {options.workers} is more than the {cores} CPU threads PyTorch decodes on here: "
+              "the workers take turns on them, each with its copy of the model; a worker a core decodes more "
+              "(docs/serving-load.md)", file=sys.stderr, flush=True)
     if options.max_texts > options.max_queue:
         print(f"aiayn: note: a request may hold {options.max_queue} texts, --max-queue's size, not --max-texts "
               f"{options.max_texts}", file=sys.stderr, flush=True)
