@@ -327,6 +327,69 @@ def test_abort_abandons_a_lane_whose_step_never_returns():
     assert batcher.stopped and batcher.failure is None and engine.abandoned == "stopped at once"
 
 
+class LostOnce(FakeEngine):
+    """An engine whose process is lost at its first step and can be started again (`revive`);
+    with `stuck`, the restart waits until the engine is abandoned, then fails as a worker's does."""
+
+    abandoned = None
+
+    def __init__(self, stuck: bool = False) -> None:
+        super().__init__()
+        self.stuck, self.revivals = stuck, 0
+
+    def __call__(self, beam):
+        search = super().__call__(beam)
+        if len(self.searches) == 1:  # the first search's step finds the process gone
+            search.step = lambda: (_ for _ in ()).throw(SystemExit("worker 0 has exited (killed by SIGKILL)"))
+        return search
+
+    def revive(self):
+        self.revivals += 1
+        while self.stuck and self.abandoned is None:
+            time.sleep(0.01)
+        if self.abandoned is not None:
+            raise SystemExit(f"worker 0 was abandoned ({self.abandoned})")
+
+    def abandon(self, reason):
+        self.abandoned = reason
+
+
+def test_a_lane_whose_process_was_lost_decodes_on_once_started_again_and_a_stop_reaches_a_restart():
+    """The lane's callers of the lost step hear why; the engine is started again and the next
+    request is decoded, with no failure recorded. A stop at once while the restart waits ends
+    it with the stop's answer, not a failure (found in review)."""
+    engine = LostOnce()
+    batcher = Batcher(engine, max_wait_ms=0)
+
+    async def main():
+        with pytest.raises(Closed, match=r"stopped while decoding this request \(SystemExit: worker 0 has exited"):
+            await batcher.submit([[1, 2]], Options())
+        return await batcher.submit([[3]], Options())
+
+    assert run(main()) == ["4:3"] and engine.revivals == 1 and batcher.stats.revived == 1
+    batcher.close(10)
+    assert batcher.stopped and batcher.failure is None
+
+    engine = LostOnce(stuck=True)
+    batcher = Batcher(engine, max_wait_ms=0)
+
+    async def stopped_while_restarting():
+        lost = asyncio.ensure_future(batcher.submit([[1, 2]], Options()))
+        while not engine.revivals:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(batcher.submit([[3]], Options()))
+        await asyncio.sleep(0.05)
+        batcher.abort("stopped at once")
+        with pytest.raises(Closed, match="stopped while decoding"):
+            await lost
+        with pytest.raises(Closed, match="^stopped at once$"):
+            await waiting
+
+    run(stopped_while_restarting())
+    batcher.close(10)
+    assert batcher.stopped and batcher.failure is None and batcher.stats.revived == 0
+
+
 def test_a_drain_answers_what_still_decodes_its_grace_after_the_deadline(model_dir, monkeypatch):
     """The drain answers what waits at its deadline, and what still decodes DRAIN_GRACE_S later
     with a JSON 503, ending the decoding (found by a fault hunt: a search longer than that, or

@@ -349,11 +349,11 @@ class Batcher:
                 self._run(lane)
                 return
             except BaseException as error:  # noqa: BLE001 - reported to every caller and to /health
-                if self._aborted is not None:  # a lane abandoned by a stop at once: no failure, the stop's answer
+                if self._aborted is None and not self._closing and (error := self._revive(lane, error)) is None:
+                    continue
+                if self._aborted is not None:  # a lane abandoned by a stop at once (its revival too): the stop's answer
                     self._drain_now(lane, self._aborted)
                     return
-                if not self._closing and (error := self._revive(lane, error)) is None:
-                    continue
                 with self._lock:  # a second lane that fails keeps the first one's reason
                     self.failure = self.failure or _said(error)
                     self._closing = True
