@@ -32,7 +32,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from aiayn.checkpoint import check_path
+from aiayn.checkpoint import check_path, read_config
 from aiayn.config import CT2_QUANTIZATIONS, ModelConfig, argos_code, is_language_code
 from aiayn.corpora import language_name
 from aiayn.files import (atomic_dir, atomic_write, naming, output_lock, refuse_to_replace, remove_unfinished, undo_new_parents,
@@ -177,7 +177,26 @@ def export_ct2(model_path: Union[str, Path], out_dir: Union[str, Path], quantiza
     atomic_dir(out_dir, build, force)
     echo(f"exported {model_dir} -> {out_dir} (CTranslate2 model{f', {quantization}' if quantization else ''}; "
          "its tokenizer.model is the run's SentencePiece model)")
+    if note := learned_positions_note(model_dir, argos=False):
+        echo(note)
     return out_dir
+
+
+def learned_positions_note(model_dir: Path, argos: bool) -> Optional[str]:
+    """What a model of learned positions does past its table in CTranslate2, which aiayn never
+    meets: aiayn cuts a longer source and stops the output there, where CTranslate2 fails on the
+    whole batch ("No position encodings are defined for positions >= 64"; found by an interop
+    hunt: a 64-position model's export failed on a 35-piece line, whose translation ran past
+    position 63, in CTranslate2's default max_decoding_length of 256). None for sinusoids, which
+    are exported for every position aiayn decodes. `argos`: of a package, which argostranslate
+    decodes without a max_decoding_length, so up to CTranslate2's default."""
+    config = read_config(model_dir)[1]
+    if config.positional != "learned":
+        return None
+    return (f"note: this model's learned positions end at {config.max_len}: where aiayn cuts a source of more than "
+            f"{config.max_len - 1} pieces and stops an output there, CTranslate2 fails on the whole batch" +
+            (" (in LibreTranslate too: argostranslate gives CTranslate2 no max_decoding_length)" if argos else
+             f"; give translate_batch max_decoding_length={config.max_len} at most"))
 
 
 def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], source_lang: Optional[str] = None,
@@ -207,6 +226,8 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
         echo("note: Argos Translate writes the output's pieces out as they are named, so a character this "
              "vocabulary spells in bytes (SentencePiece's byte fallback, for characters its training text "
              "lacked) comes out of LibreTranslate as <0xNN>; aiayn serve decodes them")
+    if note := learned_positions_note(model_dir, argos=True):
+        echo(note)
     return out_file
 
 

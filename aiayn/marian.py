@@ -296,7 +296,10 @@ def marian_config(config: ModelConfig) -> dict:
     require(not config.norm_first, "Marian is post-norm (§3.1) and this model is pre-norm (norm_first, as --recipe "
                                    "fast trains); a model trained with --norm-first false is one Marian can hold "
                                    "(export-ct2 writes either kind for CTranslate2)")
-    require(config.head_dims == (config.d_model // config.n_heads,) * 2, "Marian needs d_k = d_v = d_model / h")
+    # h · d_k = d_model exactly: d_model 30 with 4 heads of d_k 7 was written, which transformers
+    # refuses to load ("embed_dim must be divisible by num_heads") and import-hf too (an interop hunt)
+    require(config.head_dims == (config.d_model // config.n_heads,) * 2 and config.d_model % config.n_heads == 0,
+            "Marian needs d_k = d_v = d_model / h")
     require(config.neighborhood is None, "Marian has no restricted self-attention")
     return {
         "architectures": ["MarianMTModel"],

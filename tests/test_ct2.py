@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.ct2 import export_argos, transformer_spec
+from aiayn.ct2 import export_argos, export_ct2, transformer_spec
 from aiayn.model import Transformer
 from aiayn.search import greedy
 from aiayn.tokenizer import Tokenizer
@@ -39,6 +39,8 @@ CASES = {
         "final_logits_bias": True},
     # (found by mutation: the embeddings always scaled, and ε 1e-5 for the model's, passed every case)
     "unscaled embeddings, another ε": {"scale_embedding": False, "layer_norm_eps": 1e-3, "attention_bias": True},
+    # h · d_k short of d_model (d_k = d_model // h): what the Marian route refuses, CTranslate2 holds
+    "4 heads of 7 in d_model 30": {"d_model": 30, "n_heads": 4, "d_k": 7, "d_v": 7, "activation": "gelu"},
 }
 
 
@@ -157,6 +159,29 @@ def test_export_ct2_writes_a_folder_ctranslate2_loads_and_keeps_what_is_there(tm
     restricted = make_model(tmp_path / "restricted", neighborhood=4)
     one_line_error(*cli(capsys, "export-ct2", restricted, tmp_path / "r")[::2], "no restricted self-attention")
     assert not (tmp_path / "other").exists() and not (tmp_path / "r").exists()
+
+
+def test_an_export_of_learned_positions_says_where_ctranslate2_fails_past_them(tmp_path):
+    """aiayn cuts a source longer than a learned table and stops the output at its end;
+    CTranslate2 fails on the whole batch there, and argostranslate decodes up to its default 256
+    (found by an interop hunt: a 64-position model's export failed on a line aiayn translates, and
+    neither export said a word)."""
+    folder = make_model(tmp_path / "model", positional="learned", max_len=16)
+    said = []
+    export_ct2(folder, tmp_path / "ct2", echo=said.append)
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    with pytest.raises(RuntimeError, match="No position encodings"):  # what the note is about
+        translator.translate_batch([["▁the"] * 20], max_decoding_length=4)
+    assert translator.translate_batch([["▁the"] * 15], max_decoding_length=16, min_decoding_length=16)[0].hypotheses
+    assert said[1] == ("note: this model's learned positions end at 16: where aiayn cuts a source of more than 15 "
+                       "pieces and stops an output there, CTranslate2 fails on the whole batch; give translate_batch "
+                       "max_decoding_length=16 at most")
+    said = []
+    export_argos(folder, tmp_path / "en_es.argosmodel", source_lang="en", target_lang="es", echo=said.append)
+    assert said[-1].startswith("note: this model's learned positions end at 16") and "argostranslate" in said[-1]
+    said = []  # sinusoids are exported for every position aiayn decodes: nothing to say
+    export_ct2(make_model(tmp_path / "sinusoids", max_len=16), tmp_path / "ct2-sinusoids", echo=said.append)
+    assert len(said) == 1 and said[0].startswith("exported")
 
 
 def test_an_argos_package_holds_the_ctranslate2_model_its_tokenizer_and_languages(tmp_path):

@@ -458,6 +458,10 @@ def test_unsupported_marian_options_are_refused(hf_dir, tmp_path):
         from aiayn.marian import marian_config
 
         marian_config(export_marian_config)
+    # d_k = d_v = d_model // h, but h · d_k is not d_model: transformers refuses to load such a
+    # folder, and import-hf its own export (found by an interop hunt: written, exit 0)
+    with pytest.raises(ValueError, match="Marian needs d_k = d_v = d_model / h"):
+        marian_config(ModelConfig(vocab_size=300, d_model=30, n_heads=4, d_k=7, d_v=7))
 
 
 def test_an_hf_folder_that_aiayn_cannot_read_is_refused_in_one_line(hf_dir, tmp_path):
