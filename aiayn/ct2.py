@@ -212,8 +212,10 @@ def export_argos(model_path: Union[str, Path], out_file: Union[str, Path], sourc
         raise ValueError(f"{out_file} ends in /, a folder's name; the package is one file, such as en_de.argosmodel")
     model_dir, out_file = said_model_dir(model_path), Path(out_file)
     refuse_to_replace(out_file, force, inputs=model_inputs(model_path), folder=False, kept=run_files(out_file))
-    source, target = _package_languages(model_path, source_lang, target_lang)
+    # The tokenizer before the languages: an imported Marian model was asked for its languages,
+    # then refused for its tokenizer (found by an interop hunt).
     folder, tokenizer = native_tokenizer(model_dir, model_path)  # refused before the lock makes any folder
+    source, target = _package_languages(model_path, source_lang, target_lang)
     # One writer: two packages into one file both said "wrote" (found in review).
     with undo_new_parents(out_file), output_lock(out_file):
         _write_argos(model_dir, folder, tokenizer, out_file, source, target, force)
