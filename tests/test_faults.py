@@ -1448,6 +1448,22 @@ def test_a_signal_during_validation_stops_it_without_another_step(tmp_path, corp
     assert log_steps(run) == sorted(log_steps(run)) and [r["step"] for r in records if r["split"] == "train"] == list(range(1, 11))
 
 
+def test_a_resumed_run_does_not_validate_again_a_step_it_validated(tmp_path, corpus_tsv, capsys):
+    """The validation a stop left off is owed on resume (above); one the log holds is not. Found
+    by mutation testing: validating the step resumed from whatever the log held passed every
+    test, and each resume at such a step spent a validation and logged a second dev record of it."""
+    corpus, lines = tmp_path / "corpus", corpus_tsv.read_text(encoding="utf-8").splitlines(keepends=True)
+    corpus.mkdir()
+    (corpus / "train.tsv").write_text("".join(lines[:250]), encoding="utf-8")
+    (corpus / "dev.tsv").write_text("".join(lines[250:]), encoding="utf-8")
+    run = tmp_path / "run"
+    assert cli(capsys, *train_argv(corpus, run, "--max-steps", "4", "--eval-every", "2"))[0] == 0
+    code, out, err = cli(capsys, *train_argv(corpus, run, "--max-steps", "6", "--eval-every", "2", "--resume"))
+    assert code == 0 and "resumed from" in out, err
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "dev"] == [2, 4, 6]
+
+
 def test_a_signal_after_the_last_step_stops_the_command_too(tmp_path, corpus_tsv, capsys, monkeypatch):
     """Found by a fault hunt: a SIGTERM while the last step's checkpoint or model/ was written was
     taken by the trainer's handler and forgotten: train said "done", exit 0, and `demo` went on to
@@ -1464,6 +1480,29 @@ def test_a_signal_after_the_last_step_stops_the_command_too(tmp_path, corpus_tsv
     assert code == 143, err
     assert "stopped by SIGTERM at step 3" in out and "its training is complete" in out and "done at" not in out
     assert (run / "model" / "model.safetensors").exists() and RunDir(run).checkpoints()[-1].name == "step_00000003"
+
+
+def test_leftovers_of_an_output_another_process_writes_are_left_to_it(tmp_path):
+    """A run starting again clears its outputs' hidden leftovers each under that output's lock
+    (files.remove_leftovers): the folder another process is building an output in now (an
+    `average --out RUN/averaged` beside the run) is not litter and stays; once that writer is
+    gone (killed), it is. Found by mutation testing: clearing them without the lock passed every
+    test."""
+    from aiayn.files import remove_leftovers
+
+    building = tmp_path / ".averaged.k3j4h5g6.tmp" / "averaged"
+    building.mkdir(parents=True)
+    (building / "config.json").write_text("{}")
+    litter = tmp_path / ".log.jsonl.x1y2z3w4.tmp"
+    litter.write_text("")
+    holder = hold_lock(tmp_path / "averaged", "output_lock")
+    try:
+        assert remove_leftovers([building.parent, litter]) == [litter]
+        assert (building / "config.json").read_text() == "{}" and not litter.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert remove_leftovers([building.parent]) == [building.parent] and not building.parent.exists()
 
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
@@ -1490,7 +1529,8 @@ def test_a_full_disk_under_the_log_and_a_translation_names_the_file(tmp_path, mo
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
 def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing_half_written(tmp_path, corpus_tsv, capsys):
     """A file size limit of 4 KB (prlimit --fsize: writes past it fail with EFBIG, as on a full
-    disk) while train writes a checkpoint, average its folder, export-hf its weights."""
+    disk) while train writes a checkpoint, average its folder, export-hf its weights, export-argos
+    its package (its naming found by mutation testing: untested)."""
     run, data = tmp_path / "run", tmp_path / "data"
     assert cli(capsys, *train_argv(corpus_tsv, run, "--max-steps", "2", "--save-every", "1"))[0] == 0
     assert cli(capsys, "preprocess", "--corpus", corpus_tsv, "--out", data, "--vocab-size", "300")[0] == 0
@@ -1503,12 +1543,14 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing_half_written
     train[train.index("--corpus"):train.index("--corpus") + 2] = ["--data", str(data)]
     cases = [(["average", run, "--last", "2", "--out", tmp_path / "avg"], tmp_path / "avg"),
              (["export-hf", run, tmp_path / "hf"], tmp_path / "hf"),
+             (["export-argos", run, tmp_path / "en_es.argosmodel", "--source-lang", "en", "--target-lang", "es"],
+              tmp_path / "en_es.argosmodel"),
              (train, tmp_path / "run2")]
     for argv, out in cases:
         done = limited(*argv)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
         assert done.stderr.startswith(f"aiayn: error: cannot write {out}"), done.stderr
-        assert not (out / "model.safetensors").exists() and not (out / "checkpoints").exists()
+        assert not (out / "model.safetensors").exists() and not (out / "checkpoints").exists() and not out.is_file()
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".step_")]
 
 

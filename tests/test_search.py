@@ -555,3 +555,90 @@ def test_a_cut_sentence_finishes_at_the_next_step_with_what_it_has_output(beam):
     assert search.live == 1 and search.cut(lambda key: key == "gone") == 0
     finished = [result for _ in range(17) for result in (search.step() if search.live else [])]
     assert [key for key, _ in finished] == ["stays"] and len(finished[0][1].tokens) == 20
+
+
+# --- Found by mutation testing of the bound rule ------------------------------------------------
+
+# The empty output (P 0.48, score -0.734 with α 1) ends at step 0; the live [3] (P 0.4) goes on as
+# [3, 5] with certainty, and [3, 5] scores log 0.4 / lp(3) = -0.687, above it.
+WINS_LATER = {(): {EOS: 0.48, 3: 0.4, 4: 0.12}, (3,): {5: 1.0}, (3, 5): {EOS: 1.0}}
+
+
+@pytest.mark.parametrize("limit", [2, 10])
+def test_the_bound_rule_goes_on_while_a_live_beam_can_still_win_at_its_limit(limit):
+    """A live beam's bound is its log P over lp at the sentence's limit, and a hypothesis that ends
+    is scored with lp(|Y| + 1): at step 0 the empty output (-0.734) is below [3]'s bound, log 0.4 /
+    lp(limit + 1) (-0.687 at limit 2, -0.344 at 10), so the rule goes on and finds [3, 5] (-0.687),
+    where the beams rule ends at two finished with the empty output. Found by mutation testing:
+    the bound at the beam's current length (-0.785, below -0.734), or the ended output scored one
+    token longer (-0.629, above -0.687 at limit 2), ended at step 0 with the empty output, and
+    every test passed."""
+    found = {}
+    for stop in ("beams", "bound"):
+        s = Scripted(WINS_LATER)
+        found[stop] = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([limit]), beam=2, alpha=1.0, stop=stop)[0]
+    assert found["beams"].tokens == [] and found["beams"].log_prob == pytest.approx(math.log(0.48), abs=1e-6)
+    assert found["bound"].tokens == [3, 5] and found["bound"].log_prob == pytest.approx(math.log(0.4), abs=1e-6)
+    assert found["bound"].score == pytest.approx(math.log(0.4) / (8 / 6), abs=1e-6)
+    assert s.widths == [1, 2, 2]  # and then no live beam could win: it ends before the limit of 10
+
+
+def test_greedy_stops_at_its_eos_under_either_rule():
+    """Beam 1 has no beam to rank, so the bound rule leaves it alone (a server's beam-1 request
+    under --stop bound, whose α is 0.6 or any other): the empty output (P 0.5) is the greedy
+    output, though [3, 5] (P 0.45, -0.599 with α 1) would outscore it (-0.693). Found by mutation
+    testing: the bound rule applied to beam 1 decoded on past the EOS, and every test passed (they
+    decode greedy with α 0, where the finished EOS always beats a live bound)."""
+    table = {(): {EOS: 0.5, 3: 0.45, 4: 0.05}, (3,): {5: 1.0}, (3, 5): {EOS: 1.0}}
+    for stop in ("beams", "bound"):
+        s = Scripted(table)
+        best = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=1, alpha=1.0, stop=stop)[0]
+        assert best.tokens == [] and best.log_prob == pytest.approx(math.log(0.5), abs=1e-6), stop
+        assert s.widths == [1], stop
+
+
+def test_the_bound_rule_takes_an_alpha_of_zero():
+    """α = 0 (lp 1: a live beam's log P bounds it) is a user's choice the rule takes, through the
+    server's requests too; only a negative α is refused. TABLE's best without a length penalty is
+    [3] (P 0.3) under either rule. Found by mutation testing: refusing α = 0 passed every test."""
+    for stop in ("beams", "bound"):
+        s = Scripted(TABLE)
+        best = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=0.0, stop=stop)[0]
+        assert best.tokens == [3] and best.log_prob == pytest.approx(math.log(0.3), abs=1e-6), stop
+
+
+@pytest.mark.parametrize("stop", ["beams", "bound"])
+def test_a_sentence_cut_before_its_first_step_ends_there_with_fewer_outputs_than_asked(stop):
+    """A sentence cut as it joins (its caller gone before its first step) has one row, so its
+    limit's step ends one hypothesis, the empty output, however many outputs it asked for: it
+    ends there. Found by mutation testing: the bound rule without its at-limit end waited for a
+    second finished output and decoded on past the cut, and every test passed."""
+    from aiayn.search import BeamSearch
+
+    def step(tokens):  # tokens 3 and 4 at 0.5 each, whatever came before
+        probs = torch.full((tokens.numel(), VOCAB), 1e-9)
+        probs[:, 3:5] = 0.5
+        return probs.log()
+
+    search = BeamSearch(step, lambda *rows: None, BOS, EOS, torch.device("cpu"), 2, stop=stop)
+    search.join(torch.tensor([20]), ["gone"], alpha=0.6, n_best=2)
+    assert search.cut(lambda key: key == "gone") == 1
+    (key, hypothesis), = search.step()
+    assert key == "gone" and hypothesis.tokens == [] and hypothesis.alternatives == [] and not search.live
+    assert hypothesis.log_prob == pytest.approx(math.log(1e-9), rel=1e-6)
+
+
+def test_the_bound_rule_with_alternatives_counts_those_finished_at_earlier_steps():
+    """With n_best 2 (α 0: a live beam's bound is its log P) the empty output (P 0.5) ends at
+    step 0 and [3] (P 0.165) at step 1, when the live [4, 5] (P 0.18) could still beat it; at step
+    2 nothing ends and the best live beam, [4, 5, 3] (P 0.144), can no longer beat [3]: the
+    sentence ends there, after 3 steps. Found by mutation testing: the rule counting, of the
+    steps before, only the best finished output waited for a second to end at a later step (one
+    more step here, with the same outputs), and every test passed."""
+    table = {(): {EOS: 0.5, 3: 0.3, 4: 0.2}, (3,): {EOS: 0.55, 5: 0.45}, (4,): {5: 0.9, EOS: 0.1},
+             (4, 5): {3: 0.8, EOS: 0.2}, (3, 5): {3: 0.9, EOS: 0.1}}
+    s = Scripted(table)
+    best = beam_search(s.step, s.reorder, BOS, EOS, torch.tensor([10]), beam=2, alpha=0.0, n_best=2, stop="bound")[0]
+    assert [best.tokens] + [a.tokens for a in best.alternatives] == [[], [3]]
+    assert best.alternatives[0].log_prob == pytest.approx(math.log(0.3 * 0.55), abs=1e-6)
+    assert s.widths == [1, 2, 2]

@@ -390,6 +390,46 @@ def test_a_lane_whose_process_was_lost_decodes_on_once_started_again_and_a_stop_
     assert batcher.stopped and batcher.failure is None and batcher.stats.revived == 0
 
 
+def test_a_worker_lost_in_a_join_is_revived_and_the_texts_it_was_decoding_are_answered():
+    """A worker process found gone when a request's texts join its search (not in a step, whose
+    own callers hear of it there): its lane starts it again, and the texts that were decoding on it
+    are answered 503 to retry, as are the joining ones. Found by mutation testing: a revival that
+    left those texts unanswered (their request waited for ever) passed every test."""
+    from aiayn.serve.workers import WorkerLost
+
+    class DyingEngine(FakeEngine):  # a worker: its lane's engine can be started again
+        revived = 0
+
+        def revive(self) -> None:
+            self.revived += 1
+
+    gate = threading.Event()
+    engine = DyingEngine(gate)
+    batcher = Batcher(engine, max_wait_ms=0)
+
+    async def main():
+        decoding = asyncio.ensure_future(batcher.submit([[1, 2, 3, 4, 5]], Options()))  # five steps
+        while not batcher.stats.joins:
+            await asyncio.sleep(0.01)
+
+        def lost(*args):
+            raise WorkerLost("worker 0 has exited (killed by SIGKILL)")
+
+        engine.searches[0].join = lost  # the next join finds the process gone
+        joining = asyncio.ensure_future(batcher.submit([[6]], Options()))
+        await asyncio.sleep(0.05)
+        gate.set()
+        with pytest.raises(Closed, match=r"^worker 0 has exited \(killed by SIGKILL\) while decoding this request; retry$"):
+            await asyncio.wait_for(decoding, 10)
+        with pytest.raises(Closed, match=r"worker 0 has exited \(killed by SIGKILL\)"):
+            await asyncio.wait_for(joining, 10)
+        return await asyncio.wait_for(batcher.submit([[7, 1]], Options()), 10)  # decoded after the revival
+
+    assert run(main()) == ["4:8"]
+    batcher.close()
+    assert engine.revived == 1 and batcher.stats.revived == 1 and batcher.failure is None
+
+
 def test_a_drain_answers_what_still_decodes_its_grace_after_the_deadline(model_dir, monkeypatch):
     """The drain answers what waits at its deadline, and what still decodes DRAIN_GRACE_S later
     with a JSON 503, ending the decoding (found by a fault hunt: a search longer than that, or
@@ -1002,6 +1042,46 @@ def test_the_texts_of_a_client_that_leaves_while_they_decode_end_at_the_next_ste
         wait_for(lambda: not batcher.lanes[0].texts, "the texts leave the search")
         assert batcher.stats.steps == 2 and batcher.stats.texts == 4
         assert request(port, "POST", "/translate", {"text": SENTENCES[0]})[0] == 200  # the server decodes on
+
+
+def test_a_cut_ends_the_texts_of_the_callers_gone_and_no_other(model_dir):
+    """ServedSearch.cut, as the batcher's lane calls it when a client leaves: its texts come back
+    at the next step with None, unread; a text whose caller still waits is not cut (here it must
+    output 5 tokens at least, min_len, so no step before its fifth can end it); the search keeps
+    no key of those it cut. Found by mutation testing: a cut that ended every text of the search
+    (one client leaving ended every other's translation short), one whose cut texts came back
+    translated, and one that kept their keys for ever all passed."""
+    import dataclasses
+
+    from aiayn.serve.app import ServedModel
+
+    decode = dataclasses.replace(DECODE_PRESETS["translate"], min_len=5)
+    served = ServedModel(Translator(Transformer.load(model_dir).eval(), Tokenizer.load(model_dir), decode))
+    search = served.search(2)
+    sources = Tokenizer.load(model_dir).encode_batch(SENTENCES[:2])
+    search.join(sources, ["gone", "stays"], Options(beam=2, max_output_len=200))
+    assert search.step() == []  # EOS is barred before 5 tokens
+    search.cut({"gone"})
+    assert search.step() == [("gone", None)]
+    assert search.live == 1 and search.gone == set()
+    finished = []
+    while search.live:
+        finished += search.step()
+    assert [key for key, _ in finished] == ["stays"] and isinstance(finished[0][1]["translation"], str)
+
+
+def test_the_server_decodes_with_the_stop_rule_its_info_names(model_dir):
+    """create_app's `stop` is the rule of the searches it decodes with, not only the one /info
+    names (found by mutation testing: a server in one process decoding with the beams rule under
+    --stop bound passed every test). BeamSearch.bound: the bound rule on."""
+    from aiayn.serve.app import create_app
+
+    for stop in ("beams", "bound"):
+        app = create_app(Transformer.load(model_dir), Tokenizer.load(model_dir), stop=stop)
+        try:
+            assert app.state.batcher.lanes[0].engine(2).decoding.search.bound == (stop == "bound"), stop
+        finally:
+            app.state.batcher.close()
 
 
 def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):

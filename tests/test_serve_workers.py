@@ -336,6 +336,29 @@ def _worker_in_a_thread(model_dir, monkeypatch):
                           "fp32", 1, 0)
 
 
+def test_aiayn_serve_starts_its_workers_with_its_stop_rule(model_dir, monkeypatch):
+    """`aiayn serve --workers N --stop bound` hands the rule to the worker processes, which build
+    their searches with it (found by mutation testing: workers decoding with the beams rule under
+    --stop bound passed every test, /info saying bound). The processes themselves are not started."""
+    import dataclasses
+    import socket
+
+    from aiayn.config import DECODE_PRESETS, ServeOptions
+    from aiayn.serve import server
+
+    started = []
+
+    def workers(run_dir, device, precision, size, threads=None, stop="beams"):
+        started.append((size, stop))
+
+    monkeypatch.setattr(server, "Workers", workers)
+    for stop in ("beams", "bound"):
+        with socket.socket() as listener:
+            server._load(ServeOptions(run_dir=str(model_dir), device="cpu", workers=2),
+                         dataclasses.replace(DECODE_PRESETS["translate"], stop=stop), listener)
+    assert started == [(2, "beams"), (2, "bound")]
+
+
 def test_a_step_that_raises_in_a_worker_fails_that_search_only(model_dir, monkeypatch):
     """Nothing a client sends makes a worker's step raise (a text's failure is its result), so the
     fault is injected: the worker's body runs in a thread of this process, where a patched step
@@ -378,34 +401,90 @@ def test_a_step_that_raises_in_a_worker_fails_that_search_only(model_dir, monkey
     assert not worker.process.is_alive()
 
 
-def test_a_worker_ends_the_texts_its_lane_cuts_at_its_next_step(model_dir, monkeypatch):
-    """The texts of a client that has gone, cut by the lane (found in review: they decoded to
-    their end): the worker's step in progress is held until the cut is sent, and the next one
-    ends them, unanswered (None); the worker's step count shows no more."""
+def _held_steps(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """(entered, gate): a worker's search steps, once `entered`, only after `gate` opens (so the
+    first is held until it does, and none after)."""
     from aiayn.serve import app
 
-    entered, gate, steps, step = threading.Event(), threading.Event(), [], app.ServedSearch.step
+    entered, gate, step = threading.Event(), threading.Event(), app.ServedSearch.step
 
     def held(self):
         entered.set()
         gate.wait(60)
-        steps.append(self.decoding.live)
         return step(self)
 
     monkeypatch.setattr(app.ServedSearch, "step", held)
+    return entered, gate
+
+
+def test_a_cut_reaches_only_the_texts_it_names_and_one_for_a_search_the_worker_ended_is_ignored(model_dir,
+                                                                                                monkeypatch):
+    """A client leaves while its text decodes beside another client's (found in review: it
+    decoded to its end): the lane's cut, sent while the worker's step is held, ends its text at
+    the next step, unanswered (None), and the other is translated. A cut may come for a search the worker has already
+    finished (the worker steps on its own; the lane has not read the last report yet): it is
+    ignored, and the worker decodes on. Found by mutation testing: a RemoteSearch.cut that named
+    every text of its search, and a worker that cut a search it had forgotten (a KeyError that
+    ended the worker), passed every test."""
+    entered, gate = _held_steps(monkeypatch)
     worker = _worker_in_a_thread(model_dir, monkeypatch)
     try:
         worker.ready()
         search = worker(2)
-        search.join([[5, 6, 7], [8, 9]], ["gone", "also gone"], Options(beam=2, max_output_len=200))
+        search.join([[5, 6, 7], [8, 9]], ["gone", "stays"], Options(beam=2, max_output_len=200))
         assert entered.wait(60)
-        search.cut({"gone", "also gone", "never joined"})
+        search.cut({"gone"})
         gate.set()
-        finished = []
+        assert search.step() == []  # the step under way when the cut came (EOS is barred at the first)
+        finished = search.step()
+        assert ("gone", None) in finished  # the next one
         while search.live:
             finished += search.step()
-        assert sorted(finished) == [("also gone", None), ("gone", None)] and steps == [2, 2]
+        results = dict(finished)
+        assert sorted(results) == ["gone", "stays"] and results["gone"] is None and "translation" in results["stays"]
+
+        ended = worker(1)
+        ended.join([[5, 6]], ["short"], Options(beam=1, max_output_len=1))  # one step: the worker forgets it
+        while not worker._reports.get(ended.search_id):
+            assert worker.connection.poll(60), "no report of the one-step search in 60 s"
+            worker._read()
+        ended.cut({"short"})  # the lane has not read that report: the text is live to it
+        assert [key for key, _ in ended.step()] == ["short"] and not ended.live
+        again = worker(2)
+        again.join([[8, 9]], ["next"], Options(beam=2))
+        finished = []
+        while again.live:
+            finished += again.step()
+        assert [key for key, _ in finished] == ["next"] and "translation" in finished[0][1]
     finally:
         worker.connection.close()
         worker.close(time.monotonic() + 60)
 
+
+def test_a_stop_at_once_ends_the_wait_for_a_revived_worker_that_has_not_loaded(model_dir):
+    """A stop at once (a second SIGTERM) while a revived worker loads its model: the lane stops
+    waiting for it at its next look (ABANDON_TICK_S) and ends, as one waiting for a step does.
+    Found by mutation testing: a load that ignored the stop (the server's exit waited for it)
+    passed every test. The process here is a thread that never answers, for 5 s at most."""
+    import multiprocessing
+    import types
+    from multiprocessing.connection import Connection
+
+    from aiayn.serve.workers import ABANDON_TICK_S, Worker, WorkerLost
+
+    loading = threading.Event()  # set: the "process" ends
+
+    def thread(target, args, **named):  # its own copy of the pipe's end, as a process has, left unanswered
+        theirs = Connection(os.dup(args[0].fileno()))
+        return threading.Thread(target=lambda: (loading.wait(5), theirs.close()), daemon=True)
+
+    worker = Worker(types.SimpleNamespace(Pipe=multiprocessing.Pipe, Process=thread), str(model_dir), "cpu", "fp32", 1, 0)
+    threading.Timer(0.2, worker.abandon, ["stopped at once"]).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(WorkerLost, match=r"^worker 0 was abandoned \(stopped at once\)$"):
+            worker.ready()
+        assert time.monotonic() - started < 0.2 + ABANDON_TICK_S + 2
+    finally:
+        loading.set()
+        worker.connection.close()

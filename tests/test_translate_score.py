@@ -573,3 +573,28 @@ def test_outputs_and_inputs_a_shell_names_by_device(tmp_path, model_dir):
         assert closed.returncode == 2 and closed.stderr.startswith("aiayn: error: standard output is closed"), closed.stderr
     on_cpu0 = aiayn("translate", model_dir, "--input", tmp_path / "in.txt", "--device", "cpu:0")  # as train took it
     assert on_cpu0.returncode == 0 and on_cpu0.stdout == expected.stdout, on_cpu0.stderr
+
+
+def test_the_stop_rule_asked_is_the_one_the_search_decodes_with(model_dir, monkeypatch):
+    """--stop reaches the search of `aiayn translate` (translate_ids), of a Translator and of its
+    ContinuousDecoding, each search counted as it is made (BeamSearch.bound: the bound rule on).
+    Found by mutation testing: translate_ids decoding with the beams rule under --stop bound
+    passed every test (only the partial output's record was checked)."""
+    from aiayn import search as search_module
+    from aiayn.translate import ContinuousDecoding
+
+    made, real = [], search_module.BeamSearch.__init__
+
+    def recording(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        made.append(self.bound)
+
+    monkeypatch.setattr(search_module.BeamSearch, "__init__", recording)
+    model = Transformer.load(model_dir).eval()
+    for stop in ("beams", "bound"):
+        decode = dataclasses.replace(DECODE_PRESETS["translate"], beam=2, stop=stop)
+        made.clear()
+        translate_ids(model, [[5, 6, 7], [8, 9]], decode)
+        Translator(model, Tokenizer.load(model_dir), decode).translate(["the small cat"])
+        ContinuousDecoding(model, decode)
+        assert made == [stop == "bound"] * 3, (stop, made)
