@@ -273,6 +273,11 @@ def run_configs(run: RunDir, resume: bool, preset_config: ModelConfig, recipe_mo
                              "only dropout may change")
         return dataclasses.replace(model_config, **{name: value for name, (_, value) in asked.items()}), TrainConfig(**training)
     model_overrides = {**recipe_model, **model_overrides}
+    fixed = [f"{name} {getattr(preset_config, name)}" for name in ("d_k", "d_v")
+             if getattr(preset_config, name) is not None and name not in model_overrides]
+    if fixed and {"d_model", "n_heads"} & model_overrides.keys():  # (found by an interop hunt: unsaid, a 215K-parameter "tiny" A1)
+        echo(f"note: --preset {given_preset} fixes {' and '.join(fixed)} (Table 3 varies them), which stay as the "
+             "model's width changes; give --d-k and --d-v to change them")
     if store is not None and "vocab_size" not in model_overrides:
         model_overrides["vocab_size"] = store.manifest["vocab_size"]  # a new model takes the data's vocabulary
         if store.manifest["vocab_size"] != preset_config.vocab_size:  # said (found by a newcomer's run of the README)

@@ -182,3 +182,24 @@ def test_translation_decodes_as_section_6_1_by_default():
     for decode in (DecodeConfig(), DECODE_PRESETS["translate"]):
         assert (decode.beam, decode.alpha, decode.extra_len, decode.max_output_len) == (4, 0.6, 50, None)
         assert (decode.no_repeat_ngram_size, decode.repetition_penalty) == (0, 1.0)
+
+
+def test_a_preset_that_fixes_the_head_sizes_says_so_when_the_width_changes(tmp_path):
+    """`train --preset A1 --d-model 32` keeps A1's d_k = d_v = 512 (explicit values stay, as
+    above): said in a note (found by an interop hunt: unsaid, a 215K-parameter "tiny" model);
+    base, whose sizes follow d_model / h, and given sizes say nothing."""
+    from aiayn.prepare import run_configs
+    from aiayn.run import RunDir
+
+    def said(preset_name, **overrides):
+        notes = []
+        config, _ = run_configs(RunDir(tmp_path / "run"), False, preset(preset_name), {}, {}, overrides, {},
+                                given_preset=preset_name, echo=notes.append)
+        return config.head_dims, notes
+
+    assert said("A1", d_model=32) == ((512, 512), ["note: --preset A1 fixes d_k 512 and d_v 512 (Table 3 varies them), "
+                                                   "which stay as the model's width changes; give --d-k and --d-v to "
+                                                   "change them"])
+    assert said("A1", d_model=32, d_k=8, d_v=8) == ((8, 8), [])
+    assert said("base", d_model=32) == ((4, 4), [])
+    assert said("A1") == ((512, 512), [])
