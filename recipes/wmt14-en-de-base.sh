@@ -36,12 +36,18 @@ ACCUMULATE=$(( 8 / GPUS ))
 # Rerun the same command after an interruption (or with a larger STEPS): the data made once is
 # kept, training resumes from its last checkpoint, and the average and the test translation, which
 # follow from the run, are made anew.
+if [[ -d "$CORPUS" ]]; then CORPUS=$(realpath "$CORPUS"); fi  # one folder is one CORPUS, however it is written
 if [[ -f "$WORK/data/manifest.json" ]]; then
     echo "data: $WORK/data, made before"
-    # (found by a misuse hunt: another VOCAB_SIZE was ignored without a word; CORPUS still is)
+    # (found by a misuse hunt: another VOCAB_SIZE, or CORPUS, was ignored without a word)
     made=$(grep -o '"vocab_size": [0-9]*' "$WORK/data/manifest.json" | grep -o '[0-9]*$' || true)
     if [[ "$made" != "$VOCAB_SIZE" ]]; then
         echo "$WORK/data was made with VOCAB_SIZE=${made:-(none recorded)}, not $VOCAB_SIZE: give its VOCAB_SIZE, or another WORK" >&2
+        exit 2
+    fi
+    made=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("corpus", ""))' "$WORK/data/manifest.json")
+    if [[ "$made" != "$CORPUS" ]]; then
+        echo "$WORK/data was made from CORPUS=${made:-(none recorded)}, not $CORPUS: give its CORPUS, or another WORK" >&2
         exit 2
     fi
 else

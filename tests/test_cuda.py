@@ -198,7 +198,7 @@ def test_the_wmt14_recipe_runs_end_to_end(tmp_path, device):
 def test_the_wmt14_recipe_refuses_bad_settings_before_any_work(tmp_path):
     """Found by a misuse hunt: GPUS=0 or 1.5 was an arithmetic error that `if` took for false, so
     the corpus was preprocessed (hours on WMT14) before ACCUMULATE was unbound, and -8 passed; a
-    rerun with another VOCAB_SIZE trained on the old data without a word; data without a test
+    rerun with another VOCAB_SIZE (or CORPUS) trained on the old data without a word; data without a test
     split was found missing after training."""
     def recipe(**settings: str) -> subprocess.CompletedProcess:
         env = environment(tmp_path, "cpu", CORPUS=str(tmp_path / "nowhere"), WORK=str(tmp_path / "work"), **settings)
@@ -216,7 +216,11 @@ def test_the_wmt14_recipe_refuses_bad_settings_before_any_work(tmp_path):
     (tmp_path / "work" / "data" / "manifest.json").write_text("{}")  # one that records none is not taken for any
     done = recipe(GPUS="2", VOCAB_SIZE="340")
     assert done.returncode == 2 and "was made with VOCAB_SIZE=(none recorded), not 340" in done.stderr, done
-    (tmp_path / "work" / "data" / "manifest.json").write_text(json.dumps({"vocab_size": 340}, indent=1))
+    (tmp_path / "work" / "data" / "manifest.json").write_text(json.dumps({"vocab_size": 340, "corpus": "wmt14-de-en"}))
+    done = recipe(GPUS="2", VOCAB_SIZE="340")  # (found in review: another CORPUS was unsaid)
+    assert done.returncode == 2 and f"was made from CORPUS=wmt14-de-en, not {tmp_path / 'nowhere'}" in done.stderr, done
+    manifest = {"vocab_size": 340, "corpus": str(tmp_path / "nowhere")}
+    (tmp_path / "work" / "data" / "manifest.json").write_text(json.dumps(manifest, indent=1))
     done = recipe(GPUS="2", VOCAB_SIZE="340")
     assert done.returncode == 2 and "has no test split, which the recipe translates and scores" in done.stderr, done
     assert not (tmp_path / "work" / "run").exists()
