@@ -275,9 +275,14 @@ def score_files(options, echo=print) -> None:
         raise ValueError(f"{options.ref} is empty: no sentences to score")
     if not any(reference.strip() for reference in references):
         raise ValueError(f"{options.ref} holds only blank lines: no sentences to score")
-    if holds_trees(references[:20]) and holds_trees(hypotheses[:20]):  # (found by a misuse hunt: a BLEU of trees)
+    named = ((options.ref, references), (options.hyp or "stdin", hypotheses))
+    treed = [name for name, lines in named if holds_trees(lines[:20])]  # (found by a misuse hunt: a BLEU of trees)
+    if len(treed) == 2:
         raise ValueError(f"{options.ref} and {options.hyp or 'stdin'} hold bracketed trees: score them with "
                          "--parse (EVALB's F1), not BLEU")
+    if treed:  # one side (found in review: a BLEU of trees against sentences, exit 0)
+        raise ValueError(f"{treed[0]} holds bracketed trees and {next(n for n, _ in named if n != treed[0])} does not: "
+                         "BLEU compares sentences with sentences, --parse trees with trees")
     value, signature = bleu(hypotheses, references, options.lang)
     echo(f"sacreBLEU       {value:.2f}  {signature}")
     echo("chrF            {:.2f}  {}".format(*chrf(hypotheses, references)))

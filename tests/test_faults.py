@@ -1789,6 +1789,11 @@ def test_trees_given_where_sentences_belong_are_refused(tmp_path, model_dir, cap
     (tmp_path / "one").write_text(trees.splitlines()[0] + "\n")
     one_line_error(*cli(capsys, "score", "--ref", tmp_path / "one", "--hyp", tmp_path / "one")[::2],
                    "hold bracketed trees: score them with --parse")
+    (tmp_path / "sentence").write_text("the dog slept .\n")
+    one_line_error(*cli(capsys, "score", "--ref", tmp_path / "one", "--hyp", tmp_path / "sentence")[::2],
+                   f"{tmp_path / 'one'} holds bracketed trees and {tmp_path / 'sentence'} does not")  # one side (found in review)
+    one_line_error(*cli(capsys, "score", "--ref", tmp_path / "sentence", "--hyp", tmp_path / "one")[::2],
+                   f"{tmp_path / 'one'} holds bracketed trees and {tmp_path / 'sentence'} does not")
     (tmp_path / "said").write_text("(Applause)\n")  # a sentence in brackets is a sentence
     assert cli(capsys, "score", "--ref", tmp_path / "said", "--hyp", tmp_path / "said")[0] == 0
     (tmp_path / "bank").mkdir()
