@@ -430,6 +430,38 @@ def test_a_worker_lost_in_a_join_is_revived_and_the_texts_it_was_decoding_are_an
     assert engine.revived == 1 and batcher.stats.revived == 1 and batcher.failure is None
 
 
+def test_a_worker_lost_in_a_join_fails_the_requests_taken_with_it_and_the_lane_keeps_its_share():
+    """Two requests of two beam sizes taken at once: the first join finds the process gone. Both
+    are answered (found in review: the other one, taken and not joined, waited for ever, and its
+    texts stayed counted as the lane's, shrinking its share of every later request)."""
+    from aiayn.serve.workers import WorkerLost
+
+    class LostInAJoin(FakeEngine):
+        revived = 0
+
+        def __call__(self, beam):
+            search = super().__call__(beam)
+            if len(self.searches) == 1:
+                search.join = lambda *args: (_ for _ in ()).throw(WorkerLost("worker 0 has exited (killed by SIGKILL)"))
+            return search
+
+        def revive(self) -> None:
+            self.revived += 1
+
+    engine = LostInAJoin()
+    batcher = Batcher(engine, max_wait_ms=200)
+
+    async def main():
+        taken = batcher.submit([[1, 2]], Options(beam=4)), batcher.submit([[3]], Options(beam=2))
+        lost = await asyncio.wait_for(asyncio.gather(*taken, return_exceptions=True), 10)
+        return lost, await asyncio.wait_for(batcher.submit([[5]], Options()), 10)
+
+    lost, after = run(main())
+    batcher.close(10)
+    assert [type(error) for error in lost] == [Closed, Closed] and after == ["4:5"]
+    assert engine.revived == 1 and len(engine.joins) == 1 and batcher.lanes[0].texts == 0
+
+
 def test_a_drain_answers_what_still_decodes_its_grace_after_the_deadline(model_dir, monkeypatch):
     """The drain answers what waits at its deadline, and what still decodes DRAIN_GRACE_S later
     with a JSON 503, ending the decoding (found by a fault hunt: a search longer than that, or
@@ -1064,6 +1096,8 @@ def test_a_cut_ends_the_texts_of_the_callers_gone_and_no_other(model_dir):
     search.cut({"gone"})
     assert search.step() == [("gone", None)]
     assert search.live == 1 and search.gone == set()
+    search.cut({"gone"})  # again, as a worker's lane may, for a text it has not read the end of
+    assert search.gone == set() and search.live == 1
     finished = []
     while search.live:
         finished += search.step()

@@ -394,8 +394,8 @@ class Batcher:
                     lane.texts -= end - start
                 else:
                     groups.setdefault(job.options, []).append((job, start, end))
-            for options, group in groups.items():
-                self._join(lane, options, group)
+            for options in list(groups):  # one by one: a join that ends the loop fails those not joined yet too
+                self._join(lane, options, groups.pop(options), groups)
             if lane.cancellations != self._cancellations:
                 self._cut_gone(lane)
             for beam in list(lane.searches):
@@ -419,8 +419,8 @@ class Batcher:
         self._fail(jobs, Closed(reason))
         self.expire(reason)
 
-    def _join(self, lane: Lane, options: Options, group: list[tuple[Job, int, int]]) -> None:
-        """The texts of `group` join `lane`'s search of their beam size (made when there is none)."""
+    def _join(self, lane: Lane, options: Options, group: list[tuple[Job, int, int]], left: dict) -> None:
+        """`group` joins `lane`'s search of its beam (made if none); `left`, taken with it, fails too if this ends the loop."""
         keys = [(job, i, job.costs[i]) for job, start, end in group for i in range(start, end)]
         try:
             search = lane.searches.get(options.beam) or lane.engine(options.beam)
@@ -429,7 +429,8 @@ class Batcher:
             lane.texts -= len(keys)
             self._fail({job for job, _, _ in keys}, error)
             return
-        except BaseException as error:  # the thread dies: these callers hear why
+        except BaseException as error:  # the loop ends: these callers hear why, and those taken with them
+            keys += [(job, i, 0) for rest in left.values() for job, start, end in rest for i in range(start, end)]
             lane.texts -= len(keys)
             self._fail({job for job, _, _ in keys}, self._died(error))
             raise

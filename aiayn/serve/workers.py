@@ -22,7 +22,8 @@ The server process keeps the HTTP side, the queue and the tokenizer; it reads th
 config and lets the weights go.
 A worker ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): the server
 drains, then closes the pipes, and a worker whose pipe has closed exits. A worker that dies
-otherwise is started again by its lane (`Worker.revive`), up to REVIVALS times in a window.
+otherwise is started again by its lane (`Worker.revive`), until it has died REVIVALS times
+within REVIVAL_WINDOW_S.
 """
 
 from __future__ import annotations
