@@ -1325,7 +1325,7 @@ def test_a_descriptor_limit_below_max_connections_and_workers_above_cores_are_sa
     server._start_up_notes(ServeOptions(run_dir=str(model_dir)), True, None, ())
     assert capsys.readouterr().err == ""
     assert guarded_protocol(10, 1).max_connections == 1
-    # More workers than cores (found in review: unsaid; on a 2-core Zen 5 three answered 0.72× two's sentences).
+    # More workers than cores (found in review: unsaid; on a 2-core Zen 5 three answered 0.73× two's sentences).
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     server._start_up_notes(ServeOptions(run_dir=str(model_dir), workers=2), True, None, ())
     assert capsys.readouterr().err == ""
