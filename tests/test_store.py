@@ -515,6 +515,13 @@ def test_parquet_shards_of_a_split_are_all_there_each_once(tmp_path, capsys):
     (shards / "validation-00000-of-00002.parquet").write_bytes((shards / "validation-00000-of-00001.parquet").read_bytes())
     one_line_error(*cli(capsys, *base)[::2], "holds 2 dev files where their names count 2 shards")
     assert not out.exists()
+    # Another kind of corpus beside the Parquet (found by a fault hunt: the Parquet was taken, unsaid).
+    (shards / "validation-00000-of-00002.parquet").unlink()
+    for other in ("train.tsv", "train.en"):
+        (shards / other).write_text("a\tb\n")
+        one_line_error(*cli(capsys, *base)[::2], f"{shards} holds train-00000-of-00003.parquet and {other}: which is the corpus?")
+        (shards / other).unlink()
+    assert len(load_corpus(str(shards), "en", "de").splits["train"]) == 30
 
 
 def test_training_validates_on_the_dev_pairs_each_with_its_own_reference(tmp_path, data_dir):
