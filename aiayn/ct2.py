@@ -57,8 +57,9 @@ def check_exportable(config: ModelConfig) -> None:
     """A one-line error for what CTranslate2's Transformer cannot hold."""
     if config.neighborhood is not None:
         raise ValueError("cannot export to CTranslate2: it has no restricted self-attention (neighborhood)")
-    if config.head_dims != (config.d_model // config.n_heads,) * 2:
-        raise ValueError("cannot export to CTranslate2: it needs d_k = d_v = d_model / h")
+    if config.head_dims != (width := config.d_model // config.n_heads,) * 2:  # its heads split d_model (rounded down)
+        raise ValueError(f"cannot export to CTranslate2: it needs d_k = d_v = d_model // h = {width}; this model has "
+                         f"d_k {config.head_dims[0]}, d_v {config.head_dims[1]}")
     if config.activation not in ("relu", "gelu", "swish", "silu"):
         raise ValueError(f"cannot export to CTranslate2: no activation {config.activation!r}")
 

@@ -158,6 +158,9 @@ def test_export_ct2_writes_a_folder_ctranslate2_loads_and_keeps_what_is_there(tm
     assert code == 2 and "invalid choice: 'int3'" in err
     restricted = make_model(tmp_path / "restricted", neighborhood=4)
     one_line_error(*cli(capsys, "export-ct2", restricted, tmp_path / "r")[::2], "no restricted self-attention")
+    heads = make_model(tmp_path / "heads", d_k=6, d_v=6)  # d_model 32, 4 heads: CTranslate2's heads are 8 wide
+    one_line_error(*cli(capsys, "export-ct2", heads, tmp_path / "r")[::2],
+                   "it needs d_k = d_v = d_model // h = 8; this model has d_k 6, d_v 6")
     assert not (tmp_path / "other").exists() and not (tmp_path / "r").exists()
 
 
