@@ -264,16 +264,16 @@ class BeamSearch:
         self._deadlines += [self.t + limit for limit in limits]
         return width
 
-    def cut(self, which: Callable[[Any], bool]) -> int:
+    def cut(self, which: Callable[[Any], bool]) -> list:
         """The live sentences whose key `which` holds finish at the next step, with what they have
         output so far: their limit becomes now, so that step allows them EOS alone, as at max_len
-        (a server's client that has gone: its texts stop costing steps). Returns how many."""
+        (a server's client that has gone: its texts stop costing steps). Returns their keys."""
         rows = [i for i, key in enumerate(self.keys) if which(key)]
         if rows:
             self.deadline = self.deadline.index_fill(0, torch.tensor(rows, device=self.device), self.t)  # (B,)
             for i in rows:
                 self._deadlines[i] = self.t
-        return len(rows)
+        return [self.keys[i] for i in rows]
 
     def step(self) -> list[tuple]:
         """One decoding step of every live sentence; returns (key, Hypothesis) of those that

@@ -259,8 +259,9 @@ class ContinuousDecoding:
                 self.state.join(src, positions, self.search.width)
             self.search.join(max_len.to(self.device), keys, alpha, n_best)
 
-    def cut(self, which: Callable[[Any], bool]) -> int:
-        """The sentences whose key `which` holds end at the next step (aiayn.search.BeamSearch.cut)."""
+    def cut(self, which: Callable[[Any], bool]) -> list:
+        """The sentences whose key `which` holds end at the next step (aiayn.search.BeamSearch.cut);
+        returns their keys."""
         return self.search.cut(which)
 
     def step(self) -> list[tuple]:

@@ -549,10 +549,10 @@ def test_a_cut_sentence_finishes_at_the_next_step_with_what_it_has_output(beam):
     search = BeamSearch(step, lambda *rows: None, BOS, EOS, torch.device("cpu"), beam, min_len=1)
     search.join(torch.tensor([20, 20]), ["gone", "stays"])
     assert [search.step() for _ in range(3)] == [[], [], []]
-    assert search.cut(lambda key: key == "gone") == 1
+    assert search.cut(lambda key: key == "gone") == ["gone"]
     (key, hypothesis), = search.step()
     assert key == "gone" and len(hypothesis.tokens) == 3 and set(hypothesis.tokens) <= {3, 4}
-    assert search.live == 1 and search.cut(lambda key: key == "gone") == 0
+    assert search.live == 1 and search.cut(lambda key: key == "gone") == []
     finished = [result for _ in range(17) for result in (search.step() if search.live else [])]
     assert [key for key, _ in finished] == ["stays"] and len(finished[0][1].tokens) == 20
 
@@ -622,7 +622,7 @@ def test_a_sentence_cut_before_its_first_step_ends_there_with_fewer_outputs_than
 
     search = BeamSearch(step, lambda *rows: None, BOS, EOS, torch.device("cpu"), 2, stop=stop)
     search.join(torch.tensor([20]), ["gone"], alpha=0.6, n_best=2)
-    assert search.cut(lambda key: key == "gone") == 1
+    assert search.cut(lambda key: key == "gone") == ["gone"]
     (key, hypothesis), = search.step()
     assert key == "gone" and hypothesis.tokens == [] and hypothesis.alternatives == [] and not search.live
     assert hypothesis.log_prob == pytest.approx(math.log(1e-9), rel=1e-6)

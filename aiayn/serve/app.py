@@ -153,8 +153,7 @@ class ServedSearch:
         """The texts of `keys` end at the next step, and come back with None: their callers have gone.
         Only the live ones are kept: a worker steps ahead of its lane, which may cut texts it has
         finished, and a search that decodes on under load would keep those keys for ever."""
-        self.gone |= {key for key, _, _ in self.decoding.search.keys if key in keys}
-        self.decoding.cut(lambda key: key[0] in keys)
+        self.gone |= {key for key, _, _ in self.decoding.cut(lambda key: key[0] in keys)}
 
     def step(self) -> list[tuple]:
         finished = []

@@ -84,7 +84,8 @@ CostFn = Callable[[Sequence[int], Options], int]
 
 
 class Engine(Protocol):
-    """A search that texts join between steps (aiayn.translate.ContinuousDecoding underneath)."""
+    """A search that texts join between steps (aiayn.translate.ContinuousDecoding underneath).
+    Optionally `cut(keys)`: the texts of `keys` (a set) end at the next step, their callers gone."""
 
     live: int  # texts decoding
 
@@ -94,8 +95,6 @@ class Engine(Protocol):
     def step(self) -> list[tuple[Any, Any]]:
         """One step of every text; returns (key, result) of the texts that finished; a result
         that is an Exception fails that text's request alone."""
-
-    # Optional: `cut(keys)`, the texts of `keys` (a set) end at the next step, their callers gone.
 
 
 EngineFn = Callable[[int], Engine]  # a new search for a beam size
@@ -369,10 +368,7 @@ class Batcher:
         revive = getattr(lane.engine, "revive", None)
         if revive is None:
             return error
-        jobs = {job for keys in lane.decoding.values() for job, _, _ in keys}
-        for beam in list(lane.searches):
-            self._drop(lane, beam)
-        self._fail(jobs, Closed(f"{_said(error, named=False)} while decoding this request; retry"))
+        self._answer_decoding(lane, Closed(f"{_said(error, named=False)} while decoding this request; retry"))
         print(f"aiayn: warning: {_said(error, named=False)}; starting it again", file=sys.stderr, flush=True)
         try:
             revive()
@@ -413,11 +409,15 @@ class Batcher:
 
     def _drain_now(self, lane: Lane, reason: str) -> None:
         """Answer every text decoding in `lane` and every request waiting with Closed(reason)."""
+        self._answer_decoding(lane, Closed(reason))
+        self.expire(reason)
+
+    def _answer_decoding(self, lane: Lane, error: BaseException) -> None:
+        """Answer the requests of every text decoding in `lane` with `error`; its searches go."""
         jobs = {job for keys in lane.decoding.values() for job, _, _ in keys}
         for beam in list(lane.searches):
             self._drop(lane, beam)
-        self._fail(jobs, Closed(reason))
-        self.expire(reason)
+        self._fail(jobs, error)
 
     def _join(self, lane: Lane, options: Options, group: list[tuple[Job, int, int]], left: dict) -> None:
         """`group` joins `lane`'s search of its beam (made if none); `left`, taken with it, fails too if this ends the loop."""

@@ -189,11 +189,7 @@ class Worker:
     def ready(self) -> None:
         """Wait until the model has loaded; ValueError with the worker's reason if it did not."""
         try:
-            while not self.connection.poll(ABANDON_TICK_S):
-                if self._abandoned is not None:  # a stop at once while a revived worker loads
-                    raise WorkerLost(f"worker {self.number} was abandoned ({self._abandoned})")
-                if not self.process.is_alive() and not self.connection.poll(0):
-                    raise EOFError("no answer")
+            self._wait()
             kind, reason = self.connection.recv()
         except (EOFError, OSError):
             raise ValueError(f"worker {self.number} exited while loading the model ({self._exit()})") from None
@@ -227,14 +223,19 @@ class Worker:
     def _lost(self) -> WorkerLost:
         return WorkerLost(f"worker {self.number} has exited ({self._exit()})")
 
+    def _wait(self) -> None:
+        """Until the worker's next message has come: WorkerLost once abandoned (a stop at once,
+        while it loads, steps or is stopped), EOFError once its process has gone without one."""
+        while not self.connection.poll(ABANDON_TICK_S):
+            if self._abandoned is not None:
+                raise WorkerLost(f"worker {self.number} was abandoned ({self._abandoned})")
+            if not self.process.is_alive() and not self.connection.poll(0):  # (what it sent before it ended is read)
+                raise EOFError("no answer")
+
     def _read(self) -> None:
         """Wait for the worker's next message and keep it: a join's answer, or a step's report."""
         try:
-            while not self.connection.poll(ABANDON_TICK_S):
-                if self._abandoned is not None:
-                    raise WorkerLost(f"worker {self.number} was abandoned ({self._abandoned})")
-                if not self.process.is_alive():
-                    raise EOFError("no answer")
+            self._wait()
             kind, content = self.connection.recv()
         except (EOFError, OSError):
             raise self._lost() from None
